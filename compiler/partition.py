@@ -1,0 +1,73 @@
+"""Split the sequence of transformer blocks into contiguous pipeline stages.
+
+Pure functions, no torch: a pipeline runs at the pace of its slowest stage, so ``balanced_split``
+minimises the largest stage cost exactly (dynamic programme over split points, O(S * L^2)).
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+
+def balanced_split(costs: list[float], n_stages: int) -> list[int]:
+    """Blocks per stage (each >= 1, summing to len(costs)) minimising the maximum stage cost.
+
+    Ties are broken towards earlier split points, so the result is deterministic.
+    """
+    n = len(costs)
+    if not 1 <= n_stages <= n:
+        raise ValueError(f"cannot split {n} blocks into {n_stages} non-empty stages")
+    prefix = [0.0, *accumulate(costs)]
+    inf = float("inf")
+    # best[s][i]: minimal max-stage cost of putting blocks [0, i) on s stages; cut[s][i]: start of the last stage.
+    best = [[inf] * (n + 1) for _ in range(n_stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(n_stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, n_stages + 1):
+        for i in range(s, n - (n_stages - s) + 1):
+            for j in range(s - 1, i):
+                value = max(best[s - 1][j], prefix[i] - prefix[j])
+                if value < best[s][i]:
+                    best[s][i], cut[s][i] = value, j
+    sizes, i = [], n
+    for s in range(n_stages, 0, -1):
+        j = cut[s][i]
+        sizes.append(i - j)
+        i = j
+    return sizes[::-1]
+
+
+def uniform_split(n_layers: int, n_stages: int) -> list[int]:
+    """Equal blocks per stage; a remainder goes to the earliest stages."""
+    base, extra = divmod(n_layers, n_stages)
+    return [base + (1 if s < extra else 0) for s in range(n_stages)]
+
+
+def stage_costs(costs: list[float], sizes: list[int]) -> list[float]:
+    bounds = [0, *accumulate(sizes)]
+    return [sum(costs[a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
+def parse_split(spec: str, *, n_stages: int, n_layers: int) -> list[int] | None:
+    """Parse ``--split``: None for auto, else blocks per stage. Raises ValueError naming the flag."""
+    if spec == "auto":
+        return None
+    if spec == "uniform":
+        return uniform_split(n_layers, n_stages)
+    if spec.startswith("manual:"):
+        try:
+            sizes = [int(x) for x in spec[len("manual:"):].split(",")]
+        except ValueError:
+            sizes = []
+        if len(sizes) != n_stages or min(sizes, default=0) < 1 or sum(sizes) != n_layers:
+            raise ValueError(
+                f"--split {spec} must list {n_stages} positive block counts (pp x stages-per-rank) summing to "
+                f"{n_layers} layers, e.g. manual:{','.join(map(str, uniform_split(n_layers, n_stages)))}"
+            )
+        return sizes
+    raise ValueError(f"--split must be auto, uniform or manual:N0,N1,..., got {spec!r}")
+
+
+def split_points(sizes: list[int]) -> list[int]:
+    """Index of the first block of every stage after the first."""
+    return list(accumulate(sizes))[:-1]

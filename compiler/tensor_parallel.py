@@ -1,0 +1,71 @@
+"""Tensor parallelism on traced pipeline stages: put real ``nn.Linear`` modules back, then apply a plan.
+
+The pipelining tracer turns every submodule into an ``InterpreterModule`` whose graph calls
+``aten.linear`` on a ``weight`` attribute. DTensor's ``ColwiseParallel`` / ``RowwiseParallel`` only
+accept ``nn.Linear`` and ``nn.Embedding``, so we first swap in real modules that hold the very same
+Parameter objects; the parent graph calls its children by name, so the swap is invisible to it.
+"""
+
+from __future__ import annotations
+
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+from models.tp_plan import COLWISE, ROWWISE
+
+_STYLES = {COLWISE: ColwiseParallel, ROWWISE: RowwiseParallel}
+
+
+def restore_linear_modules(stage_module: nn.Module, reference: nn.Module) -> list[str]:
+    """Replace traced stand-ins of ``nn.Linear`` / ``nn.Embedding`` by real modules; return their names."""
+    restored = []
+    stage_names = dict(stage_module.named_modules())
+    for name, original in reference.named_modules():
+        traced = stage_names.get(name)
+        if traced is None or type(traced) is type(original):
+            continue
+        if isinstance(original, nn.Linear):
+            real = _linear_like(traced, original)
+        elif isinstance(original, nn.Embedding):
+            real = _embedding_like(traced, original)
+        else:
+            continue
+        stage_module.set_submodule(name, real)
+        restored.append(name)
+    return restored
+
+
+def _linear_like(traced: nn.Module, original: nn.Linear) -> nn.Linear:
+    real = nn.Linear(original.in_features, original.out_features, bias=original.bias is not None, device="meta")
+    real.weight = traced.weight
+    if original.bias is not None:
+        real.bias = traced.bias
+    return real
+
+
+def _embedding_like(traced: nn.Module, original: nn.Embedding) -> nn.Embedding:
+    real = nn.Embedding(original.num_embeddings, original.embedding_dim, device="meta")
+    real.weight = traced.weight
+    return real
+
+
+def block_names(stage_module: nn.Module) -> list[str]:
+    """Names of the transformer blocks ("layers.<i>") that live in this stage."""
+    layers = getattr(stage_module, "layers", None)
+    return [f"layers.{key}" for key, _ in layers.named_children()] if layers is not None else []
+
+
+def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[str, str]) -> nn.Module:
+    """Shard every block of the stage over ``mp_mesh`` following ``block_plan`` (Megatron layout)."""
+    plan = {
+        f"{block}.{key}": _STYLES[style]()
+        for block in block_names(stage_module)
+        for key, style in block_plan.items()
+    }
+    if plan:
+        parallelize_module(stage_module, mp_mesh, plan)
+    return stage_module
+
+

@@ -1,0 +1,31 @@
+"""Trace a model once at the micro-batch shape and split it into pipeline stages at block boundaries.
+
+``torch.distributed.pipelining.pipeline`` runs ``torch.export`` underneath, so the stage graphs are
+specialised to the example micro-batch shape: a different micro-batch size needs a new trace.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import Pipe, SplitPoint, pipeline
+
+from compiler.partition import split_points
+
+# build_stage() warns once per restored nn.Linear / nn.Embedding that it skips rewriting devices in
+# a non-graph module; that is expected after restore_linear_modules, not a problem.
+logging.getLogger("torch.distributed.pipelining._IR").setLevel(logging.ERROR)
+
+
+def trace_pipeline(model: nn.Module, *, example_microbatch: torch.Tensor, blocks_per_stage: list[int]) -> Pipe:
+    """Split ``model`` into len(blocks_per_stage) stages; stage s holds blocks_per_stage[s] blocks.
+
+    The embedding lands on stage 0 and the final norm + LM head on the last stage.
+    """
+    split_spec = {f"layers.{i}": SplitPoint.BEGINNING for i in split_points(blocks_per_stage)}
+    pipe = pipeline(model, mb_args=(example_microbatch,), split_spec=split_spec)
+    if pipe.num_stages != len(blocks_per_stage):
+        raise RuntimeError(f"tracer produced {pipe.num_stages} stages, expected {len(blocks_per_stage)}")
+    return pipe

@@ -1,0 +1,133 @@
+"""Train a GPT on a (dp, pp, mp) mesh.
+
+    torchrun --nproc_per_node=8 run.py --dp 2 --pp 2 --mp 2 --model tiny --precision fp16
+
+Reading order is run order: flags -> validation -> process group -> mesh -> model -> stages
+(trace, partition, TP, FSDP) -> schedule -> training loop -> metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import warnings
+
+import torch
+
+from compiler.stage_plan import plan_stages
+from models.gpt import build_gpt
+from runtime.amp import AUTOCAST_DTYPES, build_grad_scaler, scaled_cross_entropy
+from runtime.config import ConfigError, TrainConfig, parse_train_config
+from runtime.data import DataError, DataSources, build_data, replica_rows
+from runtime.device import configure_cpu_threads, device_description, select_device
+from runtime.distributed import LaunchEnv, init_distributed, shutdown_distributed
+from runtime.flops import calibrate_world_peak_flops, training_flops_per_token
+from runtime.mesh import GridLayout, build_mesh
+from runtime.metrics import MetricsLogger, Throughput
+from runtime.optim import build_lr_schedule, build_optimizer
+from runtime.schedules import build_schedule
+from runtime.stages import build_local_stages
+from runtime.trainer import AfterBackwardHook, StepContext
+from runtime.training_loop import training_loop
+
+# torch.export's pytree emits a FutureWarning per traced module on 2.13; it says nothing about our code.
+warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*", category=FutureWarning)
+
+
+def main(argv: list[str] | None = None, *, after_backward: AfterBackwardHook | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    env = LaunchEnv.from_environ()
+
+    # 1. Flags and data are checked on every rank before any process group exists, so bad input
+    #    ends every rank at once with the same one-line error (printed by rank 0).
+    try:
+        cfg = parse_train_config(argv, world_size=env.world_size)
+        data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
+                          global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
+    except (ConfigError, DataError) as e:
+        if env.rank == 0:
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    # 2. Device and process group.
+    device = select_device(env.local_rank)
+    if device.type == "cpu":
+        configure_cpu_threads(env.local_world_size)
+    init_distributed(env, device)
+    try:
+        train(cfg, data, env=env, device=device, after_backward=after_backward)
+    finally:
+        shutdown_distributed()
+    return 0
+
+
+def train(cfg: TrainConfig, data: DataSources, *, env: LaunchEnv, device: torch.device,
+          after_backward: AfterBackwardHook | None = None) -> dict:
+    torch.manual_seed(cfg.seed)
+    # 3. Mesh.
+    layout = GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp)
+    mesh = build_mesh(device.type, layout)
+    dp_rank, pp_rank, mp_rank = layout.coordinates(env.rank)
+    if env.rank == 0:
+        print(layout.describe(), flush=True)
+
+    # 4. Model, compiled into this rank's stages: cost-balanced split, trace, TP, AC, FSDP.
+    n_stages = cfg.mesh.pp * cfg.pipeline.stages_per_rank
+    plan = plan_stages(cfg.model, n_stages=n_stages, micro_batch_size=cfg.pipeline.micro_batch_size,
+                       split=cfg.pipeline.split)
+    if env.rank == 0:
+        print(plan.describe(), flush=True)
+    model = build_gpt(cfg.model, seed=cfg.seed, device=device)
+    example = torch.zeros(cfg.pipeline.micro_batch_size, cfg.model.seq_len, dtype=torch.long, device=device)
+    stages = build_local_stages(model, blocks_per_stage=plan.blocks_per_stage, example_microbatch=example,
+                                mesh=mesh, device=device, activation_checkpointing=cfg.activation_checkpointing)
+    del model  # every rank keeps only its own stages
+
+    # 5. Schedule, mixed precision, optimizer.
+    scaler = build_grad_scaler(cfg.precision, device.type)
+    schedule = build_schedule(cfg.pipeline.schedule, stages.stages, n_microbatches=cfg.pipeline.microbatches,
+                              loss_fn=scaled_cross_entropy(scaler))
+    optimizer = build_optimizer(stages.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    lr_schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
+    ctx = StepContext(
+        schedule=schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
+        device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
+        loss_copies=cfg.mesh.dp * cfg.mesh.mp, plane_size=cfg.mesh.dp * cfg.mesh.mp,
+    )
+
+    # 6. Metrics, from the last pipeline stage of replica 0, mp rank 0.
+    logging_rank = layout.rank(0, cfg.mesh.pp - 1, 0)
+    logger = MetricsLogger(cfg.metrics.logdir, enabled=env.rank == logging_rank)
+    peak_flops, peak_source = _peak_flops(cfg, device, env.world_size)
+    throughput = Throughput(cfg.global_batch_size, cfg.model.seq_len, training_flops_per_token(cfg.model), peak_flops)
+    if env.rank == logging_rank:
+        print(f"data: {data.description}\nlogdir: {cfg.metrics.logdir}\n"
+              f"MFU peak: {peak_flops / 1e12:.4f} TFLOP/s for the world ({peak_source})", flush=True)
+    logger.text("config", "```\n" + json.dumps(cfg.to_dict(), indent=2) + "\n```")
+    logger.text("stage_plan", "```\n" + plan.describe() + "\n```")
+
+    # 7. Train.
+    summary = training_loop(
+        ctx, data=data, replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
+        optim=cfg.optim, data_cfg=cfg.data, metrics_cfg=cfg.metrics, throughput=throughput, logger=logger,
+        is_logging_rank=env.rank == logging_rank, after_backward=after_backward,
+    )
+    summary.update(config=cfg.to_dict(), peak_flops=peak_flops, peak_flops_source=peak_source,
+                   device=device_description(device), blocks_per_stage=plan.blocks_per_stage,
+                   world_size=env.world_size)
+    logger.write_json("summary.json", summary)
+    logger.close()
+    return summary
+
+
+def _peak_flops(cfg: TrainConfig, device: torch.device, world_size: int) -> tuple[float, str]:
+    if cfg.metrics.peak_tflops:
+        return cfg.metrics.peak_tflops * 1e12 * world_size, f"--peak-tflops {cfg.metrics.peak_tflops} per rank"
+    dtype = AUTOCAST_DTYPES.get(cfg.precision, torch.float32)
+    peak = calibrate_world_peak_flops(dtype, device)
+    return peak, f"measured: concurrent {str(dtype).removeprefix('torch.')} matmul calibration on all ranks"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""The run configuration: one frozen dataclass tree, built from argparse in exactly one place.
+
+Each part of the program receives the sub-config (or plain values) it needs, never the whole tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from dataclasses import dataclass
+
+from models.gpt import MODEL_SIZES, GPTConfig
+
+SCHEDULES = ("interleaved-1f1b", "1f1b", "gpipe", "zero-bubble", "naive")
+INTERLEAVED_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
+SINGLE_STAGE_SCHEDULES = ("1f1b", "gpipe")
+PRECISIONS = ("fp16", "bf16", "fp32")
+
+
+class ConfigError(ValueError):
+    """A flag value the engine cannot run with; the message names the flag and the valid values."""
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    dp: int
+    pp: int
+    mp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.mp
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    schedule: str
+    stages_per_rank: int  # v, virtual stages per pp rank
+    microbatches: int  # m, per dp replica per step
+    micro_batch_size: int  # samples per micro-batch
+    split: str  # "auto" | "uniform" | "manual:4,4,3,1"
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    steps: int
+    lr: float
+    warmup_steps: int
+    weight_decay: float
+    grad_clip: float
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str  # "builtin" | "synthetic" | a path
+    val_fraction: float
+    eval_every: int
+    eval_batches: int
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    logdir: str
+    log_every: int
+    peak_tflops: float | None
+    profile: bool
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model_name: str
+    model: GPTConfig
+    mesh: MeshShape
+    pipeline: PipelineConfig
+    precision: str
+    optim: OptimConfig
+    data: DataConfig
+    metrics: MetricsConfig
+    seed: int
+    activation_checkpointing: bool
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.pipeline.micro_batch_size * self.pipeline.microbatches * self.mesh.dp
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse prints a usage block before errors; we print one line and exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
+    p = _OneLineErrorParser(
+        prog=prog,
+        description="Train a GPT on a (dp, pp, mp) mesh: traced pipeline stages, DTensor tensor "
+        "parallelism, FSDP data parallelism, overlapped pipeline schedules and mixed precision. "
+        "Launch with `torchrun --nproc_per_node=N run.py ...`; without torchrun it runs as one process.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("mesh (dp x pp x mp must equal the number of processes)")
+    g.add_argument("--dp", type=int, default=1, help="data-parallel degree (FSDP replicas)")
+    g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (ranks per pipeline)")
+    g.add_argument("--mp", type=int, default=1, help="model (tensor) parallel degree")
+
+    g = p.add_argument_group("model")
+    g.add_argument("--model", choices=tuple(MODEL_SIZES), default="tiny",
+                   help="named size: tiny (tests), small (GPT-2 124M), medium (350M), large (774M)")
+    g.add_argument("--layers", type=int, help="override the number of transformer blocks")
+    g.add_argument("--d-model", type=int, help="override the hidden width")
+    g.add_argument("--heads", type=int, help="override the number of attention heads")
+    g.add_argument("--seq-len", type=int, help="override the sequence length (tokens per sample)")
+    g.add_argument("--vocab-size", type=int, help="override the vocabulary size (>= 256 for byte-level text)")
+
+    g = p.add_argument_group("pipeline")
+    g.add_argument("--schedule", choices=SCHEDULES, default="interleaved-1f1b",
+                   help="pipeline schedule; naive = stop-and-wait, one micro-batch at a time")
+    g.add_argument("--stages-per-rank", type=int,
+                   help="virtual stages v per pp rank (default: 2 for interleaved-1f1b/zero-bubble when pp > 1, else 1)")
+    g.add_argument("--microbatches", type=int,
+                   help="micro-batches per step per dp replica (default: global batch / (micro-batch size x dp), or 2 x pp)")
+    g.add_argument("--micro-batch-size", type=int, default=4, help="samples per micro-batch")
+    g.add_argument("--global-batch-size", type=int,
+                   help="samples per optimizer step over all replicas; must equal micro-batch size x microbatches x dp")
+    g.add_argument("--split", default="auto",
+                   help="stage split: auto (balance estimated per-layer cost), uniform (equal blocks per stage), "
+                        "or manual:N0,N1,... (blocks per stage)")
+
+    g = p.add_argument_group("precision and optimisation")
+    g.add_argument("--precision", choices=PRECISIONS, default="fp16",
+                   help="fp16 = autocast + ShardedGradScaler; bf16 = autocast; fp32 = full precision")
+    g.add_argument("--steps", type=int, default=100, help="optimizer steps")
+    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
+    g.add_argument("--warmup-steps", type=int, default=10, help="linear warm-up steps, then cosine decay to lr/10")
+    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices")
+    g.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm clip (0 disables)")
+    g.add_argument("--activation-checkpointing", action="store_true",
+                   help="recompute each transformer block in the backward pass to save activation memory")
+    g.add_argument("--seed", type=int, default=1234, help="seed for weights and data order")
+
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default="builtin",
+                   help="builtin (Python's bundled documentation text, byte-level), synthetic (seeded random "
+                        "tokens), or a path to a UTF-8 text file or a folder of them")
+    g.add_argument("--val-fraction", type=float, default=0.1, help="fraction of the tokens held out for validation")
+    g.add_argument("--eval-every", type=int, default=50, help="validation loss every N steps (and at the end)")
+    g.add_argument("--eval-batches", type=int, default=2, help="global batches per validation")
+
+    g = p.add_argument_group("metrics")
+    g.add_argument("--logdir", help="TensorBoard folder (default: tensorboard_logs/<model>_dp<D>_pp<P>_mp<M>_"
+                                    "<schedule>_<precision>_<timestamp>)")
+    g.add_argument("--log-every", type=int, default=10, help="progress line and scalars every N steps")
+    g.add_argument("--peak-tflops", type=float,
+                   help="peak TFLOP/s per rank for MFU; default: measured by a short matmul calibration")
+    g.add_argument("--profile", action="store_true",
+                   help="record a per-rank time split and pipeline timeline into the logdir")
+    return p
+
+
+def _positive(name: str, value: int | float | None) -> None:
+    if value is not None and value <= 0:
+        raise ConfigError(f"{name} must be a positive number, got {value}")
+
+
+def config_from_args(args: argparse.Namespace, *, world_size: int, now: float | None = None) -> TrainConfig:
+    """Build and validate the config. Raises ConfigError with a one-line message on bad input."""
+    for flag in ("dp", "pp", "mp", "layers", "d_model", "heads", "seq_len", "vocab_size", "stages_per_rank",
+                 "microbatches", "micro_batch_size", "global_batch_size", "steps", "lr", "log_every",
+                 "eval_every", "eval_batches", "peak_tflops"):
+        _positive("--" + flag.replace("_", "-"), getattr(args, flag))
+    for flag in ("warmup_steps", "weight_decay", "grad_clip"):
+        if getattr(args, flag) < 0:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
+    if not 0 < args.val_fraction < 1:
+        raise ConfigError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+
+    mesh = MeshShape(args.dp, args.pp, args.mp)
+    if mesh.world_size != world_size:
+        raise ConfigError(
+            f"--dp {mesh.dp} x --pp {mesh.pp} x --mp {mesh.mp} = {mesh.world_size} must equal the number of "
+            f"processes (WORLD_SIZE={world_size}); valid meshes: {', '.join(valid_meshes(world_size))}"
+        )
+
+    base = MODEL_SIZES[args.model]
+    model = GPTConfig(
+        n_layers=args.layers or base.n_layers,
+        d_model=args.d_model or base.d_model,
+        n_heads=args.heads or base.n_heads,
+        seq_len=args.seq_len or base.seq_len,
+        vocab_size=args.vocab_size or base.vocab_size,
+        mlp_ratio=base.mlp_ratio,
+    )
+    _check_model(model, mesh)
+
+    pipeline = _pipeline_config(args, mesh)
+    _check_pipeline(pipeline, model, mesh)
+
+    timestamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    logdir = args.logdir or (
+        f"tensorboard_logs/{args.model}_dp{mesh.dp}_pp{mesh.pp}_mp{mesh.mp}_{args.schedule}_{args.precision}_{timestamp}"
+    )
+    return TrainConfig(
+        model_name=args.model,
+        model=model,
+        mesh=mesh,
+        pipeline=pipeline,
+        precision=args.precision,
+        optim=OptimConfig(args.steps, args.lr, args.warmup_steps, args.weight_decay, args.grad_clip),
+        data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches),
+        metrics=MetricsConfig(logdir, args.log_every, args.peak_tflops, args.profile),
+        seed=args.seed,
+        activation_checkpointing=args.activation_checkpointing,
+    )
+
+
+def valid_meshes(world_size: int) -> list[str]:
+    return [
+        f"{dp}x{pp}x{world_size // (dp * pp)}"
+        for dp in range(1, world_size + 1)
+        for pp in range(1, world_size // dp + 1)
+        if world_size % (dp * pp) == 0
+    ]
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _check_model(model: GPTConfig, mesh: MeshShape) -> None:
+    if model.d_model % model.n_heads:
+        raise ConfigError(f"--heads {model.n_heads} must divide --d-model {model.d_model}; "
+                          f"valid --heads values: {_divisors(model.d_model)}")
+    if model.n_heads % mesh.mp:
+        raise ConfigError(f"--mp {mesh.mp} must divide the head count {model.n_heads}; "
+                          f"valid --mp values: {_divisors(model.n_heads)}")
+    if model.d_model % mesh.mp:
+        raise ConfigError(f"--mp {mesh.mp} must divide --d-model {model.d_model}; "
+                          f"valid --mp values: {_divisors(model.d_model)}")
+    if model.mlp_width % mesh.mp:
+        raise ConfigError(f"--mp {mesh.mp} must divide the MLP width {model.mlp_width}; "
+                          f"valid --mp values: {_divisors(model.mlp_width)}")
+
+
+def _pipeline_config(args: argparse.Namespace, mesh: MeshShape) -> PipelineConfig:
+    v = args.stages_per_rank
+    if v is None:
+        v = 2 if args.schedule in INTERLEAVED_SCHEDULES and mesh.pp > 1 else 1
+    mbs, m, gbs = args.micro_batch_size, args.microbatches, args.global_batch_size
+    if m is None and gbs is not None:
+        if gbs % (mbs * mesh.dp):
+            raise ConfigError(
+                f"--global-batch-size {gbs} must be a multiple of --micro-batch-size {mbs} x --dp {mesh.dp} "
+                f"= {mbs * mesh.dp}"
+            )
+        m = gbs // (mbs * mesh.dp)
+    elif m is None:
+        m = 2 * mesh.pp
+    if gbs is not None and gbs != mbs * m * mesh.dp:
+        raise ConfigError(
+            f"--global-batch-size {gbs} must equal --micro-batch-size {mbs} x --microbatches {m} x --dp "
+            f"{mesh.dp} = {mbs * m * mesh.dp}"
+        )
+    return PipelineConfig(args.schedule, v, m, mbs, args.split)
+
+
+def _check_pipeline(pipeline: PipelineConfig, model: GPTConfig, mesh: MeshShape) -> None:
+    v, m, pp, name = pipeline.stages_per_rank, pipeline.microbatches, mesh.pp, pipeline.schedule
+    if name in SINGLE_STAGE_SCHEDULES and v != 1:
+        raise ConfigError(f"--schedule {name} runs one stage per rank; --stages-per-rank must be 1, got {v} "
+                          f"(use interleaved-1f1b, zero-bubble or naive for v > 1)")
+    if pp == 1 and v != 1:
+        raise ConfigError(f"--stages-per-rank must be 1 when --pp is 1, got {v}")
+    n_stages = pp * v
+    if model.n_layers < n_stages:
+        raise ConfigError(
+            f"--layers {model.n_layers} is too few for --pp {pp} x --stages-per-rank {v} = {n_stages} stages; "
+            f"need at least {n_stages} layers (or lower --pp / --stages-per-rank)"
+        )
+    if name == "1f1b" and m < pp:
+        raise ConfigError(f"--microbatches {m} is too few for --schedule 1f1b with --pp {pp}; need >= {pp}")
+    if name in INTERLEAVED_SCHEDULES and m % pp:
+        raise ConfigError(f"--microbatches {m} must be a multiple of --pp {pp} for --schedule {name}; "
+                          f"valid values: {pp}, {2 * pp}, {3 * pp}, ...")
+    from compiler.partition import parse_split
+
+    try:
+        blocks = parse_split(pipeline.split, n_stages=n_stages, n_layers=model.n_layers)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    del blocks
+
+
+def parse_train_config(argv: list[str], *, world_size: int) -> TrainConfig:
+    args = build_parser().parse_args(argv)
+    return config_from_args(args, world_size=world_size)

@@ -1,0 +1,64 @@
+"""Model FLOPs per token and the peak FLOP/s that MFU divides by.
+
+Training FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B; the same count as Megatron-LM's
+Narayanan et al. 2021, sec. 5.1, without recomputation): 6 * N + 12 * L * T * d, where N is the
+number of parameters that take part in matrix products (blocks and LM head, not the embedding
+lookups), L the layers, T the sequence length and d the width. The second term is attention:
+Q K^T and attention x V, forward and backward. Activation recomputation is not counted: MFU
+measures useful model work, not work done.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from models.gpt import GPTConfig
+
+
+def matmul_params(cfg: GPTConfig) -> int:
+    d, f, V = cfg.d_model, cfg.mlp_width, cfg.vocab_size
+    block = 4 * (d * d + d) + (d * f + f) + (f * d + d) + 4 * d  # attention, MLP, two layer norms
+    return cfg.n_layers * block + 2 * d + d * V  # + final norm + head
+
+
+def training_flops_per_token(cfg: GPTConfig) -> float:
+    return 6.0 * matmul_params(cfg) + 12.0 * cfg.n_layers * cfg.seq_len * cfg.d_model
+
+
+def measure_matmul_flops(dtype: torch.dtype, device: torch.device, *, size: int = 512, seconds: float = 0.3) -> float:
+    """FLOP/s of this process on an n x n matmul in ``dtype``, timed for about ``seconds``."""
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    torch.mm(a, b)  # warm-up: kernel selection, first-touch of memory
+    _sync(device)
+    n, start = 0, time.perf_counter()
+    while True:
+        torch.mm(a, b)
+        n += 1
+        _sync(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= seconds:
+            return 2.0 * size**3 * n / elapsed
+
+
+def _sync(device: torch.device) -> None:
+    from runtime.device import synchronize
+
+    synchronize(device)
+
+
+def calibrate_world_peak_flops(dtype: torch.dtype, device: torch.device) -> float:
+    """Sum over ranks of the matmul rate each measures while all ranks measure at once.
+
+    Measuring concurrently is the honest peak when ranks share cores (8 ranks on 2 cores measure
+    about 2 cores' worth in total), and on GPUs it gives the achievable dense-matmul rate.
+    """
+    if dist.is_initialized():
+        dist.barrier()
+    rate = torch.tensor([measure_matmul_flops(dtype, device)], dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(rate)
+    return float(rate)

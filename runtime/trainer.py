@@ -1,0 +1,117 @@
+"""One training step and the training loop.
+
+A step on every rank: run the pipeline schedule on this replica's micro-batches (under autocast),
+unscale fp16 gradients (world-wide found-inf vote), one world all-reduce of [grad-norm^2, loss],
+clip to the global norm, optimizer step (skipped together on overflow), scale update, LR step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+from runtime.amp import autocast, ensure_scale_initialised
+from runtime.grad_clip import clip_grads_, local_grad_sq_norm
+from runtime.stages import LocalStages
+
+# Called after backward, before unscale/step: (step, stages) -> None. Tests use it to inject faults.
+AfterBackwardHook = Callable[[int, LocalStages], None]
+
+
+@dataclass(frozen=True)
+class StepStats:
+    loss: float  # mean next-token loss over the global batch (unscaled)
+    grad_norm: float  # global L2 norm before clipping
+    loss_scale: float  # fp16 loss scale used for this step (1.0 when disabled)
+    skipped: bool  # optimizer step skipped because a gradient overflowed
+    lr: float
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step needs besides its data; built once."""
+
+    schedule: object
+    stages: LocalStages
+    optimizer: torch.optim.Optimizer
+    lr_schedule: torch.optim.lr_scheduler.LRScheduler
+    scaler: ShardedGradScaler
+    device: torch.device
+    precision: str
+    grad_clip: float
+    loss_copies: int  # ranks reporting the same loss: dp x mp last-stage ranks, each replica mp times
+    plane_size: int  # dp x mp: ranks sharing one pipeline stage
+
+
+def run_schedule(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *, train: bool) -> list[torch.Tensor]:
+    """Run one pass of the schedule over this replica's batch; returns per-micro-batch losses on the last stage."""
+    losses: list[torch.Tensor] = []
+    args = (inputs,) if ctx.stages.has_first else ()
+    kwargs = {"target": targets, "losses": losses} if ctx.stages.has_last else {}
+    with autocast(ctx.device.type, ctx.precision):
+        if train:
+            ctx.schedule.step(*args, **kwargs)
+        else:
+            with torch.no_grad():
+                ctx.schedule.eval(*args, **kwargs)
+    return losses
+
+
+def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *, step: int,
+               after_backward: AfterBackwardHook | None = None) -> StepStats:
+    scale = ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0
+    lr = ctx.optimizer.param_groups[0]["lr"]
+    losses = run_schedule(ctx, inputs, targets, train=True)
+    if after_backward is not None:
+        after_backward(step, ctx.stages)
+
+    ensure_scale_initialised(ctx.scaler, ctx.device)
+    ctx.scaler.unscale_(ctx.optimizer)  # all-reduces found_inf over the world
+    params = ctx.stages.parameters()
+    local_loss = torch.stack(losses).mean().detach().double() / scale if losses else torch.zeros((), dtype=torch.float64)
+    packed = torch.stack([local_grad_sq_norm(params, plane_size=ctx.plane_size), local_loss.to(ctx.device)])
+    if dist.is_initialized():
+        dist.all_reduce(packed)
+    grad_norm = float(packed[0].sqrt())
+    loss = float(packed[1]) / ctx.loss_copies
+    clip_grads_(params, max_norm=ctx.grad_clip, total_norm=grad_norm)
+
+    ctx.scaler.step(ctx.optimizer)  # skipped on every rank if any rank found inf/nan
+    ctx.scaler.update()
+    skipped = ctx.scaler.is_enabled() and ctx.scaler.get_scale() < scale
+    ctx.lr_schedule.step()
+    ctx.optimizer.zero_grad(set_to_none=True)
+    return StepStats(loss=loss, grad_norm=grad_norm, loss_scale=scale, skipped=skipped, lr=lr)
+
+
+def evaluate(ctx: StepContext, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Mean validation loss over the given replica batches (forward only, through the same pipeline)."""
+    scale = ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0
+    total = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    for inputs, targets in batches:
+        losses = run_schedule(ctx, inputs, targets, train=False)
+        if losses:
+            total += torch.stack(losses).double().mean().to(ctx.device) / scale
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    return float(total) / (ctx.loss_copies * len(batches))
+
+
+def timed(fn: Callable[[], StepStats], device: torch.device) -> tuple[StepStats, float]:
+    from runtime.device import synchronize
+
+    synchronize(device)
+    start = time.perf_counter()
+    result = fn()
+    synchronize(device)
+    return result, time.perf_counter() - start
+
+
+def is_finite(x: float) -> bool:
+    return math.isfinite(x)

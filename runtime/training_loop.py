@@ -1,0 +1,92 @@
+"""The training loop: data -> step -> metrics, with validation every N steps and a summary at the end."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from runtime.config import DataConfig, MetricsConfig, OptimConfig
+from runtime.data import DataSources, inputs_and_targets
+from runtime.device import peak_memory_bytes
+from runtime.metrics import MetricsLogger, Throughput, progress_line
+from runtime.trainer import AfterBackwardHook, StepContext, evaluate, timed, train_step
+
+
+def max_over_ranks(value: int, device: torch.device) -> int:
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
+
+
+def training_loop(
+    ctx: StepContext,
+    *,
+    data: DataSources,
+    replica_rows: tuple[int, int],
+    optim: OptimConfig,
+    data_cfg: DataConfig,
+    metrics_cfg: MetricsConfig,
+    throughput: Throughput,
+    logger: MetricsLogger,
+    is_logging_rank: bool,
+    after_backward: AfterBackwardHook | None = None,
+) -> dict:
+    def batch(source, step):
+        inputs, targets = inputs_and_targets(source.rows(step, *replica_rows))
+        return inputs.to(ctx.device), targets.to(ctx.device)
+
+    val_batches = [batch(data.val, i) for i in range(data_cfg.eval_batches)]
+    losses, grad_norms, val_losses, skipped = [], [], [], 0
+    started = time.perf_counter()
+    for step in range(optim.steps):
+        inputs, targets = batch(data.train, step)
+        stats, step_time = timed(lambda: train_step(ctx, inputs, targets, step=step, after_backward=after_backward),
+                                 ctx.device)
+        throughput.step_times.append(step_time)
+        losses.append(stats.loss)
+        grad_norms.append(stats.grad_norm)
+        skipped += stats.skipped
+        n = step + 1
+        logger.scalars(n, {
+            "train/loss": stats.loss, "train/lr": stats.lr, "train/grad_norm": stats.grad_norm,
+            "train/loss_scale": stats.loss_scale, "train/skipped_steps": skipped,
+            "perf/step_time_s": step_time, "perf/samples_per_sec": throughput.samples_per_sec(step_time),
+            "perf/tokens_per_sec": throughput.tokens_per_sec(step_time), "perf/mfu": throughput.mfu(step_time),
+        })
+        if n % metrics_cfg.log_every == 0 or n == optim.steps:
+            peak = max_over_ranks(peak_memory_bytes(ctx.device), ctx.device)
+            logger.scalars(n, {"mem/peak_bytes": peak})
+            if is_logging_rank:
+                recent = throughput.step_times[-metrics_cfg.log_every:]
+                mean_time = sum(recent) / len(recent)
+                elapsed = time.perf_counter() - started
+                print(progress_line(step=n, steps=optim.steps, loss=stats.loss,
+                                    tokens_per_sec=throughput.tokens_per_sec(mean_time),
+                                    mfu=throughput.mfu(mean_time), loss_scale=stats.loss_scale,
+                                    grad_norm=stats.grad_norm,
+                                    seconds_left=elapsed / n * (optim.steps - n)), flush=True)
+        if n % data_cfg.eval_every == 0 or n == optim.steps:
+            val = evaluate(ctx, val_batches)
+            val_losses.append((n, val))
+            logger.scalars(n, {"val/loss": val})
+            if is_logging_rank:
+                print(f"step {n}: validation loss {val:.4f}", flush=True)
+
+    steady = throughput.steady_step_time()
+    return {
+        "final_loss": losses[-1],
+        "final_val_loss": val_losses[-1][1],
+        "losses": losses,
+        "grad_norms": grad_norms,
+        "val_losses": val_losses,
+        "step_time_s": steady,
+        "samples_per_sec": throughput.samples_per_sec(steady),
+        "tokens_per_sec": throughput.tokens_per_sec(steady),
+        "mfu": throughput.mfu(steady),
+        "peak_bytes": max_over_ranks(peak_memory_bytes(ctx.device), ctx.device),
+        "skipped_steps": skipped,
+        "final_loss_scale": ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0,
+    }

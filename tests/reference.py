@@ -1,0 +1,49 @@
+"""The single-process reference every parallel configuration is checked against.
+
+A plain PyTorch loop, no engine code on the compute path: the whole model on one process, trained on
+the whole global batch with the same initial weights, data rows, optimizer settings and clipping.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from models.gpt import build_gpt
+from runtime.config import TrainConfig
+from runtime.data import build_data, inputs_and_targets
+from runtime.optim import build_lr_schedule, build_optimizer
+
+
+@dataclass
+class ReferenceRun:
+    losses: list[float]
+    grad_norms: list[float]
+    first_step_grads: dict[str, torch.Tensor]  # by parameter name, before clipping
+
+
+def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
+    torch.manual_seed(cfg.seed)
+    data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
+                      global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
+    model = build_gpt(cfg.model, seed=cfg.seed)
+    optimizer = build_optimizer(list(model.parameters()), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
+    run = ReferenceRun([], [], {})
+    for step in range(steps):
+        inputs, targets = inputs_and_targets(data.train.rows(step, 0, cfg.global_batch_size))
+        logits = model(inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss.backward()
+        if step == 0:
+            run.first_step_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        run.losses.append(loss.item())
+        run.grad_norms.append(norm.item())
+    return run
