@@ -24,23 +24,19 @@ class GPTConfig:
     n_heads: int
     seq_len: int
     vocab_size: int
-    mlp_ratio: int = 4
+    mlp_width: int  # hidden units of the MLP, 4 * d_model in GPT-2
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
-    @property
-    def mlp_width(self) -> int:
-        return self.mlp_ratio * self.d_model
-
 
 # Named sizes. small/medium/large are the GPT-2 shapes (Radford et al. 2019, table 2).
 MODEL_SIZES: dict[str, GPTConfig] = {
-    "tiny": GPTConfig(n_layers=4, d_model=64, n_heads=4, seq_len=64, vocab_size=256),
-    "small": GPTConfig(n_layers=12, d_model=768, n_heads=12, seq_len=1024, vocab_size=50257),
-    "medium": GPTConfig(n_layers=24, d_model=1024, n_heads=16, seq_len=1024, vocab_size=50257),
-    "large": GPTConfig(n_layers=36, d_model=1280, n_heads=20, seq_len=1024, vocab_size=50257),
+    "tiny": GPTConfig(n_layers=4, d_model=64, n_heads=4, seq_len=64, vocab_size=256, mlp_width=256),
+    "small": GPTConfig(n_layers=12, d_model=768, n_heads=12, seq_len=1024, vocab_size=50257, mlp_width=3072),
+    "medium": GPTConfig(n_layers=24, d_model=1024, n_heads=16, seq_len=1024, vocab_size=50257, mlp_width=4096),
+    "large": GPTConfig(n_layers=36, d_model=1280, n_heads=20, seq_len=1024, vocab_size=50257, mlp_width=5120),
 }
 
 

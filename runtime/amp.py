@@ -16,6 +16,7 @@ import warnings
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 # ShardedGradScaler hands a (1,)-shaped found-inf tensor to the unscale kernel alongside DTensor
@@ -51,7 +52,7 @@ def scaled_cross_entropy(scaler: ShardedGradScaler):
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # logits (mb, T, V) may be fp16 under autocast; the loss is computed in fp32.
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+        loss = F.cross_entropy(rearrange(logits.float(), "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)"))
         return scaler.scale(loss)
 
     return loss_fn

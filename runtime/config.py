@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from dataclasses import dataclass
 
@@ -65,7 +64,6 @@ class MetricsConfig:
     logdir: str
     log_every: int
     peak_tflops: float | None
-    profile: bool
 
 
 @dataclass(frozen=True)
@@ -90,11 +88,20 @@ class TrainConfig:
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
-    """argparse prints a usage block before errors; we print one line and exit 2."""
+    """argparse would print a usage block and exit on every rank; raise instead, so that run.py prints
+    one line on rank 0 and every rank exits with the same code."""
 
     def error(self, message: str):  # type: ignore[override]
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        sys.exit(2)
+        raise ConfigError(f"{message} (see --help)")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show defaults, except for flags whose absence means 'derived' (None) or 'off' (False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
@@ -103,7 +110,7 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
         description="Train a GPT on a (dp, pp, mp) mesh: traced pipeline stages, DTensor tensor "
         "parallelism, FSDP data parallelism, overlapped pipeline schedules and mixed precision. "
         "Launch with `torchrun --nproc_per_node=N run.py ...`; without torchrun it runs as one process.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     g = p.add_argument_group("mesh (dp x pp x mp must equal the number of processes)")
     g.add_argument("--dp", type=int, default=1, help="data-parallel degree (FSDP replicas)")
@@ -118,6 +125,7 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--heads", type=int, help="override the number of attention heads")
     g.add_argument("--seq-len", type=int, help="override the sequence length (tokens per sample)")
     g.add_argument("--vocab-size", type=int, help="override the vocabulary size (>= 256 for byte-level text)")
+    g.add_argument("--mlp-width", type=int, help="override the MLP hidden width (default 4 x d-model)")
 
     g = p.add_argument_group("pipeline")
     g.add_argument("--schedule", choices=SCHEDULES, default="interleaved-1f1b",
@@ -159,8 +167,6 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--log-every", type=int, default=10, help="progress line and scalars every N steps")
     g.add_argument("--peak-tflops", type=float,
                    help="peak TFLOP/s per rank for MFU; default: measured by a short matmul calibration")
-    g.add_argument("--profile", action="store_true",
-                   help="record a per-rank time split and pipeline timeline into the logdir")
     return p
 
 
@@ -171,7 +177,7 @@ def _positive(name: str, value: int | float | None) -> None:
 
 def config_from_args(args: argparse.Namespace, *, world_size: int, now: float | None = None) -> TrainConfig:
     """Build and validate the config. Raises ConfigError with a one-line message on bad input."""
-    for flag in ("dp", "pp", "mp", "layers", "d_model", "heads", "seq_len", "vocab_size", "stages_per_rank",
+    for flag in ("dp", "pp", "mp", "layers", "d_model", "heads", "seq_len", "vocab_size", "mlp_width", "stages_per_rank",
                  "microbatches", "micro_batch_size", "global_batch_size", "steps", "lr", "log_every",
                  "eval_every", "eval_batches", "peak_tflops"):
         _positive("--" + flag.replace("_", "-"), getattr(args, flag))
@@ -195,7 +201,7 @@ def config_from_args(args: argparse.Namespace, *, world_size: int, now: float | 
         n_heads=args.heads or base.n_heads,
         seq_len=args.seq_len or base.seq_len,
         vocab_size=args.vocab_size or base.vocab_size,
-        mlp_ratio=base.mlp_ratio,
+        mlp_width=args.mlp_width or 4 * (args.d_model or base.d_model),
     )
     _check_model(model, mesh)
 
@@ -214,7 +220,7 @@ def config_from_args(args: argparse.Namespace, *, world_size: int, now: float | 
         precision=args.precision,
         optim=OptimConfig(args.steps, args.lr, args.warmup_steps, args.weight_decay, args.grad_clip),
         data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches),
-        metrics=MetricsConfig(logdir, args.log_every, args.peak_tflops, args.profile),
+        metrics=MetricsConfig(logdir, args.log_every, args.peak_tflops),
         seed=args.seed,
         activation_checkpointing=args.activation_checkpointing,
     )
@@ -237,14 +243,14 @@ def _check_model(model: GPTConfig, mesh: MeshShape) -> None:
     if model.d_model % model.n_heads:
         raise ConfigError(f"--heads {model.n_heads} must divide --d-model {model.d_model}; "
                           f"valid --heads values: {_divisors(model.d_model)}")
-    if model.n_heads % mesh.mp:
-        raise ConfigError(f"--mp {mesh.mp} must divide the head count {model.n_heads}; "
-                          f"valid --mp values: {_divisors(model.n_heads)}")
     if model.d_model % mesh.mp:
         raise ConfigError(f"--mp {mesh.mp} must divide --d-model {model.d_model}; "
                           f"valid --mp values: {_divisors(model.d_model)}")
+    if model.n_heads % mesh.mp:
+        raise ConfigError(f"--mp {mesh.mp} must divide the head count (--heads {model.n_heads}); "
+                          f"valid --mp values: {_divisors(model.n_heads)}")
     if model.mlp_width % mesh.mp:
-        raise ConfigError(f"--mp {mesh.mp} must divide the MLP width {model.mlp_width}; "
+        raise ConfigError(f"--mp {mesh.mp} must divide the MLP width (--mlp-width {model.mlp_width}); "
                           f"valid --mp values: {_divisors(model.mlp_width)}")
 
 

@@ -20,8 +20,9 @@ from runtime.amp import autocast, ensure_scale_initialised
 from runtime.grad_clip import clip_grads_, local_grad_sq_norm
 from runtime.stages import LocalStages
 
-# Called after backward, before unscale/step: (step, stages) -> None. Tests use it to inject faults.
-AfterBackwardHook = Callable[[int, LocalStages], None]
+# Called after backward, before unscale/step: (step, StepContext) -> None. Tests use it to inspect
+# gradients and inject faults.
+AfterBackwardHook = Callable[[int, "StepContext"], None]
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *,
     lr = ctx.optimizer.param_groups[0]["lr"]
     losses = run_schedule(ctx, inputs, targets, train=True)
     if after_backward is not None:
-        after_backward(step, ctx.stages)
+        after_backward(step, ctx)
 
     ensure_scale_initialised(ctx.scaler, ctx.device)
     ctx.scaler.unscale_(ctx.optimizer)  # all-reduces found_inf over the world

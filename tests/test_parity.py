@@ -50,13 +50,13 @@ def test_losses_match_single_process(tmp_path, dp, pp, mp, schedule, extra):
         assert got == pytest.approx(want, rel=1e-4), f"step {step}: global grad norm {got} vs {want}"
 
 
-def _dump_first_step_grads(out_dir: str, step: int, stages) -> None:
+def _dump_first_step_grads(out_dir: str, step: int, ctx) -> None:
     if step != 0:
         return
     import torch.distributed as dist
 
     grads = {}
-    for name, param in stages.named_parameters():
+    for name, param in ctx.stages.named_parameters():
         grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
         grads[name.replace("_checkpoint_wrapped_module.", "")] = grad.detach().clone()
     torch.save(grads, f"{out_dir}/grads_rank{dist.get_rank()}.pt")

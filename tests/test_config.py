@@ -1,0 +1,34 @@
+"""Config defaults and derivations (the error cases run end to end in test_bad_input.py)."""
+
+import pytest
+
+from runtime.config import ConfigError, build_parser, config_from_args, parse_train_config
+
+
+def test_defaults_for_a_plain_single_process():
+    cfg = parse_train_config([], world_size=1)
+    assert (cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp) == (1, 1, 1)
+    assert cfg.precision == "fp16" and cfg.pipeline.schedule == "interleaved-1f1b"
+    assert cfg.pipeline.stages_per_rank == 1  # no virtual stages without a pipeline
+    assert cfg.metrics.logdir.startswith("tensorboard_logs/tiny_dp1_pp1_mp1_interleaved-1f1b_fp16_")
+
+
+def test_interleaved_defaults_to_two_virtual_stages_and_2p_microbatches():
+    cfg = parse_train_config(["--pp", "2", "--dp", "2", "--mp", "2"], world_size=8)
+    assert cfg.pipeline.stages_per_rank == 2 and cfg.pipeline.microbatches == 4
+    assert cfg.global_batch_size == 4 * 4 * 2
+
+
+def test_microbatches_derive_from_global_batch():
+    cfg = parse_train_config(["--dp", "2", "--global-batch-size", "32", "--micro-batch-size", "2"], world_size=2)
+    assert cfg.pipeline.microbatches == 8 and cfg.global_batch_size == 32
+
+
+def test_overrides_and_mlp_width_follow_d_model():
+    cfg = parse_train_config(["--model", "small", "--layers", "2", "--d-model", "128", "--heads", "2"], world_size=1)
+    assert (cfg.model.n_layers, cfg.model.d_model, cfg.model.mlp_width, cfg.model.vocab_size) == (2, 128, 512, 50257)
+
+
+def test_errors_raise_config_error_not_exit():
+    with pytest.raises(ConfigError, match="--schedule"):
+        config_from_args(build_parser().parse_args(["--schedule", "nope"]), world_size=1)

@@ -1,0 +1,66 @@
+"""The (dp, pp, mp) rank layout: printed groups, coordinates, and agreement with torch's DeviceMesh."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from runtime.mesh import GridLayout
+from tests.launch import spawn_ranks
+
+
+def test_issue_example_2x2x2_groups():
+    layout = GridLayout(2, 2, 2)
+    assert layout.groups("mp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert layout.groups("pp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert layout.groups("dp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    text = layout.describe()
+    assert "MP groups: [0, 1] [2, 3] [4, 5] [6, 7]" in text
+    assert "rank 5: dp=1 pp=0 mp=1" in text
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 4), (4, 2, 1), (2, 1, 2), (1, 1, 1), (2, 4, 1), (1, 8, 1)])
+def test_layout_is_a_bijection_and_groups_partition_the_world(shape):
+    layout = GridLayout(*shape)
+    world = shape[0] * shape[1] * shape[2]
+    coords = [layout.coordinates(r) for r in range(world)]
+    assert len(set(coords)) == world
+    assert all(layout.rank(*c) == r for r, c in enumerate(coords))
+    for dim, size in zip(("dp", "pp", "mp"), shape):
+        groups = layout.groups(dim)
+        assert sorted(r for g in groups for r in g) == list(range(world))
+        assert all(len(g) == size for g in groups)
+        axis = ("dp", "pp", "mp").index(dim)
+        for g in groups:  # members differ only in this dimension's coordinate
+            other = {tuple(c for i, c in enumerate(layout.coordinates(r)) if i != axis) for r in g}
+            assert len(other) == 1
+
+
+def test_mp_groups_are_contiguous_ranks():
+    # MP is the fastest dimension so that tensor-parallel peers share a node.
+    assert GridLayout(2, 1, 4).groups("mp") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def _report_device_mesh_groups(shape, out_dir):
+    import torch.distributed as dist
+
+    from runtime.mesh import build_mesh
+
+    dist.init_process_group("gloo")
+    mesh = build_mesh("cpu", GridLayout(*shape))
+    groups = {dim: dist.get_process_group_ranks(mesh[dim].get_group()) for dim in ("dp", "pp", "mp")}
+    with open(f"{out_dir}/rank{dist.get_rank()}.json", "w") as f:
+        json.dump(groups, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (1, 2, 4)])
+def test_device_mesh_groups_match_the_printed_layout(tmp_path, shape):
+    spawn_ranks(_report_device_mesh_groups, world_size=8, args=(shape, str(tmp_path)), timeout=120)
+    layout = GridLayout(*shape)
+    for rank in range(8):
+        groups = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for dim in ("dp", "pp", "mp"):
+            expected = next(g for g in layout.groups(dim) if rank in g)
+            assert groups[dim] == expected, (rank, dim)
