@@ -12,16 +12,13 @@ bf16 has fp32's exponent range and needs no scaling.
 from __future__ import annotations
 
 import contextlib
-import warnings
+from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-# ShardedGradScaler hands a (1,)-shaped found-inf tensor to the unscale kernel alongside DTensor
-# gradients; DTensor warns that it replicates it, which is exactly what we want.
-warnings.filterwarnings("ignore", message="Found a non-scalar tensor with numel=1", category=UserWarning)
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler, _GeneralMultiDeviceReplicator
+from torch.distributed.tensor import DTensor
 
 AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -32,9 +29,39 @@ def autocast(device_type: str, precision: str) -> contextlib.AbstractContextMana
     return contextlib.nullcontext()
 
 
-def build_grad_scaler(precision: str, device_type: str, *, process_group=None) -> ShardedGradScaler:
-    """Enabled only for fp16. ``process_group=None`` means the world: the found-inf vote spans every rank."""
-    return ShardedGradScaler(device=device_type, enabled=precision == "fp16", process_group=process_group)
+class LocalShardGradScaler(ShardedGradScaler):
+    """ShardedGradScaler that checks and unscales each rank's *local* gradient shards.
+
+    The stock scaler runs its unscale kernel on DTensor gradients, which makes DTensor all-reduce a
+    found-inf flag over every sub-mesh a gradient lives on (dp, mp, or both), before ``unscale_``
+    all-reduces it over the world anyway. Each rank's local shards are exactly its share of the
+    gradient, so one world-wide vote (in ``unscale_``) is enough.
+    """
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
+        per_device_inv_scale = _GeneralMultiDeviceReplicator(inv_scale)
+        per_device_found_inf = _GeneralMultiDeviceReplicator(found_inf)
+        grouped: dict = defaultdict(lambda: defaultdict(list))
+        with torch.no_grad():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is None:
+                        continue
+                    grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+                    grouped[grad.device][grad.dtype].append(grad)
+            for device, per_dtype in grouped.items():
+                for grads in per_dtype.values():
+                    torch._amp_foreach_non_finite_check_and_unscale_(
+                        grads, per_device_found_inf.get(device), per_device_inv_scale.get(device)
+                    )
+        if not per_device_found_inf._per_device_tensors:
+            per_device_found_inf.get(self._scale.device)
+        return per_device_found_inf._per_device_tensors
+
+
+def build_grad_scaler(precision: str, device_type: str) -> ShardedGradScaler:
+    """Enabled only for fp16. Its process group is the world: the found-inf vote spans every rank."""
+    return LocalShardGradScaler(device=device_type, enabled=precision == "fp16")
 
 
 def ensure_scale_initialised(scaler: ShardedGradScaler, device: torch.device) -> None:
