@@ -26,6 +26,8 @@ from runtime.flops import calibrate_world_peak_flops, training_flops_per_token
 from runtime.mesh import GridLayout, build_mesh
 from runtime.metrics import MetricsLogger, Throughput
 from runtime.optim import build_lr_schedule, build_optimizer
+from runtime.profile_report import profile_report
+from runtime.profiling import Profiler, profiled_steps
 from runtime.schedules import build_schedule
 from runtime.stages import build_local_stages
 from runtime.trainer import AfterBackwardHook, StepContext
@@ -90,10 +92,13 @@ def train(cfg: TrainConfig, data: DataSources, *, env: LaunchEnv, device: torch.
                               loss_fn=scaled_cross_entropy(scaler))
     optimizer = build_optimizer(stages.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     lr_schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
+    profiler = (Profiler(rank=env.rank, stages=stages.stages, steps=profiled_steps(cfg.optim.steps))
+                if cfg.metrics.profile else None)
     ctx = StepContext(
         schedule=schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
         device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
         loss_copies=cfg.mesh.dp * cfg.mesh.mp, plane_size=cfg.mesh.dp * cfg.mesh.mp,
+        recorder=profiler.recorder if profiler else None,
     )
 
     # 6. Metrics, from the last pipeline stage of replica 0, mp rank 0.
@@ -111,8 +116,13 @@ def train(cfg: TrainConfig, data: DataSources, *, env: LaunchEnv, device: torch.
     summary = training_loop(
         ctx, data=data, replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
         optim=cfg.optim, data_cfg=cfg.data, metrics_cfg=cfg.metrics, throughput=throughput, logger=logger,
-        is_logging_rank=env.rank == logging_rank, after_backward=after_backward,
+        is_logging_rank=env.rank == logging_rank, after_backward=after_backward, profiler=profiler,
     )
+    if profiler:
+        profiler.close()
+        summary["profile"] = profile_report(
+            profiler.profiles, layout=layout, schedule=cfg.pipeline.schedule, microbatches=cfg.pipeline.microbatches,
+            stages_per_rank=cfg.pipeline.stages_per_rank, logger=logger)
     summary.update(config=cfg.to_dict(), peak_flops=peak_flops, peak_flops_source=peak_source,
                    device=device_description(device), blocks_per_stage=plan.blocks_per_stage,
                    world_size=env.world_size)

@@ -11,6 +11,7 @@ import logging
 import torch
 from torch import nn
 from torch.distributed.pipelining import Pipe, SplitPoint, pipeline
+from torch.export.unflatten import InterpreterModule
 
 from compiler.partition import split_points
 
@@ -28,4 +29,17 @@ def trace_pipeline(model: nn.Module, *, example_microbatch: torch.Tensor, blocks
     pipe = pipeline(model, mb_args=(example_microbatch,), split_spec=split_spec)
     if pipe.num_stages != len(blocks_per_stage):
         raise RuntimeError(f"tracer produced {pipe.num_stages} stages, expected {len(blocks_per_stage)}")
+    for stage in range(pipe.num_stages):
+        use_generated_code(pipe.get_stage_module(stage))
     return pipe
+
+
+def use_generated_code(stage_module: nn.Module) -> None:
+    """Run traced submodules as generated Python, not through ``fx.Interpreter``.
+
+    Unflattened submodules default to interpreting their graph node by node (for readable stack
+    traces); the generated ``forward`` computes the same thing without ~30 us of Python per node.
+    """
+    for module in stage_module.modules():
+        if isinstance(module, InterpreterModule):
+            module._run_with_interpreter = False

@@ -64,6 +64,7 @@ class MetricsConfig:
     logdir: str
     log_every: int
     peak_tflops: float | None
+    profile: bool
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,9 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--log-every", type=int, default=10, help="progress line and scalars every N steps")
     g.add_argument("--peak-tflops", type=float,
                    help="peak TFLOP/s per rank for MFU; default: measured by a short matmul calibration")
+    g.add_argument("--profile", action="store_true",
+                   help="time-split every rank's last 3 steps (compute, p2p, TP/DP collectives, optimizer, idle) "
+                        "and write time_split.json, a Chrome trace timeline.json and a Gantt image to the logdir")
     return p
 
 
@@ -220,7 +224,7 @@ def config_from_args(args: argparse.Namespace, *, world_size: int, now: float | 
         precision=args.precision,
         optim=OptimConfig(args.steps, args.lr, args.warmup_steps, args.weight_decay, args.grad_clip),
         data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches),
-        metrics=MetricsConfig(logdir, args.log_every, args.peak_tflops),
+        metrics=MetricsConfig(logdir, args.log_every, args.peak_tflops, args.profile),
         seed=args.seed,
         activation_checkpointing=args.activation_checkpointing,
     )

@@ -7,6 +7,7 @@ clip to the global norm, optimizer step (skipped together on overflow), scale up
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from runtime.amp import autocast, ensure_scale_initialised
 from runtime.grad_clip import clip_grads_, local_grad_sq_norm
+from runtime.profiling import StepRecorder
 from runtime.stages import LocalStages
 
 # Called after backward, before unscale/step: (step, StepContext) -> None. Tests use it to inspect
@@ -48,6 +50,7 @@ class StepContext:
     grad_clip: float
     loss_copies: int  # ranks reporting the same loss: dp x mp last-stage ranks, each replica mp times
     plane_size: int  # dp x mp: ranks sharing one pipeline stage
+    recorder: StepRecorder | None = None  # set when profiling: times the optimizer phase
 
 
 def run_schedule(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *, train: bool) -> list[torch.Tensor]:
@@ -57,7 +60,8 @@ def run_schedule(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, 
     kwargs = {"target": targets, "losses": losses} if ctx.stages.has_last else {}
     with autocast(ctx.device.type, ctx.precision):
         if train:
-            ctx.schedule.step(*args, **kwargs)
+            # return_outputs=False: do not keep and concatenate every micro-batch's logits (B, T, V).
+            ctx.schedule.step(*args, return_outputs=False, **kwargs)
         else:
             with torch.no_grad():
                 ctx.schedule.eval(*args, **kwargs)
@@ -72,6 +76,12 @@ def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *,
     if after_backward is not None:
         after_backward(step, ctx)
 
+    with ctx.recorder.span("optimizer", "optimizer") if ctx.recorder else contextlib.nullcontext():
+        stats = _optimizer_step(ctx, losses, scale=scale, lr=lr)
+    return stats
+
+
+def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: float, lr: float) -> StepStats:
     ensure_scale_initialised(ctx.scaler, ctx.device)
     ctx.scaler.unscale_(ctx.optimizer)  # all-reduces found_inf over the world
     params = ctx.stages.parameters()

@@ -11,6 +11,7 @@ from runtime.config import DataConfig, MetricsConfig, OptimConfig
 from runtime.data import DataSources, inputs_and_targets
 from runtime.device import peak_memory_bytes
 from runtime.metrics import MetricsLogger, Throughput, progress_line
+from runtime.profiling import Profiler
 from runtime.trainer import AfterBackwardHook, StepContext, evaluate, timed, train_step
 
 
@@ -33,6 +34,7 @@ def training_loop(
     logger: MetricsLogger,
     is_logging_rank: bool,
     after_backward: AfterBackwardHook | None = None,
+    profiler: Profiler | None = None,
 ) -> dict:
     def batch(source, step):
         inputs, targets = inputs_and_targets(source.rows(step, *replica_rows))
@@ -43,8 +45,13 @@ def training_loop(
     started = time.perf_counter()
     for step in range(optim.steps):
         inputs, targets = batch(data.train, step)
+        profiling = profiler is not None and profiler.wants(step)
+        if profiling:
+            profiler.begin()
         stats, step_time = timed(lambda: train_step(ctx, inputs, targets, step=step, after_backward=after_backward),
                                  ctx.device)
+        if profiling:
+            profiler.end()
         throughput.step_times.append(step_time)
         losses.append(stats.loss)
         grad_norms.append(stats.grad_norm)

@@ -1,0 +1,76 @@
+"""The reference point for engine overhead: a plain single-process PyTorch training loop.
+
+No tracing, no schedule, no distributed code: the same GPT, the same AdamW and clipping, the same
+micro-batch gradient accumulation and synthetic tokens as the engine's 1x1x1 run. It prints one JSON
+line with its median step time and throughput, measured the way the engine measures them.
+
+    python -m runtime.study.plain_loop --layers 16 --d-model 384 --heads 8 --seq-len 128 \
+        --micro-batch-size 4 --microbatches 8 --steps 6 --precision fp32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+from models.gpt import GPTConfig, build_gpt
+from runtime.amp import AUTOCAST_DTYPES, autocast
+from runtime.data import SyntheticBatches, inputs_and_targets
+from runtime.device import configure_cpu_threads, peak_memory_bytes, select_device, synchronize
+from runtime.metrics import Throughput
+from runtime.optim import build_lr_schedule, build_optimizer
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for flag, default in (("layers", 16), ("d-model", 384), ("heads", 8), ("seq-len", 128), ("vocab-size", 256),
+                          ("micro-batch-size", 4), ("microbatches", 8), ("steps", 6), ("seed", 1234)):
+        p.add_argument(f"--{flag}", type=int, default=default)
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--lr", type=float, default=1e-3)
+    args = p.parse_args(argv)
+
+    device = select_device(0)
+    if device.type == "cpu":
+        configure_cpu_threads(1)
+    cfg = GPTConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, seq_len=args.seq_len,
+                    vocab_size=args.vocab_size, mlp_width=4 * args.d_model)
+    model = build_gpt(cfg, seed=args.seed, device=device)
+    optimizer = build_optimizer(list(model.parameters()), lr=args.lr, weight_decay=0.1)
+    schedule = build_lr_schedule(optimizer, warmup_steps=1, total_steps=args.steps)
+    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
+    batch = args.micro_batch_size * args.microbatches
+    data = SyntheticBatches(vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, global_batch_size=batch, seed=args.seed)
+    throughput = Throughput(batch, cfg.seq_len, 0.0, 1.0)
+    for step in range(args.steps):
+        inputs, targets = (t.to(device) for t in inputs_and_targets(data.rows(step, 0, batch)))
+        synchronize(device)
+        start = time.perf_counter()
+        for mb_inputs, mb_targets in zip(inputs.chunk(args.microbatches), targets.chunk(args.microbatches)):
+            with autocast(device.type, args.precision):
+                logits = model(mb_inputs)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), mb_targets.flatten()) / args.microbatches
+            scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss.item()
+        synchronize(device)
+        throughput.step_times.append(time.perf_counter() - start)
+    steady = throughput.steady_step_time()
+    result = {"step_time_s": steady, "samples_per_sec": throughput.samples_per_sec(steady),
+              "tokens_per_sec": throughput.tokens_per_sec(steady), "peak_bytes": peak_memory_bytes(device),
+              "precision": args.precision, "dtype": str(AUTOCAST_DTYPES.get(args.precision, torch.float32))}
+    print(json.dumps(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
