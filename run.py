@@ -37,8 +37,15 @@ from runtime.training_loop import training_loop
 warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*", category=FutureWarning)
 
 
+COMMANDS = ("study",)
+
+
 def main(argv: list[str] | None = None, *, after_backward: AfterBackwardHook | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "study":
+        from runtime.study.cli import main as study
+
+        return study(argv[1:])
     env = LaunchEnv.from_environ()
 
     # 1. Flags and data are checked on every rank before any process group exists, so bad input

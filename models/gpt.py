@@ -44,18 +44,19 @@ class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.head_dim = cfg.head_dim
-        self.q = nn.Linear(cfg.d_model, cfg.d_model)
-        self.k = nn.Linear(cfg.d_model, cfg.d_model)
-        self.v = nn.Linear(cfg.d_model, cfg.d_model)
+        # One fused q/k/v projection whose output features are grouped per head, [q_h, k_h, v_h] for
+        # h = 0..H-1 (Megatron-LM's layout): a column-parallel shard of it holds complete heads, the
+        # input is cast to the autocast dtype once (not once each for q, k and v), and tensor
+        # parallelism all-reduces the input gradient once instead of three times.
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.o = nn.Linear(cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (B, T, D). The head count is -1, never n_heads: the traced graph keeps the -1, so a
-        # tensor-parallel shard holding H/mp heads (q: (B, T, D/mp)) runs the same graph.
+        # tensor-parallel shard holding H/mp heads (qkv: (B, T, 3D/mp)) runs the same graph.
         B, T, _ = x.shape
-        q = self.q(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H, T, hd)
-        k = self.k(x).view(B, T, -1, self.head_dim).transpose(1, 2)
-        v = self.v(x).view(B, T, -1, self.head_dim).transpose(1, 2)
+        qkv = self.qkv(x).view(B, T, -1, 3, self.head_dim)  # (B, T, H, 3, hd)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each (B, H, T, hd)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
         return self.o(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
 

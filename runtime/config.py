@@ -65,6 +65,7 @@ class MetricsConfig:
     log_every: int
     peak_tflops: float | None
     profile: bool
+    profile_memory: bool
 
 
 @dataclass(frozen=True)
@@ -171,6 +172,9 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--profile", action="store_true",
                    help="time-split every rank's last 3 steps (compute, p2p, TP/DP collectives, optimizer, idle) "
                         "and write time_split.json, a Chrome trace timeline.json and a Gantt image to the logdir")
+    g.add_argument("--profile-memory", action="store_true",
+                   help="measure the peak tensor memory of the second step (on CPU from the allocator's events "
+                        "in torch.profiler) as mem/peak_tensor_bytes and peak_tensor_bytes in summary.json")
     return p
 
 
@@ -224,7 +228,7 @@ def config_from_args(args: argparse.Namespace, *, world_size: int, now: float | 
         precision=args.precision,
         optim=OptimConfig(args.steps, args.lr, args.warmup_steps, args.weight_decay, args.grad_clip),
         data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches),
-        metrics=MetricsConfig(logdir, args.log_every, args.peak_tflops, args.profile),
+        metrics=MetricsConfig(logdir, args.log_every, args.peak_tflops, args.profile, args.profile_memory),
         seed=args.seed,
         activation_checkpointing=args.activation_checkpointing,
     )

@@ -8,6 +8,7 @@ import os
 import torch.distributed as dist
 
 from runtime.mesh import GridLayout
+from runtime.png import write_png
 from runtime.metrics import MetricsLogger
 from runtime.profiling import CATEGORIES, StepProfile
 from runtime.schedules import bubble_fraction
@@ -49,7 +50,9 @@ def profile_report(profiles: list[StepProfile], *, layout: GridLayout, schedule:
         with open(os.path.join(logger.logdir, "timeline.json"), "w") as f:
             json.dump(chrome_trace(last_step, rank_labels=labels), f)
         logger.write_json("time_split.json", report)
-        logger.image(f"timeline/{schedule}", render_gantt(last_step))
+        gantt = render_gantt(last_step)
+        logger.image(f"timeline/{schedule}", gantt)
+        write_png(gantt, os.path.join(logger.logdir, "timeline.png"))
         logger.text("time_split", _markdown_table(splits, report))
     return report
 

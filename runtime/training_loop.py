@@ -10,6 +10,7 @@ import torch.distributed as dist
 from runtime.config import DataConfig, MetricsConfig, OptimConfig
 from runtime.data import DataSources, inputs_and_targets
 from runtime.device import peak_memory_bytes
+from runtime.memory import live_tensor_bytes, peak_growth_during, step_state_tensors
 from runtime.metrics import MetricsLogger, Throughput, progress_line
 from runtime.profiling import Profiler
 from runtime.trainer import AfterBackwardHook, StepContext, evaluate, timed, train_step
@@ -42,14 +43,23 @@ def training_loop(
 
     val_batches = [batch(data.val, i) for i in range(data_cfg.eval_batches)]
     losses, grad_norms, val_losses, skipped = [], [], [], 0
+    # The second step is the first to hold AdamW's state alongside activations and gradients.
+    memory_step = min(1, optim.steps - 1) if metrics_cfg.profile_memory else None
+    peak_tensor_bytes = None
     started = time.perf_counter()
     for step in range(optim.steps):
         inputs, targets = batch(data.train, step)
         profiling = profiler is not None and profiler.wants(step)
         if profiling:
             profiler.begin()
-        stats, step_time = timed(lambda: train_step(ctx, inputs, targets, step=step, after_backward=after_backward),
-                                 ctx.device)
+        run_step = lambda: train_step(ctx, inputs, targets, step=step, after_backward=after_backward)  # noqa: E731
+        if step == memory_step:
+            live = live_tensor_bytes([*step_state_tensors(ctx.stages.parameters(), ctx.optimizer), inputs, targets])
+            (stats, step_time), growth = peak_growth_during(lambda: timed(run_step, ctx.device), ctx.device)
+            peak_tensor_bytes = max_over_ranks(live + growth, ctx.device)
+            logger.scalars(step + 1, {"mem/peak_tensor_bytes": peak_tensor_bytes})
+        else:
+            stats, step_time = timed(run_step, ctx.device)
         if profiling:
             profiler.end()
         throughput.step_times.append(step_time)
@@ -89,11 +99,13 @@ def training_loop(
         "losses": losses,
         "grad_norms": grad_norms,
         "val_losses": val_losses,
+        "step_times": throughput.step_times,
         "step_time_s": steady,
         "samples_per_sec": throughput.samples_per_sec(steady),
         "tokens_per_sec": throughput.tokens_per_sec(steady),
         "mfu": throughput.mfu(steady),
         "peak_bytes": max_over_ranks(peak_memory_bytes(ctx.device), ctx.device),
+        "peak_tensor_bytes": peak_tensor_bytes,
         "skipped_steps": skipped,
         "final_loss_scale": ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0,
     }

@@ -29,8 +29,8 @@ def _compare_tp_stage_with_dense(out_dir: str) -> None:
         stages.append(stage)
     tp, dense = stages
     apply_tp(tp, mesh["mp"], block_plan=GPT_BLOCK_TP_PLAN)
-    q = tp.get_submodule("layers.0.attn.q").weight
-    assert isinstance(q, DTensor) and q.to_local().shape == (cfg.d_model // 2, cfg.d_model)
+    qkv = tp.get_submodule("layers.0.attn.qkv").weight
+    assert isinstance(qkv, DTensor) and qkv.to_local().shape == (3 * cfg.d_model // 2, cfg.d_model)
 
     out_tp, out_dense = tp(tokens), dense(tokens)
     torch.testing.assert_close(out_tp, out_dense, rtol=1e-5, atol=1e-6)

@@ -17,5 +17,5 @@ def test_every_plan_key_matches_a_linear_in_every_block():
 def test_plan_is_the_megatron_layout():
     colwise = {k for k, v in GPT_BLOCK_TP_PLAN.items() if v == COLWISE}
     rowwise = {k for k, v in GPT_BLOCK_TP_PLAN.items() if v == ROWWISE}
-    assert colwise == {"attn.q", "attn.k", "attn.v", "mlp.up"}
+    assert colwise == {"attn.qkv", "mlp.up"}
     assert rowwise == {"attn.o", "mlp.down"}

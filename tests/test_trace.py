@@ -50,7 +50,7 @@ def test_restored_modules_are_real_linears_sharing_parameters():
     stage = pipe.get_stage_module(1)
     before = {n: p for n, p in stage.named_parameters()}
     restored = restore_linear_modules(stage, model)
-    assert "layers.2.attn.q" in restored and "head" in restored
+    assert "layers.2.attn.qkv" in restored and "head" in restored
     assert isinstance(stage.get_submodule("layers.3.mlp.down"), nn.Linear)
     assert all(p is before[n] for n, p in stage.named_parameters())
 
@@ -62,5 +62,5 @@ def test_graph_keeps_head_count_symbolic():
     pipe = trace_pipeline(model, example_microbatch=torch.zeros(2, cfg.seq_len, dtype=torch.long),
                           blocks_per_stage=[4])
     attention_graph = str(pipe.get_stage_module(0).get_submodule("layers.0.attn").graph)
-    assert f"[2, {cfg.seq_len}, -1, {cfg.head_dim}]" in attention_graph
-    assert f"[2, {cfg.seq_len}, {cfg.n_heads}, {cfg.head_dim}]" not in attention_graph
+    assert f"[2, {cfg.seq_len}, -1, 3, {cfg.head_dim}]" in attention_graph
+    assert f"[2, {cfg.seq_len}, {cfg.n_heads}, 3, {cfg.head_dim}]" not in attention_graph

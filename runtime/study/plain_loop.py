@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
         synchronize(device)
         throughput.step_times.append(time.perf_counter() - start)
     steady = throughput.steady_step_time()
-    result = {"step_time_s": steady, "samples_per_sec": throughput.samples_per_sec(steady),
+    result = {"step_times": throughput.step_times, "step_time_s": steady, "samples_per_sec": throughput.samples_per_sec(steady),
               "tokens_per_sec": throughput.tokens_per_sec(steady), "peak_bytes": peak_memory_bytes(device),
               "precision": args.precision, "dtype": str(AUTOCAST_DTYPES.get(args.precision, torch.float32))}
     print(json.dumps(result))

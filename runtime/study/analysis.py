@@ -1,0 +1,134 @@
+"""Turn raw study runs into the tables of the report. Pure functions over results.json data."""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+from runtime.profiling import CATEGORIES
+from runtime.schedules import bubble_fraction, ideal_speedup_over_naive
+
+COMM = ("pp_send_recv", "tp_comm", "dp_comm")
+COMPUTE = ("forward", "backward")
+
+
+def steady_times(summary: dict) -> list[float]:
+    """Step times after warm-up, by the same rule as the engine's summary (skip up to 3 first steps)."""
+    times = summary.get("step_times") or [summary["step_time_s"]]
+    return times[min(3, len(times) // 2):]
+
+
+def pooled_samples_per_sec(runs: list[dict]) -> float | None:
+    """Median over the steady steps of every repetition of one configuration."""
+    times = [t for r in runs if r["ok"] for t in steady_times(r["summary"])]
+    if not times:
+        return None
+    batch = runs[0]["summary"]["samples_per_sec"] * runs[0]["summary"]["step_time_s"]
+    return batch / statistics.median(times)
+
+
+def _mean_profile(run: dict) -> dict | None:
+    profile = (run.get("summary") or {}).get("profile")
+    return profile["mean_fraction"] if profile else None
+
+
+def throughput_table(runs: list[dict]) -> list[dict]:
+    rows = []
+    groups = list(dict.fromkeys(r["group"] for r in runs))
+    for group in groups:
+        in_group = [r for r in runs if r["group"] == group]
+        labels = list(dict.fromkeys(r["label"] for r in in_group))
+        naive = pooled_samples_per_sec([r for r in in_group if r["label"] == "naive" and not r.get("skipped")])
+        for label in labels:
+            reps = [r for r in in_group if r["label"] == label]
+            first = reps[0]
+            row = {"group": group, "label": label, "schedule": first["schedule"], "p": first["pp"],
+                   "m": first["m"], "v": first["v"], "dp": first["dp"], "mp": first["mp"]}
+            if first.get("skipped"):
+                rows.append({**row, "skipped": first["skipped"]})
+                continue
+            sps = pooled_samples_per_sec(reps)
+            if sps is None:
+                rows.append({**row, "failed": next((r["error"] for r in reps if r["error"]), "failed")})
+                continue
+            tokens = sps * reps[0]["summary"]["tokens_per_sec"] / reps[0]["summary"]["samples_per_sec"]
+            fractions = [_mean_profile(r) for r in reps if r["ok"] and _mean_profile(r)]
+            idle = statistics.mean(f["idle"] for f in fractions) if fractions else None
+            rows.append({
+                **row, "samples_per_sec": sps, "tokens_per_sec": tokens, "repetitions": len(reps),
+                "speedup_vs_naive": sps / naive if naive else None,
+                "theoretical_speedup": ideal_speedup_over_naive(first["schedule"], p=first["pp"], m=first["m"], v=first["v"]),
+                "measured_idle_fraction": idle,
+                "theoretical_bubble_fraction": bubble_fraction(first["schedule"], p=first["pp"], m=first["m"], v=first["v"]),
+                "mfu": statistics.median(r["summary"]["mfu"] for r in reps if r["ok"]),
+            })
+    return rows
+
+
+def time_split_rows(runs: list[dict]) -> list[dict]:
+    """Per rank and category, from the last repetition of every profiled run."""
+    latest = {}
+    for r in runs:
+        if r["ok"] and (r["summary"] or {}).get("profile"):
+            latest[(r.get("group") or r.get("kind"), r.get("label") or f"{r['dp']}x{r['pp']}x{r['mp']}")] = r
+    rows = []
+    for (group, label), r in latest.items():
+        profile = r["summary"]["profile"]
+        for rank in profile["per_rank"]:
+            covered = 1.0 - rank["other_fraction"]
+            rows.append({"group": group, "label": label, "rank": rank["rank"], "step_time": rank["step_time"],
+                         **{k: rank[f"{k}_fraction"] for k in CATEGORIES}, "tracked_fraction": covered,
+                         "theoretical_bubble": profile["theoretical_bubble_fraction"]})
+    return rows
+
+
+def scaling_table(runs: list[dict], *, cores: int | None = None) -> list[dict]:
+    cores = cores or os.cpu_count() or 1
+    base = next((r for r in runs if r["kind"] == "single" and r["ok"]), None)
+    base_sps = pooled_samples_per_sec([base]) if base else None
+    rows = []
+    for r in runs:
+        row = {"kind": r["kind"], "world": r["world"], "mesh": f"{r['dp']}x{r['pp']}x{r['mp']}"}
+        if not r["ok"]:
+            rows.append({**row, "failed": r["error"]})
+            continue
+        sps = pooled_samples_per_sec([r])
+        fractions = _mean_profile(r) or {}
+        compute = sum(fractions.get(k, 0.0) for k in COMPUTE)
+        comm = sum(fractions.get(k, 0.0) for k in COMM)
+        speedup = sps / base_sps if base_sps else None
+        rows.append({
+            **row, "samples_per_sec": sps, "speedup": speedup,
+            "efficiency": speedup / r["world"] if speedup else None,
+            "efficiency_vs_cores": speedup / min(r["world"], cores) if speedup else None,
+            "compute_fraction": compute, "comm_fraction": comm, "idle_fraction": fractions.get("idle", 0.0),
+            "compute_to_comm": compute / comm if comm > 0 else None,
+        })
+    return rows
+
+
+def overhead_summary(runs: list[dict]) -> dict:
+    """Engine at 1x1x1 against the plain loop, both pooled over their alternated repetitions."""
+    engine = pooled_samples_per_sec([r for r in runs if r["who"] == "engine"])
+    plain = pooled_samples_per_sec([r for r in runs if r["who"] == "plain"])
+    return {"engine_samples_per_sec": engine, "plain_samples_per_sec": plain,
+            "engine_over_plain": engine / plain if engine and plain else None,
+            "repetitions": sum(r["who"] == "engine" for r in runs)}
+
+
+NAMES = {"pp_send_recv": "pipeline send/receive", "idle": "idle (waiting for a pipeline neighbour)",
+         "tp_comm": "tensor-parallel collectives", "dp_comm": "data-parallel collectives",
+         "optimizer": "the optimizer step", "other": "untracked bookkeeping"}
+
+
+def bottleneck_sentences(rows: list[dict]) -> list[str]:
+    """For every profiled configuration: its two largest costs besides forward/backward compute."""
+    sentences = []
+    for key in dict.fromkeys((r["group"], r["label"]) for r in rows):
+        ranks = [r for r in rows if (r["group"], r["label"]) == key]
+        mean = {k: statistics.mean(r[k] for r in ranks) for k in NAMES}
+        compute = statistics.mean(r["forward"] + r["backward"] for r in ranks)
+        top = sorted(mean, key=mean.get, reverse=True)[:2]
+        sentences.append(f"{key[0]} {key[1]}: compute {100 * compute:.0f}% of the step; the largest other costs are "
+                         + " and ".join(f"{NAMES[k]} ({100 * mean[k]:.1f}%)" for k in top) + ".")
+    return sentences

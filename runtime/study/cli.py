@@ -1,0 +1,211 @@
+"""``python run.py study``: the performance study in one command.
+
+Launches real torchrun training runs one at a time and writes DIR/results.json, DIR/REPORT.md,
+DIR/commands.txt, and every run's TensorBoard logs under DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from runtime.device import device_description, select_device
+from runtime.study import analysis, plan, report
+from runtime.study.launcher import RunResult, RunSpec, execute
+from runtime.study.memory_search import search_max_batch
+
+SECTIONS = ("throughput", "memory", "scaling", "overhead")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="run.py study", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--world", type=int, default=8, help="largest number of ranks to use (1, 2, 4 or 8)")
+    p.add_argument("--quick", action="store_true", help="a smaller model and fewer repetitions (about 10 minutes)")
+    p.add_argument("--out", help="output folder (default: tensorboard_logs/study_<timestamp>)")
+    p.add_argument("--mem-budget-gb", type=float, help="per-rank memory budget for the batch search "
+                                                        "(default: 2.0, or 1.0 with --quick)")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help="comma-separated subset of " + ", ".join(SECTIONS) + " (time split and timelines come "
+                        "with throughput)")
+    return p
+
+
+class Progress:
+    def __init__(self, total: int):
+        self.total, self.done, self.start = total, 0, time.monotonic()
+
+    def report(self, result: RunResult, detail: str) -> None:
+        self.done += 1
+        status = detail if result.ok else f"FAILED: {result.error}"
+        print(f"[{self.done}/~{self.total}] {result.name}: {status} ({result.seconds:.0f}s, "
+              f"{(time.monotonic() - self.start) / 60:.1f} min elapsed)", flush=True)
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown or args.world not in (1, 2, 4, 8) or (args.mem_budget_gb is not None and args.mem_budget_gb <= 0):
+        print(f"error: --world must be 1, 2, 4 or 8 (got {args.world}); --sections from {', '.join(SECTIONS)} "
+              f"(got {args.sections}); --mem-budget-gb must be positive", file=sys.stderr)
+        return 2
+    settings = plan.QUICK if args.quick else plan.FULL
+    budget_gb = args.mem_budget_gb or settings.memory_budget_gb
+    out = Path(args.out or f"tensorboard_logs/study_{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    specs = {
+        "throughput": plan.throughput_specs(args.world, settings) if "throughput" in sections and args.world >= 2 else [],
+        "scaling": plan.scaling_specs(args.world, settings) if "scaling" in sections else [],
+        "overhead": plan.overhead_specs(settings) if "overhead" in sections else [],
+    }
+    runnable = sum(not s.meta.get("skipped") for group in specs.values() for s in group)
+    memory_estimate = 3 * 10 if "memory" in sections and args.world >= 2 else 0  # the search decides
+    progress = Progress(runnable + memory_estimate)
+    results = {
+        "command": "python run.py study " + " ".join(argv), "mode": "quick" if args.quick else "full",
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": _machine(),
+        "settings": {"model": vars(settings.model), "micro_batch_size": settings.micro_batch_size,
+                     "microbatches": settings.microbatches, "steps": settings.steps, "rounds": settings.rounds,
+                     "world": args.world, "sections": sections},
+        "commands": [],
+    }
+    t0 = time.monotonic()
+    print(f"study: {runnable} runs + the memory search, writing to {out}", flush=True)
+
+    def run(spec: RunSpec, detail) -> dict:
+        result = execute(spec, out, timeout=settings.timeout_s)
+        results["commands"].append(result.command)
+        progress.report(result, detail(result) if result.ok else "")
+        _save(out, results)
+        return result.to_dict()
+
+    if specs["throughput"]:
+        raw = []
+        for spec in specs["throughput"]:
+            if spec.meta.get("skipped"):
+                raw.append({"name": spec.name, "ok": False, "summary": None, "error": None, **spec.meta})
+                continue
+            raw.append(run(spec, lambda r: f"{r.summary['samples_per_sec']:.3f} samples/s"))
+        results["throughput"] = {"runs": raw, "table": analysis.throughput_table(raw)}
+        rows = analysis.time_split_rows([r for r in raw if r["ok"]])
+        results["time_split"] = {"rows": rows, "method": _TIME_SPLIT_METHOD,
+                                 "bottlenecks": analysis.bottleneck_sentences(rows)}
+        results["timelines"] = _collect_timelines(raw, out)
+    if "memory" in sections and args.world >= 2:
+        results["memory"] = _memory_section(settings, budget_gb, out, run)
+    if specs["scaling"]:
+        raw = [run(spec, lambda r: f"{r.summary['samples_per_sec']:.3f} samples/s") for spec in specs["scaling"]]
+        results["scaling"] = {"runs": raw, "table": analysis.scaling_table(raw)}
+    if specs["overhead"]:
+        raw = [run(spec, lambda r: f"{r.summary['samples_per_sec']:.3f} samples/s") for spec in specs["overhead"]]
+        results["overhead"] = {"runs": raw, "summary": analysis.overhead_summary(raw)}
+
+    results["wall_time_s"] = time.monotonic() - t0
+    results["targets"] = report.targets(results)
+    _save(out, results)
+    (out / "commands.txt").write_text("\n".join(results["commands"]) + "\n")
+    (out / "REPORT.md").write_text(report.render(results, cores=os.cpu_count() or 1))
+    print(f"study done in {results['wall_time_s'] / 60:.1f} min: {out / 'REPORT.md'}", flush=True)
+    for t in results["targets"]:
+        print(f"  target {t['target']}: {t['measured']} ({t['goal']}) {'met' if t['met'] else 'NOT met'}")
+    return 0
+
+
+_TIME_SPLIT_METHOD = (
+    "Timing hooks around every pipeline action and collective (runtime/profiling.py), on the last 3 steps of each "
+    "run, averaged. forward/backward = a stage's compute (backward includes input- and weight-gradient passes); "
+    "pipeline send/receive = posting p2p operations and waiting for sends; idle = waiting for a neighbour's "
+    "activation or gradient (the bubble; on gloo the transfer itself is inside this wait); TP/DP = DTensor and "
+    "FSDP collectives, nested time removed from compute; optimizer = unscale, global-norm all-reduce, clip, AdamW; "
+    "other = the untracked remainder. 'tracked' is the share of the step the categories explain. With more ranks "
+    "than cores, compute wall time includes time-slicing between ranks."
+)
+
+
+def _memory_section(settings, budget_gb: float, out: Path, run) -> dict:
+    budget = budget_gb * 1024**3
+    search, peaks = {}, {}
+    for precision in plan.PRECISIONS:
+        trials = []
+
+        def fits(mbs: int) -> bool:
+            r = run(plan.memory_spec(settings, precision=precision, micro_batch_size=mbs),
+                    lambda res: f"peak tensor memory {res.summary['peak_tensor_bytes'] / 1024**3:.3f} GB of "
+                                f"{budget_gb:.3f} GB (resident {res.summary['peak_bytes'] / 1024**3:.3f} GB)")
+            peak = r["summary"]["peak_tensor_bytes"] if r["ok"] else None
+            trials.append({"micro_batch_size": mbs, "peak_gb": peak / 1024**3 if peak else None,
+                           "resident_gb": r["summary"]["peak_bytes"] / 1024**3 if r["ok"] else None, "ok": r["ok"]})
+            return r["ok"] and peak <= budget
+
+        result = search_max_batch(fits, resolution=settings.memory_resolution)
+        at_max = next((t["peak_gb"] for t in trials if t["micro_batch_size"] == result.max_fitting), None)
+        search[precision] = {"max_micro_batch": result.max_fitting, "first_failing": result.first_failing,
+                             "peak_gb_at_max": at_max, "trials": trials}
+    fp32 = search["fp32"]["max_micro_batch"]
+
+    def ratio_range(name: str) -> list[float] | None:
+        """The true ratio lies between fit/fail bounds of the two searches."""
+        low, high = search[name], search["fp32"]
+        if not (fp32 and low["first_failing"] and high["first_failing"]):
+            return None
+        return [low["max_micro_batch"] / high["first_failing"], low["first_failing"] / high["max_micro_batch"]]
+
+    is_cuda = torch.cuda.is_available()
+    method = (
+        f"Per-rank budget {budget_gb:.3f} GB of tensor memory. Each trial is a real 2-step training run (pp=2 on "
+        f"2 ranks, 1F1B, 2 micro-batches, model {vars(settings.memory_model)}, `--profile-memory`); the micro-batch "
+        "is doubled from 1 until a trial fails, then bisected. A trial fails when it errors (on CUDA: runs out of "
+        "memory) or when its measured peak tensor memory, the maximum over ranks, exceeds the budget. "
+        + ("On CUDA the peak is max_memory_allocated."
+           if is_cuda else
+           "On CPU nothing runs out of memory at a budget and the allocator keeps no statistics, so the peak is "
+           "measured from the allocator's own allocation and free events (torch.profiler with profile_memory) "
+           "during the second step, added to the bytes live when the step starts (parameters, AdamW state, "
+           "batch): the CPU counterpart of max_memory_allocated. Measured, not computed from a formula. The peak "
+           "resident set size of each trial is listed too; it also counts the interpreter, libraries and kernel "
+           "scratch space (the CPU's slow fp16 matmul fallback allocates extra scratch outside the tensor "
+           "allocator).")
+    )
+    return {"budget_gb": budget_gb, "method": method, "search": search,
+            "fp16_over_fp32": search["fp16"]["max_micro_batch"] / fp32 if fp32 else None,
+            "bf16_over_fp32": search["bf16"]["max_micro_batch"] / fp32 if fp32 else None,
+            "fp16_over_fp32_bounds": ratio_range("fp16"), "bf16_over_fp32_bounds": ratio_range("bf16")}
+
+
+def _collect_timelines(raw: list[dict], out: Path) -> dict:
+    """Timelines of naive, 1f1b and interleaved at pp=2 (the bubble shrinking), copied next to the report."""
+    timelines = {}
+    folder = out / "timelines"
+    folder.mkdir(exist_ok=True)
+    for label in ("naive", "1f1b", "interleaved-1f1b v=2"):
+        run = next((r for r in reversed(raw) if r.get("group") == "pp=2" and r.get("label") == label and r["ok"]), None)
+        if run is None:
+            continue
+        src = out / run["name"]
+        stem = label.replace(" ", "_").replace("=", "")
+        for ext in ("png", "json"):
+            shutil.copy(src / f"timeline.{ext}", folder / f"{stem}.{ext}")
+        timelines[label] = {"png": f"timelines/{stem}.png", "trace": f"timelines/{stem}.json"}
+    return timelines
+
+
+def _machine() -> dict:
+    device = select_device(0)
+    return {"device": device_description(device), "cores": os.cpu_count(), "torch": torch.__version__,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def _save(out: Path, results: dict) -> None:
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(results, indent=2, default=str))
+    os.replace(tmp, out / "results.json")

@@ -1,0 +1,139 @@
+"""Which runs the study makes: pure functions from (world size, settings) to run specifications."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from runtime.study.launcher import RunSpec
+
+# Schedules of the throughput section: (label, --schedule, virtual stages v).
+THROUGHPUT_SCHEDULES = (
+    ("naive", "naive", 1), ("gpipe", "gpipe", 1), ("1f1b", "1f1b", 1),
+    ("interleaved-1f1b v=2", "interleaved-1f1b", 2), ("interleaved-1f1b v=4", "interleaved-1f1b", 4),
+    ("zero-bubble", "zero-bubble", 2),
+)
+# Meshes of the throughput section: (group, dp, pp, mp).
+THROUGHPUT_MESHES = (("pp=2", 1, 2, 1), ("pp=4", 1, 4, 1), ("3D 2x2x2", 2, 2, 2))
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    d_model: int
+    heads: int
+    seq_len: int
+    vocab_size: int = 256
+
+    def flags(self) -> list[str]:
+        return ["--layers", str(self.layers), "--d-model", str(self.d_model), "--heads", str(self.heads),
+                "--seq-len", str(self.seq_len), "--vocab-size", str(self.vocab_size)]
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    model: ModelShape  # throughput, time split, timelines, scaling, overhead
+    micro_batch_size: int
+    microbatches: int
+    steps: int
+    rounds: int  # repetitions of the pp=2 throughput runs and of the overhead pair (noise)
+    memory_model: ModelShape
+    memory_budget_gb: float  # per rank, in peak tensor bytes
+    memory_resolution: float  # bisection stops when (fail - fit) <= resolution * fit
+    timeout_s: float
+
+
+FULL = StudySettings(
+    model=ModelShape(16, 384, 8, 128), micro_batch_size=4, microbatches=8, steps=5, rounds=2,
+    memory_model=ModelShape(8, 64, 4, 256), memory_budget_gb=0.5, memory_resolution=1 / 8, timeout_s=900,
+)
+QUICK = StudySettings(
+    model=ModelShape(8, 128, 8, 64), micro_batch_size=2, microbatches=8, steps=4, rounds=1,
+    memory_model=ModelShape(4, 64, 4, 128), memory_budget_gb=0.125, memory_resolution=1 / 8, timeout_s=300,
+)
+
+
+def _common(s: StudySettings, steps: int | None = None, precision: str = "fp32") -> list[str]:
+    steps = steps or s.steps
+    return ["--data", "synthetic", "--precision", precision, "--steps", str(steps), "--log-every", str(steps),
+            "--eval-every", "1000000", "--eval-batches", "1", "--seed", "1234"]
+
+
+def _mesh(dp: int, pp: int, mp: int) -> list[str]:
+    return ["--dp", str(dp), "--pp", str(pp), "--mp", str(mp)]
+
+
+def throughput_specs(world: int, s: StudySettings) -> list[RunSpec]:
+    specs = []
+    for group, dp, pp, mp in THROUGHPUT_MESHES:
+        if dp * pp * mp > world:
+            continue
+        rounds = s.rounds if group == "pp=2" else 1
+        for r in range(rounds):
+            order = THROUGHPUT_SCHEDULES if r % 2 == 0 else THROUGHPUT_SCHEDULES[::-1]  # alternate against drift
+            for label, schedule, v in order:
+                meta = {"section": "throughput", "group": group, "label": label, "schedule": schedule,
+                        "dp": dp, "pp": pp, "mp": mp, "v": v, "m": s.microbatches, "round": r}
+                if s.model.layers < pp * v:
+                    meta["skipped"] = f"needs >= {pp * v} layers for pp={pp} x v={v}, model has {s.model.layers}"
+                args = [*_mesh(dp, pp, mp), "--schedule", schedule, "--stages-per-rank", str(v),
+                        "--micro-batch-size", str(s.micro_batch_size), "--microbatches", str(s.microbatches),
+                        *s.model.flags(), *_common(s), "--profile"]
+                name = f"throughput_{group.replace(' ', '_').replace('=', '')}_{label.replace(' ', '_').replace('=', '')}_r{r}"
+                specs.append(RunSpec(name, dp * pp * mp, args, meta=meta))
+    return specs
+
+
+def scaling_meshes(world: int) -> list[tuple[str, int, int, int]]:
+    """(kind, dp, pp, mp) for 1, 2, 4, 8 ranks: DP only, PP only, MP only and the mixes."""
+    meshes = [("single", 1, 1, 1)]
+    for n in (2, 4, 8):
+        if n > world:
+            break
+        meshes += [("DP", n, 1, 1), ("PP", 1, n, 1), ("MP", 1, 1, n)]
+    if world >= 4:
+        meshes += [("mix", 2, 2, 1), ("mix", 2, 1, 2), ("mix", 1, 2, 2)]
+    if world >= 8:
+        meshes.append(("3D", 2, 2, 2))
+    return meshes
+
+
+def scaling_specs(world: int, s: StudySettings) -> list[RunSpec]:
+    """Strong scaling: the same global batch (micro-batch size x microbatches) on every mesh."""
+    specs = []
+    global_batch = s.micro_batch_size * s.microbatches
+    for kind, dp, pp, mp in scaling_meshes(world):
+        m = global_batch // (s.micro_batch_size * dp)
+        v = 2 if pp > 1 and s.model.layers >= 2 * pp and m % pp == 0 else 1
+        args = [*_mesh(dp, pp, mp), "--schedule", "interleaved-1f1b", "--stages-per-rank", str(v),
+                "--micro-batch-size", str(s.micro_batch_size), "--microbatches", str(m),
+                *s.model.flags(), *_common(s), "--profile"]
+        meta = {"section": "scaling", "kind": kind, "dp": dp, "pp": pp, "mp": mp, "world": dp * pp * mp, "v": v, "m": m}
+        specs.append(RunSpec(f"scaling_{kind}_{dp}x{pp}x{mp}", dp * pp * mp, args, meta=meta))
+    return specs
+
+
+def overhead_specs(s: StudySettings) -> list[RunSpec]:
+    """The engine at 1x1x1 next to a plain PyTorch loop, alternated ``rounds`` times."""
+    shape = s.model
+    plain_args = ["--layers", str(shape.layers), "--d-model", str(shape.d_model), "--heads", str(shape.heads),
+                  "--seq-len", str(shape.seq_len), "--vocab-size", str(shape.vocab_size),
+                  "--micro-batch-size", str(s.micro_batch_size), "--microbatches", str(s.microbatches),
+                  "--steps", str(s.steps + 1), "--precision", "fp32"]
+    engine_args = [*_mesh(1, 1, 1), "--micro-batch-size", str(s.micro_batch_size), "--microbatches",
+                   str(s.microbatches), *shape.flags(), *_common(s, s.steps + 1)]
+    specs = []
+    for r in range(s.rounds + 1):
+        pair = [RunSpec(f"overhead_engine_r{r}", 1, engine_args, meta={"section": "overhead", "who": "engine", "round": r}),
+                RunSpec(f"overhead_plain_r{r}", 1, plain_args, kind="plain", meta={"section": "overhead", "who": "plain", "round": r})]
+        specs += pair if r % 2 == 0 else pair[::-1]
+    return specs
+
+
+def memory_spec(s: StudySettings, *, precision: str, micro_batch_size: int) -> RunSpec:
+    """One trial of the batch search: pp=2 on 2 ranks, 1F1B, 2 micro-batches, 2 steps (the second is measured)."""
+    args = [*_mesh(1, 2, 1), "--schedule", "1f1b", "--micro-batch-size", str(micro_batch_size),
+            "--microbatches", "2", *s.memory_model.flags(), *_common(s, 2, precision), "--peak-tflops", "1",
+            "--profile-memory"]
+    meta = {"section": "memory", "precision": precision, "micro_batch_size": micro_batch_size}
+    return RunSpec(f"memory_{precision}_mbs{micro_batch_size}", 2, args, meta=meta)

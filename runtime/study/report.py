@@ -1,0 +1,216 @@
+"""REPORT.md: tables, targets and conclusions, all computed from the study's measurements."""
+
+from __future__ import annotations
+
+from runtime.profiling import CATEGORIES
+
+TARGETS = (
+    ("interleaved-1f1b (v=2) vs naive, pp=2, fp32", "interleaved-1f1b v=2", 1.80),
+    ("1f1b vs naive, pp=2, fp32", "1f1b", 1.70),
+)
+
+
+def _fmt(x, spec=".2f", none="n/a") -> str:
+    return none if x is None else format(x, spec)
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def targets(results: dict) -> list[dict]:
+    rows = []
+    throughput = [r for r in results.get("throughput", {}).get("table", []) if r["group"] == "pp=2"]
+    for name, label, goal in TARGETS:
+        row = next((r for r in throughput if r["label"] == label), None)
+        value = row.get("speedup_vs_naive") if row else None
+        rows.append({"target": name, "goal": f">= {goal:.2f}x", "measured": _fmt(value, ".3f") + "x" if value else "n/a",
+                     "met": bool(value and value >= goal)})
+    overhead = results.get("overhead", {}).get("summary", {})
+    ratio = overhead.get("engine_over_plain")
+    rows.append({"target": "engine 1x1x1 within 5% of a plain PyTorch loop", "goal": ">= 0.95x",
+                 "measured": _fmt(ratio, ".3f") + "x" if ratio else "n/a", "met": bool(ratio and ratio >= 0.95)})
+    memory = results.get("memory", {})
+    ratio = memory.get("fp16_over_fp32")
+    rows.append({"target": "fp16 max micro-batch vs fp32, same budget", "goal": ">= 1.60x",
+                 "measured": _fmt(ratio, ".2f") + "x" if ratio else "n/a", "met": bool(ratio and ratio >= 1.6)})
+    return rows
+
+
+def conclusions(results: dict, *, cores: int) -> list[str]:
+    out = []
+    table = results.get("throughput", {}).get("table", [])
+    for group in dict.fromkeys(r["group"] for r in table):
+        rows = [r for r in table if r["group"] == group and r.get("samples_per_sec")]
+        if not rows:
+            continue
+        best = max(rows, key=lambda r: r["samples_per_sec"])
+        naive = next((r for r in rows if r["label"] == "naive"), None)
+        if naive and best is not naive:
+            out.append(
+                f"{group}: the fastest schedule is {best['label']} at {best['samples_per_sec']:.2f} samples/s, "
+                f"{best['speedup_vs_naive']:.2f}x the stop-and-wait loop (bound {best['theoretical_speedup']:.2f}x, "
+                f"{100 * best['speedup_vs_naive'] / best['theoretical_speedup']:.0f}% of it); measured idle "
+                f"{_pct(naive['measured_idle_fraction'])} under naive vs {_pct(best['measured_idle_fraction'])}.")
+        busy = _ranks_computing(results, group, "naive")
+        if busy is not None and busy >= 0.9 * cores:
+            out.append(
+                f"{group}: even stop-and-wait keeps {busy:.1f} ranks computing at once on {cores} cores, so overlap "
+                f"has little idle time left to reclaim here; the cores, not the pipeline, bound throughput.")
+    for row in results.get("time_split", {}).get("bottlenecks", []):
+        out.append(row)
+    scaling = results.get("scaling", {}).get("table", [])
+    good = [r for r in scaling if r.get("efficiency_vs_cores") and r["world"] > 1 and r["efficiency_vs_cores"] >= 0.7]
+    bad = [r for r in scaling if r.get("efficiency_vs_cores") is not None and r["world"] > 1 and r["efficiency_vs_cores"] < 0.7]
+    if good:
+        out.append("Scales (>= 70% of the speed-up the cores allow): " + ", ".join(
+            f"{r['kind']} {r['mesh']} ({_pct(r['efficiency_vs_cores'])}, compute/comm {_fmt(r['compute_to_comm'], '.1f', 'inf')})"
+            for r in good) + ".")
+    if bad:
+        worst = min(bad, key=lambda r: r["efficiency_vs_cores"])
+        out.append("Does not scale: " + ", ".join(
+            f"{r['kind']} {r['mesh']} ({_pct(r['efficiency_vs_cores'])}, compute/comm {_fmt(r['compute_to_comm'], '.1f', 'inf')},"
+            f" idle {_pct(r['idle_fraction'])})" for r in bad) +
+            f". The worst, {worst['kind']} {worst['mesh']}, spends {_pct(worst['comm_fraction'])} of its step in "
+            f"communication and {_pct(worst['idle_fraction'])} idle.")
+    if any(r["world"] > cores for r in scaling):
+        out.append(f"This machine has {cores} cores: beyond {cores} ranks, ranks time-share cores, so the ideal "
+                   f"speed-up is {cores}x, not the rank count; efficiency is reported against both.")
+    memory = results.get("memory", {})
+    if memory.get("fp16_over_fp32"):
+        out.append(f"Under a {memory['budget_gb']:.3f} GB per-rank tensor-memory budget, fp16 autocast fits "
+                   f"{memory['fp16_over_fp32']:.2f}x the fp32 micro-batch and bf16 {_fmt(memory.get('bf16_over_fp32'))}x.")
+    overhead = results.get("overhead", {}).get("summary", {})
+    if overhead.get("engine_over_plain"):
+        out.append(f"At 1x1x1 the engine runs at {overhead['engine_over_plain']:.3f}x the speed of a plain PyTorch loop "
+                   f"on the same model and batch.")
+    return out
+
+
+def _ranks_computing(results: dict, group: str, label: str) -> float | None:
+    rows = [r for r in results.get("time_split", {}).get("rows", []) if r["group"] == group and r["label"] == label]
+    return sum(r["forward"] + r["backward"] for r in rows) if rows else None
+
+
+def render(results: dict, *, cores: int) -> str:
+    lines = ["# Performance study", ""]
+    m = results["machine"]
+    lines += [f"- Machine: {m['device']}; torch {m['torch']}; Python {m['python']}; {m['cores']} cores",
+              f"- Date: {results['started']}; wall time {results['wall_time_s'] / 60:.1f} min; mode: {results['mode']}",
+              f"- Command: `{results['command']}`", ""]
+    s = results["settings"]
+    lines += [f"Model for throughput, time split, scaling and overhead: {s['model']}; micro-batch {s['micro_batch_size']}, "
+              f"{s['microbatches']} micro-batches, {s['steps']} steps per run (median of the steps after warm-up), "
+              "fp32, synthetic tokens. Every run is a real `torchrun` training job; commands are listed at the end "
+              "and in commands.txt.", ""]
+    if results["mode"] == "quick":
+        lines += ["Quick mode: a small model whose steps are dominated by fixed per-action costs. The performance "
+                  "targets are defined for a model big enough that compute dominates: run the full study "
+                  "(without --quick) to check them.", ""]
+    lines += _targets_section(results) + _throughput_section(results) + _memory_section(results)
+    lines += _time_split_section(results) + _timeline_section(results) + _scaling_section(results)
+    lines += _overhead_section(results)
+    lines += ["## Conclusions", ""] + [f"- {c}" for c in conclusions(results, cores=cores)] + [""]
+    lines += ["## Commands", "", "```"] + results.get("commands", []) + ["```", ""]
+    return "\n".join(lines)
+
+
+def _targets_section(results: dict) -> list[str]:
+    lines = ["## Targets", "", "| target | goal | measured | met |", "| --- | --- | --- | --- |"]
+    lines += [f"| {t['target']} | {t['goal']} | {t['measured']} | {'yes' if t['met'] else 'no'} |" for t in targets(results)]
+    return lines + [""]
+
+
+def _throughput_section(results: dict) -> list[str]:
+    lines = ["## 1. Throughput against the naive baseline", "",
+             "Speed-up bound from the bubble fractions: (1 - bubble) / (1 - (p-1)/p), with bubble (p-1)/(m+p-1) for "
+             "GPipe and 1F1B, (p-1)/(v*m+p-1) for interleaved 1F1B (Narayanan et al. 2021) and ~0 for zero-bubble "
+             "(Qi et al. 2024).", "",
+             "| mesh | schedule | p | m | v | samples/s | tokens/s | speed-up vs naive | bound | idle (measured) | bubble (theory) | runs |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results.get("throughput", {}).get("table", []):
+        head = f"| {r['group']} | {r['label']} | {r['p']} | {r['m']} | {r['v']} |"
+        if r.get("skipped") or r.get("failed"):
+            lines.append(head + f" {r.get('skipped') or 'failed: ' + r['failed']} | | | | | | | |")
+            continue
+        lines.append(head + f" {r['samples_per_sec']:.3f} | {r['tokens_per_sec']:.0f} | {_fmt(r['speedup_vs_naive'], '.3f')}x |"
+                     f" {r['theoretical_speedup']:.3f}x | {_pct(r['measured_idle_fraction'])} |"
+                     f" {_pct(r['theoretical_bubble_fraction'])} | {r['repetitions']} |")
+    return lines + [""]
+
+
+def _memory_section(results: dict) -> list[str]:
+    mem = results.get("memory")
+    if not mem:
+        return []
+    lines = ["## 2. Memory: largest micro-batch under a per-rank budget", "", mem["method"], "",
+             "| precision | max micro-batch | peak tensor GB at max | first failing | trials (micro-batch: tensor GB / resident GB) |",
+             "| --- | --- | --- | --- | --- |"]
+    for precision, r in mem["search"].items():
+        trials = ", ".join(f"{t['micro_batch_size']}: {_fmt(t['peak_gb'], '.3f', 'fail')} / {_fmt(t['resident_gb'], '.2f', '-')}"
+                           for t in r["trials"])
+        lines.append(f"| {precision} | {r['max_micro_batch']} | {_fmt(r['peak_gb_at_max'], '.3f')} | "
+                     f"{r['first_failing'] or 'cap'} | {trials} |")
+    def bounds(key):
+        b = mem.get(key)
+        return f" (the search brackets the true ratio in [{b[0]:.2f}, {b[1]:.2f}])" if b else ""
+
+    lines += ["", f"fp16 / fp32 maximum micro-batch: {_fmt(mem.get('fp16_over_fp32'))}x{bounds('fp16_over_fp32_bounds')}; "
+                  f"bf16 / fp32: {_fmt(mem.get('bf16_over_fp32'))}x{bounds('bf16_over_fp32_bounds')}.", ""]
+    return lines
+
+
+def _time_split_section(results: dict) -> list[str]:
+    rows = results.get("time_split", {}).get("rows", [])
+    if not rows:
+        return []
+    lines = ["## 3. Where the time goes", "", results["time_split"]["method"], "",
+             "| mesh | schedule | rank | step (s) | " + " | ".join(CATEGORIES) + " | tracked | bubble (theory) |",
+             "| --- | --- | --- | --- |" + " --- |" * len(CATEGORIES) + " --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['group']} | {r['label']} | {r['rank']} | {r['step_time']:.3f} | "
+                     + " | ".join(_pct(r[k]) for k in CATEGORIES) + f" | {_pct(r['tracked_fraction'])} | {_pct(r['theoretical_bubble'])} |")
+    return lines + [""]
+
+
+def _timeline_section(results: dict) -> list[str]:
+    timelines = results.get("timelines", {})
+    if not timelines:
+        return []
+    lines = ["## 4. Pipeline timelines", "",
+             "One step, one row per rank: forward (blue), backward (green), input-gradient (teal), weight-gradient "
+             "(orange), optimizer (purple); the number is the micro-batch; light grey is idle. Open the Chrome "
+             "traces in https://ui.perfetto.dev or chrome://tracing; the same images are in TensorBoard "
+             "(IMAGES tab, `timeline/<schedule>`).", ""]
+    for label, t in timelines.items():
+        lines += [f"### {label}", "", f"![{label}]({t['png']})", "", f"Chrome trace: `{t['trace']}`", ""]
+    return lines
+
+
+def _scaling_section(results: dict) -> list[str]:
+    rows = results.get("scaling", {}).get("table", [])
+    if not rows:
+        return []
+    lines = ["## 5. Scaling (same global batch on every mesh)", "",
+             "speed-up = samples/s over the 1-rank run; efficiency = speed-up / ranks, and / min(ranks, cores); "
+             "compute/comm = (forward + backward) / (p2p + TP + DP collectives) time, averaged over ranks.", "",
+             "| kind | ranks | mesh (dp x pp x mp) | samples/s | speed-up | efficiency | efficiency vs cores | compute/comm | idle |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r.get("failed"):
+            lines.append(f"| {r['kind']} | {r['world']} | {r['mesh']} | failed: {r['failed']} | | | | | |")
+            continue
+        lines.append(f"| {r['kind']} | {r['world']} | {r['mesh']} | {r['samples_per_sec']:.3f} | {_fmt(r['speedup'])}x |"
+                     f" {_pct(r['efficiency'])} | {_pct(r['efficiency_vs_cores'])} | {_fmt(r['compute_to_comm'], '.1f', 'no comm')} |"
+                     f" {_pct(r['idle_fraction'])} |")
+    return lines + [""]
+
+
+def _overhead_section(results: dict) -> list[str]:
+    o = results.get("overhead", {}).get("summary")
+    if not o:
+        return []
+    return ["## Engine overhead at 1x1x1", "",
+            f"Engine (traced stage, schedule, metrics) {_fmt(o['engine_samples_per_sec'], '.3f')} samples/s against a "
+            f"plain PyTorch loop {_fmt(o['plain_samples_per_sec'], '.3f')} samples/s on the same model, batch and "
+            f"precision: {_fmt(o['engine_over_plain'], '.3f')}x, pooled over {o['repetitions']} alternated pairs.", ""]

@@ -1,0 +1,22 @@
+"""Peak tensor memory on CPU from the allocator's events."""
+
+import torch
+
+from runtime.memory import live_tensor_bytes, peak_growth_during
+
+
+def test_peak_growth_sees_a_temporary_that_is_freed():
+    def work():
+        big = torch.ones(1024, 1024)  # 4 MiB, freed before returning
+        small = torch.ones(256, 1024)  # 1 MiB, returned
+        return small + big[:256]
+
+    result, growth = peak_growth_during(work, torch.device("cpu"))
+    assert result.shape == (256, 1024)
+    # big (4 MiB) + small (1 MiB) + the result (1 MiB) were live at once.
+    assert 6 * 2**20 <= growth < 7 * 2**20
+
+
+def test_live_bytes_count_shared_storage_once():
+    base = torch.zeros(1000)
+    assert live_tensor_bytes([base, base[:10], base.view(10, 100), None]) == 4000

@@ -1,0 +1,72 @@
+"""The study command end to end, reduced: --quick on 4 ranks. Structure and invariants only, never speed."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.launch import run_command
+
+SECTIONS = ("throughput", "memory", "time_split", "timelines", "scaling", "overhead", "targets", "machine")
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    out = tmp_path_factory.mktemp("study")
+    result = run_command([sys.executable, "run.py", "study", "--world", "4", "--quick", "--out", str(out)], timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out, json.loads((out / "results.json").read_text()), result.stdout
+
+
+def test_results_hold_every_section_and_the_report(study):
+    out, results, stdout = study
+    for section in SECTIONS:
+        assert results.get(section), f"results.json lacks {section}"
+    report = (out / "REPORT.md").read_text()
+    for heading in ("## 1. Throughput", "## 2. Memory", "## 3. Where the time goes", "## 4. Pipeline timelines",
+                    "## 5. Scaling", "## Conclusions", "## Targets"):
+        assert heading in report
+    commands = (out / "commands.txt").read_text().splitlines()
+    assert len(commands) == len(results["commands"]) and all("run.py" in c or "plain_loop" in c for c in commands)
+    assert stdout.count("[") >= len(commands)  # a progress line per run
+    table = results["throughput"]["table"]
+    assert {r["group"] for r in table} == {"pp=2", "pp=4"}
+    assert all(r.get("samples_per_sec") or r.get("skipped") for r in table)
+    mem = results["memory"]["search"]
+    assert set(mem) == {"fp32", "fp16", "bf16"} and all(m["max_micro_batch"] >= 1 for m in mem.values())
+
+
+def _trace(out, label):
+    return json.loads((out / results_path(label)).read_text())
+
+
+def results_path(label):
+    return f"timelines/{label.replace(' ', '_').replace('=', '')}.json"
+
+
+@pytest.mark.parametrize("label,stages_per_rank", [("naive", 1), ("1f1b", 1), ("interleaved-1f1b v=2", 2)])
+def test_timeline_has_a_track_per_rank_with_the_scheduled_actions(study, label, stages_per_rank):
+    out, results, _ = study
+    trace = _trace(out, label)
+    m = results["settings"]["microbatches"]
+    actions = [e for e in trace["traceEvents"] if e["ph"] == "X" and e.get("args", {}).get("kind") in ("F", "B")]
+    assert {e["tid"] for e in actions} == {0, 1}  # pp=2: one track per rank
+    for rank in (0, 1):
+        for kind in ("F", "B"):
+            mine = sorted((e["args"]["stage"], e["args"]["microbatch"]) for e in actions
+                          if e["tid"] == rank and e["args"]["kind"] == kind)
+            stages = [rank + 2 * i for i in range(stages_per_rank)]
+            assert mine == sorted((s, mb) for s in stages for mb in range(m)), (label, rank, kind)
+
+
+def test_time_split_adds_up_and_naive_idles_more(study):
+    _, results, _ = study
+    rows = results["time_split"]["rows"]
+    assert rows
+    for row in rows:
+        assert row["tracked_fraction"] >= 0.9, row  # the categories explain the step within 10%
+    idle = {r["label"]: r["measured_idle_fraction"] for r in results["throughput"]["table"]
+            if r["group"] == "pp=2" and r.get("samples_per_sec")}
+    assert idle["naive"] > idle["interleaved-1f1b v=2"]

@@ -1,0 +1,45 @@
+"""The study's run list: every section's configurations, valid meshes, honest skips."""
+
+from runtime.config import parse_train_config
+from runtime.study import plan
+
+
+def test_throughput_runs_cover_every_schedule_and_mesh_at_8_ranks():
+    specs = plan.throughput_specs(8, plan.FULL)
+    groups = {s.meta["group"] for s in specs}
+    assert groups == {"pp=2", "pp=4", "3D 2x2x2"}
+    for group in groups:
+        labels = {s.meta["label"] for s in specs if s.meta["group"] == group}
+        assert labels == {label for label, _, _ in plan.THROUGHPUT_SCHEDULES}
+    pp2 = [s for s in specs if s.meta["group"] == "pp=2"]
+    assert len(pp2) == plan.FULL.rounds * len(plan.THROUGHPUT_SCHEDULES)
+
+
+def test_every_planned_run_has_valid_flags():
+    for settings in (plan.FULL, plan.QUICK):
+        specs = (plan.throughput_specs(8, settings) + plan.scaling_specs(8, settings)
+                 + [plan.memory_spec(settings, precision=p, micro_batch_size=8) for p in plan.PRECISIONS])
+        for spec in specs:
+            if spec.meta.get("skipped"):
+                continue
+            cfg = parse_train_config(spec.args, world_size=spec.nproc)  # raises on an invalid run
+            assert cfg.mesh.world_size == spec.nproc
+
+
+def test_quick_skips_what_its_model_cannot_split():
+    skipped = [s for s in plan.throughput_specs(4, plan.QUICK) if s.meta.get("skipped")]
+    assert [(s.meta["group"], s.meta["v"]) for s in skipped] == [("pp=4", 4)]
+    assert "16 layers" in skipped[0].meta["skipped"]
+
+
+def test_scaling_keeps_the_global_batch():
+    specs = plan.scaling_specs(8, plan.FULL)
+    kinds = {(s.meta["kind"], s.meta["world"]) for s in specs}
+    assert {("DP", 8), ("PP", 8), ("MP", 8), ("3D", 8), ("single", 1)} <= kinds
+    for spec in specs:
+        cfg = parse_train_config(spec.args, world_size=spec.nproc)
+        assert cfg.global_batch_size == plan.FULL.micro_batch_size * plan.FULL.microbatches
+
+
+def test_scaling_stops_at_the_world_size():
+    assert max(s.meta["world"] for s in plan.scaling_specs(2, plan.QUICK)) == 2
