@@ -99,7 +99,7 @@ def train(cfg: TrainConfig, data: DataSources, *, env: LaunchEnv, device: torch.
                               loss_fn=scaled_cross_entropy(scaler))
     optimizer = build_optimizer(stages.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     lr_schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
-    profiler = (Profiler(rank=env.rank, stages=stages.stages, steps=profiled_steps(cfg.optim.steps))
+    profiler = (Profiler(rank=env.rank, stages=stages.stages, schedule=schedule, steps=profiled_steps(cfg.optim.steps))
                 if cfg.metrics.profile else None)
     ctx = StepContext(
         schedule=schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,

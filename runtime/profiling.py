@@ -123,8 +123,8 @@ class _TimedWork:
         return getattr(self._work, name)
 
 
-def install_hooks(recorder: StepRecorder, stages: list) -> _Patches:
-    """Instrument this rank's PipelineStages, pipeline p2p, DTensor collectives and FSDP collectives."""
+def install_hooks(recorder: StepRecorder, stages: list, schedule) -> _Patches:
+    """Instrument this rank's PipelineStages, loss, pipeline p2p, DTensor and FSDP collectives."""
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
@@ -146,6 +146,9 @@ def install_hooks(recorder: StepRecorder, stages: list) -> _Patches:
         patches.wrap(stage, "forward_one_chunk", _stage_hook(recorder, "forward", "F", s))
         patches.wrap(stage, "backward_one_chunk", _stage_hook(recorder, "backward", None, s))
         patches.wrap(stage, "backward_weight_one_chunk", _stage_hook(recorder, "backward", "W", s))
+
+    # The schedule computes the loss outside the last stage's forward; it is forward work too.
+    patches.wrap(schedule, "_compute_loss", timed("forward", lambda *a, **k: "loss"))
 
     def batch_p2p(fn):
         def wrapper(p2p_ops, desc=None):
@@ -181,11 +184,11 @@ def _stage_hook(recorder: StepRecorder, category: str, kind: str | None, stage_i
 class Profiler:
     """Profiles chosen steps of a run: barrier-aligned start, hooks installed for the run's lifetime."""
 
-    def __init__(self, *, rank: int, stages: list, steps: set[int]):
+    def __init__(self, *, rank: int, stages: list, schedule, steps: set[int]):
         self.recorder = StepRecorder(rank)
         self.steps = steps
         self.profiles: list[StepProfile] = []
-        self._patches = install_hooks(self.recorder, stages)
+        self._patches = install_hooks(self.recorder, stages, schedule)
 
     def wants(self, step: int) -> bool:
         return step in self.steps
