@@ -37,20 +37,30 @@ from runtime.training_loop import training_loop
 warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*", category=FutureWarning)
 
 
-COMMANDS = ("study",)
+def _subcommand(name: str):
+    if name == "study":
+        from runtime.study.cli import main
+    elif name == "plan":
+        from runtime.plan_cli import main
+    elif name == "calibrate":
+        from runtime.calibrate import main
+    else:
+        return None
+    return main
 
 
 def main(argv: list[str] | None = None, *, after_backward: AfterBackwardHook | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "study":
-        from runtime.study.cli import main as study
-
-        return study(argv[1:])
+    command = _subcommand(argv[0]) if argv else None
+    if command:
+        return command(argv[1:])
     env = LaunchEnv.from_environ()
 
     # 1. Flags and data are checked on every rank before any process group exists, so bad input
     #    ends every rank at once with the same one-line error (printed by rank 0).
     try:
+        if "--auto" in argv:
+            argv = _apply_auto_plan([a for a in argv if a != "--auto"], env)
         cfg = parse_train_config(argv, world_size=env.world_size)
         data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
                           global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
@@ -71,6 +81,17 @@ def main(argv: list[str] | None = None, *, after_backward: AfterBackwardHook | N
     return 0
 
 
+def _apply_auto_plan(argv: list[str], env: LaunchEnv) -> list[str]:
+    """--auto: append the planner's best plan for this world size (pure computation, same on every rank)."""
+    from runtime.plan_cli import auto_flags
+
+    flags, best = auto_flags(argv, world=env.world_size)
+    if env.rank == 0:
+        print(f"auto plan: {best.candidate.describe()} (predicted {best.step_time:.3f} s/step, "
+              f"{best.memory_per_rank / 2**30:.2f} GiB/rank)", flush=True)
+    return [*argv, *flags]
+
+
 def train(cfg: TrainConfig, data: DataSources, *, env: LaunchEnv, device: torch.device,
           after_backward: AfterBackwardHook | None = None) -> dict:
     torch.manual_seed(cfg.seed)
@@ -83,8 +104,13 @@ def train(cfg: TrainConfig, data: DataSources, *, env: LaunchEnv, device: torch.
 
     # 4. Model, compiled into this rank's stages: cost-balanced split, trace, TP, AC, FSDP.
     n_stages = cfg.mesh.pp * cfg.pipeline.stages_per_rank
-    plan = plan_stages(cfg.model, n_stages=n_stages, micro_batch_size=cfg.pipeline.micro_batch_size,
-                       split=cfg.pipeline.split)
+    # Rank 0 decides and broadcasts: measured layer times differ between ranks, and every rank must
+    # cut the model at the same places.
+    plan = [plan_stages(cfg.model, n_stages=n_stages, micro_batch_size=cfg.pipeline.micro_batch_size,
+                        split=cfg.pipeline.split, precision=cfg.precision, mp=cfg.mesh.mp,
+                        cost_source=cfg.pipeline.split_cost, device=device) if env.rank == 0 else None]
+    torch.distributed.broadcast_object_list(plan, src=0)
+    plan = plan[0]
     if env.rank == 0:
         print(plan.describe(), flush=True)
     model = build_gpt(cfg.model, seed=cfg.seed, device=device)
@@ -96,7 +122,7 @@ def train(cfg: TrainConfig, data: DataSources, *, env: LaunchEnv, device: torch.
     # 5. Schedule, mixed precision, optimizer.
     scaler = build_grad_scaler(cfg.precision, device.type)
     schedule = build_schedule(cfg.pipeline.schedule, stages.stages, n_microbatches=cfg.pipeline.microbatches,
-                              loss_fn=scaled_cross_entropy(scaler))
+                              loss_fn=scaled_cross_entropy(scaler, microbatches=cfg.pipeline.microbatches))
     optimizer = build_optimizer(stages.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     lr_schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
     profiler = (Profiler(rank=env.rank, stages=stages.stages, schedule=schedule, steps=profiled_steps(cfg.optim.steps))

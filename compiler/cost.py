@@ -1,45 +1,173 @@
-"""Per-layer cost estimates used to place layers on pipeline stages.
+"""Per-layer costs of the model at the micro-batch shape, used to place layers on pipeline stages
+and by the planner.
 
-Costs are training FLOPs (forward + backward = 3x forward) of one micro-batch, counted analytically
-from the matrix products (Narayanan et al. 2021, sec. 5.1; Kaplan et al. 2020, table 1):
-- a block: 24 * B * T * d^2 forward for q, k, v, o and the 4d MLP, plus 4 * B * T^2 * d for the
-  attention scores and their weighted sum;
-- the LM head: 2 * B * T * d * V forward, often the heaviest "layer" at a large vocabulary;
-- the embedding: a gather, counted as B * T * d (it moves memory, it does not multiply).
+For every layer group the tracer splits between (embedding, each block, final norm + LM head) we
+run forward + backward once under ``FakeTensorMode`` (shapes only, no memory, no arithmetic) and
+record:
+- training FLOPs, counted by ``torch.utils.flop_counter.FlopCounterMode`` from the aten ops that
+  really run (forward and backward);
+- parameter bytes;
+- activation bytes: what autograd saves for backward (``saved_tensors_hooks``), under the run's
+  autocast dtype, excluding the weights themselves and their autocast copies.
+With ``mp > 1`` a block is profiled as one tensor-parallel shard (H/mp heads, mlp_width/mp hidden
+units), so FLOPs and activations are per rank. All blocks have the same shape, so one block is
+profiled and its cost used for each of them.
+
+``measure_layer_times`` is the measured-time alternative: it times forward + backward of each group
+on the real device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import statistics
+import time
+from dataclasses import dataclass, replace
 
-from models.gpt import GPTConfig
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+
+def _cpu_attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_attention_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+# FlopCounterMode knows the CUDA attention kernels; teach it the CPU flash-attention kernel that
+# F.scaled_dot_product_attention runs here, with torch's formulas (2 products forward, 5 backward).
+_CPU_ATTENTION_FLOPS = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward,
+}
+
+from models.gpt import GPT, Block, GPTConfig
+
+AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
 class LayerCost:
     name: str
-    flops: float  # forward + backward FLOPs for one micro-batch
-    params: int
+    flops: float  # forward + backward FLOPs for one micro-batch (per mp rank)
+    params: int  # parameters held by one mp rank
+    activation_bytes: int  # saved for backward, per micro-batch, per mp rank
+    weight_copy_bytes: int = 0  # autocast's low-precision copies of the weights (cached per step)
+    seconds: float | None = None  # measured forward + backward time, in time mode
+
+    @property
+    def param_bytes(self) -> int:
+        return 4 * self.params  # fp32 master weights
 
 
-def layer_costs(cfg: GPTConfig, *, micro_batch_size: int) -> list[LayerCost]:
-    """Costs of [embedding, block 0, ..., block L-1, final norm + LM head], in model order."""
-    B, T, d, V = micro_batch_size, cfg.seq_len, cfg.d_model, cfg.vocab_size
-    block_forward = 2 * B * T * (4 * d * d + 2 * d * cfg.mlp_width) + 4 * B * T * T * d
-    block_params = 4 * (d * d + d) + 2 * d * cfg.mlp_width + cfg.mlp_width + d + 4 * d
-    costs = [LayerCost("embedding", 3.0 * B * T * d, V * d + T * d)]
-    costs += [LayerCost(f"layers.{i}", 3.0 * block_forward, block_params) for i in range(cfg.n_layers)]
-    costs.append(LayerCost("head", 3.0 * 2 * B * T * d * V, d * V + 2 * d))
-    return costs
+def layer_costs(cfg: GPTConfig, *, micro_batch_size: int, precision: str = "fp32", mp: int = 1) -> list[LayerCost]:
+    """Costs of [embedding, block 0, ..., block L-1, head], in model order."""
+    with FakeTensorMode():
+        model = GPT(replace(cfg, n_layers=1))
+        tokens = torch.zeros(micro_batch_size, cfg.seq_len, dtype=torch.long)
+        positions = torch.arange(cfg.seq_len)
+        hidden = torch.zeros(micro_batch_size, cfg.seq_len, cfg.d_model, requires_grad=True)
+        embed = _profile("embedding", lambda: model.tok_emb(tokens) + model.pos_emb(positions),
+                         [model.tok_emb, model.pos_emb], precision)
+        block = tensor_parallel_shard(model.layers["0"], mp)
+        blk = _profile("block", lambda: block(hidden), [block], precision)
+        head = _profile("head", lambda: F.cross_entropy(model.head(model.norm(hidden)).float().flatten(0, 1),
+                                                        tokens.flatten()),
+                        [model.norm, model.head], precision)
+    return [embed, *(replace(blk, name=f"layers.{i}") for i in range(cfg.n_layers)), head]
 
 
-def block_costs_with_ends(costs: list[LayerCost]) -> list[float]:
+def tensor_parallel_shard(block: Block, mp: int) -> Block:
+    """The part of a block one of ``mp`` tensor-parallel ranks computes (Megatron layout)."""
+    if mp == 1:
+        return block
+    d = block.attn.o.out_features
+    width = block.mlp.up.out_features
+    block.attn.qkv = nn.Linear(d, 3 * d // mp)
+    block.attn.o = nn.Linear(d // mp, d)
+    block.mlp.up = nn.Linear(d, width // mp)
+    block.mlp.down = nn.Linear(width // mp, d)
+    return block
+
+
+def _profile(name: str, forward, modules: list[nn.Module], precision: str) -> LayerCost:
+    params = [p for m in modules for p in m.parameters()]
+    param_ids = {id(p) for p in params}
+    saved: dict[int, tuple[int, bool]] = {}  # storage -> (bytes, is a weight or a copy of one)
+
+    def pack(t: torch.Tensor):
+        storage = t.untyped_storage()  # views of one tensor (q, k, v of one qkv output) count once
+        saved[storage._cdata] = (storage.nbytes(), _is_weight(t, param_ids))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION_FLOPS) as counter:
+        with torch.autocast("cpu", dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
+            out = forward()
+        out.float().sum().backward()
+    activations = sum(n for n, weight in saved.values() if not weight)
+    copies = sum(n for n, weight in saved.values() if weight) if precision in AUTOCAST else 0
+    return LayerCost(name, float(counter.get_total_flops()), sum(p.numel() for p in params), activations, copies)
+
+
+_VIEW_OR_CAST = {"TBackward0", "ViewBackward0", "ToCopyBackward0", "PermuteBackward0", "TransposeBackward0",
+                 "UnsafeViewBackward0", "ExpandBackward0"}
+
+
+def _is_weight(t: torch.Tensor, param_ids: set[int]) -> bool:
+    """A parameter, or a view / cast of one (autocast's cached weight copies, ``weight.t()``)."""
+    if id(t) in param_ids or (t._base is not None and id(t._base) in param_ids):
+        return True
+    fn = t.grad_fn
+    while fn is not None and type(fn).__name__ in _VIEW_OR_CAST:
+        fn = fn.next_functions[0][0] if fn.next_functions else None
+    return fn is not None and type(fn).__name__ == "AccumulateGrad" and id(fn.variable) in param_ids
+
+
+def measure_layer_times(cfg: GPTConfig, *, micro_batch_size: int, precision: str, device: torch.device,
+                        repeats: int = 3) -> list[LayerCost]:
+    """Like ``layer_costs``, with the median forward + backward time of each group on ``device``."""
+    costs = layer_costs(cfg, micro_batch_size=micro_batch_size, precision=precision)
+    model = GPT(replace(cfg, n_layers=1)).to(device)
+    tokens = torch.randint(0, cfg.vocab_size, (micro_batch_size, cfg.seq_len), device=device)
+    hidden = torch.randn(micro_batch_size, cfg.seq_len, cfg.d_model, device=device, requires_grad=True)
+    positions = torch.arange(cfg.seq_len, device=device)
+    runs = {
+        "embedding": lambda: model.tok_emb(tokens) + model.pos_emb(positions),
+        "block": lambda: model.layers["0"](hidden),
+        "head": lambda: model.head(model.norm(hidden)),
+    }
+    seconds = {name: _time_fwd_bwd(fn, precision, device, repeats) for name, fn in runs.items()}
+    return [replace(c, seconds=seconds["block" if c.name.startswith("layers.") else c.name]) for c in costs]
+
+
+def _time_fwd_bwd(forward, precision: str, device: torch.device, repeats: int) -> float:
+    from runtime.device import synchronize
+
+    times = []
+    for i in range(repeats + 1):
+        synchronize(device)
+        start = time.perf_counter()
+        with torch.autocast(device.type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
+            out = forward()
+        out.float().sum().backward()
+        synchronize(device)
+        if i:  # the first run warms up kernels and allocator
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def block_costs_with_ends(costs: list[LayerCost], *, use_time: bool = False) -> list[float]:
     """Fold the embedding into block 0 and the head into the last block.
 
     Every stage boundary falls between blocks, so stage 0 always holds the embedding with block 0 and
     the last stage the head with the last block: folding them in is exact for the partitioner.
     """
-    blocks = [c.flops for c in costs[1:-1]]
-    blocks[0] += costs[0].flops
-    blocks[-1] += costs[-1].flops
+    value = (lambda c: c.seconds) if use_time else (lambda c: c.flops)
+    blocks = [value(c) for c in costs[1:-1]]
+    blocks[0] += value(costs[0])
+    blocks[-1] += value(costs[-1])
     return blocks

@@ -9,15 +9,22 @@ from __future__ import annotations
 from itertools import accumulate
 
 
-def balanced_split(costs: list[float], n_stages: int) -> list[int]:
+def balanced_split(costs: list[float], n_stages: int, *, memory: list[float] | None = None,
+                   memory_limit: float | None = None) -> list[int]:
     """Blocks per stage (each >= 1, summing to len(costs)) minimising the maximum stage cost.
 
-    Ties are broken towards earlier split points, so the result is deterministic.
+    With ``memory`` (per block) and ``memory_limit``, only splits whose every stage fits are allowed;
+    ValueError if none does. Ties are broken towards earlier split points, so the result is deterministic.
     """
     n = len(costs)
     if not 1 <= n_stages <= n:
         raise ValueError(f"cannot split {n} blocks into {n_stages} non-empty stages")
     prefix = [0.0, *accumulate(costs)]
+    mem_prefix = [0.0, *accumulate(memory)] if memory is not None else None
+
+    def fits(j: int, i: int) -> bool:
+        return mem_prefix is None or memory_limit is None or mem_prefix[i] - mem_prefix[j] <= memory_limit
+
     inf = float("inf")
     # best[s][i]: minimal max-stage cost of putting blocks [0, i) on s stages; cut[s][i]: start of the last stage.
     best = [[inf] * (n + 1) for _ in range(n_stages + 1)]
@@ -26,9 +33,13 @@ def balanced_split(costs: list[float], n_stages: int) -> list[int]:
     for s in range(1, n_stages + 1):
         for i in range(s, n - (n_stages - s) + 1):
             for j in range(s - 1, i):
+                if not fits(j, i):
+                    continue
                 value = max(best[s - 1][j], prefix[i] - prefix[j])
                 if value < best[s][i]:
                     best[s][i], cut[s][i] = value, j
+    if best[n_stages][n] == inf:
+        raise ValueError(f"no split of {n} blocks into {n_stages} stages keeps every stage within {memory_limit:.3g}")
     sizes, i = [], n
     for s in range(n_stages, 0, -1):
         j = cut[s][i]

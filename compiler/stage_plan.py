@@ -1,40 +1,53 @@
-"""Decide how many transformer blocks each pipeline stage holds, from a per-layer cost estimate."""
+"""Decide how many transformer blocks each pipeline stage holds, from per-layer costs."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.cost import block_costs_with_ends, layer_costs
+import torch
+
+from compiler.cost import block_costs_with_ends, layer_costs, measure_layer_times
 from compiler.partition import balanced_split, parse_split, stage_costs
 from models.gpt import GPTConfig
+
+COST_SOURCES = ("flops", "time")
 
 
 @dataclass(frozen=True)
 class StagePlan:
     blocks_per_stage: list[int]
-    stage_flops: list[float]  # estimated forward+backward FLOPs of one micro-batch, per stage
+    stage_costs: list[float]  # per stage, one micro-batch forward + backward
+    unit: str  # "GFLOP" or "ms"
     method: str
 
     @property
     def imbalance(self) -> float:
         """max / mean stage cost: 1.0 is perfect balance."""
-        return max(self.stage_flops) / (sum(self.stage_flops) / len(self.stage_flops))
+        return max(self.stage_costs) / (sum(self.stage_costs) / len(self.stage_costs))
 
     def describe(self) -> str:
         lines = [f"stage split ({self.method}): blocks per stage {self.blocks_per_stage}, "
                  f"imbalance max/mean = {self.imbalance:.3f}"]
         first = 0
-        for s, (n, flops) in enumerate(zip(self.blocks_per_stage, self.stage_flops)):
+        for s, (n, cost) in enumerate(zip(self.blocks_per_stage, self.stage_costs)):
             extra = (" + embedding" if s == 0 else "") + (" + norm/head" if s == len(self.blocks_per_stage) - 1 else "")
-            lines.append(f"  stage {s}: layers {first}..{first + n - 1}{extra}  est. {flops / 1e9:.3f} GFLOP/micro-batch")
+            lines.append(f"  stage {s}: layers {first}..{first + n - 1}{extra}  est. {cost:.3f} {self.unit}/micro-batch")
             first += n
         return "\n".join(lines)
 
 
-def plan_stages(cfg: GPTConfig, *, n_stages: int, micro_batch_size: int, split: str) -> StagePlan:
-    costs = block_costs_with_ends(layer_costs(cfg, micro_batch_size=micro_batch_size))
+def plan_stages(cfg: GPTConfig, *, n_stages: int, micro_batch_size: int, split: str, precision: str = "fp32",
+                mp: int = 1, cost_source: str = "flops", device: torch.device | None = None) -> StagePlan:
+    if cost_source == "time":
+        costs = block_costs_with_ends(measure_layer_times(cfg, micro_batch_size=micro_batch_size, precision=precision,
+                                                          device=device or torch.device("cpu")), use_time=True)
+        costs, unit = [c * 1e3 for c in costs], "ms"
+    else:
+        costs = block_costs_with_ends(layer_costs(cfg, micro_batch_size=micro_batch_size, precision=precision, mp=mp))
+        costs, unit = [c / 1e9 for c in costs], "GFLOP"
     sizes = parse_split(split, n_stages=n_stages, n_layers=cfg.n_layers)
     method = split
     if sizes is None:
-        sizes, method = balanced_split(costs, n_stages), "auto: min-max over estimated FLOPs"
-    return StagePlan(sizes, stage_costs(costs, sizes), method)
+        sizes = balanced_split(costs, n_stages)
+        method = f"auto: exact min-max over {'measured times' if cost_source == 'time' else 'counted FLOPs'}"
+    return StagePlan(sizes, stage_costs(costs, sizes), unit, method)

@@ -70,16 +70,24 @@ def ensure_scale_initialised(scaler: ShardedGradScaler, device: torch.device) ->
         scaler.scale(torch.ones((), device=device))
 
 
-def scaled_cross_entropy(scaler: ShardedGradScaler):
-    """The schedule's loss function: mean next-token cross-entropy of one micro-batch, loss-scaled.
+def scaled_cross_entropy(scaler: ShardedGradScaler, *, microbatches: int):
+    """The schedule's loss function: next-token cross-entropy of one micro-batch, divided by the
+    number of micro-batches and loss-scaled.
 
-    The schedule divides gradients by the number of micro-batches and FSDP averages over dp, so the
-    per-micro-batch mean is what makes the step equal a single device on the global batch.
+    Summed over the micro-batches (gradient accumulation) and averaged over dp by FSDP, that is the
+    gradient of the mean loss on the global batch, as on a single device. Dividing the loss, not the
+    gradients, saves a pass over every gradient; ``loss_value`` undoes both factors for logging.
     """
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # logits (mb, T, V) may be fp16 under autocast; the loss is computed in fp32.
         loss = F.cross_entropy(rearrange(logits.float(), "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)"))
-        return scaler.scale(loss)
+        return scaler.scale(loss / microbatches)
 
     return loss_fn
+
+
+def loss_value(scaled_losses: list[torch.Tensor], *, scale: float) -> torch.Tensor:
+    """Mean unscaled loss of a replica's micro-batches, from what ``scaled_cross_entropy`` returned."""
+    # sum over m of (loss / m) * scale = mean loss * scale
+    return torch.stack(scaled_losses).detach().double().sum() / scale

@@ -40,6 +40,7 @@ class PipelineConfig:
     microbatches: int  # m, per dp replica per step
     micro_batch_size: int  # samples per micro-batch
     split: str  # "auto" | "uniform" | "manual:4,4,3,1"
+    split_cost: str  # what "auto" balances: "flops" (counted) or "time" (measured on the device)
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,9 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (ranks per pipeline)")
     g.add_argument("--mp", type=int, default=1, help="model (tensor) parallel degree")
 
+    p.add_argument("--auto", action="store_true",
+                   help="let the planner choose mesh, schedule, v, micro-batching, activation checkpointing (and "
+                        "precision unless --precision is given) for this world size; see `run.py plan`")
     g = p.add_argument_group("model")
     g.add_argument("--model", choices=tuple(MODEL_SIZES), default="tiny",
                    help="named size: tiny (tests), small (GPT-2 124M), medium (350M), large (774M)")
@@ -142,6 +146,9 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--split", default="auto",
                    help="stage split: auto (balance estimated per-layer cost), uniform (equal blocks per stage), "
                         "or manual:N0,N1,... (blocks per stage)")
+    g.add_argument("--split-cost", choices=("flops", "time"), default="flops",
+                   help="what --split auto balances: FLOPs counted by FlopCounterMode, or forward+backward time "
+                        "measured per layer on this device")
 
     g = p.add_argument_group("precision and optimisation")
     g.add_argument("--precision", choices=PRECISIONS, default="fp16",
@@ -281,7 +288,7 @@ def _pipeline_config(args: argparse.Namespace, mesh: MeshShape) -> PipelineConfi
             f"--global-batch-size {gbs} must equal --micro-batch-size {mbs} x --microbatches {m} x --dp "
             f"{mesh.dp} = {mbs * m * mesh.dp}"
         )
-    return PipelineConfig(args.schedule, v, m, mbs, args.split)
+    return PipelineConfig(args.schedule, v, m, mbs, args.split, args.split_cost)
 
 
 def _check_pipeline(pipeline: PipelineConfig, model: GPTConfig, mesh: MeshShape) -> None:

@@ -59,8 +59,9 @@ CALIBRATION_SIZES = (256, 512, 1024)
 
 
 def best_matmul_flops(dtype: torch.dtype, device: torch.device) -> float:
-    """The best rate over a few sizes: kernels reach their peak at different shapes."""
-    return max(measure_matmul_flops(dtype, device, size=n, seconds=0.15) for n in CALIBRATION_SIZES)
+    """The best rate over a few sizes, each measured twice: kernels reach their peak at different
+    shapes, and a peak must not be lowered by a moment of interference on a shared machine."""
+    return max(measure_matmul_flops(dtype, device, size=n, seconds=0.15) for n in CALIBRATION_SIZES * 2)
 
 
 def calibrate_world_peak_flops(dtype: torch.dtype, device: torch.device) -> float:

@@ -37,12 +37,16 @@ def local_grad_sq_norm(params: list[nn.Parameter], *, plane_size: int) -> torch.
     ``plane_size`` is dp x mp, the ranks sharing one pipeline stage.
     """
     device = next((p.grad.device for p in params if p.grad is not None), torch.device("cpu"))
-    total = torch.zeros((), dtype=torch.float64, device=device)
+    by_copies: dict[int, list[torch.Tensor]] = {}
     for p in params:
-        if p.grad is None:
-            continue
-        local, copies = _local_and_copies(p.grad, plane_size)
-        total += local.detach().double().pow(2).sum() / copies
+        if p.grad is not None:
+            local, copies = _local_and_copies(p.grad, plane_size)
+            by_copies.setdefault(copies, []).append(local.detach())
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for copies, grads in by_copies.items():
+        # Per-tensor fp32 norms in one fused pass (as clip_grad_norm_ does), summed in fp64.
+        norms = torch._foreach_norm(grads)
+        total += torch.stack(norms).double().pow(2).sum() / copies
     return total
 
 
@@ -52,6 +56,5 @@ def clip_grads_(params: list[nn.Parameter], *, max_norm: float, total_norm: floa
         return
     coef = max_norm / (total_norm + 1e-6)
     if coef < 1.0:
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(coef)
+        local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
+        torch._foreach_mul_(local, coef)

@@ -30,8 +30,9 @@ class ScheduleNaive(_PipelineScheduleRuntime):
     Expressed as a compute-only action list per rank; the runtime inserts the sends and receives.
     """
 
-    def __init__(self, stages: list[PipelineStage], n_microbatches: int, loss_fn: Callable | None = None):
-        super().__init__(stages=stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+    def __init__(self, stages: list[PipelineStage], n_microbatches: int, loss_fn: Callable | None = None,
+                 scale_grads: bool = True):
+        super().__init__(stages=stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
         n_stages = stages[0].num_stages
         pp = stages[0].group_size
         self.pipeline_order = {
@@ -59,12 +60,17 @@ _SINGLE_STAGE = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
 
 
 def build_schedule(name: str, stages: list[PipelineStage], *, n_microbatches: int, loss_fn: Callable):
-    """The schedule object for this rank's stages (looped placement: stage s lives on pp rank s % pp)."""
+    """The schedule object for this rank's stages (looped placement: stage s lives on pp rank s % pp).
+
+    ``loss_fn`` must already divide each micro-batch's loss by ``n_microbatches`` (see
+    runtime/amp.py): the schedule then leaves gradients as they are (scale_grads=False) instead of
+    making an extra pass over every gradient to divide them after the last micro-batch.
+    """
     if name in _SINGLE_STAGE:
         if len(stages) != 1:
             raise ValueError(f"--schedule {name} runs one stage per rank, got {len(stages)}")
-        return _SINGLE_STAGE[name](stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn)
-    return _MULTI_STAGE[name](stages, n_microbatches=n_microbatches, loss_fn=loss_fn)
+        return _SINGLE_STAGE[name](stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
+    return _MULTI_STAGE[name](stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
 
 
 def local_stage_indices(pp_rank: int, *, pp: int, stages_per_rank: int) -> list[int]:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from runtime.amp import autocast, ensure_scale_initialised
+from runtime.amp import autocast, ensure_scale_initialised, loss_value
 from runtime.grad_clip import clip_grads_, local_grad_sq_norm
 from runtime.profiling import StepRecorder
 from runtime.stages import LocalStages
@@ -85,7 +85,7 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
     ensure_scale_initialised(ctx.scaler, ctx.device)
     ctx.scaler.unscale_(ctx.optimizer)  # all-reduces found_inf over the world
     params = ctx.stages.parameters()
-    local_loss = torch.stack(losses).mean().detach().double() / scale if losses else torch.zeros((), dtype=torch.float64)
+    local_loss = loss_value(losses, scale=scale) if losses else torch.zeros((), dtype=torch.float64)
     packed = torch.stack([local_grad_sq_norm(params, plane_size=ctx.plane_size), local_loss.to(ctx.device)])
     if dist.is_initialized():
         dist.all_reduce(packed)
@@ -108,7 +108,7 @@ def evaluate(ctx: StepContext, batches: list[tuple[torch.Tensor, torch.Tensor]])
     for inputs, targets in batches:
         losses = run_schedule(ctx, inputs, targets, train=False)
         if losses:
-            total += torch.stack(losses).double().mean().to(ctx.device) / scale
+            total += loss_value(losses, scale=scale).to(ctx.device)
     if dist.is_initialized():
         dist.all_reduce(total)
     return float(total) / (ctx.loss_copies * len(batches))

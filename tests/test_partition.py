@@ -55,3 +55,32 @@ def test_parse_split():
     for bad in ("manual:2,3", "manual:4", "manual:0,4", "manual:a,b", "greedy"):
         with pytest.raises(ValueError, match="--split"):
             parse_split(bad, n_stages=2, n_layers=4)
+
+
+def _brute_force_bounded(costs, memory, limit, n_stages):
+    n = len(costs)
+    best = float("inf")
+    for cuts in itertools.combinations(range(1, n), n_stages - 1):
+        bounds = [0, *cuts, n]
+        pairs = list(zip(bounds, bounds[1:]))
+        if all(sum(memory[a:b]) <= limit for a, b in pairs):
+            best = min(best, max(sum(costs[a:b]) for a, b in pairs))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_memory_bounded_split_is_optimal_or_reports_infeasible(seed):
+    rng = random.Random(1000 + seed)
+    n = rng.randint(2, 8)
+    costs = [rng.uniform(0.1, 10) for _ in range(n)]
+    memory = [rng.uniform(1, 5) for _ in range(n)]
+    n_stages = rng.randint(1, n)
+    limit = rng.uniform(3, 15)
+    want = _brute_force_bounded(costs, memory, limit, n_stages)
+    if want == float("inf"):
+        with pytest.raises(ValueError, match="within"):
+            balanced_split(costs, n_stages, memory=memory, memory_limit=limit)
+        return
+    sizes = balanced_split(costs, n_stages, memory=memory, memory_limit=limit)
+    assert max(stage_costs(costs, sizes)) == pytest.approx(want)
+    assert max(stage_costs(memory, sizes)) <= limit

@@ -132,3 +132,19 @@ def bottleneck_sentences(rows: list[dict]) -> list[str]:
         sentences.append(f"{key[0]} {key[1]}: compute {100 * compute:.0f}% of the step; the largest other costs are "
                          + " and ".join(f"{NAMES[k]} ({100 * mean[k]:.1f}%)" for k in top) + ".")
     return sentences
+
+
+def split_table(runs: list[dict]) -> list[dict]:
+    """Per pp: auto and uniform throughput (pooled over repetitions), their ratio and the chosen splits."""
+    rows = []
+    for pp in sorted({r["pp"] for r in runs}):
+        row = {"pp": pp}
+        for split in ("auto", "uniform"):
+            reps = [r for r in runs if r["pp"] == pp and r["split"] == split]
+            row[f"{split}_samples_per_sec"] = pooled_samples_per_sec(reps)
+            ok = [r for r in reps if r["ok"]]
+            row[f"{split}_blocks_per_stage"] = ok[0]["summary"]["blocks_per_stage"] if ok else None
+        a, u = row["auto_samples_per_sec"], row["uniform_samples_per_sec"]
+        row["auto_over_uniform"] = a / u if a and u else None
+        rows.append(row)
+    return rows

@@ -22,7 +22,7 @@ from runtime.study import analysis, plan, report
 from runtime.study.launcher import RunResult, RunSpec, execute
 from runtime.study.memory_search import search_max_batch
 
-SECTIONS = ("throughput", "memory", "scaling", "overhead")
+SECTIONS = ("throughput", "memory", "scaling", "overhead", "split")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,6 +67,7 @@ def main(argv: list[str]) -> int:
         "throughput": plan.throughput_specs(args.world, settings) if "throughput" in sections and args.world >= 2 else [],
         "scaling": plan.scaling_specs(args.world, settings) if "scaling" in sections else [],
         "overhead": plan.overhead_specs(settings) if "overhead" in sections else [],
+        "split": plan.split_specs(args.world, settings) if "split" in sections and args.world >= 2 else [],
     }
     runnable = sum(not s.meta.get("skipped") for group in specs.values() for s in group)
     memory_estimate = 3 * 10 if "memory" in sections and args.world >= 2 else 0  # the search decides
@@ -109,6 +110,12 @@ def main(argv: list[str]) -> int:
     if specs["overhead"]:
         raw = [run(spec, lambda r: f"{r.summary['samples_per_sec']:.3f} samples/s") for spec in specs["overhead"]]
         results["overhead"] = {"runs": raw, "summary": analysis.overhead_summary(raw)}
+
+    if specs["split"]:
+        raw = [run(spec, lambda r: f"{r.summary['samples_per_sec']:.3f} samples/s, blocks {r.summary['blocks_per_stage']}")
+               for spec in specs["split"]]
+        results["split"] = {"runs": raw, "table": analysis.split_table(raw),
+                            "model": vars(settings.split_model)}
 
     results["wall_time_s"] = time.monotonic() - t0
     results["targets"] = report.targets(results)

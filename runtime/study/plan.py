@@ -38,6 +38,7 @@ class StudySettings:
     steps: int
     rounds: int  # repetitions of the pp=2 throughput runs and of the overhead pair (noise)
     memory_model: ModelShape
+    split_model: ModelShape  # an LM head as heavy as several blocks, for --split auto vs uniform
     memory_budget_gb: float  # per rank, in peak tensor bytes
     memory_resolution: float  # bisection stops when (fail - fit) <= resolution * fit
     timeout_s: float
@@ -45,11 +46,11 @@ class StudySettings:
 
 FULL = StudySettings(
     model=ModelShape(16, 384, 8, 128), micro_batch_size=4, microbatches=8, steps=5, rounds=2,
-    memory_model=ModelShape(8, 64, 4, 256), memory_budget_gb=0.5, memory_resolution=1 / 8, timeout_s=900,
+    memory_model=ModelShape(8, 64, 4, 256), split_model=ModelShape(12, 256, 4, 128, 16384), memory_budget_gb=0.5, memory_resolution=1 / 8, timeout_s=900,
 )
 QUICK = StudySettings(
     model=ModelShape(8, 128, 8, 64), micro_batch_size=2, microbatches=8, steps=4, rounds=1,
-    memory_model=ModelShape(4, 64, 4, 128), memory_budget_gb=0.125, memory_resolution=1 / 8, timeout_s=300,
+    memory_model=ModelShape(4, 64, 4, 128), split_model=ModelShape(8, 128, 4, 64, 8192), memory_budget_gb=0.125, memory_resolution=1 / 8, timeout_s=300,
 )
 
 
@@ -137,3 +138,19 @@ def memory_spec(s: StudySettings, *, precision: str, micro_batch_size: int) -> R
             "--profile-memory"]
     meta = {"section": "memory", "precision": precision, "micro_batch_size": micro_batch_size}
     return RunSpec(f"memory_{precision}_mbs{micro_batch_size}", 2, args, meta=meta)
+
+
+def split_specs(world: int, s: StudySettings) -> list[RunSpec]:
+    """--split auto against uniform on a heavy-head model, pp=2 and pp=4, 1F1B, alternated ``rounds + 1`` times."""
+    specs = []
+    for pp in (2, 4):
+        if pp > world:
+            continue
+        for r in range(s.rounds + 1):
+            for split in (("auto", "uniform") if r % 2 == 0 else ("uniform", "auto")):
+                args = [*_mesh(1, pp, 1), "--schedule", "1f1b", "--split", split,
+                        "--micro-batch-size", str(s.micro_batch_size), "--microbatches", str(s.microbatches),
+                        *s.split_model.flags(), *_common(s)]
+                meta = {"section": "split", "pp": pp, "split": split, "round": r}
+                specs.append(RunSpec(f"split_pp{pp}_{split}_r{r}", pp, args, meta=meta))
+    return specs

@@ -28,6 +28,11 @@ def targets(results: dict) -> list[dict]:
                      "met": bool(value and value >= goal)})
     overhead = results.get("overhead", {}).get("summary", {})
     ratio = overhead.get("engine_over_plain")
+    split = {r["pp"]: r for r in results.get("split", {}).get("table", [])}
+    if 4 in split:
+        ratio = split[4].get("auto_over_uniform")
+        rows.append({"target": "--split auto vs uniform, heavy LM head, pp=4", "goal": ">= 1.15x",
+                     "measured": _fmt(ratio, ".3f") + "x" if ratio else "n/a", "met": bool(ratio and ratio >= 1.15)})
     rows.append({"target": "engine 1x1x1 within 5% of a plain PyTorch loop", "goal": ">= 0.95x",
                  "measured": _fmt(ratio, ".3f") + "x" if ratio else "n/a", "met": bool(ratio and ratio >= 0.95)})
     memory = results.get("memory", {})
@@ -109,7 +114,7 @@ def render(results: dict, *, cores: int) -> str:
                   "(without --quick) to check them.", ""]
     lines += _targets_section(results) + _throughput_section(results) + _memory_section(results)
     lines += _time_split_section(results) + _timeline_section(results) + _scaling_section(results)
-    lines += _overhead_section(results)
+    lines += _overhead_section(results) + _split_section(results)
     lines += ["## Conclusions", ""] + [f"- {c}" for c in conclusions(results, cores=cores)] + [""]
     lines += ["## Commands", "", "```"] + results.get("commands", []) + ["```", ""]
     return "\n".join(lines)
@@ -214,3 +219,20 @@ def _overhead_section(results: dict) -> list[str]:
             f"Engine (traced stage, schedule, metrics) {_fmt(o['engine_samples_per_sec'], '.3f')} samples/s against a "
             f"plain PyTorch loop {_fmt(o['plain_samples_per_sec'], '.3f')} samples/s on the same model, batch and "
             f"precision: {_fmt(o['engine_over_plain'], '.3f')}x, pooled over {o['repetitions']} alternated pairs.", ""]
+
+
+def _split_section(results: dict) -> list[str]:
+    split = results.get("split")
+    if not split:
+        return []
+    lines = ["## Cost-balanced stage split against a uniform one", "",
+             f"Model {split['model']} (the LM head costs several blocks), 1F1B, fp32, pp ranks = pp. `--split auto` "
+             "balances FLOPs counted by FlopCounterMode with an exact min-max partition; `uniform` puts equal "
+             "blocks on every stage.", "",
+             "| pp | auto samples/s | auto blocks/stage | uniform samples/s | uniform blocks/stage | auto / uniform |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in split["table"]:
+        lines.append(f"| {r['pp']} | {_fmt(r['auto_samples_per_sec'], '.3f')} | {r['auto_blocks_per_stage']} | "
+                     f"{_fmt(r['uniform_samples_per_sec'], '.3f')} | {r['uniform_blocks_per_stage']} | "
+                     f"{_fmt(r['auto_over_uniform'], '.3f')}x |")
+    return lines + [""]

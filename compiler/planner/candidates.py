@@ -1,0 +1,56 @@
+"""The plan space: every (dp, pp, mp) of a world size with a schedule, v, micro-batching, precision and AC."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+SCHEDULE_CHOICES = (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("zero-bubble", 2))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    dp: int
+    pp: int
+    mp: int
+    schedule: str
+    stages_per_rank: int
+    microbatches: int
+    micro_batch_size: int
+    precision: str
+    activation_checkpointing: bool
+
+    def flags(self) -> list[str]:
+        """run.py flags that train exactly this plan (model flags are added by the caller)."""
+        flags = ["--dp", str(self.dp), "--pp", str(self.pp), "--mp", str(self.mp), "--schedule", self.schedule,
+                 "--stages-per-rank", str(self.stages_per_rank), "--microbatches", str(self.microbatches),
+                 "--micro-batch-size", str(self.micro_batch_size), "--precision", self.precision]
+        return flags + (["--activation-checkpointing"] if self.activation_checkpointing else [])
+
+    def describe(self) -> str:
+        ac = " +AC" if self.activation_checkpointing else ""
+        return (f"{self.dp}x{self.pp}x{self.mp} {self.schedule} v={self.stages_per_rank} "
+                f"m={self.microbatches} mbs={self.micro_batch_size} {self.precision}{ac}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def meshes(world: int) -> list[tuple[int, int, int]]:
+    return [(dp, pp, world // (dp * pp)) for dp in range(1, world + 1) if world % dp == 0
+            for pp in range(1, world // dp + 1) if (world // dp) % pp == 0]
+
+
+def candidates(world: int, *, global_batch_size: int, precisions: tuple[str, ...],
+               activation_checkpointing: tuple[bool, ...] = (False, True)) -> list[Candidate]:
+    out = []
+    for dp, pp, mp in meshes(world):
+        if global_batch_size % dp:
+            continue
+        per_replica = global_batch_size // dp
+        schedules = SCHEDULE_CHOICES if pp > 1 else (("1f1b", 1),)  # without a pipeline they coincide
+        for schedule, v in schedules:
+            for mbs in (b for b in range(1, per_replica + 1) if per_replica % b == 0):
+                for precision in precisions:
+                    for ac in activation_checkpointing:
+                        out.append(Candidate(dp, pp, mp, schedule, v, per_replica // mbs, mbs, precision, ac))
+    return out

@@ -1,0 +1,71 @@
+"""A cluster description the planner reasons about: devices, their speed and memory, and links.
+
+Clusters are small JSON files users edit (presets in compiler/clusters/). ``python run.py calibrate``
+measures this machine and writes one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "clusters"
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth: float  # bytes/s, one direction, per rank
+    latency: float  # seconds per message
+
+    def transfer(self, nbytes: float) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    nodes: int
+    ranks_per_node: int  # GPUs per node; on CPU, the ranks we launch per node
+    compute_units_per_node: int  # GPUs, or cores: ranks beyond this time-share
+    memory_per_node: float  # bytes usable for tensors, shared by the node's ranks
+    flops: dict[str, float]  # achievable dense FLOP/s of ONE compute unit, per precision
+    intra_node: Link
+    inter_node: Link
+    # Fixed costs measured on the machine (0 in datasheet presets, where they are negligible):
+    layer_overhead: float = 0.0  # seconds per layer per micro-batch (fwd + bwd launch / framework cost)
+    step_overhead: float = 0.0  # seconds per training step (optimizer launch, bookkeeping)
+    optimizer_bytes_per_s: float = 0.0  # AdamW throughput over parameter bytes (0: ignore)
+    source: str = ""
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    def memory_per_rank(self, ranks_per_node: int | None = None) -> float:
+        return self.memory_per_node / (ranks_per_node or self.ranks_per_node)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @staticmethod
+    def from_dict(d: dict) -> "Cluster":
+        d = dict(d)
+        d["intra_node"], d["inter_node"] = Link(**d["intra_node"]), Link(**d["inter_node"])
+        return Cluster(**d)
+
+
+def load_cluster(path_or_name: str) -> Cluster:
+    """A JSON file path, or the name of a preset in compiler/clusters/ (without .json)."""
+    path = Path(path_or_name)
+    if not path.exists():
+        path = PRESET_DIR / f"{path_or_name}.json"
+    if not path.exists():
+        names = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.json")))
+        raise ValueError(f"--cluster {path_or_name}: no such file or preset (presets: {names})")
+    return Cluster.from_dict(json.loads(path.read_text()))
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))

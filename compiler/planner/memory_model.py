@@ -1,0 +1,70 @@
+"""Per-rank memory of a plan, in tensor bytes (the quantity max_memory_allocated and the engine's
+``--profile-memory`` measure).
+
+- Weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter), split by mp (TP shards
+  the block matrices; embeddings, norms and head are replicated) and sharded by FSDP over dp. Under
+  pipelining FSDP keeps the stage's parameters gathered from the first forward to the last backward
+  (reshard_after_forward=False) and accumulates unsharded gradients until the step's single
+  reduce-scatter, so a dp > 1 rank holds full fp32 parameters and gradients during the step plus
+  its 1/dp shards of parameters and AdamW state.
+- Activations: per micro-batch and layer, the bytes autograd saves (measured by compiler/cost.py
+  under the plan's autocast dtype and TP shard), times the micro-batches the schedule keeps in
+  flight on the busiest rank: GPipe all m; 1F1B min(m, p) (PipeDream-Flush, Narayanan et al. 2021);
+  interleaved 1F1B its warm-up depth, (v - 1) * m_round + 2 (p - 1) + 1 stage-micro-batches of 1/v of
+  the rank's layers (Narayanan et al. 2021 sec. 2.2, as torch schedules it). With activation
+  checkpointing a layer keeps only its fp32 input, plus one layer's full activations while it is
+  recomputed.
+- Autocast's low-precision weight copies, cached for the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.cost import LayerCost
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    weights_and_optimizer: float
+    activations: float
+    weight_copies: float
+
+    @property
+    def total(self) -> float:
+        return self.weights_and_optimizer + self.activations + self.weight_copies
+
+
+def in_flight_stage_microbatches(schedule: str, *, p: int, m: int, v: int, rank: int = 0) -> int:
+    """Stage-micro-batches whose activations a pp rank holds at its peak."""
+    if p == 1:
+        return m if schedule == "gpipe" else 1
+    if schedule == "gpipe":
+        return m * v
+    if schedule == "naive":
+        return v
+    if schedule == "1f1b":
+        return min(m, p - rank)
+    rounds = max(1, m // p)
+    per_round = m // rounds
+    warmup = min(v * m, (v - 1) * per_round + 2 * (p - 1 - rank))
+    return min(v * m, warmup + 1)
+
+
+def rank_memory(layers: list[LayerCost], *, schedule: str, p: int, m: int, v: int, dp: int, rank: int,
+                activation_checkpointing: bool, micro_batch_size: int, seq_len: int, d_model: int) -> MemoryEstimate:
+    """Memory of pp rank ``rank`` holding ``layers`` (already per mp shard) across its v stages."""
+    params = sum(c.params for c in layers)
+    if dp > 1:
+        weights = params * 4 * (2 + 3 / dp)  # gathered params + unsharded grads + shards of params and AdamW
+    else:
+        weights = params * 16  # params, grads, AdamW exp_avg and exp_avg_sq
+    in_flight = in_flight_stage_microbatches(schedule, p=p, m=m, v=v, rank=rank)
+    per_stage_microbatch = sum(c.activation_bytes for c in layers) / v
+    if activation_checkpointing:
+        block_input = micro_batch_size * seq_len * d_model * 4
+        per_stage_microbatch = block_input * len(layers) / v
+        recompute = max(c.activation_bytes for c in layers)
+    else:
+        recompute = 0.0
+    return MemoryEstimate(weights, in_flight * per_stage_microbatch + recompute, sum(c.weight_copy_bytes for c in layers))

@@ -1,0 +1,121 @@
+"""Enumerate every plan for a world size, predict its memory and step time, rank the feasible ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from compiler.cost import LayerCost, block_costs_with_ends, layer_costs
+from compiler.partition import balanced_split
+from compiler.planner.candidates import Candidate, candidates
+from compiler.planner.cluster import Cluster
+from compiler.planner.memory_model import rank_memory
+from compiler.planner.time_model import TimeEstimate, step_time
+from models.gpt import GPTConfig
+
+# (run.py flags, world size) -> the one-line error the engine would print, or None if it would run.
+Validator = Callable[[list[str], int], "str | None"]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    candidate: Candidate
+    feasible: bool
+    reason: str | None
+    step_time: float | None = None
+    tokens_per_sec: float | None = None
+    mfu: float | None = None
+    memory_per_rank: float | None = None
+    breakdown: TimeEstimate | None = None
+    blocks_per_stage: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict:
+        return {"plan": self.candidate.to_dict(), "describe": self.candidate.describe(), "feasible": self.feasible,
+                "reason": self.reason, "step_time_s": self.step_time, "tokens_per_sec": self.tokens_per_sec,
+                "mfu": self.mfu, "memory_per_rank_bytes": self.memory_per_rank,
+                "blocks_per_stage": list(self.blocks_per_stage or []),
+                "breakdown": vars(self.breakdown) if self.breakdown else None}
+
+
+class CostTable:
+    """Layer costs per (precision, mp) at micro-batch 1; FLOPs and activations scale linearly with it."""
+
+    def __init__(self, cfg: GPTConfig):
+        self.cfg, self._cache, self._splits = cfg, {}, {}
+
+    def split(self, precision: str, mp: int, n_stages: int) -> list[int]:
+        """The FLOP-balanced split; costs scale with the micro-batch, so the split does not depend on it."""
+        key = (precision, mp, n_stages)
+        if key not in self._splits:
+            self._splits[key] = balanced_split(block_costs_with_ends(self.layers(precision, mp, 1)), n_stages)
+        return self._splits[key]
+
+    def layers(self, precision: str, mp: int, micro_batch_size: int) -> list[LayerCost]:
+        key = (precision, mp)
+        if key not in self._cache:
+            self._cache[key] = layer_costs(self.cfg, micro_batch_size=1, precision=precision, mp=mp)
+        return [replace(c, flops=c.flops * micro_batch_size, activation_bytes=c.activation_bytes * micro_batch_size)
+                for c in self._cache[key]]
+
+
+def estimate(c: Candidate, *, cfg: GPTConfig, cluster: Cluster, costs: CostTable, validate: Validator,
+             model_flags: list[str], model_flops_per_token: float) -> Estimate:
+    world = c.dp * c.pp * c.mp
+    error = validate([*model_flags, *c.flags()], world)
+    if error:
+        return Estimate(c, False, error)
+    layers = costs.layers(c.precision, c.mp, c.micro_batch_size)
+    n_stages = c.pp * c.stages_per_rank
+    sizes = costs.split(c.precision, c.mp, n_stages)
+    stage_layers = _stage_layers(layers, sizes)
+    ranks_per_node = min(cluster.ranks_per_node, world)
+    budget = cluster.memory_per_rank(ranks_per_node)
+    per_rank, peaks = [], []
+    for r in range(c.pp):
+        mine = [layer for s in range(r, n_stages, c.pp) for layer in stage_layers[s]]
+        mem = rank_memory(mine, schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank, dp=c.dp, rank=r,
+                          activation_checkpointing=c.activation_checkpointing, micro_batch_size=c.micro_batch_size,
+                          seq_len=cfg.seq_len, d_model=cfg.d_model)
+        per_rank.append(mine)
+        peaks.append(mem.total)
+    memory = max(peaks)
+    if memory > budget:
+        return Estimate(c, False, f"out of memory: needs {memory / 2**30:.2f} GiB per rank, has {budget / 2**30:.2f} GiB",
+                        memory_per_rank=memory, blocks_per_stage=tuple(sizes))
+    busiest = max(per_rank, key=lambda mine: sum(x.flops for x in mine))
+    t = step_time(c, rank_flops=sum(x.flops for x in busiest), rank_layers=len(busiest),
+                  rank_params=sum(x.params for x in busiest), seq_len=cfg.seq_len, d_model=cfg.d_model, cluster=cluster)
+    tokens = c.dp * c.microbatches * c.micro_batch_size * cfg.seq_len / t.step
+    units = min(world, cluster.nodes * cluster.compute_units_per_node)
+    peak = cluster.notes.get("peak_flops", {}).get(c.precision, cluster.flops[c.precision])
+    mfu = tokens * model_flops_per_token / (units * peak)
+    return Estimate(c, True, None, t.step, tokens, mfu, memory, t, tuple(sizes))
+
+
+def _stage_layers(layers: list[LayerCost], sizes: list[int]) -> list[list[LayerCost]]:
+    blocks = layers[1:-1]
+    out, start = [], 0
+    for s, n in enumerate(sizes):
+        stage = blocks[start:start + n]
+        if s == 0:
+            stage = [layers[0], *stage]
+        if s == len(sizes) - 1:
+            stage = [*stage, layers[-1]]
+        out.append(stage)
+        start += n
+    return out
+
+
+def plan(cfg: GPTConfig, *, world: int, global_batch_size: int, cluster: Cluster, validate: Validator,
+         model_flags: list[str], precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"),
+         activation_checkpointing: tuple[bool, ...] = (False, True)) -> list[Estimate]:
+    """Every candidate with its estimate: feasible ones first, fastest first."""
+    from runtime.flops import training_flops_per_token
+
+    costs = CostTable(cfg)
+    flops_per_token = training_flops_per_token(cfg)
+    estimates = [estimate(c, cfg=cfg, cluster=cluster, costs=costs, validate=validate, model_flags=model_flags,
+                          model_flops_per_token=flops_per_token)
+                 for c in candidates(world, global_batch_size=global_batch_size, precisions=precisions,
+                                     activation_checkpointing=activation_checkpointing)]
+    return sorted(estimates, key=lambda e: (not e.feasible, e.step_time if e.feasible else 0.0))

@@ -1,0 +1,186 @@
+"""``python run.py calibrate``: measure this machine and write a cluster file for the planner.
+
+What it measures, with one process per compute unit running at the same time (as training does):
+- for each precision, forward + backward of a transformer block at a small and a large shape; a
+  straight-line fit of time against counted FLOPs gives the achievable FLOP/s and the fixed cost
+  per layer (Python, kernel launches), which dominates small models on CPU;
+- the best dense matmul rate per precision (the peak MFU is measured against);
+- gloo all-reduce between two processes at several sizes: latency and bandwidth from a fit of the
+  ring formula, time = S / bandwidth + 2 * latency for two ranks;
+- AdamW's throughput over parameter bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from compiler.planner.cluster import Cluster, Link
+
+SHAPES = ((1, 32, 64, 4), (4, 128, 256, 4))  # (batch, seq, d_model, heads): overhead-bound, compute-bound
+PRECISIONS = ("fp32", "bf16", "fp16")
+DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybrid_engine" / "cluster.json"
+
+
+def _block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, repeats: int = 3) -> tuple[float, float]:
+    """(median seconds, counted FLOPs) of one block's forward + backward."""
+    from compiler.cost import AUTOCAST, layer_costs
+    from models.gpt import Block, GPTConfig
+
+    cfg = GPTConfig(n_layers=1, d_model=d, n_heads=heads, seq_len=seq, vocab_size=256, mlp_width=4 * d)
+    flops = layer_costs(cfg, micro_batch_size=batch, precision=precision)[1].flops
+    block = Block(cfg)
+    x = torch.randn(batch, seq, d, requires_grad=True)
+    times = []
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
+            out = block(x)
+        out.float().sum().backward()
+        if i:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times), flops
+
+
+def _compute_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    from runtime.flops import best_matmul_flops
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    result: dict = {"block": {}, "matmul": {}}
+    for precision in PRECISIONS:
+        dist.barrier()  # every process measures at the same time, like concurrent ranks
+        points = [_block_seconds(*shape, precision) for shape in SHAPES]
+        (t0, f0), (t1, f1) = points
+        rate = (f1 - f0) / max(t1 - t0, 1e-9)
+        result["block"][precision] = {"rate": rate, "overhead": max(0.0, t0 - f0 / rate), "points": points}
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+        result["matmul"][precision] = best_matmul_flops(dtype, torch.device("cpu"))
+    if world >= 2:
+        result["all_reduce"] = _all_reduce_fit()
+    if rank == 0:
+        result["adamw_bytes_per_s"] = _adamw_rate()
+    with open(f"{out_dir}/calib{rank}.json", "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def _all_reduce_fit() -> dict:
+    sizes = [2**10, 2**16, 2**20, 2**22]
+    times = []
+    for n in sizes:
+        t = torch.zeros(n // 4)
+        for _ in range(3):
+            dist.all_reduce(t)
+        samples = []
+        for _ in range(5):
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(10):  # back to back: amortises the barrier's exit skew between ranks
+                dist.all_reduce(t)
+            samples.append((time.perf_counter() - start) / 10)
+        times.append(statistics.median(samples))
+    # Least squares of time = a + b * bytes; for two ranks the ring gives a = 2 * latency, b = 1 / bandwidth.
+    mean_s, mean_t = statistics.mean(sizes), statistics.mean(times)
+    b = sum((s - mean_s) * (t - mean_t) for s, t in zip(sizes, times)) / sum((s - mean_s) ** 2 for s in sizes)
+    a = mean_t - b * mean_s
+    return {"latency": max(a / 2, 1e-6), "bandwidth": 1 / max(b, 1e-12), "sizes": sizes, "times": times}
+
+
+def _adamw_rate() -> float:
+    params = [torch.nn.Parameter(torch.randn(1024, 1024)) for _ in range(4)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, foreach=False)
+    opt.step()
+    start = time.perf_counter()
+    for _ in range(5):
+        opt.step()
+    return 5 * sum(p.numel() * 4 for p in params) / (time.perf_counter() - start)
+
+
+def measure(processes: int, work_dir: Path, *, timeout: float = 900) -> list[dict]:
+    """Run the measurements on ``processes`` concurrent single-thread processes."""
+    import torch.multiprocessing as mp
+
+    from runtime.distributed import free_port
+
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_compute_worker, args=(r, processes, port, str(work_dir))) for r in range(processes)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(timeout=max(1.0, deadline - time.monotonic()))
+    if any(p.is_alive() or p.exitcode != 0 for p in procs):
+        for p in procs:
+            p.kill()
+        raise RuntimeError("calibration processes failed or timed out")
+    return [json.loads((work_dir / f"calib{r}.json").read_text()) for r in range(processes)]
+
+
+def build_cluster(results: list[dict], *, name: str, cores: int, ranks_per_node: int, memory_bytes: float) -> Cluster:
+    def mean(key: str, precision: str) -> float:
+        return statistics.mean(r["block"][precision][key] for r in results)
+
+    all_reduce = results[0].get("all_reduce") or {"latency": 50e-6, "bandwidth": 1e9}
+    link = Link(bandwidth=all_reduce["bandwidth"], latency=all_reduce["latency"])
+    return Cluster(
+        name=name, nodes=1, ranks_per_node=ranks_per_node, compute_units_per_node=cores,
+        memory_per_node=memory_bytes,
+        flops={p: mean("rate", p) for p in PRECISIONS},
+        intra_node=link, inter_node=link,
+        layer_overhead=mean("overhead", "fp32"),
+        optimizer_bytes_per_s=results[0]["adamw_bytes_per_s"],
+        source=f"python run.py calibrate on {time.strftime('%Y-%m-%d')}: {processes_note(len(results))}",
+        notes={"peak_flops": {p: statistics.mean(r["matmul"][p] for r in results) for p in PRECISIONS},
+               "all_reduce_fit": all_reduce,
+               "block_points": {p: results[0]["block"][p]["points"] for p in PRECISIONS},
+               "flops_meaning": "achieved FLOP/s of one unit on transformer-block forward+backward (fitted); "
+                                "peak_flops: best dense matmul (F.linear) rate, used for MFU",
+               "memory": "80% of physical RAM, shared by the node's ranks"},
+    )
+
+
+def processes_note(n: int) -> str:
+    return f"{n} concurrent single-thread processes, gloo all-reduce between them"
+
+
+def main(argv: list[str]) -> int:
+    import tempfile
+
+    from runtime.device import device_description
+
+    p = argparse.ArgumentParser(prog="run.py calibrate", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="cluster JSON to write")
+    p.add_argument("--ranks-per-node", type=int, default=8, help="ranks you launch per node (CPU: may exceed cores)")
+    args = p.parse_args(argv)
+    if torch.cuda.is_available():
+        print("error: calibrate measures CPU machines; for GPUs start from a preset in compiler/clusters/")
+        return 2
+    cores = os.cpu_count() or 1
+    print(f"calibrating {device_description(torch.device('cpu'))} with {cores} concurrent processes ...", flush=True)
+    with tempfile.TemporaryDirectory() as work:
+        results = measure(cores, Path(work))
+    memory = 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cluster = build_cluster(results, name=f"calibrated: {device_description(torch.device('cpu'))}", cores=cores,
+                            ranks_per_node=args.ranks_per_node, memory_bytes=memory)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(cluster.to_json())
+    for precision in PRECISIONS:
+        print(f"  {precision}: {cluster.flops[precision] / 1e9:.1f} GFLOP/s per core on blocks, "
+              f"peak matmul {cluster.notes['peak_flops'][precision] / 1e9:.1f}")
+    print(f"  fixed cost per layer {cluster.layer_overhead * 1e3:.2f} ms; all-reduce latency "
+          f"{cluster.intra_node.latency * 1e6:.0f} us, bandwidth {cluster.intra_node.bandwidth / 1e9:.2f} GB/s; "
+          f"AdamW {cluster.optimizer_bytes_per_s / 1e9:.2f} GB/s\nwrote {out}")
+    return 0

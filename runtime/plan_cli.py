@@ -1,0 +1,118 @@
+"""``python run.py plan``: rank every (dp, pp, mp, schedule, v, micro-batching, precision, AC) plan
+for a world size on a cluster, and ``--auto`` training with the best one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter
+
+from compiler.planner.cluster import Cluster, load_cluster, preset_names
+from compiler.planner.search import Estimate, plan
+from models.gpt import MODEL_SIZES
+from runtime.calibrate import DEFAULT_OUT
+from runtime.config import ConfigError, build_parser, config_from_args
+
+LOCAL_PRESET = "cpu-2core"  # shipped measurement of the machine type this project is developed on
+DEFAULT_GLOBAL_BATCH = 32
+
+
+def validate_flags(flags: list[str], world: int) -> str | None:
+    """The engine's own flag validation: a plan is valid iff run.py would accept it."""
+    try:
+        config_from_args(build_parser().parse_args(flags), world_size=world)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def resolve_cluster(name: str | None) -> Cluster:
+    if name:
+        return load_cluster(name)
+    if DEFAULT_OUT.exists():
+        return load_cluster(str(DEFAULT_OUT))
+    return load_cluster(LOCAL_PRESET)
+
+
+def model_flags(model: str, seq_len: int | None, extra: list[str] | None = None) -> list[str]:
+    return ["--model", model, *(["--seq-len", str(seq_len)] if seq_len else []), *(extra or [])]
+
+
+def run_planner(*, world: int, model_args: list[str], global_batch_size: int, cluster: Cluster,
+                precisions: tuple[str, ...]) -> list[Estimate]:
+    cfg = config_from_args(build_parser().parse_args(model_args), world_size=1).model
+    return plan(cfg, world=world, global_batch_size=global_batch_size, cluster=cluster, validate=validate_flags,
+                model_flags=model_args, precisions=precisions)
+
+
+def format_table(estimates: list[Estimate], top: int) -> str:
+    feasible = [e for e in estimates if e.feasible]
+    lines = [f"{'#':>3}  {'plan (dp x pp x mp, schedule, v, m, mbs, precision)':<58} {'step (s)':>9} {'tokens/s':>10} "
+             f"{'MFU':>7} {'GiB/rank':>9}"]
+    for i, e in enumerate(feasible[:top], 1):
+        lines.append(f"{i:>3}  {e.candidate.describe():<58} {e.step_time:>9.3f} {e.tokens_per_sec:>10,.0f} "
+                     f"{100 * e.mfu:>6.2f}% {e.memory_per_rank / 2**30:>9.3f}")
+    reasons = Counter(re.sub(r"\d+", "N", e.reason.split(";")[0]) for e in estimates if not e.feasible)
+    lines.append(f"{len(feasible)} feasible plans of {len(estimates)}; infeasible: "
+                 + (", ".join(f"{n} x {r}" for r, n in reasons.most_common()) or "none"))
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="run.py plan", description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, required=True, help="number of ranks")
+    p.add_argument("--model", choices=tuple(MODEL_SIZES), default="small")
+    p.add_argument("--seq-len", type=int, help="override the model's sequence length")
+    p.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH)
+    p.add_argument("--cluster", help=f"cluster JSON or preset ({', '.join(preset_names())}); default: the file "
+                                     f"`run.py calibrate` wrote ({DEFAULT_OUT}) if any, else {LOCAL_PRESET}")
+    p.add_argument("--precisions", default="fp32,bf16,fp16", help="comma-separated precisions to consider")
+    p.add_argument("--top", type=int, default=15, help="rows of the ranked table")
+    p.add_argument("--out", default="plan.json", help="where to write every plan with its estimate")
+    p.add_argument("--validate", action="store_true",
+                   help="run every feasible mesh of the tiny and small models on this machine and compare "
+                        "predicted with measured step times")
+    args = p.parse_args(argv)
+    if args.world < 1 or args.global_batch_size < 1:
+        print("error: --world and --global-batch-size must be positive", file=sys.stderr)
+        return 2
+    try:
+        cluster = resolve_cluster(args.cluster)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    precisions = tuple(x for x in args.precisions.split(",") if x)
+    if args.validate:
+        from runtime.plan_validation import validate
+
+        return validate(world=args.world, cluster=cluster, precisions=precisions, out=args.out)
+    estimates = run_planner(world=args.world, model_args=model_flags(args.model, args.seq_len),
+                            global_batch_size=args.global_batch_size, cluster=cluster, precisions=precisions)
+    print(f"cluster: {cluster.name} ({cluster.source or 'preset'})")
+    print(format_table(estimates, args.top))
+    with open(args.out, "w") as f:
+        json.dump({"cluster": json.loads(cluster.to_json()), "world": args.world, "model": args.model,
+                   "global_batch_size": args.global_batch_size, "plans": [e.to_dict() for e in estimates]}, f, indent=2)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def auto_flags(argv: list[str], *, world: int) -> tuple[list[str], Estimate]:
+    """The planner's best plan for ``argv``'s model on this machine, as run.py flags to append.
+
+    Mesh, schedule, virtual stages, micro-batching and activation checkpointing are chosen; the
+    precision too unless --precision is given. The global batch is --global-batch-size, else 32.
+    """
+    args = build_parser().parse_args(argv)
+    gbs = args.global_batch_size or DEFAULT_GLOBAL_BATCH
+    precisions = (args.precision,) if "--precision" in argv else ("fp32", "bf16", "fp16")
+    cluster = resolve_cluster(None)
+    estimates = run_planner(world=world, model_args=[*argv, "--global-batch-size", str(gbs)],
+                            global_batch_size=gbs, cluster=cluster, precisions=precisions)
+    if not estimates or not estimates[0].feasible:
+        raise ConfigError(f"--auto found no feasible plan for {world} ranks "
+                          f"({estimates[0].reason if estimates else 'no candidates'})")
+    best = estimates[0]
+    return [*best.candidate.flags(), "--global-batch-size", str(gbs)], best

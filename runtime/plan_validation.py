@@ -1,0 +1,91 @@
+"""``python run.py plan --validate``: predicted against measured step time on this machine.
+
+For the tiny and the small model, the planner's best plan on every feasible mesh of the world size
+is trained for a few steps (real torchrun jobs) and its median step time compared with the
+prediction: median absolute percentage error, Spearman rank correlation, and whether the plan
+predicted fastest is within 10% of the measured fastest.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from compiler.planner.cluster import Cluster
+from runtime.plan_cli import model_flags, run_planner
+from runtime.study.launcher import RunSpec, execute
+
+MODELS = (("tiny", None, 16), ("small", 128, 8))  # (model, seq-len override, global batch)
+RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-every", "1000000",
+             "--eval-batches", "1", "--peak-tflops", "1"]
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    norm = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / norm if norm else 0.0
+
+
+def summarize(rows: list[dict]) -> dict:
+    ok = [r for r in rows if r["measured_s"]]
+    ape = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in ok]
+    best_predicted = min(ok, key=lambda r: r["predicted_s"])
+    best_measured = min(ok, key=lambda r: r["measured_s"])
+    return {
+        "runs": len(rows), "measured": len(ok),
+        "mdape": statistics.median(ape) if ape else None,
+        "spearman": spearman([r["predicted_s"] for r in ok], [r["measured_s"] for r in ok]) if len(ok) > 1 else None,
+        "predicted_best": best_predicted["plan"], "measured_best": best_measured["plan"],
+        "predicted_best_within_10pct": best_predicted["measured_s"] <= 1.10 * best_measured["measured_s"],
+    }
+
+
+def validate(*, world: int, cluster: Cluster, precisions: tuple[str, ...], out: str) -> int:
+    report: dict = {"world": world, "cluster": cluster.name, "models": {}}
+    all_rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for model, seq_len, gbs in MODELS:
+            args = model_flags(model, seq_len)
+            estimates = run_planner(world=world, model_args=args, global_batch_size=gbs, cluster=cluster,
+                                    precisions=precisions)
+            best_per_mesh = {}
+            for e in estimates:
+                mesh = (e.candidate.dp, e.candidate.pp, e.candidate.mp)
+                if e.feasible and mesh not in best_per_mesh:
+                    best_per_mesh[mesh] = e
+            rows = []
+            for mesh, e in best_per_mesh.items():
+                spec = RunSpec(f"{model}_{'x'.join(map(str, mesh))}", world, [*args, *e.candidate.flags(), *RUN_FLAGS])
+                result = execute(spec, Path(work), timeout=900)
+                measured = result.summary["step_time_s"] if result.ok else None
+                rows.append({"model": model, "plan": e.candidate.describe(), "predicted_s": e.step_time,
+                             "measured_s": measured, "command": result.command, "error": result.error})
+                print(f"{model:>5} {e.candidate.describe():<58} predicted {e.step_time:7.3f}s  measured "
+                      f"{measured if measured is None else f'{measured:7.3f}s'}", flush=True)
+            report["models"][model] = {"rows": rows, **summarize(rows)}
+            all_rows += rows
+    report["overall"] = summarize(all_rows)
+    Path(out).write_text(json.dumps(report, indent=2))
+    for name, r in [*report["models"].items(), ("all", report["overall"])]:
+        print(f"{name}: MdAPE {100 * r['mdape']:.1f}%, Spearman {r['spearman']:.3f}, predicted best within 10% of "
+              f"measured best: {r['predicted_best_within_10pct']} ({r['measured']} runs)")
+    print(f"wrote {out}")
+    return 0

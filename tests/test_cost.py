@@ -1,0 +1,54 @@
+"""Per-layer costs: counted FLOPs match the analytic count, TP shards divide the work, autocast halves activations."""
+
+import pytest
+import torch
+
+from compiler.cost import block_costs_with_ends, layer_costs, measure_layer_times
+from models.gpt import MODEL_SIZES, GPTConfig
+
+CFG = GPTConfig(n_layers=3, d_model=64, n_heads=4, seq_len=32, vocab_size=512, mlp_width=256)
+
+
+def test_block_flops_match_the_matmul_count():
+    B, T, d, f = 2, CFG.seq_len, CFG.d_model, CFG.mlp_width
+    costs = layer_costs(CFG, micro_batch_size=B)
+    assert [c.name for c in costs] == ["embedding", "layers.0", "layers.1", "layers.2", "head"]
+    matmuls = 2 * B * T * (4 * d * d + 2 * d * f)  # q, k, v, o and the MLP, forward
+    attention = 4 * B * T * T * d  # Q K^T and attention x V, forward (counted as the full square)
+    # Backward: 2 x forward for the matmuls; 5 products instead of 2 for attention (scores recomputed).
+    assert costs[1].flops == pytest.approx(3 * matmuls + 3.5 * attention, rel=0.02)
+    assert costs[-1].flops == pytest.approx(3 * 2 * B * T * d * CFG.vocab_size, rel=0.05)
+    assert costs[1].params == sum(p.numel() for p in torch.nn.Module.parameters(_block()))
+
+
+def _block():
+    from models.gpt import Block
+
+    return Block(CFG)
+
+
+def test_tensor_parallel_shard_divides_matmul_flops_and_params():
+    full = layer_costs(CFG, micro_batch_size=2)[1]
+    half = layer_costs(CFG, micro_batch_size=2, mp=2)[1]
+    assert half.flops == pytest.approx(full.flops / 2, rel=0.02)
+    assert half.params < full.params / 2 + 4 * CFG.d_model  # replicated norms and row-parallel biases
+    assert half.activation_bytes < full.activation_bytes
+
+
+def test_autocast_saves_fewer_activation_bytes_and_reports_weight_copies():
+    fp32 = layer_costs(CFG, micro_batch_size=2, precision="fp32")[1]
+    bf16 = layer_costs(CFG, micro_batch_size=2, precision="bf16")[1]
+    assert 1.5 < fp32.activation_bytes / bf16.activation_bytes < 2.0  # the fp32 residual stream stays
+    assert fp32.weight_copy_bytes == 0 and bf16.weight_copy_bytes > 0
+
+
+def test_costs_scale_linearly_with_the_micro_batch():
+    one, four = layer_costs(CFG, micro_batch_size=1)[1], layer_costs(CFG, micro_batch_size=4)[1]
+    assert four.flops == pytest.approx(4 * one.flops) and four.activation_bytes == 4 * one.activation_bytes
+
+
+def test_measured_time_mode_times_every_group():
+    costs = measure_layer_times(MODEL_SIZES["tiny"], micro_batch_size=2, precision="fp32", device=torch.device("cpu"),
+                                repeats=1)
+    assert all(c.seconds and c.seconds > 0 for c in costs)
+    assert len(block_costs_with_ends(costs, use_time=True)) == MODEL_SIZES["tiny"].n_layers

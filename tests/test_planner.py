@@ -1,0 +1,92 @@
+"""The planner: every plan it calls feasible is one the engine accepts and that fits; the ranking is by time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from compiler.planner.candidates import meshes
+from compiler.planner.cluster import Link, load_cluster, preset_names
+from compiler.planner.memory_model import in_flight_stage_microbatches
+from compiler.planner.time_model import all_gather_time, all_reduce_time
+from runtime.plan_cli import model_flags, run_planner, validate_flags
+
+
+@pytest.fixture(scope="module")
+def cpu():
+    return load_cluster("cpu-2core")
+
+
+@pytest.fixture(scope="module")
+def tiny_plans(cpu):
+    return run_planner(world=4, model_args=model_flags("tiny", None), global_batch_size=16, cluster=cpu,
+                       precisions=("fp32", "bf16"))
+
+
+def test_meshes_multiply_to_the_world():
+    assert sorted(meshes(4)) == [(1, 1, 4), (1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
+
+
+def test_every_feasible_plan_is_accepted_by_the_engine_and_fits(tiny_plans, cpu):
+    feasible = [e for e in tiny_plans if e.feasible]
+    assert feasible
+    for e in feasible:
+        c = e.candidate
+        assert c.dp * c.pp * c.mp == 4
+        assert validate_flags([*model_flags("tiny", None), *c.flags()], 4) is None
+        assert e.memory_per_rank <= cpu.memory_per_rank(4)
+        assert e.step_time > 0 and e.tokens_per_sec > 0 and 0 < e.mfu
+
+
+def test_infeasible_plans_say_why(tiny_plans):
+    infeasible = [e for e in tiny_plans if not e.feasible]
+    assert infeasible and all(e.reason for e in infeasible)
+    # tiny has 4 heads and 4 layers: mp=4 is fine, but v=4 at pp=2 or pp=4 needs more layers.
+    assert any("too few" in e.reason for e in infeasible if e.candidate.stages_per_rank * e.candidate.pp > 4)
+
+
+def test_ranking_is_fastest_first_and_feasible_first(tiny_plans):
+    times = [e.step_time for e in tiny_plans if e.feasible]
+    assert times == sorted(times)
+    flags = [e.feasible for e in tiny_plans]
+    assert flags == sorted(flags, reverse=True)
+
+
+def test_a_small_memory_budget_makes_plans_infeasible(cpu):
+    small = dataclasses.replace(cpu, memory_per_node=2**20)  # 1 MiB for the whole node
+    plans = run_planner(world=2, model_args=model_flags("tiny", None), global_batch_size=16, cluster=small,
+                        precisions=("fp32",))
+    assert plans and not any(e.feasible for e in plans)
+    assert any(e.reason.startswith("out of memory") for e in plans)
+
+
+def test_ring_formulas():
+    link = Link(bandwidth=1e9, latency=1e-5)
+    assert all_reduce_time(1e9, 1, link) == 0
+    assert all_reduce_time(1e9, 4, link) == pytest.approx(2 * 3 / 4 * 1.0 + 6 * 1e-5)
+    assert all_gather_time(1e9, 4, link) == pytest.approx(all_reduce_time(1e9, 4, link) / 2)
+
+
+def test_in_flight_micro_batches_per_schedule():
+    assert in_flight_stage_microbatches("gpipe", p=4, m=8, v=1) == 8
+    assert in_flight_stage_microbatches("1f1b", p=4, m=8, v=1) == 4
+    assert in_flight_stage_microbatches("1f1b", p=4, m=8, v=1, rank=3) == 1
+    # torch's interleaved warm-up for rank 0: (v-1) * m_round + 2 (p-1) forwards, plus the one in flight.
+    assert in_flight_stage_microbatches("interleaved-1f1b", p=4, m=8, v=2) == 4 + 6 + 1
+
+
+def test_presets_load():
+    names = preset_names()
+    assert {"cpu-2core", "a100-40gb-x4-nvlink", "h100-80gb-x8-nvlink", "h100-80gb-4x8-ib"} <= set(names)
+    for name in names:
+        cluster = load_cluster(name)
+        assert set(cluster.flops) == {"fp32", "bf16", "fp16"} and cluster.source
+
+
+def test_gpu_presets_prefer_tensor_cores_and_fit_a_large_model():
+    h100 = load_cluster("h100-80gb-x8-nvlink")
+    plans = run_planner(world=8, model_args=model_flags("large", None), global_batch_size=32, cluster=h100,
+                        precisions=("fp32", "bf16"))
+    best = plans[0]
+    assert best.feasible and best.candidate.precision == "bf16"
