@@ -29,3 +29,9 @@ def test_nothing_fits_and_cap():
     assert search_max_batch(lambda b: False).max_fitting == 0
     capped = search_max_batch(lambda b: True, cap=256)
     assert capped.max_fitting == 256 and capped.first_failing is None
+
+
+@pytest.mark.parametrize("limit", [0, 1, 3, 5, 9])
+def test_starting_above_one_still_finds_the_boundary(limit):
+    result = search_max_batch(lambda b: b <= limit, start=4)
+    assert result.max_fitting == limit and result.first_failing == limit + 1

@@ -19,8 +19,10 @@ class SearchResult:
     trials: list[tuple[int, bool]] = field(default_factory=list)
 
 
-def search_max_batch(fits: Callable[[int], bool], *, cap: int = 4096, resolution: float = 0.0) -> SearchResult:
-    """Double from 1 until a trial fails (or ``cap``), then bisect until fail - fit <= max(1, resolution * fit)."""
+def search_max_batch(fits: Callable[[int], bool], *, start: int = 1, cap: int = 4096,
+                     resolution: float = 0.0) -> SearchResult:
+    """Double from ``start`` until a trial fails (or ``cap``), then bisect until
+    fail - fit <= max(1, resolution * fit). If ``start`` already fails, bisect below it."""
     trials: list[tuple[int, bool]] = []
 
     def trial(b: int) -> bool:
@@ -28,9 +30,7 @@ def search_max_batch(fits: Callable[[int], bool], *, cap: int = 4096, resolution
         trials.append((b, ok))
         return ok
 
-    if not trial(1):
-        return SearchResult(0, 1, trials)
-    good, bad = 1, None
+    good, bad = (start, None) if trial(start) else (0, start)
     while bad is None and good < cap:
         candidate = min(cap, good * 2)
         if trial(candidate):
