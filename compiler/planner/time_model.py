@@ -12,6 +12,7 @@ Ring all-reduce over n ranks: 2 (n - 1) / n * S / bandwidth + 2 (n - 1) * latenc
 reduce-scatter: half of that each (Patarasuk and Yuan 2009; Thakur et al. 2005).
 When more ranks share a node than it has compute units (CPU cores), ranks that compute at the same
 time share them: compute slows by (ranks per node x busy fraction) / units when that exceeds 1.
+With fewer ranks than units, each rank runs units // ranks threads.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ def step_time(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params:
     busy = 1.0 - bub
     slowdown = max(1.0, ranks_per_node * busy / cluster.compute_units_per_node)
     recompute = 4 / 3 if c.activation_checkpointing else 1.0
-    rate = cluster.flops[c.precision]
+    # Fewer ranks than units: each rank gets units // ranks threads (runtime/device.py), ~linear here.
+    threads = max(1, cluster.compute_units_per_node // ranks_per_node)
+    rate = cluster.flops[c.precision] * threads
     per_mb_compute = (rank_flops * recompute / rate + rank_layers * cluster.layer_overhead) * slowdown
 
     act_bytes = c.micro_batch_size * seq_len * d_model * ACTIVATION_BYTES[c.precision]
