@@ -66,9 +66,11 @@ class TrainState:
     scaler: torch.amp.GradScaler
     guard: DivergenceGuard
     config: dict  # TrainConfig.to_dict()
+    params: list[tuple[str, nn.Parameter]] = field(init=False)
 
-    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(original_name(n), p) for n, p in self.stages.named_parameters()]
+    def __post_init__(self) -> None:
+        # Taken once, before any step: these are the (sharded) Parameter objects the optimizer holds.
+        self.params = [(original_name(n), p) for n, p in self.stages.named_parameters()]
 
 
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
@@ -90,7 +92,7 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
 def _tensor_state(state: TrainState) -> dict:
     """Model and optimizer tensors by original parameter name; DCP reads into / writes from them in place."""
     model, optim = {}, {}
-    for name, p in state.named_parameters():
+    for name, p in state.params:
         model[name] = p.detach()
         s = state.optimizer.state[p]
         optim[name] = {"exp_avg": s["exp_avg"], "exp_avg_sq": s["exp_avg_sq"], "step": s["step"]}

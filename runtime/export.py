@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -32,7 +33,8 @@ from runtime.checkpoint_files import (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="run.py export", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="run.py export", description="Write a checkpoint's model weights as one file "
+                                "of full tensors ({name: tensor}) that models.gpt.GPT.load_state_dict accepts.")
     p.add_argument("--checkpoint", required=True,
                    help="a checkpoint folder (DIR/step-N), or a checkpoint directory (its latest complete checkpoint)")
     p.add_argument("--out", required=True, help="the .pt file to write")
@@ -78,7 +80,9 @@ def load_model_weights(info: CheckpointInfo) -> dict[str, torch.Tensor]:
         if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
     }}
     try:
-        dcp.load(state, checkpoint_id=info.path, no_dist=True)
+        with warnings.catch_warnings():  # DCP warns that it reads in one process: that is the point here
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            dcp.load(state, checkpoint_id=info.path, no_dist=True)
     except BaseException as e:  # DCP wraps failures in CheckpointException, a BaseException
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise

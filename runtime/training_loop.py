@@ -50,8 +50,8 @@ def training_loop(
 
     val_batches = [batch(data.val, i) for i in range(data_cfg.eval_batches)]
     losses, grad_norms, val_losses, skipped = [], [], [], 0
-    # The second step is the first to hold AdamW's state alongside activations and gradients.
     last_step = optim.last_step  # --stop-at-step, else --steps
+    # The second step is the first to hold AdamW's state alongside activations and gradients.
     memory_step = start_step + min(1, last_step - start_step - 1) if metrics_cfg.profile_memory else None
     peak_tensor_bytes = None
     started = time.perf_counter()

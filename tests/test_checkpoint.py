@@ -28,6 +28,9 @@ from runtime.config import parse_train_config
 from runtime.data import build_data, inputs_and_targets
 from tests.launch import check_clean_failure, python_run, spawn_ranks, torchrun
 
+# Reading a checkpoint in the test process (no process group) makes DCP say so; that is intended.
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+
 STEPS = 20
 COMMON = ["--model", "tiny", "--precision", "fp32", "--steps", str(STEPS), "--micro-batch-size", "2", "--seq-len", "32",
           "--global-batch-size", "16", "--warmup-steps", "2", "--lr", "3e-3", "--log-every", "5",
@@ -103,11 +106,13 @@ RESHARD_TARGETS = [
 @pytest.mark.parametrize("mesh,extra", RESHARD_TARGETS, ids=[f"{d}x{p}x{m}" for (d, p, m), _ in RESHARD_TARGETS])
 def test_a_2x2x2_checkpoint_continues_on_another_mesh(runs, tmp_path, mesh, extra):
     summary, output = _train(mesh, tmp_path, "--resume-from", str(runs.root / "b" / "step-000010"),
-                             "--stop-at-step", "11", *extra)
+                             "--stop-at-step", "12", *extra)
     assert "resharding: saved on (dp, pp, mp) = (2, 2, 2)" in output
-    assert summary["start_step"] == 10 and len(summary["losses"]) == 1
-    # Same weights, optimizer state and batch; only the reduction order differs across meshes.
-    assert summary["losses"][0] == pytest.approx(runs.a["losses"][10], rel=1e-5)
+    assert summary["start_step"] == 10 and len(summary["losses"]) == 2
+    # Step 11's loss checks the weights; step 12's also the update of step 11, i.e. the AdamW state and
+    # learning rate. Only the reduction order differs across meshes (about 3e-8 relative, measured).
+    for got, want in zip(summary["losses"], runs.a["losses"][10:12]):
+        assert got == pytest.approx(want, rel=1e-6)
 
 
 # --- export and --init-from -------------------------------------------------------------------------------
