@@ -3,7 +3,9 @@
     torchrun --nproc_per_node=8 run.py --dp 2 --pp 2 --mp 2 --model tiny --precision fp16
 
 Reading order is run order: flags -> validation -> process group -> mesh -> model -> stages
-(trace, partition, TP, FSDP) -> schedule -> training loop -> metrics.
+(trace, partition, TP, FSDP) -> schedule -> resume from a checkpoint -> training loop -> metrics.
+
+    python run.py export --checkpoint DIR/step-000100 --out model.pt   # one file of full tensors
 """
 
 from __future__ import annotations
@@ -12,17 +14,22 @@ import dataclasses
 import json
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 
 from compiler.stage_plan import plan_stages
 from models.gpt import build_gpt
 from runtime.amp import AUTOCAST_DTYPES, build_grad_scaler, scaled_cross_entropy
+from runtime.checkpoint import Checkpointer, TrainState, init_optimizer_state, load_checkpoint
+from runtime.checkpoint_files import CheckpointError, StartPoint, resolve_start
 from runtime.config import ConfigError, TrainConfig, parse_train_config
 from runtime.data import DataError, DataSources, build_data, replica_rows
 from runtime.device import configure_cpu_threads, device_description, select_device
 from runtime.distributed import LaunchEnv, init_distributed, shutdown_distributed
+from runtime.export import load_init_weights, read_init_weights
 from runtime.flops import calibrate_world_peak_flops, training_flops_per_token
+from runtime.guards import DivergenceError, DivergenceGuard
 from runtime.mesh import GridLayout, build_mesh
 from runtime.metrics import MetricsLogger, Throughput
 from runtime.optim import build_lr_schedule, build_optimizer
@@ -44,6 +51,8 @@ def _subcommand(name: str):
         from runtime.plan_cli import main
     elif name == "calibrate":
         from runtime.calibrate import main
+    elif name == "export":
+        from runtime.export import main
     else:
         return None
     return main
@@ -56,18 +65,29 @@ def main(argv: list[str] | None = None, *, after_backward: AfterBackwardHook | N
         return command(argv[1:])
     env = LaunchEnv.from_environ()
 
-    # 1. Flags and data are checked on every rank before any process group exists, so bad input
-    #    ends every rank at once with the same one-line error (printed by rank 0).
+    # 1. Flags, data and checkpoints are checked on every rank before any process group exists, so
+    #    bad input ends every rank at once with the same one-line error (printed by rank 0).
     try:
         if "--auto" in argv:
             argv = _apply_auto_plan([a for a in argv if a != "--auto"], env)
         cfg = parse_train_config(argv, world_size=env.world_size)
         data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
                           global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
-    except (ConfigError, DataError) as e:
+        start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
+        if start.init_from:
+            read_init_weights(start.init_from, cfg.model)
+    except (ConfigError, DataError, CheckpointError) as e:
         if env.rank == 0:
             print(f"error: {e}", file=sys.stderr)
         return 2
+    if env.rank == 0:
+        for note in start.notes:
+            print(note, file=sys.stderr if note.startswith("warning") else sys.stdout, flush=True)
+    if start.resume and start.resume.step >= cfg.optim.last_step:
+        if env.rank == 0:
+            print(f"nothing to train: {start.resume.path} is at step {start.resume.step}, this run ends at step "
+                  f"{cfg.optim.last_step}", flush=True)
+        return 0
 
     # 2. Device and process group.
     device = select_device(env.local_rank)
@@ -75,7 +95,12 @@ def main(argv: list[str] | None = None, *, after_backward: AfterBackwardHook | N
         configure_cpu_threads(env.local_world_size)
     init_distributed(env, device)
     try:
-        train(cfg, data, env=env, device=device, after_backward=after_backward)
+        train(cfg, data, start, env=env, device=device, after_backward=after_backward)
+    except (CheckpointError, DivergenceError) as e:
+        # Raised on every rank at the same point (the guard and checkpoint code agree across ranks).
+        if env.rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
     finally:
         shutdown_distributed()
     return 0
@@ -92,7 +117,7 @@ def _apply_auto_plan(argv: list[str], env: LaunchEnv) -> list[str]:
     return [*argv, *flags]
 
 
-def train(cfg: TrainConfig, data: DataSources, *, env: LaunchEnv, device: torch.device,
+def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: LaunchEnv, device: torch.device,
           after_backward: AfterBackwardHook | None = None) -> dict:
     torch.manual_seed(cfg.seed)
     # 3. Mesh.
@@ -114,6 +139,8 @@ def train(cfg: TrainConfig, data: DataSources, *, env: LaunchEnv, device: torch.
     if env.rank == 0:
         print(plan.describe(), flush=True)
     model = build_gpt(cfg.model, seed=cfg.seed, device=device)
+    if start.init_from:
+        load_init_weights(model, start.init_from, cfg.model)
     example = torch.zeros(cfg.pipeline.micro_batch_size, cfg.model.seq_len, dtype=torch.long, device=device)
     stages = build_local_stages(model, blocks_per_stage=plan.blocks_per_stage, example_microbatch=example,
                                 mesh=mesh, device=device, activation_checkpointing=cfg.activation_checkpointing)
@@ -125,8 +152,8 @@ def train(cfg: TrainConfig, data: DataSources, *, env: LaunchEnv, device: torch.
                               loss_fn=scaled_cross_entropy(scaler, microbatches=cfg.pipeline.microbatches))
     optimizer = build_optimizer(stages.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     lr_schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
-    profiler = (Profiler(rank=env.rank, stages=stages.stages, schedule=schedule, steps=profiled_steps(cfg.optim.steps))
-                if cfg.metrics.profile else None)
+    profiler = (Profiler(rank=env.rank, stages=stages.stages, schedule=schedule,
+                         steps=profiled_steps(cfg.optim.last_step)) if cfg.metrics.profile else None)
     ctx = StepContext(
         schedule=schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
         device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
@@ -134,8 +161,17 @@ def train(cfg: TrainConfig, data: DataSources, *, env: LaunchEnv, device: torch.
         recorder=profiler.recorder if profiler else None,
     )
 
-    # 6. Metrics, from the last pipeline stage of replica 0, mp rank 0.
+    # 6. Resume: every tensor is keyed by its original parameter name, so DCP reshards the saved
+    #    (dp, pp, mp) layout onto this one.
     logging_rank = layout.rank(0, cfg.mesh.pp - 1, 0)
+    init_optimizer_state(optimizer)
+    guard = DivergenceGuard(cfg.guard.max_bad_steps, cfg.guard.min_loss_scale, loss_scaling=scaler.is_enabled())
+    state = TrainState(stages, optimizer, lr_schedule, scaler, guard, config=cfg.to_dict())
+    start_step = load_checkpoint(state, start.resume) if start.resume else 0
+    checkpointer = (Checkpointer(Path(cfg.checkpoint.dir), cfg.checkpoint.every, cfg.checkpoint.keep, state,
+                                 verbose=env.rank == logging_rank) if cfg.checkpoint.dir else None)
+
+    # 7. Metrics, from the last pipeline stage of replica 0, mp rank 0.
     logger = MetricsLogger(cfg.metrics.logdir, enabled=env.rank == logging_rank)
     peak_flops, peak_source = _peak_flops(cfg, device, env.world_size)
     throughput = Throughput(cfg.global_batch_size, cfg.model.seq_len, training_flops_per_token(cfg.model), peak_flops)
@@ -145,12 +181,17 @@ def train(cfg: TrainConfig, data: DataSources, *, env: LaunchEnv, device: torch.
     logger.text("config", "```\n" + json.dumps(cfg.to_dict(), indent=2) + "\n```")
     logger.text("stage_plan", "```\n" + plan.describe() + "\n```")
 
-    # 7. Train.
-    summary = training_loop(
-        ctx, data=data, replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
-        optim=cfg.optim, data_cfg=cfg.data, metrics_cfg=cfg.metrics, throughput=throughput, logger=logger,
-        is_logging_rank=env.rank == logging_rank, after_backward=after_backward, profiler=profiler,
-    )
+    # 8. Train.
+    try:
+        summary = training_loop(
+            ctx, data=data, replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
+            optim=cfg.optim, data_cfg=cfg.data, metrics_cfg=cfg.metrics, throughput=throughput, logger=logger,
+            is_logging_rank=env.rank == logging_rank, guard=guard, start_step=start_step, checkpointer=checkpointer,
+            after_backward=after_backward, profiler=profiler,
+        )
+    except (CheckpointError, DivergenceError):
+        logger.close()  # keep the scalars logged up to the failure
+        raise
     if profiler:
         profiler.close()
         summary["profile"] = profile_report(

@@ -45,11 +45,16 @@ class PipelineConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    steps: int
+    steps: int  # the LR schedule spans this many steps
     lr: float
     warmup_steps: int
     weight_decay: float
     grad_clip: float
+    stop_at_step: int | None = None  # end this run after that step (a later --resume continues)
+
+    @property
+    def last_step(self) -> int:
+        return self.stop_at_step or self.steps
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,22 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    dir: str | None  # where checkpoints are published; None = no checkpoints
+    every: int | None  # also save every N steps (a checkpoint is always saved at the end)
+    keep: int  # published checkpoints kept, newest first
+    resume: bool  # continue from the latest complete checkpoint in ``dir``
+    resume_from: str | None  # continue from this checkpoint folder
+    init_from: str | None  # start from the weights of a single-file export
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    max_bad_steps: int  # consecutive non-finite (fp32/bf16) or skipped (fp16) steps tolerated
+    min_loss_scale: float  # fp16: a loss scale below this stops the run
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     model_name: str
     model: GPTConfig
@@ -81,6 +102,8 @@ class TrainConfig:
     metrics: MetricsConfig
     seed: int
     activation_checkpointing: bool
+    checkpoint: CheckpointConfig
+    guard: GuardConfig
 
     @property
     def global_batch_size(self) -> int:
@@ -161,6 +184,25 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each transformer block in the backward pass to save activation memory")
     g.add_argument("--seed", type=int, default=1234, help="seed for weights and data order")
+    g.add_argument("--stop-at-step", type=int,
+                   help="end this run after step N (saving a checkpoint if --checkpoint-dir is set), e.g. to fit a "
+                        "job's time limit; the LR schedule still spans --steps and --resume continues")
+
+    g = p.add_argument_group("checkpoints and recovery")
+    g.add_argument("--checkpoint-dir", help="folder for checkpoints (torch.distributed.checkpoint, every rank writes "
+                                            "its own shards); one is always saved at the end of the run")
+    g.add_argument("--checkpoint-every", type=int, help="also save a checkpoint every N steps")
+    g.add_argument("--keep-checkpoints", type=int, help="keep the newest K complete checkpoints (default: 3)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue from the latest complete checkpoint in --checkpoint-dir (from scratch if there is none)")
+    g.add_argument("--resume-from", metavar="PATH", help="continue from this checkpoint folder, on any mesh")
+    g.add_argument("--init-from", metavar="FILE",
+                   help="start from the weights of a single-file export (`run.py export`), on any mesh")
+    g.add_argument("--max-bad-steps", type=int, default=5,
+                   help="stop after K consecutive steps with a non-finite loss or gradient norm (fp32/bf16), or "
+                        "after more than K consecutive skipped steps (fp16)")
+    g.add_argument("--min-loss-scale", type=float, default=1.0,
+                   help="fp16: stop when the loss scale falls below this floor")
 
     g = p.add_argument_group("data")
     g.add_argument("--data", default="builtin",
@@ -194,13 +236,17 @@ def config_from_args(args: argparse.Namespace, *, world_size: int, now: float | 
     """Build and validate the config. Raises ConfigError with a one-line message on bad input."""
     for flag in ("dp", "pp", "mp", "layers", "d_model", "heads", "seq_len", "vocab_size", "mlp_width", "stages_per_rank",
                  "microbatches", "micro_batch_size", "global_batch_size", "steps", "lr", "log_every",
-                 "eval_every", "eval_batches", "peak_tflops"):
+                 "eval_every", "eval_batches", "peak_tflops", "stop_at_step", "checkpoint_every", "keep_checkpoints",
+                 "max_bad_steps", "min_loss_scale"):
         _positive("--" + flag.replace("_", "-"), getattr(args, flag))
     for flag in ("warmup_steps", "weight_decay", "grad_clip"):
         if getattr(args, flag) < 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
     if not 0 < args.val_fraction < 1:
         raise ConfigError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+
+    if args.stop_at_step is not None and args.stop_at_step > args.steps:
+        raise ConfigError(f"--stop-at-step {args.stop_at_step} must be at most --steps {args.steps}")
 
     mesh = MeshShape(args.dp, args.pp, args.mp)
     if mesh.world_size != world_size:
@@ -233,12 +279,30 @@ def config_from_args(args: argparse.Namespace, *, world_size: int, now: float | 
         mesh=mesh,
         pipeline=pipeline,
         precision=args.precision,
-        optim=OptimConfig(args.steps, args.lr, args.warmup_steps, args.weight_decay, args.grad_clip),
+        optim=OptimConfig(args.steps, args.lr, args.warmup_steps, args.weight_decay, args.grad_clip,
+                          args.stop_at_step),
         data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches),
         metrics=MetricsConfig(logdir, args.log_every, args.peak_tflops, args.profile, args.profile_memory),
         seed=args.seed,
         activation_checkpointing=args.activation_checkpointing,
+        checkpoint=_checkpoint_config(args),
+        guard=GuardConfig(args.max_bad_steps, args.min_loss_scale),
     )
+
+
+def _checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
+    """Flag combinations only; whether the folders and files are usable is checked in runtime/checkpoint_files.py."""
+    if args.checkpoint_dir is None:
+        for flag, value in (("--checkpoint-every", args.checkpoint_every), ("--keep-checkpoints", args.keep_checkpoints),
+                            ("--resume", args.resume or None)):
+            if value is not None:
+                raise ConfigError(f"{flag} needs --checkpoint-dir DIR (where checkpoints are saved)")
+    sources = [flag for flag, value in (("--resume", args.resume), ("--resume-from", args.resume_from),
+                                        ("--init-from", args.init_from)) if value]
+    if len(sources) > 1:
+        raise ConfigError(f"{' and '.join(sources)} are mutually exclusive: start from one checkpoint or export")
+    return CheckpointConfig(dir=args.checkpoint_dir, every=args.checkpoint_every, keep=args.keep_checkpoints or 3,
+                            resume=args.resume, resume_from=args.resume_from, init_from=args.init_from)
 
 
 def valid_meshes(world_size: int) -> list[str]:

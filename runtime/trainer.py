@@ -2,7 +2,8 @@
 
 A step on every rank: run the pipeline schedule on this replica's micro-batches (under autocast),
 unscale fp16 gradients (world-wide found-inf vote), one world all-reduce of [grad-norm^2, loss],
-clip to the global norm, optimizer step (skipped together on overflow), scale update, LR step.
+clip to the global norm, optimizer step (skipped together on fp16 overflow, or on a non-finite loss or
+norm otherwise), scale update, LR step.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class StepStats:
     loss: float  # mean next-token loss over the global batch (unscaled)
     grad_norm: float  # global L2 norm before clipping
     loss_scale: float  # fp16 loss scale used for this step (1.0 when disabled)
-    skipped: bool  # optimizer step skipped because a gradient overflowed
+    skipped: bool  # optimizer step skipped: fp16 overflow, or a non-finite loss / gradient norm
     lr: float
 
 
@@ -93,9 +94,16 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
     loss = float(packed[1]) / ctx.loss_copies
     clip_grads_(params, max_norm=ctx.grad_clip, total_norm=grad_norm)
 
-    ctx.scaler.step(ctx.optimizer)  # skipped on every rank if any rank found inf/nan
-    ctx.scaler.update()
-    skipped = ctx.scaler.is_enabled() and ctx.scaler.get_scale() < scale
+    if ctx.scaler.is_enabled():
+        ctx.scaler.step(ctx.optimizer)  # skipped on every rank if any rank found inf/nan
+        ctx.scaler.update()
+        skipped = ctx.scaler.get_scale() < scale
+    else:
+        # fp32 / bf16: a non-finite loss or norm would write NaN into every weight. Every rank sees the
+        # same all-reduced values, so all skip together; runtime/guards.py stops a run of such steps.
+        skipped = not (math.isfinite(grad_norm) and math.isfinite(loss))
+        if not skipped:
+            ctx.optimizer.step()
     ctx.lr_schedule.step()
     ctx.optimizer.zero_grad(set_to_none=True)
     return StepStats(loss=loss, grad_norm=grad_norm, loss_scale=scale, skipped=skipped, lr=lr)

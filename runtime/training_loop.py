@@ -1,4 +1,6 @@
-"""The training loop: data -> step -> metrics, with validation every N steps and a summary at the end."""
+"""The training loop: data -> step -> metrics -> divergence guard -> checkpoint, with validation every N
+steps and a summary at the end. A resumed run starts at the checkpoint's step: data and the LR schedule
+are functions of the step, so nothing else needs rewinding."""
 
 from __future__ import annotations
 
@@ -7,9 +9,11 @@ import time
 import torch
 import torch.distributed as dist
 
+from runtime.checkpoint import Checkpointer
 from runtime.config import DataConfig, MetricsConfig, OptimConfig
 from runtime.data import DataSources, inputs_and_targets
 from runtime.device import peak_memory_bytes
+from runtime.guards import DivergenceGuard
 from runtime.memory import live_tensor_bytes, peak_growth_during, step_state_tensors
 from runtime.metrics import MetricsLogger, Throughput, progress_line
 from runtime.profiling import Profiler
@@ -34,6 +38,9 @@ def training_loop(
     throughput: Throughput,
     logger: MetricsLogger,
     is_logging_rank: bool,
+    guard: DivergenceGuard,
+    start_step: int = 0,
+    checkpointer: Checkpointer | None = None,
     after_backward: AfterBackwardHook | None = None,
     profiler: Profiler | None = None,
 ) -> dict:
@@ -43,11 +50,12 @@ def training_loop(
 
     val_batches = [batch(data.val, i) for i in range(data_cfg.eval_batches)]
     losses, grad_norms, val_losses, skipped = [], [], [], 0
+    last_step = optim.last_step  # --stop-at-step, else --steps
     # The second step is the first to hold AdamW's state alongside activations and gradients.
-    memory_step = min(1, optim.steps - 1) if metrics_cfg.profile_memory else None
+    memory_step = start_step + min(1, last_step - start_step - 1) if metrics_cfg.profile_memory else None
     peak_tensor_bytes = None
     started = time.perf_counter()
-    for step in range(optim.steps):
+    for step in range(start_step, last_step):
         inputs, targets = batch(data.train, step)
         profiling = profiler is not None and profiler.wants(step)
         if profiling:
@@ -73,7 +81,7 @@ def training_loop(
             "perf/step_time_s": step_time, "perf/samples_per_sec": throughput.samples_per_sec(step_time),
             "perf/tokens_per_sec": throughput.tokens_per_sec(step_time), "perf/mfu": throughput.mfu(step_time),
         })
-        if n % metrics_cfg.log_every == 0 or n == optim.steps:
+        if n % metrics_cfg.log_every == 0 or n == last_step:
             peak = max_over_ranks(peak_memory_bytes(ctx.device), ctx.device)
             logger.scalars(n, {"mem/peak_bytes": peak})
             if is_logging_rank:
@@ -84,16 +92,27 @@ def training_loop(
                                     tokens_per_sec=throughput.tokens_per_sec(mean_time),
                                     mfu=throughput.mfu(mean_time), loss_scale=stats.loss_scale,
                                     grad_norm=stats.grad_norm,
-                                    seconds_left=elapsed / n * (optim.steps - n)), flush=True)
-        if n % data_cfg.eval_every == 0 or n == optim.steps:
+                                    seconds_left=elapsed / (n - start_step) * (last_step - n)), flush=True)
+        # Raises DivergenceError on every rank alike, before any checkpoint of this step is written.
+        guard.observe(n, loss=stats.loss, grad_norm=stats.grad_norm, skipped=stats.skipped,
+                      loss_scale=ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0)
+        if n % data_cfg.eval_every == 0 or n == last_step:
             val = evaluate(ctx, val_batches)
             val_losses.append((n, val))
             logger.scalars(n, {"val/loss": val})
             if is_logging_rank:
                 print(f"step {n}: validation loss {val:.4f}", flush=True)
+        if checkpointer and checkpointer.due(n, last=n == last_step):
+            if guard.weights_trustworthy:
+                checkpointer.save(n)
+            elif is_logging_rank:
+                print(f"step {n}: not saving a checkpoint: the loss or gradient norm is not finite", flush=True)
 
     steady = throughput.steady_step_time()
     return {
+        "start_step": start_step,
+        "last_step": last_step,
+        "checkpoints": checkpointer.saved if checkpointer else [],
         "final_loss": losses[-1],
         "final_val_loss": val_losses[-1][1],
         "losses": losses,

@@ -98,3 +98,21 @@ def spawn_ranks(fn: Callable[..., Any], *, world_size: int, args: tuple = (), ti
         raise AssertionError(f"ranks did not finish within {timeout}s\n" + "\n".join(messages))
     if failed:
         raise AssertionError(f"ranks failed (rank, exit code): {failed}\n" + "\n".join(messages))
+
+
+def check_clean_failure(nproc: int, flags: list[str], words: list[str], *, max_seconds: float = 45) -> str:
+    """Run ``flags`` on ``nproc`` ranks and expect a clean failure: a non-zero exit within ``max_seconds``,
+    exactly one ``error:`` line containing every word, and no traceback through our code. Returns the line."""
+    start = time.monotonic()
+    result = torchrun(flags, nproc=nproc, timeout=max_seconds + 15)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    ours = [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")]
+    assert len(ours) == 1, f"expected exactly one error line, got {ours}\n{result.stderr[-2000:]}"
+    for word in words:
+        assert word in ours[0], f"{word!r} not in {ours[0]!r}"
+    # torchrun adds its own failure report; no rank may crash with a traceback through our code.
+    for ours_path in ("run.py", "runtime/", "compiler/", "models/"):
+        assert f'File "{ROOT / ours_path}' not in result.stdout + result.stderr
+    assert elapsed < max_seconds, f"took {elapsed:.0f}s to fail"
+    return ours[0]

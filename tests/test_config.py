@@ -32,3 +32,23 @@ def test_overrides_and_mlp_width_follow_d_model():
 def test_errors_raise_config_error_not_exit():
     with pytest.raises(ConfigError, match="--schedule"):
         config_from_args(build_parser().parse_args(["--schedule", "nope"]), world_size=1)
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--keep-checkpoints", "2"], "--keep-checkpoints needs --checkpoint-dir"),
+    (["--checkpoint-dir", "c", "--resume", "--init-from", "m.pt"], "--resume and --init-from are mutually exclusive"),
+    (["--resume-from", "c/step-000001", "--init-from", "m.pt"], "--resume-from and --init-from are mutually exclusive"),
+    (["--steps", "10", "--stop-at-step", "11"], "--stop-at-step 11 must be at most --steps 10"),
+    (["--max-bad-steps", "0"], "--max-bad-steps must be a positive number"),
+    (["--min-loss-scale", "0"], "--min-loss-scale must be a positive number"),
+])
+def test_checkpoint_flag_combinations(flags, words):
+    with pytest.raises(ConfigError, match=words):
+        parse_train_config(flags, world_size=1)
+
+
+def test_checkpoint_defaults():
+    cfg = parse_train_config(["--checkpoint-dir", "c", "--steps", "50", "--stop-at-step", "20"], world_size=1)
+    assert (cfg.checkpoint.every, cfg.checkpoint.keep, cfg.checkpoint.resume) == (None, 3, False)
+    assert cfg.optim.last_step == 20 and cfg.guard.max_bad_steps == 5 and cfg.guard.min_loss_scale == 1.0

@@ -1,0 +1,289 @@
+"""Save and restore the whole training state with ``torch.distributed.checkpoint`` (DCP).
+
+Every tensor is keyed by the *original model's* parameter name ("layers.3.attn.qkv.weight"), never by
+stage or rank, and passed to DCP as the DTensor (or plain tensor) this rank holds. DCP records which
+chunk of which global tensor each rank wrote, so a checkpoint saved on one (dp, pp, mp) mesh loads on
+any other: each rank reads exactly the chunks its new shards cover.
+
+    model.<name>                     parameters (DTensor shards under FSDP / TP)
+    optim.<name>.exp_avg / .exp_avg_sq / .step
+                                     AdamW state, sharded exactly like its parameter
+    train_state                      JSON: step, data position, LR-schedule position, grad-scaler state,
+                                     divergence-guard state, the run's config
+    rng.rank<r>                      each rank's RNG state
+
+Saving is atomic: every rank writes its shard into DIR/.tmp-step-N, rank 0 writes the manifest once
+all are done and publishes the folder by a rename (``checkpoint_files.publish``). Failures on any rank
+are agreed on by all ranks, so every rank raises the same CheckpointError at the same point.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.optimizer import _get_scalar_dtype
+
+from runtime.checkpoint_files import (
+    CheckpointError,
+    CheckpointInfo,
+    describe_file,
+    publish,
+    read_dcp_metadata,
+    tmp_folder,
+    verify_files,
+    write_manifest,
+)
+from runtime.guards import DivergenceGuard
+from runtime.stages import LocalStages
+
+# Activation checkpointing wraps each block; the wrapper's name must not leak into checkpoint keys.
+_WRAPPER_PREFIX = "_checkpoint_wrapped_module."
+
+
+def original_name(stage_parameter_name: str) -> str:
+    return stage_parameter_name.replace(_WRAPPER_PREFIX, "")
+
+
+@dataclass
+class TrainState:
+    """The live objects a checkpoint captures and restores."""
+
+    stages: LocalStages
+    optimizer: torch.optim.Optimizer
+    lr_schedule: LambdaLR
+    scaler: torch.amp.GradScaler
+    guard: DivergenceGuard
+    config: dict  # TrainConfig.to_dict()
+    params: list[tuple[str, nn.Parameter]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        # Taken once, before any step: these are the (sharded) Parameter objects the optimizer holds.
+        self.params = [(original_name(n), p) for n, p in self.stages.named_parameters()]
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create AdamW's state now, exactly as its first step would (zeros, step 0).
+
+    A checkpoint then always has optimizer state to save and a resumed run a place to load it into,
+    even if no step has run (or fp16 skipped every step so far).
+    """
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if not state:
+                # As torch.optim.adam._init_group does with capturable and fused off.
+                state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def _tensor_state(state: TrainState) -> dict:
+    """Model and optimizer tensors by original parameter name; DCP reads into / writes from them in place."""
+    model, optim = {}, {}
+    for name, p in state.params:
+        model[name] = p.detach()
+        s = state.optimizer.state[p]
+        optim[name] = {"exp_avg": s["exp_avg"], "exp_avg_sq": s["exp_avg_sq"], "step": s["step"]}
+    return {"model": model, "optim": optim}
+
+
+def _train_state_json(state: TrainState, step: int) -> str:
+    return json.dumps({
+        "step": step,
+        "data_position": step,  # batches are a pure function of (seed, step): the position is the step
+        "lr_schedule": {"last_epoch": state.lr_schedule.last_epoch, "step_count": state.lr_schedule._step_count},
+        "scaler": state.scaler.state_dict(),
+        "guard": state.guard.state_dict(),
+        "config": state.config,
+    })
+
+
+def _rng_state() -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+# --- saving -----------------------------------------------------------------------------------------------
+
+def save_checkpoint(state: TrainState, *, directory: Path, step: int, keep: int) -> Path:
+    """Write the state after ``step`` steps to DIR/step-N, atomically; returns the published folder."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    directory, tmp = Path(directory), tmp_folder(directory, step)
+    _agree(lambda: _fresh_folder(tmp) if rank == 0 else None, what=f"prepare {tmp}")
+    state_dict = {**_tensor_state(state), "train_state": _train_state_json(state, step),
+                  "rng": {f"rank{rank}": _rng_state()}}
+    try:
+        dcp.save(state_dict, storage_writer=FileSystemWriter(tmp, sync_files=True, overwrite=True))
+    except (CheckpointException, OSError) as e:
+        # DCP agrees on failure: every rank gets here, and every rank has stopped writing.
+        if rank == 0:
+            _remove(tmp)
+        raise CheckpointError(f"could not save the checkpoint of step {step} in {directory}: {_failure_summary(e)}; "
+                              f"{_previous(directory)}") from None
+    # Hash the shard files in parallel, each rank a share; rank 0 writes the manifest and publishes.
+    names = sorted(p.name for p in tmp.iterdir()) if rank == 0 else None
+    names = _broadcast(names)
+    digests = _gather_dict({name: describe_file(tmp / name) for name in names[rank::world]})
+
+    def finish() -> None:
+        write_manifest(tmp, step=step, config=state.config, files=digests)
+        publish(tmp, directory, step, keep=keep)
+
+    try:
+        _agree(finish if rank == 0 else (lambda: None), what=f"publish {tmp}")
+    except CheckpointError as e:
+        if rank == 0:
+            _remove(tmp)
+        raise CheckpointError(f"could not save the checkpoint of step {step}: {e}; {_previous(directory)}") from None
+    return directory / f"step-{step:06d}"
+
+
+def _fresh_folder(path: Path) -> None:
+    _remove(path)  # a crashed save of the same step may have left one behind
+    path.mkdir(parents=True)
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _previous(directory: Path) -> str:
+    marker = directory / "latest"
+    if marker.is_file():
+        return f"the previous checkpoint {directory / marker.read_text().strip()} is intact"
+    return "no earlier checkpoint exists"
+
+
+def _failure_summary(e: BaseException) -> str:
+    """One line per failed rank from DCP's CheckpointException (its str() is a set of tracebacks)."""
+    if isinstance(e, CheckpointException):
+        parts = []
+        for rank, (exc, _trace) in sorted(e.failures.items()):
+            parts.append(f"rank {rank}: {_one_line(exc)}")
+        return "; ".join(parts)
+    return _one_line(e)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}" if not isinstance(exc, OSError) else str(exc)
+
+
+# --- loading ----------------------------------------------------------------------------------------------
+
+class _NamingReader(FileSystemReader):
+    """A FileSystemReader whose read errors name the shard files this rank was reading."""
+
+    def read_data(self, plan, planner):
+        try:
+            return super().read_data(plan, planner)
+        except Exception as e:
+            files = sorted({self.storage_data[item.storage_index].relative_path for item in plan.items})
+            raise CheckpointError(f"cannot read {', '.join(str(Path(self.path) / f) for f in files)}: "
+                                  f"{_one_line(e)}") from e
+
+
+def load_checkpoint(state: TrainState, info: CheckpointInfo) -> int:
+    """Load ``info`` into the live state, resharding to this run's mesh; returns the step to continue from.
+
+    ``info`` has passed ``checkpoint_files.read_checkpoint`` and ``check_same_model`` on every rank.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # Content check first, spread over the ranks: never half-load a corrupted checkpoint.
+    names = sorted(info.files)
+    problems = _gather_list(verify_files(info, names[rank::world]))
+    if problems:
+        raise CheckpointError(problems[0])
+
+    saved_keys = set(read_dcp_metadata(info.path).state_dict_metadata)
+    rng_key = f"rank{rank}" if f"rng.rank{rank}" in saved_keys else "rank0"
+    state_dict = {**_tensor_state(state), "train_state": "", "rng": {rng_key: torch.empty_like(_rng_state())}}
+    try:
+        dcp.load(state_dict, storage_reader=_NamingReader(info.path))
+    except CheckpointException as e:
+        raise CheckpointError(f"checkpoint {info.path} cannot be loaded: {_failure_summary(e)}") from None
+    saved = json.loads(state_dict["train_state"])
+    _restore_lr_schedule(state.lr_schedule, saved["lr_schedule"])
+    if state.scaler.is_enabled() and saved["scaler"]:
+        state.scaler.load_state_dict(saved["scaler"])
+    state.guard.load_state_dict(saved["guard"])
+    torch.set_rng_state(state_dict["rng"][rng_key])
+    return int(saved["step"])
+
+
+def _restore_lr_schedule(schedule: LambdaLR, saved: dict) -> None:
+    """Put the schedule at the saved position; the rate is recomputed from this run's flags with the same
+    formula LambdaLR.get_lr uses, so an unchanged config continues bit for bit."""
+    schedule.last_epoch, schedule._step_count = int(saved["last_epoch"]), int(saved["step_count"])
+    lrs = [base * fn(schedule.last_epoch) for base, fn in zip(schedule.base_lrs, schedule.lr_lambdas)]
+    for group, lr in zip(schedule.optimizer.param_groups, lrs):
+        group["lr"] = lr
+    schedule._last_lr = lrs
+
+
+# --- agreement between ranks ------------------------------------------------------------------------------
+
+def _agree(fn, *, what: str) -> None:
+    """Run ``fn`` on every rank; if it failed anywhere, raise the same CheckpointError everywhere."""
+    try:
+        fn()
+        message = None
+    except Exception as e:
+        message = f"rank {dist.get_rank()} could not {what}: {_one_line(e)}"
+    messages = _gather_list([message] if message else [])
+    if messages:
+        raise CheckpointError(messages[0])
+
+
+def _gather_list(items: list) -> list:
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, items)
+    return [x for part in gathered for x in part]
+
+
+def _gather_dict(items: dict) -> dict:
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, items)
+    return {k: v for part in gathered for k, v in part.items()}
+
+
+def _broadcast(obj):
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+# --- when to save -----------------------------------------------------------------------------------------
+
+@dataclass
+class Checkpointer:
+    """Saves on a cadence and at the end of the run; prints where on the logging rank."""
+
+    directory: Path
+    every: int | None
+    keep: int
+    state: TrainState
+    verbose: bool
+    saved: list[str] = field(default_factory=list)
+
+    def due(self, step: int, *, last: bool) -> bool:
+        return last or (self.every is not None and step % self.every == 0)
+
+    def save(self, step: int) -> Path:
+        start = time.perf_counter()
+        path = save_checkpoint(self.state, directory=self.directory, step=step, keep=self.keep)
+        self.saved.append(str(path))
+        if self.verbose:
+            print(f"step {step}: checkpoint saved to {path} ({time.perf_counter() - start:.1f}s)", flush=True)
+        return path

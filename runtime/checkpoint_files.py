@@ -1,0 +1,345 @@
+"""Checkpoint folders on disk: names, the ``latest`` marker, publishing, pruning, and validation.
+
+Nothing here needs a process group, so every check that can be made before ranks start talking is
+made here, on every rank alike, and bad input ends the job with one clear line.
+
+A checkpoint directory looks like::
+
+    DIR/latest                  "step-000020": the newest complete checkpoint (replaced atomically)
+    DIR/step-000010/            published checkpoints (kept: the newest --keep-checkpoints)
+    DIR/step-000020/
+        .metadata               DCP's index of every tensor chunk (written by rank 0 once all ranks are done)
+        __0_0.distcp ...        one shard file per rank
+        checkpoint.json         our manifest: step, config, mesh, and every file's size and sha256
+    DIR/.tmp-step-000030/       a save in progress, or one that crashed: never read
+
+A folder is *partial* (a crash during the save) if it was never published or lacks ``.metadata`` or
+``checkpoint.json``; ``--resume`` passes over it to the previous complete one. It is *corrupt* if a
+file is missing, shorter or longer than the manifest says, or its bytes hash differently: always an
+error naming the file. It is *foreign* if it holds a different model: an error naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from models.gpt import GPTConfig
+
+MANIFEST = "checkpoint.json"
+MARKER = "latest"
+DCP_METADATA = ".metadata"
+FORMAT = 1
+_STEP_FOLDER = re.compile(r"^step-(\d+)$")
+
+# GPTConfig field -> the flag that sets it, for error messages.
+_MODEL_FLAGS = {"n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "seq_len": "--seq-len",
+                "vocab_size": "--vocab-size", "mlp_width": "--mlp-width"}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read; the message names the file and the problem."""
+
+
+class PartialCheckpointError(CheckpointError):
+    """A checkpoint whose save never finished (no DCP metadata or manifest, or never published)."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    path: Path
+    step: int  # optimizer steps completed when it was saved
+    config: dict  # TrainConfig.to_dict() of the run that saved it
+    files: dict[str, dict]  # file name -> {"bytes": int, "sha256": str}
+
+
+def step_folder(directory: Path, step: int) -> Path:
+    return Path(directory) / f"step-{step:06d}"
+
+
+def tmp_folder(directory: Path, step: int) -> Path:
+    return Path(directory) / f".tmp-step-{step:06d}"
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def describe_file(path: Path) -> dict:
+    return {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+# --- reading and validating -------------------------------------------------------------------------------
+
+def read_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
+    """Structural checks that need no process group: complete, every file present at its recorded size,
+    DCP metadata readable and within the files. Content hashes are checked later (``verify_files``),
+    spread over the ranks."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path}: no such folder")
+    if path.name.startswith(".tmp-"):
+        raise PartialCheckpointError(f"checkpoint {path} is partial: its save never finished (it was never published)")
+    for name in (DCP_METADATA, MANIFEST):
+        if not (path / name).is_file():
+            raise PartialCheckpointError(f"checkpoint {path} is partial (crash during save?): {path / name} is missing")
+    manifest_path = path / MANIFEST
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        step, config, files = int(manifest["step"]), manifest["config"], manifest["files"]
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"format {manifest.get('format')!r}, expected {FORMAT}")
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {path}: {manifest_path} is corrupted ({e})") from None
+    for name, expected in sorted(files.items()):
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {path} is corrupted: {file} is missing")
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            problem = "truncated" if size < expected["bytes"] else "longer than written"
+            raise CheckpointError(f"checkpoint {path} is corrupted: {file} is {problem} "
+                                  f"({size:,} bytes, the manifest says {expected['bytes']:,})")
+    extents = _dcp_extents(path)
+    for name, needed in sorted(extents.items()):
+        if name not in files:
+            raise CheckpointError(f"checkpoint {path} is corrupted: {path / DCP_METADATA} refers to {name}, "
+                                  f"which the manifest does not list")
+        if files[name]["bytes"] < needed:
+            raise CheckpointError(f"checkpoint {path} is corrupted: {path / name} holds {files[name]['bytes']:,} "
+                                  f"bytes, {path / DCP_METADATA} needs {needed:,}")
+    return CheckpointInfo(path, step, config, files)
+
+
+def read_dcp_metadata(path: Path):
+    file = Path(path) / DCP_METADATA
+    try:
+        with open(file, "rb") as f:
+            return pickle.load(f)
+    except Exception as e:  # unpickling garbage can raise almost anything
+        raise CheckpointError(f"checkpoint {path} is corrupted: cannot read {file} ({type(e).__name__}: {e})") from None
+
+
+def _dcp_extents(path: Path) -> dict[str, int]:
+    """Bytes each shard file must hold: the end of the last item DCP's metadata places in it."""
+    extents: dict[str, int] = {}
+    for info in read_dcp_metadata(path).storage_data.values():
+        extents[info.relative_path] = max(extents.get(info.relative_path, 0), info.offset + info.length)
+    return extents
+
+
+def verify_files(info: CheckpointInfo, names: list[str]) -> list[str]:
+    """Hash ``names`` (a share of the checkpoint's files) against the manifest; return the problems."""
+    problems = []
+    for name in names:
+        if file_sha256(info.path / name) != info.files[name]["sha256"]:
+            problems.append(f"checkpoint {info.path} is corrupted: {info.path / name} does not match the sha256 "
+                            f"recorded when it was written")
+    return problems
+
+
+def check_same_model(info: CheckpointInfo, model: GPTConfig) -> None:
+    """A checkpoint of another model shape is an error naming the differing fields and flags."""
+    saved, ours = info.config.get("model", {}), dataclasses.asdict(model)
+    diffs = [f"{_MODEL_FLAGS.get(k, k)} {saved.get(k)} in the checkpoint, {ours[k]} in this run"
+             for k in ours if saved.get(k) != ours[k]]
+    if diffs:
+        raise CheckpointError(f"checkpoint {info.path} holds a different model shape: " + "; ".join(diffs))
+    # The manifest could match while the tensors do not (an edited or mixed-up folder): check them too.
+    expected = expected_parameter_shapes(model)
+    saved_shapes = {k.removeprefix("model."): tuple(md.size)
+                    for k, md in read_dcp_metadata(info.path).state_dict_metadata.items() if k.startswith("model.")}
+    for name in sorted(set(expected) | set(saved_shapes)):
+        if expected.get(name) != saved_shapes.get(name):
+            raise CheckpointError(f"checkpoint {info.path} does not fit this model: parameter {name} has shape "
+                                  f"{saved_shapes.get(name, 'missing')} in {info.path / DCP_METADATA}, this model "
+                                  f"needs {expected.get(name, 'no such parameter')}")
+
+
+def expected_parameter_shapes(model: GPTConfig) -> dict[str, tuple[int, ...]]:
+    import torch
+
+    from models.gpt import GPT
+
+    with torch.device("meta"):
+        return {name: tuple(p.shape) for name, p in GPT(model).named_parameters()}
+
+
+# --- finding the checkpoint to resume from ----------------------------------------------------------------
+
+def published_steps(directory: Path) -> list[int]:
+    """Steps of the published ``step-N`` folders, ascending (complete or not)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    return sorted(int(m.group(1)) for p in directory.iterdir() if (m := _STEP_FOLDER.match(p.name)) and p.is_dir())
+
+
+def find_latest(directory: Path) -> tuple[CheckpointInfo | None, list[str]]:
+    """The newest complete checkpoint in ``directory`` and notes on the partial ones passed over.
+
+    The marker names the newest published checkpoint; if it is missing or names a partial folder,
+    the newest complete ``step-N`` wins. Corrupt checkpoints are errors, never skipped.
+    """
+    directory, notes = Path(directory), []
+    candidates = [step_folder(directory, s) for s in reversed(published_steps(directory))]
+    marker = directory / MARKER
+    if marker.is_file():
+        named = directory / marker.read_text().strip()
+        candidates = [named] + [c for c in candidates if c != named]
+    for candidate in candidates:
+        try:
+            return read_checkpoint(candidate), notes
+        except PartialCheckpointError as e:
+            notes.append(f"ignoring {e}")
+    return None, notes
+
+
+@dataclass(frozen=True)
+class StartPoint:
+    """Where training starts: a checkpoint to resume, weights to initialise from, or scratch."""
+
+    resume: CheckpointInfo | None
+    init_from: Path | None
+    notes: list[str]  # warnings and information for rank 0 to print
+
+
+def resolve_start(cfg, *, model: GPTConfig, run_config: dict) -> StartPoint:
+    """Check the checkpoint flags against the filesystem; raise CheckpointError on anything unusable.
+
+    ``cfg`` is the run's CheckpointConfig; ``run_config`` its whole config as a dict (what a checkpoint
+    records), to say what differs from the checkpoint's run.
+    """
+    if cfg.dir is not None:
+        check_writable_dir(Path(cfg.dir))
+    notes: list[str] = []
+    info = None
+    if cfg.resume:
+        info, notes = find_latest(Path(cfg.dir))
+        if info is None:
+            notes.append(f"--resume: no complete checkpoint in {cfg.dir} yet; starting from step 0")
+    elif cfg.resume_from:
+        path = Path(cfg.resume_from)
+        if not path.exists():
+            raise CheckpointError(f"--resume-from {path}: no such checkpoint folder")
+        if (path / MARKER).is_file() or (published_steps(path) and not (path / MANIFEST).exists()):
+            info, notes = find_latest(path)  # a checkpoint directory: take its latest
+            if info is None:
+                raise CheckpointError(f"--resume-from {path}: no complete checkpoint in this folder")
+        else:
+            info = read_checkpoint(path)
+    if info is not None:
+        check_same_model(info, model)
+        notes += resume_notes(info.config, run_config, path=info.path, step=info.step)
+    init_from = None
+    if cfg.init_from:
+        init_from = Path(cfg.init_from)
+        if not init_from.is_file():
+            raise CheckpointError(f"--init-from {init_from}: no such file (write one with `run.py export`)")
+    return StartPoint(info, init_from, notes)
+
+
+def global_batch_size(config: dict) -> int:
+    return config["pipeline"]["micro_batch_size"] * config["pipeline"]["microbatches"] * config["mesh"]["dp"]
+
+
+def resume_notes(saved: dict, current: dict, *, path: Path, step: int) -> list[str]:
+    """What a resumed run should be told: resharding, and settings that make it a different run."""
+    notes = [f"resuming from {path} (step {step})"]
+    mesh = lambda c: f"({c['mesh']['dp']}, {c['mesh']['pp']}, {c['mesh']['mp']})"  # noqa: E731
+    if saved["mesh"] != current["mesh"]:
+        notes.append(f"resharding: saved on (dp, pp, mp) = {mesh(saved)}, loading on {mesh(current)}")
+    if global_batch_size(saved) != global_batch_size(current):
+        notes.append(f"warning: the global batch size changed from {global_batch_size(saved)} to "
+                     f"{global_batch_size(current)}; batches from step {step + 1} on are drawn at the new size, "
+                     f"so the run no longer continues the saved one exactly")
+    for key, flag in (("precision", "--precision"), ("seed", "--seed")):
+        if saved[key] != current[key]:
+            notes.append(f"warning: {flag} changed from {saved[key]} to {current[key]}")
+    if saved["optim"]["steps"] != current["optim"]["steps"]:
+        notes.append(f"warning: --steps changed from {saved['optim']['steps']} to {current['optim']['steps']}; "
+                     f"the LR schedule continues from step {step} over the new length")
+    return notes
+
+
+# --- writing ----------------------------------------------------------------------------------------------
+
+def check_writable_dir(directory: Path) -> None:
+    """Create ``directory`` if needed and prove a file can be created in it (root ignores permissions,
+    so ``os.access`` would not tell)."""
+    if directory.exists() and not directory.is_dir():
+        raise CheckpointError(f"--checkpoint-dir {directory}: not a folder (a file of that name exists)")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise CheckpointError(f"--checkpoint-dir {directory}: cannot write there ({e.strerror or e})") from None
+
+
+def write_manifest(folder: Path, *, step: int, config: dict, files: dict[str, dict]) -> None:
+    manifest = {"format": FORMAT, "step": step, "config": config, "files": files}
+    _write_durably(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def publish(tmp: Path, directory: Path, step: int, *, keep: int) -> Path:
+    """Rename a finished ``.tmp-step-N`` folder to ``step-N``, point the marker at it, prune old ones.
+
+    Called on one rank after every rank's shards and the manifest are on disk. A rename within one
+    folder is atomic: readers see the whole checkpoint or none of it.
+    """
+    final = step_folder(directory, step)
+    if final.exists():  # saved at this step before (e.g. a resume from an older checkpoint): replace it
+        stale = directory / f".old-{final.name}"
+        shutil.rmtree(stale, ignore_errors=True)
+        os.rename(final, stale)
+        os.rename(tmp, final)
+        shutil.rmtree(stale, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(directory)
+    _write_durably(directory / MARKER, final.name + "\n")
+    prune(directory, keep=keep, protect=final)
+    return final
+
+
+def prune(directory: Path, *, keep: int, protect: Path) -> None:
+    """Delete all but the newest ``keep`` published checkpoints, and abandoned temporary folders."""
+    for step in published_steps(directory)[:-keep]:
+        folder = step_folder(directory, step)
+        if folder != protect:
+            shutil.rmtree(folder, ignore_errors=True)
+    for stale in directory.glob(".tmp-step-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def _write_durably(path: Path, text: str) -> None:
+    """Write via a temporary file, fsync, and rename over ``path``: never a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
