@@ -105,6 +105,11 @@ def auto_flags(argv: list[str], *, world: int) -> tuple[list[str], Estimate]:
     Mesh, schedule, virtual stages, micro-batching and activation checkpointing are chosen; the
     precision too unless --precision is given. The global batch is --global-batch-size, else 32.
     """
+    chosen = ("--dp", "--pp", "--mp", "--schedule", "--stages-per-rank", "--microbatches", "--micro-batch-size",
+              "--activation-checkpointing")
+    clashes = [a.split("=")[0] for a in argv if a.split("=")[0] in chosen]
+    if clashes:
+        raise ConfigError(f"--auto chooses {', '.join(chosen)}; drop {', '.join(clashes)} or drop --auto")
     args = build_parser().parse_args(argv)
     gbs = args.global_batch_size or DEFAULT_GLOBAL_BATCH
     precisions = (args.precision,) if "--precision" in argv else ("fp32", "bf16", "fp16")

@@ -34,6 +34,7 @@ CASES = {
     "checkpoint-every-without-dir": (2, ["--dp", "2", "--checkpoint-every", "5"], ["--checkpoint-every", "--checkpoint-dir"]),
     "missing-resume-path": (2, ["--dp", "2", "--resume-from", "/nonexistent/step-000010"],
                             ["--resume-from /nonexistent/step-000010", "no such checkpoint folder"]),
+    "auto-with-mesh-flags": (2, ["--auto", "--dp", "2"], ["--auto chooses", "drop --dp or drop --auto"]),
     # We run as root, which ignores permissions; nobody can create a folder inside /proc.
     "unwritable-checkpoint-dir": (2, ["--dp", "2", "--checkpoint-dir", "/proc/engine-checkpoints"],
                                   ["--checkpoint-dir /proc/engine-checkpoints", "cannot write there"]),
