@@ -158,13 +158,13 @@ def processes_note(n: int) -> str:
 def main(argv: list[str]) -> int:
     import tempfile
 
-    from runtime.device import device_description
+    from runtime.device import device_description, has_gpu
 
     p = argparse.ArgumentParser(prog="run.py calibrate", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(DEFAULT_OUT), help="cluster JSON to write")
     p.add_argument("--ranks-per-node", type=int, default=8, help="ranks you launch per node (CPU: may exceed cores)")
     args = p.parse_args(argv)
-    if torch.cuda.is_available():
+    if has_gpu():
         print("error: calibrate measures CPU machines; for GPUs start from a preset in compiler/clusters/")
         return 2
     cores = os.cpu_count() or 1

@@ -9,8 +9,12 @@ import resource
 import torch
 
 
+def has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
 def select_device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available():
+    if has_gpu():
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         return device

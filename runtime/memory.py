@@ -15,6 +15,8 @@ from typing import Callable, Iterable, TypeVar
 import torch
 from torch.distributed.tensor import DTensor
 
+from runtime.device import current_memory_bytes, peak_memory_bytes, reset_peak_memory
+
 T = TypeVar("T")
 
 
@@ -41,10 +43,10 @@ def step_state_tensors(params: list[torch.nn.Parameter], optimizer: torch.optim.
 def peak_growth_during(fn: Callable[[], T], device: torch.device) -> tuple[T, int]:
     """Run ``fn`` and return its result and the peak growth of live tensor bytes while it ran."""
     if device.type == "cuda":
-        start = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
+        start = current_memory_bytes(device)
+        reset_peak_memory(device)
         result = fn()
-        return result, torch.cuda.max_memory_allocated(device) - start
+        return result, peak_memory_bytes(device) - start
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
