@@ -61,7 +61,7 @@ class OptimConfig:
 class DataConfig:
     source: str  # "builtin" | "synthetic" | a path
     val_fraction: float
-    eval_every: int
+    eval_every: int  # 0: no validation
     eval_batches: int
 
 
@@ -209,7 +209,7 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
                    help="builtin (Python's bundled documentation text, byte-level), synthetic (seeded random "
                         "tokens), or a path to a UTF-8 text file or a folder of them")
     g.add_argument("--val-fraction", type=float, default=0.1, help="fraction of the tokens held out for validation")
-    g.add_argument("--eval-every", type=int, default=50, help="validation loss every N steps (and at the end)")
+    g.add_argument("--eval-every", type=int, default=50, help="validation loss every N steps and at the end; 0 = no validation")
     g.add_argument("--eval-batches", type=int, default=2, help="global batches per validation")
 
     g = p.add_argument_group("metrics")
@@ -236,10 +236,10 @@ def config_from_args(args: argparse.Namespace, *, world_size: int, now: float | 
     """Build and validate the config. Raises ConfigError with a one-line message on bad input."""
     for flag in ("dp", "pp", "mp", "layers", "d_model", "heads", "seq_len", "vocab_size", "mlp_width", "stages_per_rank",
                  "microbatches", "micro_batch_size", "global_batch_size", "steps", "lr", "log_every",
-                 "eval_every", "eval_batches", "peak_tflops", "stop_at_step", "checkpoint_every", "keep_checkpoints",
+                 "eval_batches", "peak_tflops", "stop_at_step", "checkpoint_every", "keep_checkpoints",
                  "max_bad_steps", "min_loss_scale"):
         _positive("--" + flag.replace("_", "-"), getattr(args, flag))
-    for flag in ("warmup_steps", "weight_decay", "grad_clip"):
+    for flag in ("warmup_steps", "weight_decay", "grad_clip", "eval_every"):
         if getattr(args, flag) < 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
     if not 0 < args.val_fraction < 1:

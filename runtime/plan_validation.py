@@ -18,7 +18,7 @@ from runtime.plan_cli import model_flags, run_planner
 from runtime.study.launcher import RunSpec, execute
 
 MODELS = (("tiny", None, 16), ("small", 128, 8))  # (model, seq-len override, global batch)
-RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-every", "1000000",
+RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-every", "0",
              "--eval-batches", "1", "--peak-tflops", "1"]
 
 

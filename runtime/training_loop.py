@@ -48,7 +48,7 @@ def training_loop(
         inputs, targets = inputs_and_targets(source.rows(step, *replica_rows))
         return inputs.to(ctx.device), targets.to(ctx.device)
 
-    val_batches = [batch(data.val, i) for i in range(data_cfg.eval_batches)]
+    val_batches = [batch(data.val, i) for i in range(data_cfg.eval_batches)] if data_cfg.eval_every else []
     losses, grad_norms, val_losses, skipped = [], [], [], 0
     last_step = optim.last_step  # --stop-at-step, else --steps
     # The second step is the first to hold AdamW's state alongside activations and gradients.
@@ -96,7 +96,7 @@ def training_loop(
         # Raises DivergenceError on every rank alike, before any checkpoint of this step is written.
         guard.observe(n, loss=stats.loss, grad_norm=stats.grad_norm, skipped=stats.skipped,
                       loss_scale=ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0)
-        if n % data_cfg.eval_every == 0 or n == last_step:
+        if data_cfg.eval_every and (n % data_cfg.eval_every == 0 or n == last_step):
             val = evaluate(ctx, val_batches)
             val_losses.append((n, val))
             logger.scalars(n, {"val/loss": val})
@@ -114,7 +114,7 @@ def training_loop(
         "last_step": last_step,
         "checkpoints": checkpointer.saved if checkpointer else [],
         "final_loss": losses[-1],
-        "final_val_loss": val_losses[-1][1],
+        "final_val_loss": val_losses[-1][1] if val_losses else None,
         "losses": losses,
         "grad_norms": grad_norms,
         "val_losses": val_losses,

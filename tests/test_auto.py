@@ -10,7 +10,7 @@ from tests.launch import torchrun
 
 
 def test_auto_runs_the_planners_pick_on_4_ranks(tmp_path):
-    argv = ["--model", "tiny", "--steps", "2", "--precision", "fp32", "--data", "synthetic", "--eval-every", "1000",
+    argv = ["--model", "tiny", "--steps", "2", "--precision", "fp32", "--data", "synthetic", "--eval-every", "0",
             "--eval-batches", "1", "--peak-tflops", "1", "--logdir", str(tmp_path)]
     flags, best = auto_flags(argv, world=4)
     expected = parse_train_config([*argv, *flags], world_size=4)

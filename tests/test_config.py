@@ -52,3 +52,9 @@ def test_checkpoint_defaults():
     cfg = parse_train_config(["--checkpoint-dir", "c", "--steps", "50", "--stop-at-step", "20"], world_size=1)
     assert (cfg.checkpoint.every, cfg.checkpoint.keep, cfg.checkpoint.resume) == (None, 3, False)
     assert cfg.optim.last_step == 20 and cfg.guard.max_bad_steps == 5 and cfg.guard.min_loss_scale == 1.0
+
+
+def test_eval_every_zero_turns_validation_off_and_negative_is_refused():
+    assert parse_train_config(["--eval-every", "0"], world_size=1).data.eval_every == 0
+    with pytest.raises(ConfigError, match="--eval-every must be >= 0"):
+        parse_train_config(["--eval-every", "-1"], world_size=1)
