@@ -1,4 +1,6 @@
-"""The study command end to end, reduced: --quick on 4 ranks. Structure and invariants only, never speed."""
+"""The study command end to end, reduced (--smoke: every section, fewest runs) on up to 4 ranks.
+
+Structure and invariants only, never speed."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ SECTIONS = ("throughput", "memory", "time_split", "timelines", "scaling", "overh
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     out = tmp_path_factory.mktemp("study")
-    result = run_command([sys.executable, "run.py", "study", "--world", "4", "--quick", "--out", str(out)], timeout=900)
+    result = run_command([sys.executable, "run.py", "study", "--world", "4", "--smoke", "--out", str(out)], timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text()), result.stdout
 
@@ -34,6 +36,10 @@ def test_results_hold_every_section_and_the_report(study):
     table = results["throughput"]["table"]
     assert {r["group"] for r in table} == {"pp=2", "pp=4"}
     assert all(r.get("samples_per_sec") or r.get("skipped") for r in table)
+    # Identical runs of two sections run once: scaling's 1x2x1 is the pp=2 interleaved throughput run.
+    pp2 = next(r for r in results["scaling"]["runs"] if r["kind"] == "PP" and r["world"] == 2)
+    assert pp2["reused_from"] == "throughput_pp2_interleaved-1f1b_v2_r0" and pp2["ok"]
+    assert len(set(commands)) == len(commands)
     mem = results["memory"]["search"]
     assert set(mem) == {"fp32", "fp16", "bf16"} and all(m["max_micro_batch"] >= 1 for m in mem.values())
 

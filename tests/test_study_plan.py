@@ -16,8 +16,8 @@ def test_throughput_runs_cover_every_schedule_and_mesh_at_8_ranks():
 
 
 def test_every_planned_run_has_valid_flags():
-    for settings in (plan.FULL, plan.QUICK):
-        specs = (plan.throughput_specs(8, settings) + plan.scaling_specs(8, settings)
+    for settings in (plan.FULL, plan.QUICK, plan.SMOKE):
+        specs = (plan.throughput_specs(8, settings) + plan.scaling_specs(8, settings) + plan.split_specs(8, settings)
                  + [plan.memory_spec(settings, precision=p, micro_batch_size=8) for p in plan.PRECISIONS])
         for spec in specs:
             if spec.meta.get("skipped"):
@@ -43,3 +43,13 @@ def test_scaling_keeps_the_global_batch():
 
 def test_scaling_stops_at_the_world_size():
     assert max(s.meta["world"] for s in plan.scaling_specs(2, plan.QUICK)) == 2
+
+
+def test_smoke_keeps_what_the_timelines_and_every_section_need():
+    specs = plan.throughput_specs(4, plan.SMOKE)
+    assert {(s.meta["group"], s.meta["label"]) for s in specs} == {
+        (g, label) for g in ("pp=2", "pp=4") for label in ("naive", "1f1b", "interleaved-1f1b v=2")}
+    assert not any(s.meta.get("skipped") for s in specs)
+    assert max(s.meta["world"] for s in plan.scaling_specs(4, plan.SMOKE)) == 2
+    assert [s.meta["who"] for s in plan.overhead_specs(plan.SMOKE)] == ["engine", "plain"]
+    assert {s.meta["pp"] for s in plan.split_specs(4, plan.SMOKE)} == {2}

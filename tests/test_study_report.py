@@ -1,12 +1,19 @@
 """Report targets and conclusions are computed from the numbers handed to them."""
 
+import pytest
+
 from runtime.study import analysis, report
 
 
-def _run(label, sps, group="pp=2", schedule=None, v=1, ok=True):
-    steps = [1.0, 1.0, 1.0, 32 / sps, 32 / sps, 32 / sps]
-    summary = {"samples_per_sec": sps, "step_time_s": 32 / sps, "tokens_per_sec": sps * 128, "step_times": steps,
-               "mfu": 0.1, "profile": {"mean_fraction": {"idle": 0.5 if label == "naive" else 0.05}}}
+def _run(label, sps, group="pp=2", schedule=None, v=1, ok=True, compute_s=1.6):
+    """A profiled run: ``compute_s`` forward + backward seconds per step on each of its 2 ranks."""
+    step = 32 / sps
+    steps = [1.0, 1.0, 1.0, step, step, step]
+    per_rank = [{"rank": r, "step_time": step, "forward_fraction": compute_s / step / 3,
+                 "backward_fraction": 2 * compute_s / step / 3} for r in range(2)]
+    summary = {"samples_per_sec": sps, "step_time_s": step, "tokens_per_sec": sps * 128, "step_times": steps,
+               "mfu": 0.1, "profile": {"mean_fraction": {"idle": 0.5 if label == "naive" else 0.05},
+                                       "per_rank": per_rank}}
     return {"name": label, "ok": ok, "summary": summary, "error": None, "group": group, "label": label,
             "schedule": schedule or label.split(" ")[0], "pp": 2, "dp": 1, "mp": 1, "v": v, "m": 8}
 
@@ -32,3 +39,14 @@ def test_conclusions_name_the_fastest_schedule_and_its_bound():
     results = {"throughput": {"runs": runs, "table": analysis.throughput_table(runs)}}
     text = " ".join(report.conclusions(results, cores=2))
     assert "fastest schedule is 1f1b at 17.00 samples/s, 1.70x" in text and "bound 1.78x" in text
+
+
+def test_the_bound_is_corrected_by_the_measured_compute_slowdown():
+    # naive: 1.6 s of compute per rank per step; 1f1b: 1.76 s, i.e. ranks computed 10% slower together.
+    runs = [_run("naive", 10.0), _run("1f1b", 16.0, compute_s=1.76)]
+    row = next(r for r in analysis.throughput_table(runs) if r["label"] == "1f1b")
+    assert row["compute_slowdown"] == pytest.approx(1.1)
+    assert row["theoretical_speedup"] == pytest.approx((1 - 1 / 9) / (1 - 1 / 2))
+    assert row["bound_at_measured_compute"] == pytest.approx(row["theoretical_speedup"] / 1.1)
+    text = " ".join(report.conclusions({"throughput": {"runs": runs, "table": analysis.throughput_table(runs)}}, cores=2))
+    assert "took 1.10x its time under naive" in text and "bound at that compute speed is 1.62x" in text

@@ -32,18 +32,44 @@ def _mean_profile(run: dict) -> dict | None:
     return profile["mean_fraction"] if profile else None
 
 
+def compute_seconds(run: dict) -> float | None:
+    """Forward + backward seconds per step, averaged over ranks, from a profiled run's time split."""
+    profile = (run.get("summary") or {}).get("profile") if run["ok"] else None
+    if not profile:
+        return None
+    ranks = profile["per_rank"]
+    return statistics.mean((r["forward_fraction"] + r["backward_fraction"]) * r["step_time"] for r in ranks)
+
+
+def _mean_compute_seconds(runs: list[dict]) -> float | None:
+    values = [c for c in map(compute_seconds, runs) if c is not None]
+    return statistics.mean(values) if values else None
+
+
 def throughput_table(runs: list[dict]) -> list[dict]:
+    """Per mesh and schedule: pooled throughput, speed-up over naive, the bubble-formula bound, and that
+    bound corrected by the measured compute speed.
+
+    The bubble formulas assume a stage computes as fast while its neighbours compute as when it runs
+    alone (as under naive). Where ranks share memory bandwidth and caches (CPU cores; GPUs in one node
+    less so) that does not hold: the time split measures each rank's forward + backward seconds, and
+    ``compute_slowdown`` = those seconds under this schedule / under naive. The bound the hardware
+    allows is then the formula's bound / compute_slowdown.
+    """
     rows = []
     groups = list(dict.fromkeys(r["group"] for r in runs))
     for group in groups:
         in_group = [r for r in runs if r["group"] == group]
         labels = list(dict.fromkeys(r["label"] for r in in_group))
-        naive = pooled_samples_per_sec([r for r in in_group if r["label"] == "naive" and not r.get("skipped")])
+        naive_runs = [r for r in in_group if r["label"] == "naive" and not r.get("skipped")]
+        naive = pooled_samples_per_sec(naive_runs)
+        naive_compute = _mean_compute_seconds(naive_runs)
         for label in labels:
             reps = [r for r in in_group if r["label"] == label]
             first = reps[0]
             row = {"group": group, "label": label, "schedule": first["schedule"], "p": first["pp"],
-                   "m": first["m"], "v": first["v"], "dp": first["dp"], "mp": first["mp"]}
+                   "m": first["m"], "v": first["v"], "dp": first["dp"], "mp": first["mp"],
+                   "micro_batch_size": first.get("micro_batch_size")}
             if first.get("skipped"):
                 rows.append({**row, "skipped": first["skipped"]})
                 continue
@@ -54,10 +80,15 @@ def throughput_table(runs: list[dict]) -> list[dict]:
             tokens = sps * reps[0]["summary"]["tokens_per_sec"] / reps[0]["summary"]["samples_per_sec"]
             fractions = [_mean_profile(r) for r in reps if r["ok"] and _mean_profile(r)]
             idle = statistics.mean(f["idle"] for f in fractions) if fractions else None
+            bound = ideal_speedup_over_naive(first["schedule"], p=first["pp"], m=first["m"], v=first["v"])
+            compute = _mean_compute_seconds(reps)
+            slowdown = compute / naive_compute if compute and naive_compute else None
             rows.append({
                 **row, "samples_per_sec": sps, "tokens_per_sec": tokens, "repetitions": len(reps),
                 "speedup_vs_naive": sps / naive if naive else None,
-                "theoretical_speedup": ideal_speedup_over_naive(first["schedule"], p=first["pp"], m=first["m"], v=first["v"]),
+                "theoretical_speedup": bound,
+                "compute_slowdown": slowdown,
+                "bound_at_measured_compute": bound / slowdown if slowdown else None,
                 "measured_idle_fraction": idle,
                 "theoretical_bubble_fraction": bubble_fraction(first["schedule"], p=first["pp"], m=first["m"], v=first["v"]),
                 "mfu": statistics.median(r["summary"]["mfu"] for r in reps if r["ok"]),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.device import device_description, select_device
+from runtime.device import device_description, has_gpu, select_device
 from runtime.study import analysis, plan, report
 from runtime.study.launcher import RunResult, RunSpec, execute
 from runtime.study.memory_search import search_max_batch
@@ -29,10 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run.py study", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--world", type=int, default=8, help="largest number of ranks to use (1, 2, 4 or 8)")
-    p.add_argument("--quick", action="store_true", help="a smaller model and fewer repetitions (about 10 minutes)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="a smaller model and fewer repetitions (about 10 minutes)")
+    size.add_argument("--smoke", action="store_true",
+                      help="the smallest study that writes every section (a few minutes; the test suite runs it): "
+                           "checks the pipeline of the study, its numbers mean nothing")
     p.add_argument("--out", help="output folder (default: tensorboard_logs/study_<timestamp>)")
-    p.add_argument("--mem-budget-gb", type=float, help="per-rank memory budget for the batch search "
-                                                        "(default: 2.0, or 1.0 with --quick)")
+    p.add_argument("--mem-budget-gb", type=float, help="per-rank budget of peak tensor memory for the batch "
+                                                        f"search (default: {plan.FULL.memory_budget_gb}, or "
+                                                        f"{plan.QUICK.memory_budget_gb} with --quick, {plan.SMOKE.memory_budget_gb} with --smoke)")
     p.add_argument("--sections", default=",".join(SECTIONS),
                    help="comma-separated subset of " + ", ".join(SECTIONS) + " (time split and timelines come "
                         "with throughput)")
@@ -58,7 +64,8 @@ def main(argv: list[str]) -> int:
         print(f"error: --world must be 1, 2, 4 or 8 (got {args.world}); --sections from {', '.join(SECTIONS)} "
               f"(got {args.sections}); --mem-budget-gb must be positive", file=sys.stderr)
         return 2
-    settings = plan.QUICK if args.quick else plan.FULL
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    settings = {"smoke": plan.SMOKE, "quick": plan.QUICK, "full": plan.FULL}[mode]
     budget_gb = args.mem_budget_gb or settings.memory_budget_gb
     out = Path(args.out or f"tensorboard_logs/study_{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -69,11 +76,13 @@ def main(argv: list[str]) -> int:
         "overhead": plan.overhead_specs(settings) if "overhead" in sections else [],
         "split": plan.split_specs(args.world, settings) if "split" in sections and args.world >= 2 else [],
     }
-    runnable = sum(not s.meta.get("skipped") for group in specs.values() for s in group)
-    memory_estimate = 3 * 10 if "memory" in sections and args.world >= 2 else 0  # the search decides
+    runnable = len({(s.kind, s.nproc, tuple(s.args)) for group in specs.values() for s in group if not s.meta.get("skipped")})
+    # The search decides; about 3 doublings past the start and log2(1 / resolution) bisections per precision.
+    trials = 3 + math.ceil(math.log2(1 / settings.memory_resolution))
+    memory_estimate = len(plan.PRECISIONS) * trials if "memory" in sections and args.world >= 2 else 0
     progress = Progress(runnable + memory_estimate)
     results = {
-        "command": "python run.py study " + " ".join(argv), "mode": "quick" if args.quick else "full",
+        "command": "python run.py study " + " ".join(argv), "mode": mode,
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": _machine(),
         "settings": {"model": vars(settings.model), "micro_batch_size": settings.micro_batch_size,
                      "microbatches": settings.microbatches, "steps": settings.steps, "rounds": settings.rounds,
@@ -83,8 +92,16 @@ def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     print(f"study: {runnable} runs + the memory search, writing to {out}", flush=True)
 
+    finished: dict[tuple, RunResult] = {}  # identical runs of two sections are run once
+
     def run(spec: RunSpec, detail) -> dict:
+        key = (spec.kind, spec.nproc, tuple(spec.args))
+        if key in finished and finished[key].ok:
+            earlier = finished[key]
+            print(f"[reused] {spec.name}: the same run as {earlier.name}", flush=True)
+            return {**earlier.to_dict(meta=spec.meta), "reused_from": earlier.name}
         result = execute(spec, out, timeout=settings.timeout_s)
+        finished[key] = result
         results["commands"].append(result.command)
         progress.report(result, detail(result) if result.ok else "")
         _save(out, results)
@@ -167,7 +184,7 @@ def _memory_section(settings, budget_gb: float, out: Path, run) -> dict:
             return None
         return [low["max_micro_batch"] / high["first_failing"], low["first_failing"] / high["max_micro_batch"]]
 
-    is_cuda = torch.cuda.is_available()
+    is_cuda = has_gpu()
     method = (
         f"Per-rank budget {budget_gb:.3f} GB of tensor memory. Each trial is a real 2-step training run (pp=2 on "
         f"2 ranks, 1F1B, 2 micro-batches, model {vars(settings.memory_model)}, `--profile-memory`); the micro-batch "

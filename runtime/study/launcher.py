@@ -48,11 +48,13 @@ class RunResult:
     out_of_memory: bool
     meta: dict
 
-    def to_dict(self) -> dict:
+    def to_dict(self, meta: dict | None = None) -> dict:
+        """The run's figures with ``meta`` (default: its own) saying what it stands for in the report."""
         summary = dict(self.summary or {})
         summary.pop("config", None)  # the command says it; keep results.json readable
         return {"name": self.name, "command": self.command, "ok": self.ok, "seconds": self.seconds,
-                "summary": summary, "error": self.error, "out_of_memory": self.out_of_memory, **self.meta}
+                "summary": summary, "error": self.error, "out_of_memory": self.out_of_memory,
+                **(self.meta if meta is None else meta)}
 
 
 def execute(spec: RunSpec, study_dir: Path, *, timeout: float) -> RunResult:

@@ -43,11 +43,16 @@ class StudySettings:
     memory_resolution: float  # bisection stops when (fail - fit) <= resolution * fit
     memory_start: int  # first micro-batch tried (then doubled)
     timeout_s: float
+    # What to cover (the smoke mode trims these; full and quick cover everything the world allows).
+    throughput_schedules: tuple[str, ...] = tuple(label for label, _, _ in THROUGHPUT_SCHEDULES)
+    scaling_worlds: tuple[int, ...] = (1, 2, 4, 8)
+    overhead_pairs: int = 4  # alternated engine / plain-loop pairs
+    split_pps: tuple[int, ...] = (2, 4)
 
 
 FULL = StudySettings(
     model=ModelShape(16, 384, 8, 128), micro_batch_size=4, microbatches=8, steps=5, rounds=2,
-    memory_model=ModelShape(8, 64, 4, 256), memory_budget_gb=0.4, memory_resolution=1 / 8, memory_start=1,
+    memory_model=ModelShape(8, 64, 4, 256), memory_budget_gb=0.4, memory_resolution=1 / 8, memory_start=16,
     split_model=ModelShape(12, 256, 4, 128, 16384), timeout_s=900,
 )
 # A smaller model, one repetition and a coarse memory search: every section in a few minutes.
@@ -55,18 +60,33 @@ FULL = StudySettings(
 QUICK = StudySettings(
     model=ModelShape(8, 128, 8, 64), micro_batch_size=2, microbatches=8, steps=4, rounds=1,
     memory_model=ModelShape(4, 64, 4, 128), memory_budget_gb=0.04, memory_resolution=1 / 4, memory_start=4,
-    split_model=ModelShape(8, 128, 4, 64, 8192), timeout_s=300,
+    split_model=ModelShape(8, 128, 4, 64, 8192), timeout_s=300, overhead_pairs=2,
+)
+# The smallest study that still exercises every section and file (the test suite runs it): the
+# schedules the timelines need, pp=2 and pp=4, meshes up to 2 ranks for scaling, one overhead pair
+# and a two-trial memory search per precision. Its numbers mean nothing.
+SMOKE = StudySettings(
+    model=ModelShape(8, 128, 8, 64), micro_batch_size=4, microbatches=4, steps=3, rounds=1,
+    memory_model=ModelShape(2, 32, 2, 32), memory_budget_gb=0.002, memory_resolution=1.0, memory_start=4,
+    split_model=ModelShape(4, 64, 4, 32, 2048), timeout_s=300,
+    throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2"), scaling_worlds=(1, 2), overhead_pairs=1,
+    split_pps=(2,),
 )
 
 
 def _common(s: StudySettings, steps: int | None = None, precision: str = "fp32") -> list[str]:
     steps = steps or s.steps
     return ["--data", "synthetic", "--precision", precision, "--steps", str(steps), "--log-every", str(steps),
-            "--eval-every", "1000000", "--eval-batches", "1", "--seed", "1234"]
+            "--eval-every", "0", "--eval-batches", "1", "--seed", "1234"]
 
 
 def _mesh(dp: int, pp: int, mp: int) -> list[str]:
     return ["--dp", str(dp), "--pp", str(pp), "--mp", str(mp)]
+
+
+def _steps(world: int, s: StudySettings) -> int:
+    # 8 ranks on this machine's cores take ~3x longer per step: one step fewer.
+    return s.steps - 1 if world > 4 else s.steps
 
 
 def throughput_specs(world: int, s: StudySettings) -> list[RunSpec]:
@@ -74,25 +94,28 @@ def throughput_specs(world: int, s: StudySettings) -> list[RunSpec]:
     for group, dp, pp, mp in THROUGHPUT_MESHES:
         if dp * pp * mp > world:
             continue
+        # Every group trains the same global batch (m micro-batches per replica): dp replicas split it.
+        mbs = max(1, s.micro_batch_size // dp)
         rounds = s.rounds if group == "pp=2" else 1
         for r in range(rounds):
             order = THROUGHPUT_SCHEDULES if r % 2 == 0 else THROUGHPUT_SCHEDULES[::-1]  # alternate against drift
             for label, schedule, v in order:
+                if label not in s.throughput_schedules:
+                    continue
                 meta = {"section": "throughput", "group": group, "label": label, "schedule": schedule,
-                        "dp": dp, "pp": pp, "mp": mp, "v": v, "m": s.microbatches, "round": r}
+                        "dp": dp, "pp": pp, "mp": mp, "v": v, "m": s.microbatches, "micro_batch_size": mbs, "round": r}
                 if s.model.layers < pp * v:
                     meta["skipped"] = f"needs >= {pp * v} layers for pp={pp} x v={v}, model has {s.model.layers}"
                 args = [*_mesh(dp, pp, mp), "--schedule", schedule, "--stages-per-rank", str(v),
-                        "--micro-batch-size", str(s.micro_batch_size), "--microbatches", str(s.microbatches),
-                        # 8 ranks on this machine's cores take ~3x longer per step: one step fewer.
-                        *s.model.flags(), *_common(s, s.steps - 1 if dp * pp * mp > 4 else None), "--profile"]
+                        "--micro-batch-size", str(mbs), "--microbatches", str(s.microbatches),
+                        *s.model.flags(), *_common(s, _steps(dp * pp * mp, s)), "--profile"]
                 name = f"throughput_{group.replace(' ', '_').replace('=', '')}_{label.replace(' ', '_').replace('=', '')}_r{r}"
                 specs.append(RunSpec(name, dp * pp * mp, args, meta=meta))
     return specs
 
 
 def scaling_meshes(world: int) -> list[tuple[str, int, int, int]]:
-    """(kind, dp, pp, mp) for 1, 2, 4, 8 ranks: DP only, PP only, MP only and the mixes."""
+    """(kind, dp, pp, mp) for 1, 2, 4, 8 ranks up to ``world``: DP only, PP only, MP only and the mixes."""
     meshes = [("single", 1, 1, 1)]
     for n in (2, 4, 8):
         if n > world:
@@ -109,12 +132,12 @@ def scaling_specs(world: int, s: StudySettings) -> list[RunSpec]:
     """Strong scaling: the same global batch (micro-batch size x microbatches) on every mesh."""
     specs = []
     global_batch = s.micro_batch_size * s.microbatches
-    for kind, dp, pp, mp in scaling_meshes(world):
+    for kind, dp, pp, mp in scaling_meshes(min(world, max(s.scaling_worlds))):
         m = global_batch // (s.micro_batch_size * dp)
         v = 2 if pp > 1 and s.model.layers >= 2 * pp and m % pp == 0 else 1
         args = [*_mesh(dp, pp, mp), "--schedule", "interleaved-1f1b", "--stages-per-rank", str(v),
                 "--micro-batch-size", str(s.micro_batch_size), "--microbatches", str(m),
-                *s.model.flags(), *_common(s), "--profile"]
+                *s.model.flags(), *_common(s, _steps(dp * pp * mp, s)), "--profile"]
         meta = {"section": "scaling", "kind": kind, "dp": dp, "pp": pp, "mp": mp, "world": dp * pp * mp, "v": v, "m": m}
         specs.append(RunSpec(f"scaling_{kind}_{dp}x{pp}x{mp}", dp * pp * mp, args, meta=meta))
     return specs
@@ -130,7 +153,7 @@ def overhead_specs(s: StudySettings) -> list[RunSpec]:
     engine_args = [*_mesh(1, 1, 1), "--micro-batch-size", str(s.micro_batch_size), "--microbatches",
                    str(s.microbatches), *shape.flags(), *_common(s, s.steps + 1)]
     specs = []
-    for r in range(2 * s.rounds):
+    for r in range(s.overhead_pairs):
         pair = [RunSpec(f"overhead_engine_r{r}", 1, engine_args, meta={"section": "overhead", "who": "engine", "round": r}),
                 RunSpec(f"overhead_plain_r{r}", 1, plain_args, kind="plain", meta={"section": "overhead", "who": "plain", "round": r})]
         specs += pair if r % 2 == 0 else pair[::-1]
@@ -149,7 +172,7 @@ def memory_spec(s: StudySettings, *, precision: str, micro_batch_size: int) -> R
 def split_specs(world: int, s: StudySettings) -> list[RunSpec]:
     """--split auto against uniform on a heavy-head model, pp=2 and pp=4, 1F1B, alternated ``rounds`` times."""
     specs = []
-    for pp in (2, 4):
+    for pp in s.split_pps:
         if pp > world:
             continue
         for r in range(s.rounds):

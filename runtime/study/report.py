@@ -58,6 +58,12 @@ def conclusions(results: dict, *, cores: int) -> list[str]:
                 f"{best['speedup_vs_naive']:.2f}x the stop-and-wait loop (bound {best['theoretical_speedup']:.2f}x, "
                 f"{100 * best['speedup_vs_naive'] / best['theoretical_speedup']:.0f}% of it); measured idle "
                 f"{_pct(naive['measured_idle_fraction'])} under naive vs {_pct(best['measured_idle_fraction'])}.")
+            if best.get("compute_slowdown"):
+                out.append(
+                    f"{group}: under {best['label']} each rank's forward + backward took {best['compute_slowdown']:.2f}x "
+                    f"its time under naive (ranks computing at once share the machine), so the bound at that compute "
+                    f"speed is {best['bound_at_measured_compute']:.2f}x; the schedule reached "
+                    f"{100 * best['speedup_vs_naive'] / best['bound_at_measured_compute']:.0f}% of it.")
         above = [r for r in rows if r["speedup_vs_naive"] and r["speedup_vs_naive"] > r["theoretical_speedup"]]
         naive_reps = [x for x in results["throughput"]["runs"]
                       if x.get("group") == group and x.get("label") == "naive" and x["ok"]]
@@ -118,10 +124,10 @@ def render(results: dict, *, cores: int) -> str:
               f"{s['microbatches']} micro-batches, {s['steps']} steps per run (median of the steps after warm-up), "
               "fp32, synthetic tokens. Every run is a real `torchrun` training job; commands are listed at the end "
               "and in commands.txt.", ""]
-    if results["mode"] == "quick":
-        lines += ["Quick mode: a small model whose steps are dominated by fixed per-action costs. The performance "
-                  "targets are defined for a model big enough that compute dominates: run the full study "
-                  "(without --quick) to check them.", ""]
+    if results["mode"] in ("quick", "smoke"):
+        lines += [f"{results['mode'].capitalize()} mode: a small model whose steps are dominated by fixed per-action "
+                  "costs. The performance targets are defined for a model big enough that compute dominates: run "
+                  "the full study (without --quick or --smoke) to check them.", ""]
     lines += _targets_section(results) + _throughput_section(results) + _memory_section(results)
     lines += _time_split_section(results) + _timeline_section(results) + _scaling_section(results)
     lines += _overhead_section(results) + _split_section(results)
@@ -141,15 +147,22 @@ def _throughput_section(results: dict) -> list[str]:
              "Speed-up bound from the bubble fractions: (1 - bubble) / (1 - (p-1)/p), with bubble (p-1)/(m+p-1) for "
              "GPipe and 1F1B, (p-1)/(v*m+p-1) for interleaved 1F1B (Narayanan et al. 2021) and ~0 for zero-bubble "
              "(Qi et al. 2024).", "",
-             "| mesh | schedule | p | m | v | samples/s | tokens/s | speed-up vs naive | bound | idle (measured) | bubble (theory) | runs |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "The bound assumes a stage computes as fast while its neighbours compute as it does alone under naive. "
+             "'compute vs naive' is the measured forward + backward time per rank under the schedule over that under "
+             "naive (ranks sharing memory bandwidth and caches compute slower together); 'bound at that compute' is "
+             "the bound divided by it: what the schedule could reach with this machine's concurrent compute speed.", "",
+             "Every mesh trains the same global batch: m micro-batches per replica of mbs samples each.", "",
+             "| mesh | schedule | p | m | v | mbs | samples/s | tokens/s | speed-up vs naive | bound | compute vs naive | "
+             "bound at that compute | idle (measured) | bubble (theory) | runs |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results.get("throughput", {}).get("table", []):
-        head = f"| {r['group']} | {r['label']} | {r['p']} | {r['m']} | {r['v']} |"
+        head = f"| {r['group']} | {r['label']} | {r['p']} | {r['m']} | {r['v']} | {r.get('micro_batch_size') or ''} |"
         if r.get("skipped") or r.get("failed"):
-            lines.append(head + f" {r.get('skipped') or 'failed: ' + r['failed']} | | | | | | | |")
+            lines.append(head + f" {r.get('skipped') or 'failed: ' + r['failed']} |" + " |" * 8)
             continue
         lines.append(head + f" {r['samples_per_sec']:.3f} | {r['tokens_per_sec']:.0f} | {_fmt(r['speedup_vs_naive'], '.3f')}x |"
-                     f" {r['theoretical_speedup']:.3f}x | {_pct(r['measured_idle_fraction'])} |"
+                     f" {r['theoretical_speedup']:.3f}x | {_fmt(r.get('compute_slowdown'), '.3f')}x |"
+                     f" {_fmt(r.get('bound_at_measured_compute'), '.3f')}x | {_pct(r['measured_idle_fraction'])} |"
                      f" {_pct(r['theoretical_bubble_fraction'])} | {r['repetitions']} |")
     return lines + [""]
 
