@@ -199,6 +199,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
             stages_per_rank=cfg.pipeline.stages_per_rank, logger=logger)
     summary.update(config=cfg.to_dict(), peak_flops=peak_flops, peak_flops_source=peak_source,
                    device=device_description(device), blocks_per_stage=plan.blocks_per_stage,
+                   stage_costs=plan.stage_costs, stage_cost_unit=plan.unit,
                    world_size=env.world_size)
     logger.write_json("summary.json", summary)
     logger.close()

@@ -158,16 +158,3 @@ def _time_fwd_bwd(forward, precision: str, device: torch.device, repeats: int) -
         if i:  # the first run warms up kernels and allocator
             times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def block_costs_with_ends(costs: list[LayerCost], *, use_time: bool = False) -> list[float]:
-    """Fold the embedding into block 0 and the head into the last block.
-
-    Every stage boundary falls between blocks, so stage 0 always holds the embedding with block 0 and
-    the last stage the head with the last block: folding them in is exact for the partitioner.
-    """
-    value = (lambda c: c.seconds) if use_time else (lambda c: c.flops)
-    blocks = [value(c) for c in costs[1:-1]]
-    blocks[0] += value(costs[0])
-    blocks[-1] += value(costs[-1])
-    return blocks

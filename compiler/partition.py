@@ -1,7 +1,8 @@
 """Split the sequence of transformer blocks into contiguous pipeline stages.
 
 Pure functions, no torch: a pipeline runs at the pace of its slowest stage, so ``balanced_split``
-minimises the largest stage cost exactly (dynamic programme over split points, O(S * L^2)).
+minimises the largest stage cost exactly (dynamic programme over split points, O(S * L^2)), and
+``layer_split`` applies it to the model's layers with the embedding and the LM head as layers too.
 """
 
 from __future__ import annotations
@@ -48,6 +49,30 @@ def balanced_split(costs: list[float], n_stages: int, *, memory: list[float] | N
     return sizes[::-1]
 
 
+def layer_split(costs: list[float], n_stages: int, *, memory: list[float] | None = None,
+                memory_limit: float | None = None) -> list[int]:
+    """Blocks per stage minimising the largest stage cost, for ``costs`` of [embedding, block 0, ...,
+    block L-1, final norm + head] (and ``memory`` alike).
+
+    The embedding and the head are layers of their own: stage 0 always holds the embedding and the
+    last stage the head, but either may hold no block. A large-vocabulary head can cost several
+    blocks, and then the best pipeline gives it a stage alone (blocks per stage [3, 3, 2, 0]).
+    """
+    items = balanced_split(costs, n_stages, memory=memory, memory_limit=memory_limit)
+    blocks = list(items)
+    blocks[0] -= 1  # the embedding
+    blocks[-1] -= 1  # the head (the same stage when n_stages == 1)
+    return blocks
+
+
+def stage_costs_with_ends(costs: list[float], blocks_per_stage: list[int]) -> list[float]:
+    """Per-stage cost for ``costs`` of [embedding, blocks..., head]: the ends go to the first and last stage."""
+    items = list(blocks_per_stage)
+    items[0] += 1
+    items[-1] += 1
+    return stage_costs(costs, items)
+
+
 def uniform_split(n_layers: int, n_stages: int) -> list[int]:
     """Equal blocks per stage; a remainder goes to the earliest stages."""
     base, extra = divmod(n_layers, n_stages)
@@ -70,15 +95,19 @@ def parse_split(spec: str, *, n_stages: int, n_layers: int) -> list[int] | None:
             sizes = [int(x) for x in spec[len("manual:"):].split(",")]
         except ValueError:
             sizes = []
-        if len(sizes) != n_stages or min(sizes, default=0) < 1 or sum(sizes) != n_layers:
+        # The first stage may hold only the embedding and the last only the head; middle stages need a block.
+        if len(sizes) != n_stages or min(sizes[1:-1], default=1) < 1 or min(sizes, default=-1) < 0 \
+                or sum(sizes) != n_layers:
             raise ValueError(
-                f"--split {spec} must list {n_stages} positive block counts (pp x stages-per-rank) summing to "
-                f"{n_layers} layers, e.g. manual:{','.join(map(str, uniform_split(n_layers, n_stages)))}"
+                f"--split {spec} must list {n_stages} block counts (pp x stages-per-rank) summing to {n_layers} "
+                f"layers, each >= 1 except the first and last (>= 0), e.g. "
+                f"manual:{','.join(map(str, uniform_split(n_layers, n_stages)))}"
             )
         return sizes
     raise ValueError(f"--split must be auto, uniform or manual:N0,N1,..., got {spec!r}")
 
 
 def split_points(sizes: list[int]) -> list[int]:
-    """Index of the first block of every stage after the first."""
+    """Index of the first block of every stage after the first (len(blocks) when the last stage holds
+    only the head)."""
     return list(accumulate(sizes))[:-1]

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from compiler.cost import block_costs_with_ends, layer_costs, measure_layer_times
-from compiler.partition import balanced_split, parse_split, stage_costs
+from compiler.cost import layer_costs, measure_layer_times
+from compiler.partition import layer_split, parse_split, stage_costs_with_ends
 from models.gpt import GPTConfig
 
 COST_SOURCES = ("flops", "time")
@@ -30,24 +30,26 @@ class StagePlan:
                  f"imbalance max/mean = {self.imbalance:.3f}"]
         first = 0
         for s, (n, cost) in enumerate(zip(self.blocks_per_stage, self.stage_costs)):
-            extra = (" + embedding" if s == 0 else "") + (" + norm/head" if s == len(self.blocks_per_stage) - 1 else "")
-            lines.append(f"  stage {s}: layers {first}..{first + n - 1}{extra}  est. {cost:.3f} {self.unit}/micro-batch")
+            parts = (["embedding"] if s == 0 else []) + ([f"blocks {first}..{first + n - 1}"] if n else [])
+            parts += ["norm/head"] if s == len(self.blocks_per_stage) - 1 else []
+            lines.append(f"  stage {s}: {' + '.join(parts)}  est. {cost:.3f} {self.unit}/micro-batch")
             first += n
         return "\n".join(lines)
 
 
 def plan_stages(cfg: GPTConfig, *, n_stages: int, micro_batch_size: int, split: str, precision: str = "fp32",
                 mp: int = 1, cost_source: str = "flops", device: torch.device | None = None) -> StagePlan:
+    # Costs of [embedding, block 0, ..., block L-1, norm + head].
     if cost_source == "time":
-        costs = block_costs_with_ends(measure_layer_times(cfg, micro_batch_size=micro_batch_size, precision=precision,
-                                                          device=device or torch.device("cpu")), use_time=True)
-        costs, unit = [c * 1e3 for c in costs], "ms"
+        layers = measure_layer_times(cfg, micro_batch_size=micro_batch_size, precision=precision,
+                                     device=device or torch.device("cpu"))
+        costs, unit = [c.seconds * 1e3 for c in layers], "ms"
     else:
-        costs = block_costs_with_ends(layer_costs(cfg, micro_batch_size=micro_batch_size, precision=precision, mp=mp))
-        costs, unit = [c / 1e9 for c in costs], "GFLOP"
+        layers = layer_costs(cfg, micro_batch_size=micro_batch_size, precision=precision, mp=mp)
+        costs, unit = [c.flops / 1e9 for c in layers], "GFLOP"
     sizes = parse_split(split, n_stages=n_stages, n_layers=cfg.n_layers)
     method = split
     if sizes is None:
-        sizes = balanced_split(costs, n_stages)
+        sizes = layer_split(costs, n_stages)
         method = f"auto: exact min-max over {'measured times' if cost_source == 'time' else 'counted FLOPs'}"
-    return StagePlan(sizes, stage_costs(costs, sizes), unit, method)
+    return StagePlan(sizes, stage_costs_with_ends(costs, sizes), unit, method)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from compiler.cost import block_costs_with_ends, layer_costs, measure_layer_times
+from compiler.cost import layer_costs, measure_layer_times
 from models.gpt import MODEL_SIZES, GPTConfig
 
 CFG = GPTConfig(n_layers=3, d_model=64, n_heads=4, seq_len=32, vocab_size=512, mlp_width=256)
@@ -51,4 +51,4 @@ def test_measured_time_mode_times_every_group():
     costs = measure_layer_times(MODEL_SIZES["tiny"], micro_batch_size=2, precision="fp32", device=torch.device("cpu"),
                                 repeats=1)
     assert all(c.seconds and c.seconds > 0 for c in costs)
-    assert len(block_costs_with_ends(costs, use_time=True)) == MODEL_SIZES["tiny"].n_layers
+    assert len(costs) == MODEL_SIZES["tiny"].n_layers + 2  # embedding, blocks, head

@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from compiler.cost import block_costs_with_ends, layer_costs
-from compiler.partition import balanced_split, parse_split, split_points, stage_costs, uniform_split
+from compiler.cost import layer_costs
+from compiler.partition import (balanced_split, layer_split, parse_split, split_points, stage_costs,
+                                  stage_costs_with_ends, uniform_split)
 from compiler.stage_plan import plan_stages
 from models.gpt import MODEL_SIZES, GPTConfig
 
@@ -33,26 +34,55 @@ def test_balanced_split_is_optimal(seed):
     assert max(stage_costs(costs, sizes)) == pytest.approx(_brute_force(costs, n_stages))
 
 
-def test_heavy_head_gets_a_stage_with_fewer_blocks():
+def _brute_force_layers(costs, n_stages):
+    """Every placement of S - 1 boundaries among [embedding, blocks..., head] with every middle stage
+    holding a block: the first stage may be the embedding alone, the last the head alone."""
+    n_blocks = len(costs) - 2
+    best = float("inf")
+    for cuts in itertools.combinations_with_replacement(range(n_blocks + 1), n_stages - 1):
+        sizes = [b - a for a, b in zip((0, *cuts), (*cuts, n_blocks))]
+        if all(x >= 1 for x in sizes[1:-1]):
+            best = min(best, max(stage_costs_with_ends(costs, sizes)))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_layer_split_is_optimal_with_embedding_and_head_as_layers(seed):
+    rng = random.Random(2000 + seed)
+    n_blocks = rng.randint(1, 8)
+    costs = [rng.uniform(0.01, 2), *(rng.uniform(0.5, 3) for _ in range(n_blocks)), rng.uniform(0.1, 12)]
+    n_stages = rng.randint(1, n_blocks)
+    sizes = layer_split(costs, n_stages)
+    assert len(sizes) == n_stages and sum(sizes) == n_blocks
+    assert min(sizes[1:-1], default=1) >= 1 and min(sizes) >= 0
+    assert max(stage_costs_with_ends(costs, sizes)) == pytest.approx(_brute_force_layers(costs, n_stages))
+
+
+def test_heavy_head_gets_a_stage_of_its_own():
+    # Vocabulary 32k at d 256: the head costs about 10 blocks, so at pp = 4 it is best left alone.
     cfg = GPTConfig(n_layers=8, d_model=256, n_heads=4, seq_len=128, vocab_size=32000, mlp_width=1024)
     plan = plan_stages(cfg, n_stages=4, micro_batch_size=4, split="auto")
     uniform = plan_stages(cfg, n_stages=4, micro_batch_size=4, split="uniform")
-    assert plan.blocks_per_stage[-1] < 2 and plan.imbalance < uniform.imbalance
+    assert plan.blocks_per_stage[-1] == 0 and sum(plan.blocks_per_stage) == 8
+    assert max(plan.stage_costs) < max(uniform.stage_costs) and plan.imbalance < uniform.imbalance
+    assert "stage 3: norm/head" in plan.describe()
 
 
 def test_costs_count_embedding_and_head():
     costs = layer_costs(MODEL_SIZES["tiny"], micro_batch_size=2)
     assert [c.name for c in costs] == ["embedding", "layers.0", "layers.1", "layers.2", "layers.3", "head"]
-    folded = block_costs_with_ends(costs)
-    assert folded[0] == costs[0].flops + costs[1].flops and folded[-1] == costs[-2].flops + costs[-1].flops
+    flops = [c.flops for c in costs]
+    assert stage_costs_with_ends(flops, [2, 2]) == [sum(flops[:3]), sum(flops[3:])]
+    assert stage_costs_with_ends(flops, [4, 0]) == [sum(flops[:5]), flops[5]]
 
 
 def test_parse_split():
     assert parse_split("auto", n_stages=2, n_layers=4) is None
     assert parse_split("uniform", n_stages=3, n_layers=8) == [3, 3, 2] == uniform_split(8, 3)
     assert parse_split("manual:1,3", n_stages=2, n_layers=4) == [1, 3]
+    assert parse_split("manual:0,4,0", n_stages=3, n_layers=4) == [0, 4, 0]  # embedding / head alone
     assert split_points([1, 3, 2]) == [1, 4]
-    for bad in ("manual:2,3", "manual:4", "manual:0,4", "manual:a,b", "greedy"):
+    for bad in ("manual:2,3", "manual:4", "manual:2,0,2", "manual:-1,5", "manual:a,b", "greedy"):
         with pytest.raises(ValueError, match="--split"):
             parse_split(bad, n_stages=2, n_layers=4)
 

@@ -50,3 +50,24 @@ def test_the_bound_is_corrected_by_the_measured_compute_slowdown():
     assert row["bound_at_measured_compute"] == pytest.approx(row["theoretical_speedup"] / 1.1)
     text = " ".join(report.conclusions({"throughput": {"runs": runs, "table": analysis.throughput_table(runs)}}, cores=2))
     assert "took 1.10x its time under naive" in text and "bound at that compute speed is 1.62x" in text
+
+
+def test_split_expectation_is_the_busiest_rank_or_the_work_over_the_cores():
+    # Interleaved placement: rank r holds stages r, r + pp, ...
+    assert analysis.pipeline_time_units([1, 2, 3, 4], pp=2, cores=2) == 6
+    # Four ranks on two cores: balanced stages are bound by the cores, not by the busiest rank.
+    assert analysis.pipeline_time_units([1, 1, 1, 1], pp=4, cores=2) == 2
+    assert analysis.pipeline_time_units([1, 1, 1, 5], pp=4, cores=2) == 5
+
+    def run(split, sps, costs):
+        summary = {"samples_per_sec": sps, "step_time_s": 8 / sps, "step_times": [8 / sps] * 5,
+                   "blocks_per_stage": [], "stage_costs": costs}
+        return {"ok": True, "summary": summary, "pp": 4, "split": split}
+
+    row = analysis.split_table([run("auto", 12.0, [3, 3, 2, 10]), run("uniform", 10.0, [2, 2, 2, 12])], cores=2)[0]
+    assert row["auto_over_uniform"] == pytest.approx(1.2)
+    assert row["expected_core_per_rank"] == pytest.approx(12 / 10)
+    assert row["expected_on_cores"] == pytest.approx(12 / 10)  # total 18 over 2 cores = 9 < 10
+    row = analysis.split_table([run("auto", 10.0, [3, 3, 3, 5]), run("uniform", 10.0, [2, 2, 2, 8])], cores=2)[0]
+    assert row["expected_core_per_rank"] == pytest.approx(8 / 5)
+    assert row["expected_on_cores"] == pytest.approx(8 / 7)  # the auto split is bound by 14 / 2 cores

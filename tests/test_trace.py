@@ -42,6 +42,20 @@ def test_chained_stages_match_forward_and_backward():
             torch.testing.assert_close(p.grad, ref_grads[name].grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
+def test_embedding_and_head_can_be_stages_of_their_own():
+    cfg = MODEL_SIZES["tiny"]
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=torch.Generator().manual_seed(1))
+    model, reference = build_gpt(cfg, seed=5), build_gpt(cfg, seed=5)
+    pipe = trace_pipeline(model, example_microbatch=tokens, blocks_per_stage=[0, 4, 0])
+    stages = [pipe.get_stage_module(i) for i in range(3)]
+    for stage in stages:
+        restore_linear_modules(stage, model)
+    names = [sorted(n for n, _ in s.named_parameters()) for s in stages]
+    assert names[0] == ["pos_emb.weight", "tok_emb.weight"]
+    assert names[2] == ["head.weight", "norm.bias", "norm.weight"]
+    torch.testing.assert_close(_chain(stages, tokens), reference(tokens), rtol=0, atol=1e-6)
+
+
 def test_restored_modules_are_real_linears_sharing_parameters():
     cfg = MODEL_SIZES["tiny"]
     model = build_gpt(cfg, seed=0)

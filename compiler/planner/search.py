@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from compiler.cost import LayerCost, block_costs_with_ends, layer_costs
-from compiler.partition import balanced_split
+from compiler.cost import LayerCost, layer_costs
+from compiler.partition import layer_split
 from compiler.planner.candidates import Candidate, candidates
 from compiler.planner.cluster import Cluster
 from compiler.planner.memory_model import rank_memory
@@ -47,7 +47,7 @@ class CostTable:
         """The FLOP-balanced split; costs scale with the micro-batch, so the split does not depend on it."""
         key = (precision, mp, n_stages)
         if key not in self._splits:
-            self._splits[key] = balanced_split(block_costs_with_ends(self.layers(precision, mp, 1)), n_stages)
+            self._splits[key] = layer_split([c.flops for c in self.layers(precision, mp, 1)], n_stages)
         return self._splits[key]
 
     def layers(self, precision: str, mp: int, micro_batch_size: int) -> list[LayerCost]:

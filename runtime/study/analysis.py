@@ -165,17 +165,34 @@ def bottleneck_sentences(rows: list[dict]) -> list[str]:
     return sentences
 
 
-def split_table(runs: list[dict]) -> list[dict]:
-    """Per pp: auto and uniform throughput (pooled over repetitions), their ratio and the chosen splits."""
+def pipeline_time_units(stage_costs: list[float], *, pp: int, cores: int) -> float:
+    """Relative step time of a compute-bound pipeline: its busiest rank's work, or, with fewer cores than
+    ranks, the total work spread over the cores, whichever is larger (ranks time-share cores, so a
+    light rank's idle core works for the heavy one)."""
+    rank_costs = [sum(stage_costs[r::pp]) for r in range(pp)]
+    return max(max(rank_costs), sum(stage_costs) / min(pp, cores))
+
+
+def split_table(runs: list[dict], *, cores: int | None = None) -> list[dict]:
+    """Per pp: auto and uniform throughput (pooled over repetitions), their ratio, the chosen splits, and
+    the ratio their estimated stage costs predict with a core per rank and with this machine's cores."""
+    cores = cores or os.cpu_count() or 1
     rows = []
     for pp in sorted({r["pp"] for r in runs}):
-        row = {"pp": pp}
+        row = {"pp": pp, "cores": cores}
+        costs = {}
         for split in ("auto", "uniform"):
             reps = [r for r in runs if r["pp"] == pp and r["split"] == split]
             row[f"{split}_samples_per_sec"] = pooled_samples_per_sec(reps)
             ok = [r for r in reps if r["ok"]]
             row[f"{split}_blocks_per_stage"] = ok[0]["summary"]["blocks_per_stage"] if ok else None
+            costs[split] = ok[0]["summary"].get("stage_costs") if ok else None
         a, u = row["auto_samples_per_sec"], row["uniform_samples_per_sec"]
         row["auto_over_uniform"] = a / u if a and u else None
+        if costs["auto"] and costs["uniform"]:
+            row["expected_core_per_rank"] = (pipeline_time_units(costs["uniform"], pp=pp, cores=pp)
+                                             / pipeline_time_units(costs["auto"], pp=pp, cores=pp))
+            row["expected_on_cores"] = (pipeline_time_units(costs["uniform"], pp=pp, cores=cores)
+                                        / pipeline_time_units(costs["auto"], pp=pp, cores=cores))
         rows.append(row)
     return rows

@@ -53,14 +53,14 @@ class StudySettings:
 FULL = StudySettings(
     model=ModelShape(16, 384, 8, 128), micro_batch_size=4, microbatches=8, steps=5, rounds=2,
     memory_model=ModelShape(8, 64, 4, 256), memory_budget_gb=0.4, memory_resolution=1 / 8, memory_start=16,
-    split_model=ModelShape(12, 256, 4, 128, 16384), timeout_s=900,
+    split_model=ModelShape(8, 256, 4, 128, 32768), timeout_s=900,
 )
 # A smaller model, one repetition and a coarse memory search: every section in a few minutes.
 # Fixed per-action costs dominate this model, so its speed-ups are not the targets' numbers.
 QUICK = StudySettings(
     model=ModelShape(8, 128, 8, 64), micro_batch_size=2, microbatches=8, steps=4, rounds=1,
     memory_model=ModelShape(4, 64, 4, 128), memory_budget_gb=0.04, memory_resolution=1 / 4, memory_start=4,
-    split_model=ModelShape(8, 128, 4, 64, 8192), timeout_s=300, overhead_pairs=2,
+    split_model=ModelShape(8, 128, 4, 64, 16384), timeout_s=300, overhead_pairs=2,
 )
 # The smallest study that still exercises every section and file (the test suite runs it): the
 # schedules the timelines need, pp=2 and pp=4, meshes up to 2 ranks for scaling, one overhead pair

@@ -250,12 +250,17 @@ def _split_section(results: dict) -> list[str]:
         return []
     lines = ["## Cost-balanced stage split against a uniform one", "",
              f"Model {split['model']} (the LM head costs several blocks), 1F1B, fp32, pp ranks = pp. `--split auto` "
-             "balances FLOPs counted by FlopCounterMode with an exact min-max partition; `uniform` puts equal "
-             "blocks on every stage.", "",
-             "| pp | auto samples/s | auto blocks/stage | uniform samples/s | uniform blocks/stage | auto / uniform |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "balances FLOPs counted by FlopCounterMode with an exact min-max partition over [embedding, blocks, "
+             "head] (the head may get a stage alone: blocks per stage ending in 0); `uniform` puts equal blocks on "
+             "every stage. 'expected' is the ratio the two splits' estimated stage costs predict for a "
+             "compute-bound pipeline: its busiest rank's work with a core per rank; with fewer cores than ranks, "
+             "at least the total work over the cores, which caps what balance can gain.", "",
+             "| pp | auto samples/s | auto blocks/stage | uniform samples/s | uniform blocks/stage | auto / uniform | "
+             "expected, a core per rank | expected on this machine |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in split["table"]:
         lines.append(f"| {r['pp']} | {_fmt(r['auto_samples_per_sec'], '.3f')} | {r['auto_blocks_per_stage']} | "
                      f"{_fmt(r['uniform_samples_per_sec'], '.3f')} | {r['uniform_blocks_per_stage']} | "
-                     f"{_fmt(r['auto_over_uniform'], '.3f')}x |")
+                     f"{_fmt(r['auto_over_uniform'], '.3f')}x | {_fmt(r.get('expected_core_per_rank'), '.2f')}x | "
+                     f"{_fmt(r.get('expected_on_cores'), '.2f')}x ({r.get('cores', '?')} cores) |")
     return lines + [""]
