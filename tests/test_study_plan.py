@@ -53,3 +53,14 @@ def test_smoke_keeps_what_the_timelines_and_every_section_need():
     assert max(s.meta["world"] for s in plan.scaling_specs(4, plan.SMOKE)) == 2
     assert [s.meta["who"] for s in plan.overhead_specs(plan.SMOKE)] == ["engine", "plain"]
     assert {s.meta["pp"] for s in plan.split_specs(4, plan.SMOKE)} == {2}
+
+
+def test_repetitions_are_measured_again_but_identical_runs_of_two_sections_once():
+    throughput = plan.throughput_specs(2, plan.FULL)
+    interleaved = [s for s in throughput if s.meta["label"] == "interleaved-1f1b v=2"]
+    assert len(interleaved) == plan.FULL.rounds == 2
+    assert plan.run_key(interleaved[0]) != plan.run_key(interleaved[1])
+    scaling_pp2 = next(s for s in plan.scaling_specs(2, plan.FULL) if s.meta["kind"] == "PP")
+    assert plan.run_key(scaling_pp2) == plan.run_key(next(s for s in interleaved if s.meta["round"] == 0))
+    keys = [plan.run_key(s) for s in plan.overhead_specs(plan.FULL)]
+    assert len(set(keys)) == len(keys) == 2 * plan.FULL.overhead_pairs

@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
         "overhead": plan.overhead_specs(settings) if "overhead" in sections else [],
         "split": plan.split_specs(args.world, settings) if "split" in sections and args.world >= 2 else [],
     }
-    runnable = len({(s.kind, s.nproc, tuple(s.args)) for group in specs.values() for s in group if not s.meta.get("skipped")})
+    runnable = len({plan.run_key(s) for group in specs.values() for s in group if not s.meta.get("skipped")})
     # The search decides; about 3 doublings past the start and log2(1 / resolution) bisections per precision.
     trials = 3 + math.ceil(math.log2(1 / settings.memory_resolution))
     memory_estimate = len(plan.PRECISIONS) * trials if "memory" in sections and args.world >= 2 else 0
@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     finished: dict[tuple, RunResult] = {}  # identical runs of two sections are run once
 
     def run(spec: RunSpec, detail) -> dict:
-        key = (spec.kind, spec.nproc, tuple(spec.args))
+        key = plan.run_key(spec)
         if key in finished and finished[key].ok:
             earlier = finished[key]
             print(f"[reused] {spec.name}: the same run as {earlier.name}", flush=True)

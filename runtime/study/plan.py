@@ -74,6 +74,12 @@ SMOKE = StudySettings(
 )
 
 
+def run_key(spec: RunSpec) -> tuple:
+    """What a run measures: specs with the same key are the same measurement, run once and shared by the
+    sections that need it. Repetitions of a configuration (meta "round") are distinct measurements."""
+    return spec.kind, spec.nproc, tuple(spec.args), spec.meta.get("round", 0)
+
+
 def _common(s: StudySettings, steps: int | None = None, precision: str = "fp32") -> list[str]:
     steps = steps or s.steps
     return ["--data", "synthetic", "--precision", precision, "--steps", str(steps), "--log-every", str(steps),
