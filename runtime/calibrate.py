@@ -160,7 +160,9 @@ def main(argv: list[str]) -> int:
 
     from runtime.device import device_description, has_gpu
 
-    p = argparse.ArgumentParser(prog="run.py calibrate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="run.py calibrate", description="Measure this machine (block FLOP/s per "
+                                "precision, fixed per-layer cost, gloo all-reduce latency and bandwidth, AdamW rate) "
+                                "and write a cluster file for `run.py plan` and --auto.")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="cluster JSON to write")
     p.add_argument("--ranks-per-node", type=int, default=8, help="ranks you launch per node (CPU: may exceed cores)")
     args = p.parse_args(argv)

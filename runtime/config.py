@@ -121,7 +121,7 @@ class _OneLineErrorParser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see --help)")
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Show defaults, except for flags whose absence means 'derived' (None) or 'off' (False)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
@@ -136,7 +136,7 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
         description="Train a GPT on a (dp, pp, mp) mesh: traced pipeline stages, DTensor tensor "
         "parallelism, FSDP data parallelism, overlapped pipeline schedules and mixed precision. "
         "Launch with `torchrun --nproc_per_node=N run.py ...`; without torchrun it runs as one process.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("mesh (dp x pp x mp must equal the number of processes)")
     g.add_argument("--dp", type=int, default=1, help="data-parallel degree (FSDP replicas)")

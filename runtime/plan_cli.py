@@ -13,7 +13,7 @@ from compiler.planner.cluster import Cluster, load_cluster, preset_names
 from compiler.planner.search import Estimate, plan
 from models.gpt import MODEL_SIZES
 from runtime.calibrate import DEFAULT_OUT
-from runtime.config import ConfigError, build_parser, config_from_args
+from runtime.config import PRECISIONS, ConfigError, HelpFormatter, build_parser, config_from_args
 
 LOCAL_PRESET = "cpu-2core"  # shipped measurement of the machine type this project is developed on
 DEFAULT_GLOBAL_BATCH = 32
@@ -61,11 +61,15 @@ def format_table(estimates: list[Estimate], top: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="run.py plan", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="run.py plan", formatter_class=HelpFormatter,
+        description="Rank every (dp, pp, mp, schedule, v, micro-batching, precision, activation checkpointing) "
+                    "plan for a world size by predicted step time on a cluster; infeasible plans are listed with "
+                    "the reason. Writes every plan to --out.")
     p.add_argument("--world", type=int, required=True, help="number of ranks")
-    p.add_argument("--model", choices=tuple(MODEL_SIZES), default="small")
+    p.add_argument("--model", choices=tuple(MODEL_SIZES), default="small", help="named model size (see run.py --help)")
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
-    p.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH)
+    p.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH, help="samples per optimizer step")
     p.add_argument("--cluster", help=f"cluster JSON or preset ({', '.join(preset_names())}); default: the file "
                                      f"`run.py calibrate` wrote ({DEFAULT_OUT}) if any, else {LOCAL_PRESET}")
     p.add_argument("--precisions", default="fp32,bf16,fp16", help="comma-separated precisions to consider")
@@ -84,6 +88,10 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     precisions = tuple(x for x in args.precisions.split(",") if x)
+    if not precisions or any(x not in PRECISIONS for x in precisions):
+        print(f"error: --precisions must be a comma-separated subset of {','.join(PRECISIONS)}, got {args.precisions}",
+              file=sys.stderr)
+        return 2
     if args.validate:
         from runtime.plan_validation import validate
 

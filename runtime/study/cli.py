@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from runtime.config import HelpFormatter
 from runtime.device import device_description, has_gpu, select_device
 from runtime.study import analysis, plan, report
 from runtime.study.launcher import RunResult, RunSpec, execute
@@ -27,8 +28,10 @@ SECTIONS = ("throughput", "memory", "scaling", "overhead", "split")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="run.py study", description=__doc__.splitlines()[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="run.py study", formatter_class=HelpFormatter,
+        description="The performance study in one command: real torchrun training runs, one at a time, writing "
+                    "results.json, REPORT.md, commands.txt and TensorBoard logs to --out.")
     p.add_argument("--world", type=int, default=8, help="largest number of ranks to use (1, 2, 4 or 8)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="a smaller model and fewer repetitions (about 10 minutes)")
