@@ -64,3 +64,17 @@ def test_repetitions_are_measured_again_but_identical_runs_of_two_sections_once(
     assert plan.run_key(scaling_pp2) == plan.run_key(next(s for s in interleaved if s.meta["round"] == 0))
     keys = [plan.run_key(s) for s in plan.overhead_specs(plan.FULL)]
     assert len(set(keys)) == len(keys) == 2 * plan.FULL.overhead_pairs
+
+
+def test_pipelined_scaling_meshes_keep_the_throughput_micro_batching_and_share_its_3d_run():
+    scaling = plan.scaling_specs(8, plan.FULL)
+    for spec in scaling:
+        cfg = parse_train_config(spec.args, world_size=spec.nproc)
+        if cfg.mesh.pp > 1:
+            assert cfg.pipeline.microbatches == plan.FULL.microbatches, spec.name
+        else:  # no pipeline: micro-batches only accumulate, so the micro-batch stays large
+            assert cfg.pipeline.micro_batch_size == plan.FULL.micro_batch_size, spec.name
+    three_d = next(s for s in scaling if s.meta["kind"] == "3D")
+    throughput_3d = next(s for s in plan.throughput_specs(8, plan.FULL)
+                         if s.meta["group"] == "3D 2x2x2" and s.meta["label"] == "interleaved-1f1b v=2")
+    assert plan.run_key(three_d) == plan.run_key(throughput_3d)

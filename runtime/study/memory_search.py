@@ -1,8 +1,8 @@
 """The largest micro-batch that fits a memory budget: doubling, then bisection.
 
 ``fits(b)`` runs a real training job at micro-batch size b and says whether it stayed within the
-budget (CUDA: no out-of-memory error and peak allocated <= budget; CPU: measured peak resident
-memory <= budget). Memory grows monotonically with the batch, so the boundary is found with
+budget (CUDA: no out-of-memory error and peak allocated <= budget; CPU: measured peak tensor
+memory <= budget, see runtime/memory.py). Memory grows monotonically with the batch, so the boundary is found with
 O(log b) trials.
 """
 

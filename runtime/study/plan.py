@@ -134,15 +134,24 @@ def scaling_meshes(world: int) -> list[tuple[str, int, int, int]]:
     return meshes
 
 
+def _scaling_batching(global_batch: int, dp: int, pp: int, s: StudySettings) -> tuple[int, int]:
+    """(micro-batch size, micro-batches) for a scaling mesh. A pipeline keeps the throughput section's
+    micro-batch count (its bubble depends on it; 3D then matches, and shares, the throughput run); without
+    a pipeline micro-batches are only gradient accumulation, so the micro-batch stays as large as it can."""
+    if pp > 1 and global_batch % (s.microbatches * dp) == 0:
+        return global_batch // (s.microbatches * dp), s.microbatches
+    return s.micro_batch_size, global_batch // (s.micro_batch_size * dp)
+
+
 def scaling_specs(world: int, s: StudySettings) -> list[RunSpec]:
     """Strong scaling: the same global batch (micro-batch size x microbatches) on every mesh."""
     specs = []
     global_batch = s.micro_batch_size * s.microbatches
     for kind, dp, pp, mp in scaling_meshes(min(world, max(s.scaling_worlds))):
-        m = global_batch // (s.micro_batch_size * dp)
+        mbs, m = _scaling_batching(global_batch, dp, pp, s)
         v = 2 if pp > 1 and s.model.layers >= 2 * pp and m % pp == 0 else 1
         args = [*_mesh(dp, pp, mp), "--schedule", "interleaved-1f1b", "--stages-per-rank", str(v),
-                "--micro-batch-size", str(s.micro_batch_size), "--microbatches", str(m),
+                "--micro-batch-size", str(mbs), "--microbatches", str(m),
                 *s.model.flags(), *_common(s, _steps(dp * pp * mp, s)), "--profile"]
         meta = {"section": "scaling", "kind": kind, "dp": dp, "pp": pp, "mp": mp, "world": dp * pp * mp, "v": v, "m": m}
         specs.append(RunSpec(f"scaling_{kind}_{dp}x{pp}x{mp}", dp * pp * mp, args, meta=meta))
