@@ -53,7 +53,7 @@ class StudySettings:
 FULL = StudySettings(
     model=ModelShape(16, 384, 8, 128), micro_batch_size=4, microbatches=8, steps=5, rounds=2,
     memory_model=ModelShape(8, 64, 4, 256), memory_budget_gb=0.4, memory_resolution=1 / 8, memory_start=16,
-    split_model=ModelShape(8, 256, 4, 128, 32768), timeout_s=900,
+    split_model=ModelShape(8, 256, 4, 128, 32768), timeout_s=900, overhead_pairs=3,
 )
 # A smaller model, one repetition and a coarse memory search: every section in a few minutes.
 # Fixed per-action costs dominate this model, so its speed-ups are not the targets' numbers.
