@@ -1,5 +1,7 @@
 """The study's run list: every section's configurations, valid meshes, honest skips."""
 
+import dataclasses
+
 from runtime.config import parse_train_config
 from runtime.study import plan
 
@@ -27,7 +29,8 @@ def test_every_planned_run_has_valid_flags():
 
 
 def test_quick_skips_what_its_model_cannot_split():
-    skipped = [s for s in plan.throughput_specs(4, plan.QUICK) if s.meta.get("skipped")]
+    every_schedule = dataclasses.replace(plan.QUICK, throughput_schedules=plan.FULL.throughput_schedules)
+    skipped = [s for s in plan.throughput_specs(4, every_schedule) if s.meta.get("skipped")]
     assert [(s.meta["group"], s.meta["v"]) for s in skipped] == [("pp=4", 4)]
     assert "16 layers" in skipped[0].meta["skipped"]
 

@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "results.json, REPORT.md, commands.txt and TensorBoard logs to --out.")
     p.add_argument("--world", type=int, default=8, help="largest number of ranks to use (1, 2, 4 or 8)")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="a smaller model and fewer repetitions (about 10 minutes)")
+    size.add_argument("--quick", action="store_true",
+                      help="a smaller model, one repetition, the naive, 1f1b and interleaved v=2 schedules, scaling "
+                           "up to 4 ranks (under 10 minutes)")
     size.add_argument("--smoke", action="store_true",
                       help="the smallest study that writes every section (a few minutes; the test suite runs it): "
                            "checks the pipeline of the study, its numbers mean nothing")

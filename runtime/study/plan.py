@@ -55,12 +55,15 @@ FULL = StudySettings(
     memory_model=ModelShape(8, 64, 4, 256), memory_budget_gb=0.4, memory_resolution=1 / 8, memory_start=16,
     split_model=ModelShape(8, 256, 4, 128, 32768), timeout_s=900, overhead_pairs=3,
 )
-# A smaller model, one repetition and a coarse memory search: every section in a few minutes.
+# A smaller model, one repetition, fewer schedules and a coarse memory search: every section in ~10 minutes.
 # Fixed per-action costs dominate this model, so its speed-ups are not the targets' numbers.
 QUICK = StudySettings(
     model=ModelShape(8, 128, 8, 64), micro_batch_size=2, microbatches=8, steps=4, rounds=1,
     memory_model=ModelShape(4, 64, 4, 128), memory_budget_gb=0.04, memory_resolution=1 / 4, memory_start=4,
     split_model=ModelShape(8, 128, 4, 64, 16384), timeout_s=300, overhead_pairs=2,
+    # The schedules the targets and timelines name, and scaling up to 4 ranks (8 ranks on 2 cores spend
+    # most of a short run starting up): with every schedule and 8-rank scaling it took 13.5 min.
+    throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2"), scaling_worlds=(1, 2, 4),
 )
 # The smallest study that still exercises every section and file (the test suite runs it): the
 # schedules the timelines need, pp=2 and pp=4, meshes up to 2 ranks for scaling, one overhead pair
