@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -78,7 +79,12 @@ def main(argv: list[str] | None = None, *, after_backward: AfterBackwardHook | N
             read_init_weights(start.init_from, cfg.model)
     except (ConfigError, DataError, CheckpointError) as e:
         if env.rank == 0:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        else:
+            # torchrun stops every rank once one exits: give rank 0 (slower to get here on a loaded machine)
+            # time to print the message before this rank's exit tears the job down. Bounded; rank 0's exit
+            # ends this wait early.
+            time.sleep(20)
         return 2
     if env.rank == 0:
         for note in start.notes:
