@@ -44,6 +44,8 @@ from runtime.training_loop import training_loop
 # torch.export's pytree emits a FutureWarning per traced module on 2.13; it says nothing about our code.
 warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*", category=FutureWarning)
 
+InputError = (ConfigError, DataError, CheckpointError)  # bad input: one error line, exit 2
+
 
 def _subcommand(name: str):
     if name == "study":
@@ -69,15 +71,8 @@ def main(argv: list[str] | None = None, *, after_backward: AfterBackwardHook | N
     # 1. Flags, data and checkpoints are checked on every rank before any process group exists, so
     #    bad input ends every rank at once with the same one-line error (printed by rank 0).
     try:
-        if "--auto" in argv:
-            argv = _apply_auto_plan([a for a in argv if a != "--auto"], env)
-        cfg = parse_train_config(argv, world_size=env.world_size)
-        data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
-                          global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
-        start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
-        if start.init_from:
-            read_init_weights(start.init_from, cfg.model)
-    except (ConfigError, DataError, CheckpointError) as e:
+        cfg, data, start = check_inputs(argv, env)
+    except InputError as e:
         if env.rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
         else:
@@ -110,6 +105,20 @@ def main(argv: list[str] | None = None, *, after_backward: AfterBackwardHook | N
     finally:
         shutdown_distributed()
     return 0
+
+
+def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSources, StartPoint]:
+    """Everything that can be wrong with the user's input, checked without a process group.
+    Raises one of ``InputError`` with a one-line message naming the flag and the valid values."""
+    if "--auto" in argv:
+        argv = _apply_auto_plan([a for a in argv if a != "--auto"], env)
+    cfg = parse_train_config(argv, world_size=env.world_size)
+    data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
+                      global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
+    start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
+    if start.init_from:
+        read_init_weights(start.init_from, cfg.model)
+    return cfg, data, start
 
 
 def _apply_auto_plan(argv: list[str], env: LaunchEnv) -> list[str]:

@@ -8,6 +8,9 @@ What it measures, with one process per compute unit running at the same time (as
 - gloo all-reduce between two processes at several sizes: latency and bandwidth from a fit of the
   ring formula, time = S / bandwidth + 2 * latency for two ranks;
 - AdamW's throughput over parameter bytes.
+
+Then (runtime/calibrate_engine.py) a few short engine runs on ``--engine-world`` ranks fit the
+factors that turn those isolated prices into engine step times.
 """
 
 from __future__ import annotations
@@ -165,24 +168,49 @@ def main(argv: list[str]) -> int:
                                 "and write a cluster file for `run.py plan` and --auto.")
     p.add_argument("--out", default=str(DEFAULT_OUT), help="cluster JSON to write")
     p.add_argument("--ranks-per-node", type=int, default=8, help="ranks you launch per node (CPU: may exceed cores)")
+    p.add_argument("--engine-world", type=int, default=4,
+                   help="ranks of the engine runs that fit the time model's engine factors (a multiple of 4; "
+                        "0 skips them, ~6 min at 4 ranks on 2 cores)")
+    p.add_argument("--base", default=None, help="skip the kernel measurements: start from this cluster file or "
+                   "preset and only refit its engine factors")
     args = p.parse_args(argv)
     if has_gpu():
         print("error: calibrate measures CPU machines; for GPUs start from a preset in compiler/clusters/")
         return 2
-    cores = os.cpu_count() or 1
-    print(f"calibrating {device_description(torch.device('cpu'))} with {cores} concurrent processes ...", flush=True)
-    with tempfile.TemporaryDirectory() as work:
-        results = measure(cores, Path(work))
-    memory = 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    cluster = build_cluster(results, name=f"calibrated: {device_description(torch.device('cpu'))}", cores=cores,
-                            ranks_per_node=args.ranks_per_node, memory_bytes=memory)
+    if args.engine_world and (args.engine_world < 4 or args.engine_world % 4):
+        print(f"error: --engine-world {args.engine_world}: must be 0 or a multiple of 4 (4, 8, ...)")
+        return 2
+    if args.base:
+        from compiler.planner.cluster import load_cluster
+
+        try:
+            cluster = load_cluster(args.base)
+        except ValueError as e:
+            print(f"error: {e}".replace("--cluster", "--base"))
+            return 2
+    else:
+        cores = os.cpu_count() or 1
+        print(f"calibrating {device_description(torch.device('cpu'))} with {cores} concurrent processes ...", flush=True)
+        with tempfile.TemporaryDirectory() as work:
+            results = measure(cores, Path(work))
+        memory = 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        cluster = build_cluster(results, name=f"calibrated: {device_description(torch.device('cpu'))}", cores=cores,
+                                ranks_per_node=args.ranks_per_node, memory_bytes=memory)
+    if args.engine_world:
+        from runtime.calibrate_engine import calibrate_engine
+
+        print(f"fitting the engine factors from short training runs on {args.engine_world} ranks ...", flush=True)
+        cluster = calibrate_engine(cluster, world=args.engine_world)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(cluster.to_json())
     for precision in PRECISIONS:
         print(f"  {precision}: {cluster.flops[precision] / 1e9:.1f} GFLOP/s per core on blocks, "
-              f"peak matmul {cluster.notes['peak_flops'][precision] / 1e9:.1f}")
+              f"peak matmul {cluster.notes.get('peak_flops', cluster.flops)[precision] / 1e9:.1f}")
     print(f"  fixed cost per layer {cluster.layer_overhead * 1e3:.2f} ms; all-reduce latency "
           f"{cluster.intra_node.latency * 1e6:.0f} us, bandwidth {cluster.intra_node.bandwidth / 1e9:.2f} GB/s; "
-          f"AdamW {cluster.optimizer_bytes_per_s / 1e9:.2f} GB/s\nwrote {out}")
+          f"AdamW {cluster.optimizer_bytes_per_s / 1e9:.2f} GB/s")
+    print(f"  engine factors: compute x{cluster.compute_scale:.2f}, communication x{cluster.comm_scale:.2f}, "
+          f"{cluster.action_overhead * 1e3:.2f} ms per pipeline action, {cluster.step_overhead * 1e3:.1f} ms per step"
+          f"\nwrote {out}")
     return 0

@@ -62,6 +62,13 @@ def _rank_entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple
     except BaseException:
         errors.put((rank, traceback.format_exc()))
         raise
+    # The rank's work and checks are done. Skip interpreter finalization: gloo's worker threads can
+    # still hold tensors then, and releasing them without a live interpreter aborts the process
+    # ("terminate called without an active exception", SIGABRT; pytorch/pytorch PR 179291), which we
+    # saw once in CI after a test had passed on every rank.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def spawn_ranks(fn: Callable[..., Any], *, world_size: int, args: tuple = (), timeout: float = 300) -> None:

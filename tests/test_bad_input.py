@@ -1,10 +1,19 @@
 """Bad input: a one-line error naming the flag and the valid values, a non-zero exit within seconds,
-and no rank left running. Each case runs through torchrun with real ranks."""
+and no rank left running.
+
+Every case's message is checked in-process through ``run.check_inputs`` (the function every rank
+runs before any process group exists); the cases in ``THROUGH_TORCHRUN`` also run end to end on
+real ranks (exit code, exactly one error line, no traceback, no rank left behind). All cases share
+that one code path, so a few end-to-end launches cover its process behaviour; each launch costs
+~6 s of torch imports on this machine.
+"""
 
 from __future__ import annotations
 
 import pytest
 
+import run
+from runtime.distributed import LaunchEnv
 from tests.launch import check_clean_failure
 
 TINY = ["--model", "tiny", "--steps", "1"]
@@ -41,8 +50,31 @@ CASES = {
 }
 
 
+# One per kind of check: mesh arithmetic, a choice flag, the data path, the checkpoint folders, --auto.
+THROUGH_TORCHRUN = ["mesh-not-world-size", "unknown-schedule", "missing-data-path", "missing-resume-path",
+                    "auto-with-mesh-flags", "unwritable-checkpoint-dir"]
+
+
+def error_line(nproc: int, flags: list[str]) -> str:
+    """The line rank 0 prints for ``flags`` on ``nproc`` ranks (fails if the input is accepted)."""
+    env = LaunchEnv(rank=0, world_size=nproc, local_rank=0, local_world_size=nproc)
+    with pytest.raises(run.InputError) as raised:
+        run.check_inputs(flags, env)
+    line = f"error: {raised.value}"
+    assert "\n" not in line, f"not one line: {line!r}"
+    return line
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_bad_flag(name):
+def test_bad_flag_message(name):
+    nproc, flags, words = CASES[name]
+    line = error_line(nproc, [*TINY, *flags])
+    for word in words:
+        assert word in line, f"{word!r} not in {line!r}"
+
+
+@pytest.mark.parametrize("name", THROUGH_TORCHRUN)
+def test_bad_flag_ends_every_rank(name):
     nproc, flags, words = CASES[name]
     check_clean_failure(nproc, [*TINY, *flags], words)
 
@@ -50,4 +82,5 @@ def test_bad_flag(name):
 def test_data_with_fewer_tokens_than_one_sequence(tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("far too short for a sequence of 64 tokens\n")
-    check_clean_failure(2, [*TINY, "--dp", "2", "--data", str(short)], [f"--data {short}", "fewer than one sequence"])
+    line = error_line(2, [*TINY, "--dp", "2", "--data", str(short)])
+    assert f"--data {short}" in line and "fewer than one sequence" in line, line

@@ -35,6 +35,10 @@ class Cluster:
     # Fixed costs measured on the machine (0 in datasheet presets, where they are negligible):
     layer_overhead: float = 0.0  # seconds per layer per micro-batch (fwd + bwd launch / framework cost)
     step_overhead: float = 0.0  # seconds per training step (optimizer launch, bookkeeping)
+    # Fitted by `run.py calibrate` from short engine runs (time_model.py); 1 / 0 in datasheet presets.
+    compute_scale: float = 1.0  # engine compute time over the isolated-kernel estimate
+    comm_scale: float = 1.0  # engine collectives and sends over the ring / point-to-point formulas
+    action_overhead: float = 0.0  # seconds per pipeline action (forward or backward of a stage micro-batch)
     optimizer_bytes_per_s: float = 0.0  # AdamW throughput over parameter bytes (0: ignore)
     source: str = ""
     notes: dict = field(default_factory=dict)

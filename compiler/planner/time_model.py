@@ -8,6 +8,16 @@ micro-batches by 1 / (1 - bubble) with the schedule's bubble fraction (runtime/s
 FSDP adds one all-gather and one reduce-scatter of the stage's fp32 parameters per step; AdamW and
 a calibrated fixed cost per step complete it.
 
+Those formulas price isolated kernels and collectives. A real engine step also pays for what they
+leave out: the schedule's Python work and gloo send/recv per pipeline action, collectives among
+processes that outnumber the cores, the loss and gradient-norm reductions. ``run.py calibrate``
+measures that from short engine runs and fits four factors (cluster.compute_scale, comm_scale,
+action_overhead, step_overhead) so that
+
+    step = compute_scale * compute + comm_scale * communication + action_overhead * actions + optimizer + step_overhead
+
+(``step_terms`` gives the unscaled terms; compiler/planner/fit.py fits the factors).
+
 Ring all-reduce over n ranks: 2 (n - 1) / n * S / bandwidth + 2 (n - 1) * latency; all-gather and
 reduce-scatter: half of that each (Patarasuk and Yuan 2009; Thakur et al. 2005).
 When more ranks share a node than it has compute units (CPU cores), ranks that compute at the same
@@ -47,19 +57,58 @@ def bubble(schedule: str, *, p: int, m: int, v: int) -> float:
 
 @dataclass(frozen=True)
 class TimeEstimate:
+    """Seconds per step and its parts, with the cluster's calibrated factors applied."""
     step: float
     compute: float  # busiest rank, all micro-batches
     tp_comm: float
     pp_comm: float
-    bubble: float
+    bubble: float  # idle time of the busiest rank (compute and communication stretched by the bubble)
     dp_comm: float
     optimizer: float
-    fixed: float
+    fixed: float  # per-action and per-step costs
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    """The time model's terms before the engine-calibrated factors; the bubble stretches the first three."""
+    compute: float  # seconds: busiest rank's compute over the step, including its bubble
+    communication: float  # seconds: TP and PP (stretched by the bubble) plus FSDP collectives
+    actions: float  # count: forward and backward actions the busiest rank runs, stretched by the bubble
+    optimizer: float  # seconds
+
+    def combine(self, cluster: Cluster) -> float:
+        return (cluster.compute_scale * self.compute + cluster.comm_scale * self.communication
+                + cluster.action_overhead * self.actions + self.optimizer + cluster.step_overhead)
 
 
 def step_time(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params: int, seq_len: int, d_model: int,
               cluster: Cluster) -> TimeEstimate:
     """``rank_flops``: one micro-batch's forward + backward FLOPs on the busiest pp rank (its v stages)."""
+    t = _parts(c, rank_flops=rank_flops, rank_layers=rank_layers, rank_params=rank_params, seq_len=seq_len,
+               d_model=d_model, cluster=cluster)
+    stretch = 1 / (1 - t["bubble"]) if t["bubble"] < 1 else float("inf")
+    compute = cluster.compute_scale * t["compute"]
+    tp, pp, dp = (cluster.comm_scale * t[k] for k in ("tp_comm", "pp_comm", "dp_comm"))
+    actions = cluster.action_overhead * t["actions"]
+    idle = (compute + tp + pp + actions) * (stretch - 1)  # the bubble stretches everything a stage does
+    fixed = actions + cluster.step_overhead
+    return TimeEstimate(compute + tp + pp + dp + idle + fixed + t["optimizer"], compute, tp, pp, idle, dp,
+                        t["optimizer"], fixed)
+
+
+def step_terms(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params: int, seq_len: int, d_model: int,
+               cluster: Cluster) -> StepTerms:
+    """The unscaled terms whose calibrated combination is the step time (what compiler/planner/fit.py fits)."""
+    t = _parts(c, rank_flops=rank_flops, rank_layers=rank_layers, rank_params=rank_params, seq_len=seq_len,
+               d_model=d_model, cluster=cluster)
+    stretch = 1 / (1 - t["bubble"]) if t["bubble"] < 1 else float("inf")
+    return StepTerms(compute=t["compute"] * stretch, communication=(t["tp_comm"] + t["pp_comm"]) * stretch + t["dp_comm"],
+                     actions=t["actions"] * stretch, optimizer=t["optimizer"])
+
+
+def _parts(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params: int, seq_len: int, d_model: int,
+           cluster: Cluster) -> dict[str, float]:
+    """Unscaled seconds per step of each part (busiest rank), the bubble fraction and the action count."""
     ranks_per_node = min(cluster.ranks_per_node, c.dp * c.pp * c.mp)
     bub = bubble(c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank)
     busy = 1.0 - bub
@@ -78,11 +127,11 @@ def step_time(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params:
     pp_link = intra if c.pp * c.mp <= cluster.ranks_per_node else cluster.inter_node
     per_mb_pp = 2 * c.stages_per_rank * pp_link.transfer(act_bytes) if c.pp > 1 else 0.0
 
-    busy_time = c.microbatches * (per_mb_compute + per_mb_tp + per_mb_pp)
-    pipeline = busy_time / (1 - bub) if bub < 1 else float("inf")
     dp_link = intra if c.dp * c.pp * c.mp <= cluster.ranks_per_node else cluster.inter_node
     dp = 2 * all_gather_time(rank_params * 4, c.dp, dp_link) if c.dp > 1 else 0.0
     optimizer = rank_params * 4 / max(c.dp, 1) / cluster.optimizer_bytes_per_s if cluster.optimizer_bytes_per_s else 0.0
-    total = pipeline + dp + optimizer + cluster.step_overhead
-    return TimeEstimate(total, c.microbatches * per_mb_compute, c.microbatches * per_mb_tp,
-                        c.microbatches * per_mb_pp, pipeline - busy_time, dp, optimizer, cluster.step_overhead)
+    # One forward and one backward per stage micro-batch (zero-bubble splits backward in two).
+    actions = c.microbatches * c.stages_per_rank * (3 if c.schedule == "zero-bubble" else 2)
+    return {"compute": c.microbatches * per_mb_compute, "tp_comm": c.microbatches * per_mb_tp,
+            "pp_comm": c.microbatches * per_mb_pp, "dp_comm": dp, "optimizer": optimizer, "bubble": bub,
+            "actions": actions}

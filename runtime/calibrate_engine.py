@@ -1,0 +1,86 @@
+"""Calibrate the time model's engine factors from short real training runs (``run.py calibrate``).
+
+The micro-benchmarks of runtime/calibrate.py price kernels and collectives in isolation. Here the
+engine itself runs a few plans for a few steps on ``world`` ranks, and compiler/planner/fit.py fits
+compute_scale, comm_scale, action_overhead and step_overhead to the measured median step times.
+
+The calibration models are deliberately neither `tiny` nor `small` (the models `plan --validate`
+checks), so validation measures how the fitted model predicts plans and models it has not seen: one
+light model whose steps are dominated by fixed costs, and one whose steps are dominated by compute.
+Every mesh kind (DP, PP, TP, mixed) and the schedules with different action counts appear.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import tempfile
+from pathlib import Path
+
+from compiler.planner.candidates import Candidate
+from compiler.planner.cluster import Cluster
+from compiler.planner.fit import fit_factors
+from compiler.planner.search import CostTable, estimate
+from runtime.config import parse_train_config
+from runtime.flops import training_flops_per_token
+from runtime.plan_cli import validate_flags
+from runtime.study.launcher import RunSpec, execute
+
+LIGHT = ["--layers", "4", "--d-model", "128", "--heads", "4", "--seq-len", "64", "--vocab-size", "1024"]
+HEAVY = ["--layers", "6", "--d-model", "384", "--heads", "6", "--seq-len", "128", "--vocab-size", "8192"]
+# (model flags, plan) on 4 ranks: dp, pp, mp, schedule, v, m, micro-batch, precision, activation checkpointing.
+RUNS_4 = (
+    (LIGHT, Candidate(4, 1, 1, "1f1b", 1, 1, 4, "bf16", False)),
+    (LIGHT, Candidate(1, 4, 1, "1f1b", 1, 4, 2, "bf16", False)),
+    (LIGHT, Candidate(1, 1, 4, "1f1b", 1, 1, 8, "bf16", False)),
+    (LIGHT, Candidate(2, 2, 1, "interleaved-1f1b", 2, 2, 2, "bf16", False)),
+    (HEAVY, Candidate(4, 1, 1, "1f1b", 1, 1, 2, "bf16", False)),
+    (HEAVY, Candidate(1, 4, 1, "gpipe", 1, 4, 2, "bf16", False)),
+    (HEAVY, Candidate(1, 2, 2, "1f1b", 1, 2, 2, "bf16", False)),
+    (HEAVY, Candidate(2, 1, 2, "1f1b", 1, 1, 2, "fp32", False)),
+)
+RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-every", "0", "--eval-batches", "1",
+             "--peak-tflops", "1"]
+
+
+def calibration_runs(world: int) -> list[tuple[list[str], Candidate]]:
+    """The plans to run on ``world`` ranks: the 4-rank set with dp scaled to the world size."""
+    if world < 4 or world % 4:
+        raise ValueError(f"--engine-world {world}: must be a multiple of 4 (or 0 to skip the engine runs)")
+    return [(model, dataclasses.replace(c, dp=c.dp * world // 4)) for model, c in RUNS_4]
+
+
+def predicted_terms(model_flags: list[str], plan: Candidate, cluster: Cluster):
+    world = plan.dp * plan.pp * plan.mp
+    cfg = parse_train_config([*model_flags, *plan.flags()], world_size=world).model
+    e = estimate(plan, cfg=cfg, cluster=cluster, costs=CostTable(cfg), validate=validate_flags,
+                 model_flags=model_flags, model_flops_per_token=training_flops_per_token(cfg))
+    if not e.feasible:
+        raise ValueError(f"calibration plan {plan.describe()} is infeasible: {e.reason}")
+    return e.terms
+
+
+def calibrate_engine(cluster: Cluster, *, world: int, timeout: float = 900) -> Cluster:
+    """``cluster`` with its engine factors fitted to real runs on ``world`` ranks; runs and errors in notes."""
+    runs = calibration_runs(world)
+    terms, measured, rows = [], [], []
+    with tempfile.TemporaryDirectory() as work:
+        for i, (model, plan) in enumerate(runs, 1):
+            spec = RunSpec(f"calibration_{i}", world, [*model, *plan.flags(), *RUN_FLAGS])
+            result = execute(spec, Path(work), timeout=timeout)
+            if not result.ok:
+                raise RuntimeError(f"calibration run failed: {result.command}: {result.error}")
+            t = predicted_terms(model, plan, cluster)
+            terms.append(t)
+            measured.append(result.summary["step_time_s"])
+            rows.append({"model": " ".join(model), "plan": plan.describe(), "measured_s": measured[-1],
+                         "terms": dataclasses.asdict(t)})
+            print(f"  [{i}/{len(runs)}] {plan.describe():<48} measured {measured[-1]:.3f} s/step", flush=True)
+    fit = fit_factors(terms, measured)
+    for row, err in zip(rows, fit.relative_errors):
+        row["fit_error"] = err
+    notes = {**cluster.notes, "engine_fit": {
+        "world": world, "runs": rows, "median_abs_fit_error": statistics.median(abs(e) for e in fit.relative_errors),
+        "meaning": "step = compute_scale * compute + comm_scale * communication + action_overhead * actions + "
+                   "optimizer + step_overhead, fitted (non-negative least squares of relative errors) to these runs"}}
+    return dataclasses.replace(cluster, **fit.factors, notes=notes)
