@@ -67,3 +67,22 @@ def test_step_time_is_the_calibrated_combination_of_its_terms():
             assert e.step_time == pytest.approx(e.terms.combine(cluster), rel=1e-12)
             b = e.breakdown
             assert b.step == pytest.approx(b.compute + b.tp_comm + b.pp_comm + b.bubble + b.dp_comm + b.optimizer + b.fixed)
+
+
+def test_calibration_plans_are_valid_and_use_models_the_validation_does_not():
+    from runtime.calibrate_engine import calibration_runs, predicted_terms
+    from runtime.plan_validation import MODELS
+
+    cluster = load_cluster("cpu-2core")
+    runs = calibration_runs(4)
+    assert len(runs) >= 2 * len(FACTORS)
+    meshes = {(c.dp > 1, c.pp > 1, c.mp > 1) for _, c in runs}
+    assert {(True, False, False), (False, True, False), (False, False, True)} <= meshes  # DP, PP and TP alone
+    for model, plan in runs:
+        assert "--model" not in model  # explicit shapes, none of validation's named models
+        terms = predicted_terms(model, plan, cluster)  # raises if the engine would refuse the plan
+        assert terms.compute > 0 and terms.actions >= 2
+    assert {m for m, _, _ in MODELS} == {"tiny", "small"}
+    assert all(plan.dp * plan.pp * plan.mp == 8 for _, plan in calibration_runs(8))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        calibration_runs(6)

@@ -15,6 +15,11 @@
   checkpointing a layer keeps only its fp32 input, plus one layer's full activations while it is
   recomputed.
 - Autocast's low-precision weight copies, cached for the step.
+- Tensor parallelism (mp > 1) keeps more than the shard's own saved tensors: DTensor's redistributions
+  (the all-reduces of Megatron's f / g operators) hold full-size [B, T, d] fp32 buffers. We have not
+  traced which; the term is measured: on 4 blocks, d 128, T 64 the TP runs' peak exceeded the rest
+  of this model by 2.2 MiB (bf16, B 8), 4.0-5.5 MiB (bf16, B 16) and 6.5 MiB (fp32, B 16), i.e. about
+  two such buffers per block and in-flight micro-batch, which is what we add.
 """
 
 from __future__ import annotations
@@ -51,8 +56,12 @@ def in_flight_stage_microbatches(schedule: str, *, p: int, m: int, v: int, rank:
     return min(v * m, warmup + 1)
 
 
+TP_BUFFERS_PER_BLOCK = 2  # full [B, T, d] fp32 buffers per block and in-flight micro-batch when mp > 1 (measured)
+
+
 def rank_memory(layers: list[LayerCost], *, schedule: str, p: int, m: int, v: int, dp: int, rank: int,
-                activation_checkpointing: bool, micro_batch_size: int, seq_len: int, d_model: int) -> MemoryEstimate:
+                activation_checkpointing: bool, micro_batch_size: int, seq_len: int, d_model: int,
+                mp: int = 1) -> MemoryEstimate:
     """Memory of pp rank ``rank`` holding ``layers`` (already per mp shard) across its v stages."""
     params = sum(c.params for c in layers)
     if dp > 1:
@@ -67,4 +76,7 @@ def rank_memory(layers: list[LayerCost], *, schedule: str, p: int, m: int, v: in
         recompute = max(c.activation_bytes for c in layers)
     else:
         recompute = 0.0
+    if mp > 1 and not activation_checkpointing:
+        blocks = sum(1 for c in layers if c.name.startswith("layers."))
+        per_stage_microbatch += TP_BUFFERS_PER_BLOCK * blocks / v * micro_batch_size * seq_len * d_model * 4
     return MemoryEstimate(weights, in_flight * per_stage_microbatch + recompute, sum(c.weight_copy_bytes for c in layers))

@@ -76,7 +76,7 @@ def estimate(c: Candidate, *, cfg: GPTConfig, cluster: Cluster, costs: CostTable
         mine = [layer for s in range(r, n_stages, c.pp) for layer in stage_layers[s]]
         mem = rank_memory(mine, schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank, dp=c.dp, rank=r,
                           activation_checkpointing=c.activation_checkpointing, micro_batch_size=c.micro_batch_size,
-                          seq_len=cfg.seq_len, d_model=cfg.d_model)
+                          seq_len=cfg.seq_len, d_model=cfg.d_model, mp=c.mp)
         per_rank.append(mine)
         peaks.append(mem.total)
     memory = max(peaks)
