@@ -173,9 +173,14 @@ def main(argv: list[str]) -> int:
                         "0 skips them, ~6 min at 4 ranks on 2 cores)")
     p.add_argument("--base", default=None, help="skip the kernel measurements: start from this cluster file or "
                    "preset and only refit its engine factors")
+    p.add_argument("--refit", action="store_true", help="with --base: no new runs; refit the engine factors to the "
+                   "engine runs recorded in that file (after a change of the time model)")
     args = p.parse_args(argv)
     if has_gpu():
         print("error: calibrate measures CPU machines; for GPUs start from a preset in compiler/clusters/")
+        return 2
+    if args.refit and not args.base:
+        print("error: --refit needs --base (the cluster file whose recorded engine runs to refit)")
         return 2
     if args.engine_world and (args.engine_world < 4 or args.engine_world % 4):
         print(f"error: --engine-world {args.engine_world}: must be 0 or a multiple of 4 (4, 8, ...)")
@@ -196,7 +201,15 @@ def main(argv: list[str]) -> int:
         memory = 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         cluster = build_cluster(results, name=f"calibrated: {device_description(torch.device('cpu'))}", cores=cores,
                                 ranks_per_node=args.ranks_per_node, memory_bytes=memory)
-    if args.engine_world:
+    if args.refit:
+        from runtime.calibrate_engine import refit_engine
+
+        try:
+            cluster = refit_engine(cluster, cluster)
+        except ValueError as e:
+            print(f"error: --refit: {e}")
+            return 2
+    elif args.engine_world:
         from runtime.calibrate_engine import calibrate_engine
 
         print(f"fitting the engine factors from short training runs on {args.engine_world} ranks ...", flush=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 from compiler.planner.candidates import Candidate
@@ -76,6 +77,26 @@ def calibrate_engine(cluster: Cluster, *, world: int, timeout: float = 900) -> C
             rows.append({"model": " ".join(model), "plan": plan.describe(), "measured_s": measured[-1],
                          "terms": dataclasses.asdict(t)})
             print(f"  [{i}/{len(runs)}] {plan.describe():<48} measured {measured[-1]:.3f} s/step", flush=True)
+    return with_fitted_factors(cluster, world, rows, terms, measured)
+
+
+def refit_engine(cluster: Cluster, recorded: Cluster) -> Cluster:
+    """Refit ``cluster``'s engine factors to the runs ``recorded`` measured (no new runs): for a changed
+    time model or new kernel rates. The recorded runs must be this module's current calibration set."""
+    fit_notes = recorded.notes.get("engine_fit")
+    if not fit_notes:
+        raise ValueError(f"{recorded.name}: no recorded engine runs to refit (run calibrate without --refit)")
+    world, rows = fit_notes["world"], [dict(r) for r in fit_notes["runs"]]
+    runs = calibration_runs(world)
+    if [r["plan"] for r in rows] != [plan.describe() for _, plan in runs]:
+        raise ValueError("the recorded engine runs are not the current calibration set; rerun calibrate")
+    terms = [predicted_terms(model, plan, cluster) for model, plan in runs]
+    for row, t in zip(rows, terms):
+        row["terms"] = dataclasses.asdict(t)
+    return with_fitted_factors(cluster, world, rows, terms, [r["measured_s"] for r in rows])
+
+
+def with_fitted_factors(cluster: Cluster, world: int, rows: list[dict], terms: list, measured: list[float]) -> Cluster:
     fit = fit_factors(terms, measured)
     for row, err in zip(rows, fit.relative_errors):
         row["fit_error"] = err
@@ -83,4 +104,6 @@ def calibrate_engine(cluster: Cluster, *, world: int, timeout: float = 900) -> C
         "world": world, "runs": rows, "median_abs_fit_error": statistics.median(abs(e) for e in fit.relative_errors),
         "meaning": "step = compute_scale * compute + comm_scale * communication + action_overhead * actions + "
                    "optimizer + step_overhead, fitted (non-negative least squares of relative errors) to these runs"}}
-    return dataclasses.replace(cluster, **fit.factors, notes=notes)
+    source = cluster.source.split("; engine factors")[0]
+    source += f"; engine factors fitted to {len(rows)} engine runs on {world} ranks ({time.strftime('%Y-%m-%d')})"
+    return dataclasses.replace(cluster, **fit.factors, notes=notes, source=source)

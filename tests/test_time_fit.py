@@ -86,3 +86,23 @@ def test_calibration_plans_are_valid_and_use_models_the_validation_does_not():
     assert all(plan.dp * plan.pp * plan.mp == 8 for _, plan in calibration_runs(8))
     with pytest.raises(ValueError, match="multiple of 4"):
         calibration_runs(6)
+
+
+def test_refit_recovers_factors_from_recorded_runs_and_refuses_foreign_records():
+    from runtime.calibrate_engine import calibration_runs, predicted_terms, refit_engine
+
+    base = load_cluster("cpu-2core")
+    truth = {"compute_scale": 1.4, "comm_scale": 2.2, "action_overhead": 0.002, "step_overhead": 0.03}
+    runs = calibration_runs(4)
+    rows = [{"plan": plan.describe(), "measured_s": _combine(predicted_terms(model, plan, base), truth)}
+            for model, plan in runs]
+    recorded = dataclasses.replace(base, notes={**base.notes, "engine_fit": {"world": 4, "runs": rows}})
+    refitted = refit_engine(base, recorded)
+    for name in FACTORS:
+        assert getattr(refitted, name) == pytest.approx(truth[name], rel=1e-6)
+    assert "engine factors fitted to 8 engine runs on 4 ranks" in refitted.source
+    foreign = dataclasses.replace(base, notes={"engine_fit": {"world": 4, "runs": rows[::-1]}})
+    with pytest.raises(ValueError, match="not the current calibration set"):
+        refit_engine(base, foreign)
+    with pytest.raises(ValueError, match="no recorded engine runs"):
+        refit_engine(base, dataclasses.replace(base, notes={}))

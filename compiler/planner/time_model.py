@@ -5,7 +5,8 @@ the calibrated rate of its precision, plus a calibrated fixed cost per layer, pl
 all-reduces (Megatron: 2 in forward and 2 in backward per block, of B x T x d activations) and the
 pipeline sends of activations and gradients. The pipeline multiplies the busiest rank's m
 micro-batches by 1 / (1 - bubble) with the schedule's bubble fraction (runtime/schedules.py).
-FSDP adds one all-gather and one reduce-scatter of the stage's fp32 parameters per step; AdamW and
+FSDP adds an all-gather and a reduce-scatter per FSDP unit (each block and each stage's root) of
+the stage's fp32 parameters per step; AdamW and
 a calibrated fixed cost per step complete it.
 
 Those formulas price isolated kernels and collectives. A real engine step also pays for what they
@@ -128,7 +129,11 @@ def _parts(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params: in
     per_mb_pp = 2 * c.stages_per_rank * pp_link.transfer(act_bytes) if c.pp > 1 else 0.0
 
     dp_link = intra if c.dp * c.pp * c.mp <= cluster.ranks_per_node else cluster.inter_node
-    dp = 2 * all_gather_time(rank_params * 4, c.dp, dp_link) if c.dp > 1 else 0.0
+    # FSDP: one all-gather and one reduce-scatter per unit (each block, plus each stage's root), so the
+    # latency is paid per unit while the bytes add up to the rank's parameters.
+    units = rank_layers + c.stages_per_rank
+    dp = 2 * (all_gather_time(rank_params * 4, c.dp, dp_link) + (units - 1) * (c.dp - 1) * dp_link.latency) \
+        if c.dp > 1 else 0.0
     optimizer = rank_params * 4 / max(c.dp, 1) / cluster.optimizer_bytes_per_s if cluster.optimizer_bytes_per_s else 0.0
     # One forward and one backward per stage micro-batch (zero-bubble splits backward in two).
     actions = c.microbatches * c.stages_per_rank * (3 if c.schedule == "zero-bubble" else 2)
