@@ -223,7 +223,8 @@ def main(argv: list[str]) -> int:
     print(f"  fixed cost per layer {cluster.layer_overhead * 1e3:.2f} ms; all-reduce latency "
           f"{cluster.intra_node.latency * 1e6:.0f} us, bandwidth {cluster.intra_node.bandwidth / 1e9:.2f} GB/s; "
           f"AdamW {cluster.optimizer_bytes_per_s / 1e9:.2f} GB/s")
-    print(f"  engine factors: compute x{cluster.compute_scale:.2f}, communication x{cluster.comm_scale:.2f}, "
+    print(f"  engine factors: compute x{cluster.compute_scale:.2f}, TP/PP communication x{cluster.comm_scale:.2f}, "
+          f"FSDP x{cluster.dp_comm_scale:.2f}, "
           f"{cluster.action_overhead * 1e3:.2f} ms per pipeline action, {cluster.step_overhead * 1e3:.1f} ms per step"
           f"\nwrote {out}")
     return 0

@@ -2,7 +2,8 @@
 
 The micro-benchmarks of runtime/calibrate.py price kernels and collectives in isolation. Here the
 engine itself runs a few plans for a few steps on ``world`` ranks, and compiler/planner/fit.py fits
-compute_scale, comm_scale, action_overhead and step_overhead to the measured median step times.
+compute_scale, comm_scale, dp_comm_scale, action_overhead and step_overhead to the measured median
+step times.
 
 The calibration models are deliberately neither `tiny` nor `small` (the models `plan --validate`
 checks), so validation measures how the fitted model predicts plans and models it has not seen: one
@@ -102,7 +103,7 @@ def with_fitted_factors(cluster: Cluster, world: int, rows: list[dict], terms: l
         row["fit_error"] = err
     notes = {**cluster.notes, "engine_fit": {
         "world": world, "runs": rows, "median_abs_fit_error": statistics.median(abs(e) for e in fit.relative_errors),
-        "meaning": "step = compute_scale * compute + comm_scale * communication + action_overhead * actions + "
+        "meaning": "step = compute_scale * compute + comm_scale * communication + dp_comm_scale * fsdp + action_overhead * actions + "
                    "optimizer + step_overhead, fitted (non-negative least squares of relative errors) to these runs"}}
     source = cluster.source.split("; engine factors")[0]
     source += f"; engine factors fitted to {len(rows)} engine runs on {world} ranks ({time.strftime('%Y-%m-%d')})"

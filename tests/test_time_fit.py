@@ -15,19 +15,20 @@ from runtime.plan_cli import model_flags, run_planner
 
 
 def _terms(rng: random.Random) -> StepTerms:
-    return StepTerms(compute=rng.uniform(0.01, 5), communication=rng.uniform(0, 2), actions=rng.choice([2, 4, 8, 16]),
-                     optimizer=rng.uniform(0, 0.05))
+    return StepTerms(compute=rng.uniform(0.01, 5), communication=rng.uniform(0, 2), fsdp=rng.choice([0, rng.uniform(0, 1)]),
+                     actions=rng.choice([2, 4, 8, 16]), optimizer=rng.uniform(0, 0.05))
 
 
 def _combine(t: StepTerms, f: dict) -> float:
-    return (f["compute_scale"] * t.compute + f["comm_scale"] * t.communication + f["action_overhead"] * t.actions
-            + t.optimizer + f["step_overhead"])
+    return (f["compute_scale"] * t.compute + f["comm_scale"] * t.communication + f["dp_comm_scale"] * t.fsdp
+            + f["action_overhead"] * t.actions + t.optimizer + f["step_overhead"])
 
 
 def test_fit_recovers_the_factors_that_generated_the_times():
     rng = random.Random(0)
-    truth = {"compute_scale": 1.7, "comm_scale": 3.2, "action_overhead": 0.004, "step_overhead": 0.06}
-    terms = [_terms(rng) for _ in range(10)]
+    truth = {"compute_scale": 1.7, "comm_scale": 3.2, "dp_comm_scale": 4.5, "action_overhead": 0.004,
+             "step_overhead": 0.06}
+    terms = [_terms(rng) for _ in range(12)]
     fit = fit_factors(terms, [_combine(t, truth) for t in terms])
     for name in FACTORS:
         assert fit.factors[name] == pytest.approx(truth[name], rel=1e-6)
@@ -54,13 +55,14 @@ def test_fit_keeps_factors_non_negative_and_is_the_best_such():
 
 
 def test_fit_needs_as_many_runs_as_factors():
-    with pytest.raises(ValueError, match="at least 4"):
-        fit_factors([StepTerms(1, 1, 2, 0)] * 3, [1.0] * 3)
+    with pytest.raises(ValueError, match="at least 5"):
+        fit_factors([StepTerms(1, 1, 0, 2, 0)] * 4, [1.0] * 4)
 
 
 def test_step_time_is_the_calibrated_combination_of_its_terms():
     base = load_cluster("cpu-2core")
-    cluster = dataclasses.replace(base, compute_scale=1.3, comm_scale=2.5, action_overhead=0.003, step_overhead=0.05)
+    cluster = dataclasses.replace(base, compute_scale=1.3, comm_scale=2.5, dp_comm_scale=3.5, action_overhead=0.003,
+                                  step_overhead=0.05)
     for e in run_planner(world=4, model_args=model_flags("tiny", None), global_batch_size=16, cluster=cluster,
                          precisions=("fp32", "bf16"))[:40]:
         if e.feasible:
@@ -75,7 +77,7 @@ def test_calibration_plans_are_valid_and_use_models_the_validation_does_not():
 
     cluster = load_cluster("cpu-2core")
     runs = calibration_runs(4)
-    assert len(runs) >= 2 * len(FACTORS)
+    assert len(runs) > len(FACTORS)  # overdetermined: the fit error means something
     meshes = {(c.dp > 1, c.pp > 1, c.mp > 1) for _, c in runs}
     assert {(True, False, False), (False, True, False), (False, False, True)} <= meshes  # DP, PP and TP alone
     for model, plan in runs:
@@ -92,7 +94,8 @@ def test_refit_recovers_factors_from_recorded_runs_and_refuses_foreign_records()
     from runtime.calibrate_engine import calibration_runs, predicted_terms, refit_engine
 
     base = load_cluster("cpu-2core")
-    truth = {"compute_scale": 1.4, "comm_scale": 2.2, "action_overhead": 0.002, "step_overhead": 0.03}
+    truth = {"compute_scale": 1.4, "comm_scale": 2.2, "dp_comm_scale": 3.0, "action_overhead": 0.002,
+             "step_overhead": 0.03}
     runs = calibration_runs(4)
     rows = [{"plan": plan.describe(), "measured_s": _combine(predicted_terms(model, plan, base), truth)}
             for model, plan in runs]

@@ -37,7 +37,8 @@ class Cluster:
     step_overhead: float = 0.0  # seconds per training step (optimizer launch, bookkeeping)
     # Fitted by `run.py calibrate` from short engine runs (time_model.py); 1 / 0 in datasheet presets.
     compute_scale: float = 1.0  # engine compute time over the isolated-kernel estimate
-    comm_scale: float = 1.0  # engine collectives and sends over the ring / point-to-point formulas
+    comm_scale: float = 1.0  # engine TP collectives and PP sends over the ring / point-to-point formulas
+    dp_comm_scale: float = 1.0  # engine FSDP all-gathers / reduce-scatters over the ring formula
     action_overhead: float = 0.0  # seconds per pipeline action (forward or backward of a stage micro-batch)
     optimizer_bytes_per_s: float = 0.0  # AdamW throughput over parameter bytes (0: ignore)
     source: str = ""

@@ -1,13 +1,13 @@
 """Fit the engine factors of the time model to measured step times.
 
-    measured ~ compute_scale * compute + comm_scale * communication + action_overhead * actions
-               + optimizer + step_overhead
+    measured ~ compute_scale * compute + comm_scale * communication + dp_comm_scale * fsdp
+               + action_overhead * actions + optimizer + step_overhead
 
-is linear in the four factors, so they come from least squares. Residuals are relative
+is linear in the five factors, so they come from least squares. Residuals are relative
 (each row divided by its measurement): a 0.1 s tiny step and a 10 s large one count alike, which is
 what the planner's median percentage error and ranking need. The factors are physical quantities
 (a time or a slowdown), so none may be negative: the exact non-negative least squares optimum is
-found by solving every subset of factors (at most 2^4 small systems) and keeping the best feasible one.
+found by solving every subset of factors (at most 2^5 small systems) and keeping the best feasible one.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from compiler.planner.time_model import StepTerms
 
-FACTORS = ("compute_scale", "comm_scale", "action_overhead", "step_overhead")
+FACTORS = ("compute_scale", "comm_scale", "dp_comm_scale", "action_overhead", "step_overhead")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Fit:
 
 
 def _row(t: StepTerms) -> list[float]:
-    return [t.compute, t.communication, t.actions, 1.0]
+    return [t.compute, t.communication, t.fsdp, t.actions, 1.0]
 
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:

@@ -12,10 +12,14 @@ a calibrated fixed cost per step complete it.
 Those formulas price isolated kernels and collectives. A real engine step also pays for what they
 leave out: the schedule's Python work and gloo send/recv per pipeline action, collectives among
 processes that outnumber the cores, the loss and gradient-norm reductions. ``run.py calibrate``
-measures that from short engine runs and fits four factors (cluster.compute_scale, comm_scale,
-action_overhead, step_overhead) so that
+measures that from short engine runs and fits five factors (cluster.compute_scale, comm_scale,
+dp_comm_scale, action_overhead, step_overhead) so that
 
-    step = compute_scale * compute + comm_scale * communication + action_overhead * actions + optimizer + step_overhead
+    step = compute_scale * compute + comm_scale * communication + dp_comm_scale * fsdp + action_overhead * actions
+           + optimizer + step_overhead
+
+FSDP's collectives get their own factor: with more processes than cores an all-gather waits for every
+peer to be scheduled, which the ring formula prices far lower than TP's and PP's small messages.
 
 (``step_terms`` gives the unscaled terms; compiler/planner/fit.py fits the factors).
 
@@ -73,12 +77,14 @@ class TimeEstimate:
 class StepTerms:
     """The time model's terms before the engine-calibrated factors; the bubble stretches the first three."""
     compute: float  # seconds: busiest rank's compute over the step, including its bubble
-    communication: float  # seconds: TP and PP (stretched by the bubble) plus FSDP collectives
+    communication: float  # seconds: TP and PP, stretched by the bubble
+    fsdp: float  # seconds: FSDP all-gathers and reduce-scatters
     actions: float  # count: forward and backward actions the busiest rank runs, stretched by the bubble
     optimizer: float  # seconds
 
     def combine(self, cluster: Cluster) -> float:
         return (cluster.compute_scale * self.compute + cluster.comm_scale * self.communication
+                + cluster.dp_comm_scale * self.fsdp
                 + cluster.action_overhead * self.actions + self.optimizer + cluster.step_overhead)
 
 
@@ -89,7 +95,8 @@ def step_time(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params:
                d_model=d_model, cluster=cluster)
     stretch = 1 / (1 - t["bubble"]) if t["bubble"] < 1 else float("inf")
     compute = cluster.compute_scale * t["compute"]
-    tp, pp, dp = (cluster.comm_scale * t[k] for k in ("tp_comm", "pp_comm", "dp_comm"))
+    tp, pp = (cluster.comm_scale * t[k] for k in ("tp_comm", "pp_comm"))
+    dp = cluster.dp_comm_scale * t["dp_comm"]
     actions = cluster.action_overhead * t["actions"]
     idle = (compute + tp + pp + actions) * (stretch - 1)  # the bubble stretches everything a stage does
     fixed = actions + cluster.step_overhead
@@ -103,7 +110,7 @@ def step_terms(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params
     t = _parts(c, rank_flops=rank_flops, rank_layers=rank_layers, rank_params=rank_params, seq_len=seq_len,
                d_model=d_model, cluster=cluster)
     stretch = 1 / (1 - t["bubble"]) if t["bubble"] < 1 else float("inf")
-    return StepTerms(compute=t["compute"] * stretch, communication=(t["tp_comm"] + t["pp_comm"]) * stretch + t["dp_comm"],
+    return StepTerms(compute=t["compute"] * stretch, communication=(t["tp_comm"] + t["pp_comm"]) * stretch, fsdp=t["dp_comm"],
                      actions=t["actions"] * stretch, optimizer=t["optimizer"])
 
 
