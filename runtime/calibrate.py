@@ -172,7 +172,7 @@ def main(argv: list[str]) -> int:
                    help="ranks of the engine runs that fit the time model's engine factors (a multiple of 4; "
                         "0 skips them, ~6 min at 4 ranks on 2 cores)")
     p.add_argument("--base", default=None, help="skip the kernel measurements: start from this cluster file or "
-                   "preset and only refit its engine factors")
+                   "preset and only rerun the engine runs that fit its engine factors")
     p.add_argument("--refit", action="store_true", help="with --base: no new runs; refit the engine factors to the "
                    "engine runs recorded in that file (after a change of the time model)")
     args = p.parse_args(argv)
@@ -182,9 +182,14 @@ def main(argv: list[str]) -> int:
     if args.refit and not args.base:
         print("error: --refit needs --base (the cluster file whose recorded engine runs to refit)")
         return 2
-    if args.engine_world and (args.engine_world < 4 or args.engine_world % 4):
-        print(f"error: --engine-world {args.engine_world}: must be 0 or a multiple of 4 (4, 8, ...)")
-        return 2
+    if args.engine_world:
+        from runtime.calibrate_engine import calibration_runs
+
+        try:
+            calibration_runs(args.engine_world)
+        except ValueError as e:
+            print(f"error: {e}")
+            return 2
     if args.base:
         from compiler.planner.cluster import load_cluster
 

@@ -10,7 +10,7 @@ from compiler.partition import layer_split
 from compiler.planner.candidates import Candidate, candidates
 from compiler.planner.cluster import Cluster
 from compiler.planner.memory_model import rank_memory
-from compiler.planner.time_model import StepTerms, TimeEstimate, step_terms, step_time
+from compiler.planner.time_model import StepTerms, TimeEstimate, step_time
 from models.gpt import GPTConfig
 
 # (run.py flags, world size) -> the one-line error the engine would print, or None if it would run.
@@ -84,14 +84,14 @@ def estimate(c: Candidate, *, cfg: GPTConfig, cluster: Cluster, costs: CostTable
         return Estimate(c, False, f"out of memory: needs {memory / 2**30:.2f} GiB per rank, has {budget / 2**30:.2f} GiB",
                         memory_per_rank=memory, blocks_per_stage=tuple(sizes))
     busiest = max(per_rank, key=lambda mine: sum(x.flops for x in mine))
-    rank = dict(rank_flops=sum(x.flops for x in busiest), rank_layers=len(busiest),
-                rank_params=sum(x.params for x in busiest), seq_len=cfg.seq_len, d_model=cfg.d_model, cluster=cluster)
-    t = step_time(c, **rank)
+    t, terms = step_time(c, rank_flops=sum(x.flops for x in busiest), rank_layers=len(busiest),
+                         rank_params=sum(x.params for x in busiest), seq_len=cfg.seq_len, d_model=cfg.d_model,
+                         cluster=cluster)
     tokens = c.dp * c.microbatches * c.micro_batch_size * cfg.seq_len / t.step
     units = min(world, cluster.nodes * cluster.compute_units_per_node)
     peak = cluster.notes.get("peak_flops", {}).get(c.precision, cluster.flops[c.precision])
     mfu = tokens * model_flops_per_token / (units * peak)
-    return Estimate(c, True, None, t.step, tokens, mfu, memory, t, tuple(sizes), step_terms(c, **rank))
+    return Estimate(c, True, None, t.step, tokens, mfu, memory, t, tuple(sizes), terms)
 
 
 def _stage_layers(layers: list[LayerCost], sizes: list[int]) -> list[list[LayerCost]]:

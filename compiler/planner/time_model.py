@@ -21,7 +21,7 @@ dp_comm_scale, action_overhead, step_overhead) so that
 FSDP's collectives get their own factor: with more processes than cores an all-gather waits for every
 peer to be scheduled, which the ring formula prices far lower than TP's and PP's small messages.
 
-(``step_terms`` gives the unscaled terms; compiler/planner/fit.py fits the factors).
+(``step_time`` also returns the unscaled terms; compiler/planner/fit.py fits the factors).
 
 Ring all-reduce over n ranks: 2 (n - 1) / n * S / bandwidth + 2 (n - 1) * latency; all-gather and
 reduce-scatter: half of that each (Patarasuk and Yuan 2009; Thakur et al. 2005).
@@ -89,29 +89,24 @@ class StepTerms:
 
 
 def step_time(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params: int, seq_len: int, d_model: int,
-              cluster: Cluster) -> TimeEstimate:
-    """``rank_flops``: one micro-batch's forward + backward FLOPs on the busiest pp rank (its v stages)."""
+              cluster: Cluster) -> tuple[TimeEstimate, StepTerms]:
+    """The step's time with the cluster's factors applied, and the unscaled terms they multiply (what
+    compiler/planner/fit.py fits). ``rank_flops``: one micro-batch's forward + backward FLOPs on the
+    busiest pp rank (its v stages)."""
     t = _parts(c, rank_flops=rank_flops, rank_layers=rank_layers, rank_params=rank_params, seq_len=seq_len,
                d_model=d_model, cluster=cluster)
     stretch = 1 / (1 - t["bubble"]) if t["bubble"] < 1 else float("inf")
+    terms = StepTerms(compute=t["compute"] * stretch, communication=(t["tp_comm"] + t["pp_comm"]) * stretch,
+                      fsdp=t["dp_comm"], actions=t["actions"] * stretch, optimizer=t["optimizer"])
     compute = cluster.compute_scale * t["compute"]
     tp, pp = (cluster.comm_scale * t[k] for k in ("tp_comm", "pp_comm"))
     dp = cluster.dp_comm_scale * t["dp_comm"]
     actions = cluster.action_overhead * t["actions"]
     idle = (compute + tp + pp + actions) * (stretch - 1)  # the bubble stretches everything a stage does
     fixed = actions + cluster.step_overhead
-    return TimeEstimate(compute + tp + pp + dp + idle + fixed + t["optimizer"], compute, tp, pp, idle, dp,
-                        t["optimizer"], fixed)
-
-
-def step_terms(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params: int, seq_len: int, d_model: int,
-               cluster: Cluster) -> StepTerms:
-    """The unscaled terms whose calibrated combination is the step time (what compiler/planner/fit.py fits)."""
-    t = _parts(c, rank_flops=rank_flops, rank_layers=rank_layers, rank_params=rank_params, seq_len=seq_len,
-               d_model=d_model, cluster=cluster)
-    stretch = 1 / (1 - t["bubble"]) if t["bubble"] < 1 else float("inf")
-    return StepTerms(compute=t["compute"] * stretch, communication=(t["tp_comm"] + t["pp_comm"]) * stretch, fsdp=t["dp_comm"],
-                     actions=t["actions"] * stretch, optimizer=t["optimizer"])
+    estimate = TimeEstimate(compute + tp + pp + dp + idle + fixed + t["optimizer"], compute, tp, pp, idle, dp,
+                            t["optimizer"], fixed)
+    return estimate, terms
 
 
 def _parts(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params: int, seq_len: int, d_model: int,
