@@ -52,22 +52,38 @@ def test_the_bound_is_corrected_by_the_measured_compute_slowdown():
     assert "took 1.10x its time under naive" in text and "bound at that compute speed is 1.62x" in text
 
 
-def test_split_expectation_is_the_busiest_rank_or_the_work_over_the_cores():
-    # Interleaved placement: rank r holds stages r, r + pp, ...
-    assert analysis.pipeline_time_units([1, 2, 3, 4], pp=2, cores=2) == 6
-    # Four ranks on two cores: balanced stages are bound by the cores, not by the busiest rank.
-    assert analysis.pipeline_time_units([1, 1, 1, 1], pp=4, cores=2) == 2
-    assert analysis.pipeline_time_units([1, 1, 1, 5], pp=4, cores=2) == 5
+def test_split_expectation_is_the_flow_shop_makespan_or_the_work_over_the_cores():
+    # One micro-batch: the sum of the stages (fill and drain only).
+    assert analysis.pipeline_time_units([1, 2, 3, 4], pp=4, cores=4, microbatches=1) == 10
+    # m micro-batches: sum(c) + (m - 1) * max(c); looped placement sums a rank's stages (r, r + pp, ...).
+    assert analysis.pipeline_time_units([1, 1, 1, 5], pp=4, cores=4, microbatches=8) == 8 + 7 * 5
+    assert analysis.pipeline_time_units([1, 2, 3, 4], pp=2, cores=2, microbatches=8) == 10 + 7 * 6
+    # Four ranks on two cores: balanced stages are bound by the cores (8 * 4 / 2 = 16 > 4 + 7 * 1).
+    assert analysis.pipeline_time_units([1, 1, 1, 1], pp=4, cores=2, microbatches=8) == 16
 
-    def run(split, sps, costs):
+    def run(split, sps, costs, rnd=0):
         summary = {"samples_per_sec": sps, "step_time_s": 8 / sps, "step_times": [8 / sps] * 5,
                    "blocks_per_stage": [], "stage_costs": costs}
-        return {"ok": True, "summary": summary, "pp": 4, "split": split}
+        return {"ok": True, "summary": summary, "pp": 4, "split": split, "m": 8, "round": rnd}
 
     row = analysis.split_table([run("auto", 12.0, [3, 3, 2, 10]), run("uniform", 10.0, [2, 2, 2, 12])], cores=2)[0]
     assert row["auto_over_uniform"] == pytest.approx(1.2)
-    assert row["expected_core_per_rank"] == pytest.approx(12 / 10)
-    assert row["expected_on_cores"] == pytest.approx(12 / 10)  # total 18 over 2 cores = 9 < 10
+    # uniform 18 + 7 * 12 = 102, auto 18 + 7 * 10 = 88: fill and drain dilute the 12 / 10 of the busiest stage.
+    assert row["expected_core_per_rank"] == pytest.approx(102 / 88)
+    assert row["expected_on_cores"] == pytest.approx(102 / 88)  # 8 * 18 / 2 = 72 < 88
     row = analysis.split_table([run("auto", 10.0, [3, 3, 3, 5]), run("uniform", 10.0, [2, 2, 2, 8])], cores=2)[0]
-    assert row["expected_core_per_rank"] == pytest.approx(8 / 5)
-    assert row["expected_on_cores"] == pytest.approx(8 / 7)  # the auto split is bound by 14 / 2 cores
+    assert row["expected_core_per_rank"] == pytest.approx((14 + 7 * 8) / (14 + 7 * 5))
+    assert row["expected_on_cores"] == pytest.approx(70 / 56)  # the auto split is bound by 8 * 14 / 2 cores
+    # Each repetition's own ratio, next to the pooled one.
+    runs = [run("auto", 12.0, [1], 0), run("uniform", 10.0, [1], 0), run("uniform", 10.0, [1], 1), run("auto", 11.0, [1], 1)]
+    assert analysis.split_table(runs, cores=2)[0]["auto_over_uniform_by_round"] == pytest.approx([1.2, 1.1])
+
+
+def test_targets_show_each_repetitions_ratio():
+    runs = [{**_run("naive", 10.0), "round": 0}, {**_run("1f1b", 18.0), "round": 0},
+            {**_run("1f1b", 16.0), "round": 1}, {**_run("naive", 10.0), "round": 1}]
+    table = analysis.throughput_table(runs)
+    row = next(r for r in table if r["label"] == "1f1b")
+    assert row["speedup_by_round"] == pytest.approx([1.8, 1.6])
+    target = next(t for t in report.targets({"throughput": {"runs": runs, "table": table}}) if t["target"].startswith("1f1b"))
+    assert target["measured"].endswith("(repetitions: 1.80x, 1.60x)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import statistics
+from typing import Callable
 
 from runtime.profiling import CATEGORIES
 from runtime.schedules import bubble_fraction, ideal_speedup_over_naive
@@ -86,6 +87,8 @@ def throughput_table(runs: list[dict]) -> list[dict]:
             rows.append({
                 **row, "samples_per_sec": sps, "tokens_per_sec": tokens, "repetitions": len(reps),
                 "speedup_vs_naive": sps / naive if naive else None,
+                "speedup_by_round": ratio_by_round(in_group, lambda r: r["label"] == label and not r.get("skipped"),
+                                                   lambda r: r["label"] == "naive" and not r.get("skipped")),
                 "theoretical_speedup": bound,
                 "compute_slowdown": slowdown,
                 "bound_at_measured_compute": bound / slowdown if slowdown else None,
@@ -165,17 +168,37 @@ def bottleneck_sentences(rows: list[dict]) -> list[str]:
     return sentences
 
 
-def pipeline_time_units(stage_costs: list[float], *, pp: int, cores: int) -> float:
-    """Relative step time of a compute-bound pipeline: its busiest rank's work, or, with fewer cores than
-    ranks, the total work spread over the cores, whichever is larger (ranks time-share cores, so a
-    light rank's idle core works for the heavy one)."""
+def pipeline_time_units(stage_costs: list[float], *, pp: int, cores: int, microbatches: int) -> float:
+    """Relative step time of a compute-bound GPipe/1F1B pipeline with one stage per rank.
+
+    With uneven stages c_s and m micro-batches the step takes sum(c_s) + (m - 1) * max(c_s): one
+    micro-batch's trip through every stage (fill and drain) plus m - 1 more at the busiest stage's
+    pace (the makespan of a flow shop of identical jobs). With fewer cores than ranks it takes at
+    least the total work m * sum(c_s) spread over the cores (ranks time-share cores, so a light rank's
+    idle core works for the heavy one). More micro-batches weigh the busiest stage more, so the
+    better split gains more.
+    """
     rank_costs = [sum(stage_costs[r::pp]) for r in range(pp)]
-    return max(max(rank_costs), sum(stage_costs) / min(pp, cores))
+    flow = sum(stage_costs) + (microbatches - 1) * max(rank_costs)
+    return max(flow, microbatches * sum(stage_costs) / min(pp, cores))
+
+
+def ratio_by_round(runs: list[dict], numerator: Callable[[dict], bool], denominator: Callable[[dict], bool]) -> list[float]:
+    """Per repetition ("round") of a side-by-side pair: pooled throughput of one side over the other.
+    Their spread shows how much of a ratio is the machine's noise."""
+    ratios = []
+    for rnd in sorted({r.get("round", 0) for r in runs}):
+        num = pooled_samples_per_sec([r for r in runs if r.get("round", 0) == rnd and numerator(r)])
+        den = pooled_samples_per_sec([r for r in runs if r.get("round", 0) == rnd and denominator(r)])
+        if num and den:
+            ratios.append(num / den)
+    return ratios
 
 
 def split_table(runs: list[dict], *, cores: int | None = None) -> list[dict]:
-    """Per pp: auto and uniform throughput (pooled over repetitions), their ratio, the chosen splits, and
-    the ratio their estimated stage costs predict with a core per rank and with this machine's cores."""
+    """Per pp: auto and uniform throughput (pooled over repetitions), their ratio overall and per
+    repetition, the chosen splits, and the ratio their estimated stage costs predict with a core per rank
+    and with this machine's cores."""
     cores = cores or os.cpu_count() or 1
     rows = []
     for pp in sorted({r["pp"] for r in runs}):
@@ -189,10 +212,14 @@ def split_table(runs: list[dict], *, cores: int | None = None) -> list[dict]:
             costs[split] = ok[0]["summary"].get("stage_costs") if ok else None
         a, u = row["auto_samples_per_sec"], row["uniform_samples_per_sec"]
         row["auto_over_uniform"] = a / u if a and u else None
+        at_pp = [r for r in runs if r["pp"] == pp]
+        row["auto_over_uniform_by_round"] = ratio_by_round(at_pp, lambda r: r["split"] == "auto",
+                                                           lambda r: r["split"] == "uniform")
+        m = row["microbatches"] = at_pp[0].get("m", 1)
         if costs["auto"] and costs["uniform"]:
-            row["expected_core_per_rank"] = (pipeline_time_units(costs["uniform"], pp=pp, cores=pp)
-                                             / pipeline_time_units(costs["auto"], pp=pp, cores=pp))
-            row["expected_on_cores"] = (pipeline_time_units(costs["uniform"], pp=pp, cores=cores)
-                                        / pipeline_time_units(costs["auto"], pp=pp, cores=cores))
+            row["expected_core_per_rank"] = (pipeline_time_units(costs["uniform"], pp=pp, cores=pp, microbatches=m)
+                                             / pipeline_time_units(costs["auto"], pp=pp, cores=pp, microbatches=m))
+            row["expected_on_cores"] = (pipeline_time_units(costs["uniform"], pp=pp, cores=cores, microbatches=m)
+                                        / pipeline_time_units(costs["auto"], pp=pp, cores=cores, microbatches=m))
         rows.append(row)
     return rows

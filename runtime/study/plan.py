@@ -48,12 +48,18 @@ class StudySettings:
     scaling_worlds: tuple[int, ...] = (1, 2, 4, 8)
     overhead_pairs: int = 4  # alternated engine / plain-loop pairs
     split_pps: tuple[int, ...] = (2, 4)
+    # Micro-batching of the split benchmark (None: the study's). It trains the same global batch in more,
+    # smaller micro-batches so that the steady state, where the busiest stage sets the pace, dominates the
+    # fill and drain that every split pays alike (m >= 4 x pp, as Megatron-LM advises).
+    split_microbatches: int | None = None
+    split_micro_batch_size: int | None = None
 
 
 FULL = StudySettings(
     model=ModelShape(16, 384, 8, 128), micro_batch_size=4, microbatches=8, steps=5, rounds=2,
     memory_model=ModelShape(8, 64, 4, 256), memory_budget_gb=0.4, memory_resolution=1 / 8, memory_start=16,
     split_model=ModelShape(8, 256, 4, 128, 32768), timeout_s=900, overhead_pairs=3,
+    split_microbatches=16, split_micro_batch_size=2,
 )
 # A smaller model, one repetition, fewer schedules and a coarse memory search: every section in ~10 minutes.
 # Fixed per-action costs dominate this model, so its speed-ups are not the targets' numbers.
@@ -190,14 +196,16 @@ def memory_spec(s: StudySettings, *, precision: str, micro_batch_size: int) -> R
 def split_specs(world: int, s: StudySettings) -> list[RunSpec]:
     """--split auto against uniform on a heavy-head model, pp=2 and pp=4, 1F1B, alternated ``rounds`` times."""
     specs = []
+    m = s.split_microbatches or s.microbatches
+    mbs = s.split_micro_batch_size or s.micro_batch_size
     for pp in s.split_pps:
         if pp > world:
             continue
         for r in range(s.rounds):
             for split in (("auto", "uniform") if r % 2 == 0 else ("uniform", "auto")):
                 args = [*_mesh(1, pp, 1), "--schedule", "1f1b", "--split", split,
-                        "--micro-batch-size", str(s.micro_batch_size), "--microbatches", str(s.microbatches),
+                        "--micro-batch-size", str(mbs), "--microbatches", str(m),
                         *s.split_model.flags(), *_common(s)]
-                meta = {"section": "split", "pp": pp, "split": split, "round": r}
+                meta = {"section": "split", "pp": pp, "split": split, "round": r, "m": m, "micro_batch_size": mbs}
                 specs.append(RunSpec(f"split_pp{pp}_{split}_r{r}", pp, args, meta=meta))
     return specs

@@ -18,13 +18,24 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def _measured(value: float | None, by_round: list[float] | None, spec: str = ".3f") -> str:
+    """The pooled ratio, and each repetition's own ratio when there are several (the machine's noise)."""
+    if not value:
+        return "n/a"
+    text = _fmt(value, spec) + "x"
+    if by_round and len(by_round) > 1:
+        text += " (repetitions: " + ", ".join(f"{x:.2f}x" for x in by_round) + ")"
+    return text
+
+
 def targets(results: dict) -> list[dict]:
     rows = []
     throughput = [r for r in results.get("throughput", {}).get("table", []) if r["group"] == "pp=2"]
     for name, label, goal in TARGETS:
         row = next((r for r in throughput if r["label"] == label), None)
         value = row.get("speedup_vs_naive") if row else None
-        rows.append({"target": name, "goal": f">= {goal:.2f}x", "measured": _fmt(value, ".3f") + "x" if value else "n/a",
+        rows.append({"target": name, "goal": f">= {goal:.2f}x",
+                     "measured": _measured(value, row.get("speedup_by_round") if row else None),
                      "met": bool(value and value >= goal)})
     overhead = results.get("overhead", {}).get("summary", {})
     ratio = overhead.get("engine_over_plain")
@@ -32,7 +43,7 @@ def targets(results: dict) -> list[dict]:
     if 4 in split:
         split_ratio = split[4].get("auto_over_uniform")
         rows.append({"target": "--split auto vs uniform, heavy LM head, pp=4", "goal": ">= 1.15x",
-                     "measured": _fmt(split_ratio, ".3f") + "x" if split_ratio else "n/a",
+                     "measured": _measured(split_ratio, split[4].get("auto_over_uniform_by_round")),
                      "met": bool(split_ratio and split_ratio >= 1.15)})
     rows.append({"target": "engine 1x1x1 within 5% of a plain PyTorch loop", "goal": ">= 0.95x",
                  "measured": _fmt(ratio, ".3f") + "x" if ratio else "n/a", "met": bool(ratio and ratio >= 0.95)})
@@ -142,6 +153,14 @@ def _targets_section(results: dict) -> list[str]:
     return lines + [""]
 
 
+def _repetitions(row: dict) -> str:
+    """How many runs were pooled, and each repetition's own speed-up over naive when there are several."""
+    by_round = row.get("speedup_by_round") or []
+    if len(by_round) < 2:
+        return str(row["repetitions"])
+    return f"{row['repetitions']} ({', '.join(f'{x:.2f}x' for x in by_round)})"
+
+
 def _throughput_section(results: dict) -> list[str]:
     lines = ["## 1. Throughput against the naive baseline", "",
              "Speed-up bound from the bubble fractions: (1 - bubble) / (1 - (p-1)/p), with bubble (p-1)/(m+p-1) for "
@@ -153,7 +172,7 @@ def _throughput_section(results: dict) -> list[str]:
              "the bound divided by it: what the schedule could reach with this machine's concurrent compute speed.", "",
              "Every mesh trains the same global batch: m micro-batches per replica of mbs samples each.", "",
              "| mesh | schedule | p | m | v | mbs | samples/s | tokens/s | speed-up vs naive | bound | compute vs naive | "
-             "bound at that compute | idle (measured) | bubble (theory) | runs |",
+             "bound at that compute | idle (measured) | bubble (theory) | runs (speed-up of each repetition) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results.get("throughput", {}).get("table", []):
         head = f"| {r['group']} | {r['label']} | {r['p']} | {r['m']} | {r['v']} | {r.get('micro_batch_size') or ''} |"
@@ -163,7 +182,7 @@ def _throughput_section(results: dict) -> list[str]:
         lines.append(head + f" {r['samples_per_sec']:.3f} | {r['tokens_per_sec']:.0f} | {_fmt(r['speedup_vs_naive'], '.3f')}x |"
                      f" {r['theoretical_speedup']:.3f}x | {_fmt(r.get('compute_slowdown'), '.3f')}x |"
                      f" {_fmt(r.get('bound_at_measured_compute'), '.3f')}x | {_pct(r['measured_idle_fraction'])} |"
-                     f" {_pct(r['theoretical_bubble_fraction'])} | {r['repetitions']} |")
+                     f" {_pct(r['theoretical_bubble_fraction'])} | {_repetitions(r)} |")
     return lines + [""]
 
 
@@ -248,19 +267,24 @@ def _split_section(results: dict) -> list[str]:
     split = results.get("split")
     if not split:
         return []
+    first = next(iter(split["runs"]), {})
     lines = ["## Cost-balanced stage split against a uniform one", "",
-             f"Model {split['model']} (the LM head costs several blocks), 1F1B, fp32, pp ranks = pp. `--split auto` "
-             "balances FLOPs counted by FlopCounterMode with an exact min-max partition over [embedding, blocks, "
-             "head] (the head may get a stage alone: blocks per stage ending in 0); `uniform` puts equal blocks on "
-             "every stage. 'expected' is the ratio the two splits' estimated stage costs predict for a "
-             "compute-bound pipeline: its busiest rank's work with a core per rank; with fewer cores than ranks, "
-             "at least the total work over the cores, which caps what balance can gain.", "",
+             f"Model {split['model']} (the LM head costs several blocks), 1F1B, fp32, pp ranks = pp, "
+             f"{first.get('m', '?')} micro-batches of {first.get('micro_batch_size', '?')} samples, the two splits "
+             "alternated in every repetition. `--split auto` balances FLOPs counted by FlopCounterMode with an exact "
+             "min-max partition over [embedding, blocks, head] (the head may get a stage alone: blocks per stage "
+             "ending in 0); `uniform` puts equal blocks on every stage. 'expected' is the ratio the two splits' "
+             "estimated stage costs c_s predict for a compute-bound pipeline of m micro-batches: sum(c_s) + (m - 1) "
+             "max(c_s) with a core per rank; with fewer cores than ranks, at least the total work over the cores, "
+             "which caps what balance can gain.", "",
              "| pp | auto samples/s | auto blocks/stage | uniform samples/s | uniform blocks/stage | auto / uniform | "
-             "expected, a core per rank | expected on this machine |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "per repetition | expected, a core per rank | expected on this machine |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in split["table"]:
+        by_round = ", ".join(f"{x:.2f}x" for x in r.get("auto_over_uniform_by_round") or []) or "n/a"
         lines.append(f"| {r['pp']} | {_fmt(r['auto_samples_per_sec'], '.3f')} | {r['auto_blocks_per_stage']} | "
                      f"{_fmt(r['uniform_samples_per_sec'], '.3f')} | {r['uniform_blocks_per_stage']} | "
-                     f"{_fmt(r['auto_over_uniform'], '.3f')}x | {_fmt(r.get('expected_core_per_rank'), '.2f')}x | "
+                     f"{_fmt(r['auto_over_uniform'], '.3f')}x | {by_round} | "
+                     f"{_fmt(r.get('expected_core_per_rank'), '.2f')}x | "
                      f"{_fmt(r.get('expected_on_cores'), '.2f')}x ({r.get('cores', '?')} cores) |")
     return lines + [""]
