@@ -25,6 +25,7 @@ from runtime.amp import AUTOCAST_DTYPES, build_grad_scaler, scaled_cross_entropy
 from runtime.checkpoint import Checkpointer, TrainState, init_optimizer_state, load_checkpoint
 from runtime.checkpoint_files import CheckpointError, StartPoint, resolve_start
 from runtime.config import ConfigError, TrainConfig, parse_train_config
+from runtime.cpu_binding import bind_node_ranks
 from runtime.data import DataError, DataSources, build_data, replica_rows
 from runtime.device import configure_cpu_threads, device_description, select_device
 from runtime.distributed import LaunchEnv, init_distributed, shutdown_distributed
@@ -153,6 +154,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     plan = plan[0]
     if env.rank == 0:
         print(plan.describe(), flush=True)
+    bound_cores = _bind_cores(cfg.pipeline.bind_cores, plan.stage_costs, layout, env, device)
     model = build_gpt(cfg.model, seed=cfg.seed, device=device)
     if start.init_from:
         load_init_weights(model, start.init_from, cfg.model)
@@ -214,11 +216,29 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
             stages_per_rank=cfg.pipeline.stages_per_rank, logger=logger)
     summary.update(config=cfg.to_dict(), peak_flops=peak_flops, peak_flops_source=peak_source,
                    device=device_description(device), blocks_per_stage=plan.blocks_per_stage,
-                   stage_costs=plan.stage_costs, stage_cost_unit=plan.unit,
+                   stage_costs=plan.stage_costs, stage_cost_unit=plan.unit, bound_cores=bound_cores,
                    world_size=env.world_size)
     logger.write_json("summary.json", summary)
     logger.close()
     return summary
+
+
+def _bind_cores(mode: str, stage_costs: list[float], layout: GridLayout, env: LaunchEnv,
+                device: torch.device) -> dict[int, int] | None:
+    """--bind-cores cost: pin this rank to a core chosen by its stages' work (runtime/cpu_binding.py)."""
+    if mode == "none":
+        return None
+    if device.type != "cpu":
+        if env.rank == 0:
+            print(f"--bind-cores {mode}: ignored on {device.type} (every rank has its own device)", flush=True)
+        return None
+    bound = bind_node_ranks(stage_costs, [layout.coordinates(r) for r in range(env.world_size)], pp=layout.pp,
+                            mp=layout.mp, rank=env.rank, local_rank=env.local_rank,
+                            local_world_size=env.local_world_size)
+    if env.rank == 0:
+        print("--bind-cores cost: " + ("not supported on this OS; ranks left to the scheduler" if bound is None else
+              "rank -> core " + ", ".join(f"{r}->{c}" for r, c in bound.items())), flush=True)
+    return bound
 
 
 def _peak_flops(cfg: TrainConfig, device: torch.device, world_size: int) -> tuple[float, str]:

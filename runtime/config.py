@@ -41,6 +41,7 @@ class PipelineConfig:
     micro_batch_size: int  # samples per micro-batch
     split: str  # "auto" | "uniform" | "manual:4,4,3,1"
     split_cost: str  # what "auto" balances: "flops" (counted) or "time" (measured on the device)
+    bind_cores: str = "none"  # CPU: "cost" packs a node's ranks onto its cores by stage work (runtime/cpu_binding.py)
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,10 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--split-cost", choices=("flops", "time"), default="flops",
                    help="what --split auto balances: FLOPs counted by FlopCounterMode, or forward+backward time "
                         "measured per layer on this device")
+    g.add_argument("--bind-cores", choices=("none", "cost"), default="none",
+                   help="CPU only: cost = pin each rank to one core, packing a node's ranks onto its cores by their "
+                        "stages' estimated work (heaviest first), so a heavy stage is not time-shared with light ones "
+                        "when ranks outnumber cores")
 
     g = p.add_argument_group("precision and optimisation")
     g.add_argument("--precision", choices=PRECISIONS, default="fp16",
@@ -352,7 +357,7 @@ def _pipeline_config(args: argparse.Namespace, mesh: MeshShape) -> PipelineConfi
             f"--global-batch-size {gbs} must equal --micro-batch-size {mbs} x --microbatches {m} x --dp "
             f"{mesh.dp} = {mbs * m * mesh.dp}"
         )
-    return PipelineConfig(args.schedule, v, m, mbs, args.split, args.split_cost)
+    return PipelineConfig(args.schedule, v, m, mbs, args.split, args.split_cost, args.bind_cores)
 
 
 def _check_pipeline(pipeline: PipelineConfig, model: GPTConfig, mesh: MeshShape) -> None:

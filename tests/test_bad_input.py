@@ -36,6 +36,7 @@ CASES = {
     "microbatches-not-multiple": (2, ["--pp", "2", "--microbatches", "3"], ["--microbatches 3", "multiple of --pp 2"]),
     "unknown-schedule": (2, ["--dp", "2", "--schedule", "pipedream"], ["--schedule", "interleaved-1f1b", "naive"]),
     "unknown-precision": (2, ["--dp", "2", "--precision", "fp8"], ["--precision", "fp16", "bf16", "fp32"]),
+    "unknown-core-binding": (2, ["--dp", "2", "--bind-cores", "numa"], ["--bind-cores", "none", "cost"]),
     "unknown-model": (2, ["--dp", "2", "--model", "huge"], ["--model", "tiny", "small", "medium", "large"]),
     "missing-data-path": (2, ["--dp", "2", "--data", "/nonexistent/corpus.txt"], ["--data /nonexistent/corpus.txt", "builtin"]),
     "v-with-single-stage-schedule": (2, ["--pp", "2", "--schedule", "gpipe", "--stages-per-rank", "2"],

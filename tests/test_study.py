@@ -40,6 +40,10 @@ def test_results_hold_every_section_and_the_report(study):
     pp2 = next(r for r in results["scaling"]["runs"] if r["kind"] == "PP" and r["world"] == 2)
     assert pp2["reused_from"] == "throughput_pp2_interleaved-1f1b_v2_r0" and pp2["ok"]
     assert len(set(commands)) == len(commands)
+    # The split benchmark binds its ranks to cores by stage cost (one core each here: 2 ranks).
+    for run in results["split"]["runs"]:
+        bound = run["summary"]["bound_cores"]
+        assert bound is None or sorted(int(r) for r in bound) == list(range(run["pp"])), bound
     mem = results["memory"]["search"]
     assert set(mem) == {"fp32", "fp16", "bf16"} and all(m["max_micro_batch"] >= 1 for m in mem.values())
 

@@ -95,7 +95,8 @@ def main(argv: list[str]) -> int:
         "commands": [],
     }
     t0 = time.monotonic()
-    print(f"study: {runnable} runs + the memory search, writing to {out}", flush=True)
+    memory_search = " + the memory search" if "memory" in sections and args.world >= 2 else ""
+    print(f"study: {runnable} runs{memory_search}, writing to {out}", flush=True)
 
     finished: dict[tuple, RunResult] = {}  # identical runs of two sections are run once
 

@@ -194,7 +194,8 @@ def memory_spec(s: StudySettings, *, precision: str, micro_batch_size: int) -> R
 
 
 def split_specs(world: int, s: StudySettings) -> list[RunSpec]:
-    """--split auto against uniform on a heavy-head model, pp=2 and pp=4, 1F1B, alternated ``rounds`` times."""
+    """--split auto against uniform on a heavy-head model, pp=2 and pp=4, 1F1B, alternated ``rounds`` times,
+    ranks bound to cores by their stage costs (--bind-cores cost)."""
     specs = []
     m = s.split_microbatches or s.microbatches
     mbs = s.split_micro_batch_size or s.micro_batch_size
@@ -203,7 +204,9 @@ def split_specs(world: int, s: StudySettings) -> list[RunSpec]:
             continue
         for r in range(s.rounds):
             for split in (("auto", "uniform") if r % 2 == 0 else ("uniform", "auto")):
-                args = [*_mesh(1, pp, 1), "--schedule", "1f1b", "--split", split,
+                # Both splits pin their ranks by their own stage costs: with more ranks than cores the OS
+                # otherwise time-shares the head stage's core with light stages (runtime/cpu_binding.py).
+                args = [*_mesh(1, pp, 1), "--schedule", "1f1b", "--split", split, "--bind-cores", "cost",
                         "--micro-batch-size", str(mbs), "--microbatches", str(m),
                         *s.split_model.flags(), *_common(s)]
                 meta = {"section": "split", "pp": pp, "split": split, "round": r, "m": m, "micro_batch_size": mbs}
