@@ -18,13 +18,17 @@ def _pct(x) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def _ratios(by_round: list[float]) -> str:
+    return ", ".join(f"{x:.2f}x" for x in by_round)
+
+
 def _measured(value: float | None, by_round: list[float] | None, spec: str = ".3f") -> str:
     """The pooled ratio, and each repetition's own ratio when there are several (the machine's noise)."""
     if not value:
         return "n/a"
     text = _fmt(value, spec) + "x"
     if by_round and len(by_round) > 1:
-        text += " (repetitions: " + ", ".join(f"{x:.2f}x" for x in by_round) + ")"
+        text += f" (repetitions: {_ratios(by_round)})"
     return text
 
 
@@ -158,7 +162,7 @@ def _repetitions(row: dict) -> str:
     by_round = row.get("speedup_by_round") or []
     if len(by_round) < 2:
         return str(row["repetitions"])
-    return f"{row['repetitions']} ({', '.join(f'{x:.2f}x' for x in by_round)})"
+    return f"{row['repetitions']} ({_ratios(by_round)})"
 
 
 def _throughput_section(results: dict) -> list[str]:
@@ -271,7 +275,8 @@ def _split_section(results: dict) -> list[str]:
     lines = ["## Cost-balanced stage split against a uniform one", "",
              f"Model {split['model']} (the LM head costs several blocks), 1F1B, fp32, pp ranks = pp, "
              f"{first.get('m', '?')} micro-batches of {first.get('micro_batch_size', '?')} samples, the two splits "
-             "alternated in every repetition. `--split auto` balances FLOPs counted by FlopCounterMode with an exact "
+             "alternated in every repetition, each rank bound to a core by its stages' cost (`--bind-cores cost`, "
+             "see the commands). `--split auto` balances FLOPs counted by FlopCounterMode with an exact "
              "min-max partition over [embedding, blocks, head] (the head may get a stage alone: blocks per stage "
              "ending in 0); `uniform` puts equal blocks on every stage. 'expected' is the ratio the two splits' "
              "estimated stage costs c_s predict for a compute-bound pipeline of m micro-batches: sum(c_s) + (m - 1) "
@@ -281,7 +286,7 @@ def _split_section(results: dict) -> list[str]:
              "per repetition | expected, a core per rank | expected on this machine |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in split["table"]:
-        by_round = ", ".join(f"{x:.2f}x" for x in r.get("auto_over_uniform_by_round") or []) or "n/a"
+        by_round = _ratios(r.get("auto_over_uniform_by_round") or []) or "n/a"
         lines.append(f"| {r['pp']} | {_fmt(r['auto_samples_per_sec'], '.3f')} | {r['auto_blocks_per_stage']} | "
                      f"{_fmt(r['uniform_samples_per_sec'], '.3f')} | {r['uniform_blocks_per_stage']} | "
                      f"{_fmt(r['auto_over_uniform'], '.3f')}x | {by_round} | "
