@@ -68,17 +68,27 @@ def layer_costs(cfg: GPTConfig, *, micro_batch_size: int, precision: str = "fp32
     """Costs of [embedding, block 0, ..., block L-1, head], in model order."""
     with FakeTensorMode():
         model = GPT(replace(cfg, n_layers=1))
-        tokens = torch.zeros(micro_batch_size, cfg.seq_len, dtype=torch.long)
-        positions = torch.arange(cfg.seq_len)
-        hidden = torch.zeros(micro_batch_size, cfg.seq_len, cfg.d_model, requires_grad=True)
-        embed = _profile("embedding", lambda: model.tok_emb(tokens) + model.pos_emb(positions),
-                         [model.tok_emb, model.pos_emb], precision)
-        block = tensor_parallel_shard(model.layers["0"], mp)
-        blk = _profile("block", lambda: block(hidden), [block], precision)
-        head = _profile("head", lambda: F.cross_entropy(model.head(model.norm(hidden)).float().flatten(0, 1),
-                                                        tokens.flatten()),
-                        [model.norm, model.head], precision)
+        model.layers["0"] = tensor_parallel_shard(model.layers["0"], mp)
+        forwards = _group_forwards(model, micro_batch_size=micro_batch_size, device=torch.device("cpu"))
+        embed = _profile("embedding", forwards["embedding"], [model.tok_emb, model.pos_emb], precision)
+        blk = _profile("block", forwards["block"], [model.layers["0"]], precision)
+        head = _profile("head", forwards["head"], [model.norm, model.head], precision)
     return [embed, *(replace(blk, name=f"layers.{i}") for i in range(cfg.n_layers)), head]
+
+
+def _group_forwards(model: GPT, *, micro_batch_size: int, device: torch.device) -> dict:
+    """Forward of each layer group as its pipeline stage runs it, returning what backward starts from.
+    The head's includes the loss (the last stage computes it): at a large vocabulary the softmax over
+    [micro-batch x seq, vocab] logits is a large share of the head's time but no matmul FLOPs."""
+    seq_len, d_model = model.pos_emb.num_embeddings, model.pos_emb.embedding_dim
+    tokens = torch.randint(0, model.tok_emb.num_embeddings, (micro_batch_size, seq_len), device=device)  # [b, t]
+    positions = torch.arange(seq_len, device=device)
+    hidden = torch.randn(micro_batch_size, seq_len, d_model, device=device, requires_grad=True)  # [b, t, d]
+    return {
+        "embedding": lambda: model.tok_emb(tokens) + model.pos_emb(positions),
+        "block": lambda: model.layers["0"](hidden),
+        "head": lambda: F.cross_entropy(model.head(model.norm(hidden)).float().flatten(0, 1), tokens.flatten()),
+    }
 
 
 def tensor_parallel_shard(block: Block, mp: int) -> Block:
@@ -132,14 +142,7 @@ def measure_layer_times(cfg: GPTConfig, *, micro_batch_size: int, precision: str
     """Like ``layer_costs``, with the median forward + backward time of each group on ``device``."""
     costs = layer_costs(cfg, micro_batch_size=micro_batch_size, precision=precision)
     model = GPT(replace(cfg, n_layers=1)).to(device)
-    tokens = torch.randint(0, cfg.vocab_size, (micro_batch_size, cfg.seq_len), device=device)
-    hidden = torch.randn(micro_batch_size, cfg.seq_len, cfg.d_model, device=device, requires_grad=True)
-    positions = torch.arange(cfg.seq_len, device=device)
-    runs = {
-        "embedding": lambda: model.tok_emb(tokens) + model.pos_emb(positions),
-        "block": lambda: model.layers["0"](hidden),
-        "head": lambda: model.head(model.norm(hidden)),
-    }
+    runs = _group_forwards(model, micro_batch_size=micro_batch_size, device=device)
     seconds = {name: _time_fwd_bwd(fn, precision, device, repeats) for name, fn in runs.items()}
     return [replace(c, seconds=seconds["block" if c.name.startswith("layers.") else c.name]) for c in costs]
 

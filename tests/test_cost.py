@@ -52,3 +52,19 @@ def test_measured_time_mode_times_every_group():
                                 repeats=1)
     assert all(c.seconds and c.seconds > 0 for c in costs)
     assert len(costs) == MODEL_SIZES["tiny"].n_layers + 2  # embedding, blocks, head
+
+
+def test_measured_time_mode_times_the_head_with_its_loss(monkeypatch):
+    # The last stage computes the loss: at a large vocabulary its softmax over [b*t, vocab] logits costs
+    # as much as several blocks, so timing the head without it underestimates the last stage.
+    shapes = {}
+
+    def record_shape(forward, precision, device, repeats):
+        out = forward()
+        shapes[len(shapes)] = tuple(out.shape)
+        return float(len(shapes))
+
+    monkeypatch.setattr("compiler.cost._time_fwd_bwd", record_shape)
+    cfg = MODEL_SIZES["tiny"]
+    measure_layer_times(cfg, micro_batch_size=2, precision="fp32", device=torch.device("cpu"))
+    assert shapes == {0: (2, cfg.seq_len, cfg.d_model), 1: (2, cfg.seq_len, cfg.d_model), 2: ()}

@@ -44,6 +44,10 @@ def test_results_hold_every_section_and_the_report(study):
     for run in results["split"]["runs"]:
         bound = run["summary"]["bound_cores"]
         assert bound is None or sorted(int(r) for r in bound) == list(range(run["pp"])), bound
+    # Measured layer times [embedding, blocks..., head] give the second expectation of the split table.
+    seconds = results["split"]["layer_seconds"]
+    assert len(seconds) == results["split"]["model"]["layers"] + 2 and all(t > 0 for t in seconds)
+    assert all(row["measured_expected_on_cores"] > 0 for row in results["split"]["table"])
     mem = results["memory"]["search"]
     assert set(mem) == {"fp32", "fp16", "bf16"} and all(m["max_micro_batch"] >= 1 for m in mem.values())
 

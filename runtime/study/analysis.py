@@ -6,6 +6,8 @@ import os
 import statistics
 from typing import Callable
 
+from compiler.partition import stage_costs_with_ends
+from runtime.cpu_binding import assign_cores
 from runtime.profiling import CATEGORIES
 from runtime.schedules import bubble_fraction, ideal_speedup_over_naive
 
@@ -173,14 +175,17 @@ def pipeline_time_units(stage_costs: list[float], *, pp: int, cores: int, microb
 
     With uneven stages c_s and m micro-batches the step takes sum(c_s) + (m - 1) * max(c_s): one
     micro-batch's trip through every stage (fill and drain) plus m - 1 more at the busiest stage's
-    pace (the makespan of a flow shop of identical jobs). With fewer cores than ranks it takes at
-    least the total work m * sum(c_s) spread over the cores (ranks time-share cores, so a light rank's
-    idle core works for the heavy one). More micro-batches weigh the busiest stage more, so the
-    better split gains more.
+    pace (the makespan of a flow shop of identical jobs). With fewer cores than ranks the ranks are
+    packed on the cores as ``--bind-cores cost`` does (longest first onto the least-loaded core) and a
+    core runs its ranks' work one after another, so the pace is the busiest core's load. More
+    micro-batches weigh the pace more, so the better split gains more.
     """
     rank_costs = [sum(stage_costs[r::pp]) for r in range(pp)]
-    flow = sum(stage_costs) + (microbatches - 1) * max(rank_costs)
-    return max(flow, microbatches * sum(stage_costs) / min(pp, cores))
+    loads = rank_costs
+    if cores < pp:
+        placed = assign_cores(rank_costs, list(range(cores)))
+        loads = [sum(c for c, core in zip(rank_costs, placed) if core == k) for k in range(cores)]
+    return sum(stage_costs) + (microbatches - 1) * max(loads)
 
 
 def ratio_by_round(runs: list[dict], numerator: Callable[[dict], bool], denominator: Callable[[dict], bool]) -> list[float]:
@@ -195,10 +200,11 @@ def ratio_by_round(runs: list[dict], numerator: Callable[[dict], bool], denomina
     return ratios
 
 
-def split_table(runs: list[dict], *, cores: int | None = None) -> list[dict]:
+def split_table(runs: list[dict], *, cores: int | None = None, layer_seconds: list[float] | None = None) -> list[dict]:
     """Per pp: auto and uniform throughput (pooled over repetitions), their ratio overall and per
-    repetition, the chosen splits, and the ratio their estimated stage costs predict with a core per rank
-    and with this machine's cores."""
+    repetition, the chosen splits, and the ratio the two splits' stage costs predict with a core per rank
+    and with this machine's cores: from the estimated costs the runs split by and, given
+    ``layer_seconds`` (measured forward + backward of [embedding, blocks..., head]), from measured times."""
     cores = cores or os.cpu_count() or 1
     rows = []
     for pp in sorted({r["pp"] for r in runs}):
@@ -217,9 +223,19 @@ def split_table(runs: list[dict], *, cores: int | None = None) -> list[dict]:
                                                            lambda r: r["split"] == "uniform")
         m = row["microbatches"] = at_pp[0].get("m", 1)
         if costs["auto"] and costs["uniform"]:
-            row["expected_core_per_rank"] = (pipeline_time_units(costs["uniform"], pp=pp, cores=pp, microbatches=m)
-                                             / pipeline_time_units(costs["auto"], pp=pp, cores=pp, microbatches=m))
-            row["expected_on_cores"] = (pipeline_time_units(costs["uniform"], pp=pp, cores=cores, microbatches=m)
-                                        / pipeline_time_units(costs["auto"], pp=pp, cores=cores, microbatches=m))
+            row["expected_core_per_rank"] = _split_gain(costs, pp=pp, cores=pp, microbatches=m)
+            row["expected_on_cores"] = _split_gain(costs, pp=pp, cores=cores, microbatches=m)
+        if layer_seconds and row["auto_blocks_per_stage"] and row["uniform_blocks_per_stage"]:
+            timed = {split: stage_costs_with_ends(layer_seconds, row[f"{split}_blocks_per_stage"])
+                     for split in ("auto", "uniform")}
+            row["measured_expected_core_per_rank"] = _split_gain(timed, pp=pp, cores=pp, microbatches=m)
+            row["measured_expected_on_cores"] = _split_gain(timed, pp=pp, cores=cores, microbatches=m)
         rows.append(row)
     return rows
+
+
+def _split_gain(stage_costs: dict[str, list[float]], *, pp: int, cores: int, microbatches: int) -> float:
+    """Predicted auto / uniform throughput: uniform's step time over auto's."""
+    uniform, auto = (pipeline_time_units(stage_costs[s], pp=pp, cores=cores, microbatches=microbatches)
+                     for s in ("uniform", "auto"))
+    return uniform / auto

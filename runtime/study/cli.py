@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from compiler.cost import measure_layer_times
+from models.gpt import GPTConfig
 from runtime.config import HelpFormatter
 from runtime.device import device_description, has_gpu, select_device
 from runtime.study import analysis, plan, report
@@ -135,10 +137,11 @@ def main(argv: list[str]) -> int:
         results["overhead"] = {"runs": raw, "summary": analysis.overhead_summary(raw)}
 
     if specs["split"]:
+        layer_seconds = _split_layer_seconds(settings)
         raw = [run(spec, lambda r: f"{r.summary['samples_per_sec']:.3f} samples/s, blocks {r.summary['blocks_per_stage']}")
                for spec in specs["split"]]
-        results["split"] = {"runs": raw, "table": analysis.split_table(raw),
-                            "model": vars(settings.split_model)}
+        results["split"] = {"runs": raw, "table": analysis.split_table(raw, layer_seconds=layer_seconds),
+                            "model": vars(settings.split_model), "layer_seconds": layer_seconds}
 
     results["wall_time_s"] = time.monotonic() - t0
     results["targets"] = report.targets(results)
@@ -160,6 +163,24 @@ _TIME_SPLIT_METHOD = (
     "other = the untracked remainder. 'tracked' is the share of the step the categories explain. With more ranks "
     "than cores, compute wall time includes time-slicing between ranks."
 )
+
+
+def _split_layer_seconds(settings: plan.StudySettings) -> list[float]:
+    """Measured forward + backward seconds of the split model's [embedding, blocks..., head] at the
+    benchmark's micro-batch, on one thread as a rank runs them: what the stages really cost. The head's
+    includes its loss, whose softmax over the vocabulary counts no FLOPs, so this is the cap the report
+    sets beside the FLOP-based expectation."""
+    shape = settings.split_model
+    cfg = GPTConfig(n_layers=shape.layers, d_model=shape.d_model, n_heads=shape.heads, seq_len=shape.seq_len,
+                    vocab_size=shape.vocab_size, mlp_width=4 * shape.d_model)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        layers = measure_layer_times(cfg, micro_batch_size=settings.split_micro_batch_size or settings.micro_batch_size,
+                                     precision="fp32", device=select_device(0), repeats=5)
+    finally:
+        torch.set_num_threads(threads)
+    return [c.seconds for c in layers]
 
 
 def _memory_section(settings, budget_gb: float, out: Path, run) -> dict:

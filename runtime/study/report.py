@@ -267,6 +267,14 @@ def _overhead_section(results: dict) -> list[str]:
             f"precision: {_fmt(o['engine_over_plain'], '.3f')}x, pooled over {o['repetitions']} alternated pairs.", ""]
 
 
+def _layer_times(split: dict) -> str:
+    seconds = split.get("layer_seconds")
+    if not seconds or len(seconds) < 3:
+        return ""
+    block, head = seconds[1], seconds[-1]
+    return f": a block {block * 1e3:.1f} ms, the head {head * 1e3:.1f} ms = {head / block:.1f} blocks"
+
+
 def _split_section(results: dict) -> list[str]:
     split = results.get("split")
     if not split:
@@ -279,17 +287,24 @@ def _split_section(results: dict) -> list[str]:
              "see the commands). `--split auto` balances FLOPs counted by FlopCounterMode with an exact "
              "min-max partition over [embedding, blocks, head] (the head may get a stage alone: blocks per stage "
              "ending in 0); `uniform` puts equal blocks on every stage. 'expected' is the ratio the two splits' "
-             "estimated stage costs c_s predict for a compute-bound pipeline of m micro-batches: sum(c_s) + (m - 1) "
-             "max(c_s) with a core per rank; with fewer cores than ranks, at least the total work over the cores, "
-             "which caps what balance can gain.", "",
+             "stage costs c_s predict for a compute-bound pipeline of m micro-batches: sum(c_s) + (m - 1) x the "
+             "busiest stage's c_s with a core per rank; with fewer cores than ranks, the ranks packed on the cores "
+             "as `--bind-cores cost` packs them (longest first) and the busiest core's load instead. It is given "
+             "from the counted FLOPs the split was made with and from each layer's forward + backward time "
+             "measured on one thread of this machine (the head with its loss)" + _layer_times(split) + ". "
+             "When the head alone is the busiest stage, no split can beat (uniform's last stage) / (head), "
+             "whatever the balance of the others.", "",
              "| pp | auto samples/s | auto blocks/stage | uniform samples/s | uniform blocks/stage | auto / uniform | "
-             "per repetition | expected, a core per rank | expected on this machine |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "per repetition | expected from FLOPs, a core per rank | from FLOPs, this machine | "
+             "from measured times, a core per rank | from measured times, this machine |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in split["table"]:
         by_round = _ratios(r.get("auto_over_uniform_by_round") or []) or "n/a"
         lines.append(f"| {r['pp']} | {_fmt(r['auto_samples_per_sec'], '.3f')} | {r['auto_blocks_per_stage']} | "
                      f"{_fmt(r['uniform_samples_per_sec'], '.3f')} | {r['uniform_blocks_per_stage']} | "
                      f"{_fmt(r['auto_over_uniform'], '.3f')}x | {by_round} | "
                      f"{_fmt(r.get('expected_core_per_rank'), '.2f')}x | "
-                     f"{_fmt(r.get('expected_on_cores'), '.2f')}x ({r.get('cores', '?')} cores) |")
+                     f"{_fmt(r.get('expected_on_cores'), '.2f')}x ({r.get('cores', '?')} cores) | "
+                     f"{_fmt(r.get('measured_expected_core_per_rank'), '.2f')}x | "
+                     f"{_fmt(r.get('measured_expected_on_cores'), '.2f')}x |")
     return lines + [""]
