@@ -17,6 +17,10 @@ import torch.nn.functional as F
 from torch import nn
 
 
+# GPT-2's MLP hidden width per unit of d_model: the width whenever none is given.
+GPT2_MLP_RATIO = 4
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     n_layers: int
@@ -24,7 +28,7 @@ class GPTConfig:
     n_heads: int
     seq_len: int
     vocab_size: int
-    mlp_width: int  # hidden units of the MLP, 4 * d_model in GPT-2
+    mlp_width: int  # hidden units of the MLP, GPT2_MLP_RATIO * d_model in GPT-2
 
     @property
     def head_dim(self) -> int:

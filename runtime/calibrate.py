@@ -35,9 +35,9 @@ DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "
 def _block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, repeats: int = 3) -> tuple[float, float]:
     """(median seconds, counted FLOPs) of one block's forward + backward."""
     from compiler.cost import AUTOCAST, layer_costs
-    from models.gpt import Block, GPTConfig
+    from models.gpt import GPT2_MLP_RATIO, Block, GPTConfig
 
-    cfg = GPTConfig(n_layers=1, d_model=d, n_heads=heads, seq_len=seq, vocab_size=256, mlp_width=4 * d)
+    cfg = GPTConfig(n_layers=1, d_model=d, n_heads=heads, seq_len=seq, vocab_size=256, mlp_width=GPT2_MLP_RATIO * d)
     flops = layer_costs(cfg, micro_batch_size=batch, precision=precision)[1].flops
     block = Block(cfg)
     x = torch.randn(batch, seq, d, requires_grad=True)

@@ -10,7 +10,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from models.gpt import MODEL_SIZES, GPTConfig
+from models.gpt import GPT2_MLP_RATIO, MODEL_SIZES, GPTConfig
 
 SCHEDULES = ("interleaved-1f1b", "1f1b", "gpipe", "zero-bubble", "naive")
 INTERLEAVED_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
@@ -267,7 +267,7 @@ def config_from_args(args: argparse.Namespace, *, world_size: int, now: float | 
         n_heads=args.heads or base.n_heads,
         seq_len=args.seq_len or base.seq_len,
         vocab_size=args.vocab_size or base.vocab_size,
-        mlp_width=args.mlp_width or 4 * (args.d_model or base.d_model),
+        mlp_width=args.mlp_width or GPT2_MLP_RATIO * (args.d_model or base.d_model),
     )
     _check_model(model, mesh)
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from compiler.cost import measure_layer_times
-from models.gpt import GPTConfig
 from runtime.config import HelpFormatter
 from runtime.device import device_description, has_gpu, select_device
 from runtime.study import analysis, plan, report
@@ -170,9 +169,7 @@ def _split_layer_seconds(settings: plan.StudySettings) -> list[float]:
     benchmark's micro-batch, on one thread as a rank runs them: what the stages really cost. The head's
     includes its loss, whose softmax over the vocabulary counts no FLOPs, so this is the cap the report
     sets beside the FLOP-based expectation."""
-    shape = settings.split_model
-    cfg = GPTConfig(n_layers=shape.layers, d_model=shape.d_model, n_heads=shape.heads, seq_len=shape.seq_len,
-                    vocab_size=shape.vocab_size, mlp_width=4 * shape.d_model)
+    cfg = settings.split_model.gpt_config()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

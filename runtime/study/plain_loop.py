@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from models.gpt import GPTConfig, build_gpt
+from models.gpt import GPT2_MLP_RATIO, GPTConfig, build_gpt
 from runtime.amp import AUTOCAST_DTYPES, autocast
 from runtime.data import SyntheticBatches, inputs_and_targets
 from runtime.device import configure_cpu_threads, peak_memory_bytes, select_device, synchronize
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
     if device.type == "cpu":
         configure_cpu_threads(1)
     cfg = GPTConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, seq_len=args.seq_len,
-                    vocab_size=args.vocab_size, mlp_width=4 * args.d_model)
+                    vocab_size=args.vocab_size, mlp_width=GPT2_MLP_RATIO * args.d_model)
     model = build_gpt(cfg, seed=args.seed, device=device)
     optimizer = build_optimizer(list(model.parameters()), lr=args.lr, weight_decay=0.1)
     schedule = build_lr_schedule(optimizer, warmup_steps=1, total_steps=args.steps)

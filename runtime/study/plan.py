@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from models.gpt import GPT2_MLP_RATIO, GPTConfig
 from runtime.study.launcher import RunSpec
 
 # Schedules of the throughput section: (label, --schedule, virtual stages v).
@@ -28,6 +29,11 @@ class ModelShape:
     def flags(self) -> list[str]:
         return ["--layers", str(self.layers), "--d-model", str(self.d_model), "--heads", str(self.heads),
                 "--seq-len", str(self.seq_len), "--vocab-size", str(self.vocab_size)]
+
+    def gpt_config(self) -> GPTConfig:
+        """The model run.py builds from ``flags()`` (no --mlp-width: GPT-2's width)."""
+        return GPTConfig(n_layers=self.layers, d_model=self.d_model, n_heads=self.heads, seq_len=self.seq_len,
+                         vocab_size=self.vocab_size, mlp_width=GPT2_MLP_RATIO * self.d_model)
 
 
 @dataclass(frozen=True)
