@@ -21,26 +21,26 @@ import torch
 
 from compiler.stage_plan import plan_stages
 from models.gpt import build_gpt
-from runtime.amp import AUTOCAST_DTYPES, build_grad_scaler, scaled_cross_entropy
-from runtime.checkpoint import Checkpointer, TrainState, init_optimizer_state, load_checkpoint
-from runtime.checkpoint_files import CheckpointError, StartPoint, resolve_start
+from runtime.engine.amp import AUTOCAST_DTYPES, build_grad_scaler, scaled_cross_entropy
+from runtime.checkpoint.state import Checkpointer, TrainState, init_optimizer_state, load_checkpoint
+from runtime.checkpoint.files import CheckpointError, StartPoint, resolve_start
 from runtime.config import ConfigError, TrainConfig, parse_train_config
-from runtime.cpu_binding import bind_node_ranks
-from runtime.data import DataError, DataSources, build_data, replica_rows
+from runtime.distributed.cpu_binding import bind_node_ranks
+from runtime.engine.data import DataError, DataSources, build_data, replica_rows
 from runtime.device import configure_cpu_threads, device_description, select_device
-from runtime.distributed import LaunchEnv, init_distributed, shutdown_distributed
-from runtime.export import load_init_weights, read_init_weights
-from runtime.flops import calibrate_world_peak_flops, training_flops_per_token
-from runtime.guards import DivergenceError, DivergenceGuard
-from runtime.mesh import GridLayout, build_mesh
-from runtime.metrics import MetricsLogger, Throughput
-from runtime.optim import build_lr_schedule, build_optimizer
-from runtime.profile_report import profile_report
-from runtime.profiling import Profiler, profiled_steps
-from runtime.schedules import build_schedule
-from runtime.stages import build_local_stages
-from runtime.trainer import AfterBackwardHook, StepContext
-from runtime.training_loop import training_loop
+from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
+from runtime.commands.export import load_init_weights, read_init_weights
+from runtime.observe.peak_flops import calibrate_world_peak_flops, training_flops_per_token
+from runtime.engine.guards import DivergenceError, DivergenceGuard
+from runtime.distributed.mesh import GridLayout, build_mesh
+from runtime.observe.metrics import MetricsLogger, Throughput
+from runtime.engine.optim import build_lr_schedule, build_optimizer
+from runtime.observe.profile_report import profile_report
+from runtime.observe.profiling import Profiler, profiled_steps
+from compiler.schedules import build_schedule
+from compiler.parallelize.stages import build_local_stages
+from runtime.engine.step import AfterBackwardHook, StepContext
+from runtime.engine.loop import training_loop
 
 # torch.export's pytree emits a FutureWarning per traced module on 2.13; it says nothing about our code.
 warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*", category=FutureWarning)
@@ -50,13 +50,13 @@ InputError = (ConfigError, DataError, CheckpointError)  # bad input: one error l
 
 def _subcommand(name: str):
     if name == "study":
-        from runtime.study.cli import main
+        from runtime.commands.study.cli import main
     elif name == "plan":
-        from runtime.plan_cli import main
+        from runtime.commands.plan import main
     elif name == "calibrate":
-        from runtime.calibrate import main
+        from runtime.commands.calibrate import main
     elif name == "export":
-        from runtime.export import main
+        from runtime.commands.export import main
     else:
         return None
     return main
@@ -124,7 +124,7 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
 
 def _apply_auto_plan(argv: list[str], env: LaunchEnv) -> list[str]:
     """--auto: append the planner's best plan for this world size (pure computation, same on every rank)."""
-    from runtime.plan_cli import auto_flags
+    from runtime.commands.plan import auto_flags
 
     flags, best = auto_flags(argv, world=env.world_size)
     if env.rank == 0:

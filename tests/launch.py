@@ -73,7 +73,7 @@ def _rank_entry(rank: int, world_size: int, port: int, fn: Callable, args: tuple
 
 def spawn_ranks(fn: Callable[..., Any], *, world_size: int, args: tuple = (), timeout: float = 300) -> None:
     """Run ``fn(*args)`` on ``world_size`` fresh processes forming one gloo job (env:// rendezvous)."""
-    from runtime.distributed import free_port
+    from runtime.distributed.process_group import free_port
 
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from models.gpt import build_gpt
 from runtime.config import TrainConfig
-from runtime.data import build_data, inputs_and_targets
-from runtime.optim import build_lr_schedule, build_optimizer
+from runtime.engine.data import build_data, inputs_and_targets
+from runtime.engine.optim import build_lr_schedule, build_optimizer
 
 
 @dataclass

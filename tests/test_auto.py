@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from runtime.plan_cli import auto_flags
+from runtime.commands.plan import auto_flags
 from runtime.config import parse_train_config
 from tests.launch import torchrun
 

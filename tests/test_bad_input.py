@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 import run
-from runtime.distributed import LaunchEnv
+from runtime.distributed.process_group import LaunchEnv
 from tests.launch import check_clean_failure
 
 TINY = ["--model", "tiny", "--steps", "1"]

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from models.gpt import GPT
-from runtime.checkpoint_files import read_checkpoint, read_dcp_metadata, verify_files
+from runtime.checkpoint.files import read_checkpoint, read_dcp_metadata, verify_files
 from runtime.config import parse_train_config
-from runtime.data import build_data, inputs_and_targets
+from runtime.engine.data import build_data, inputs_and_targets
 from tests.launch import check_clean_failure, python_run, spawn_ranks, torchrun
 
 # Reading a checkpoint in the test process (no process group) makes DCP say so; that is intended.

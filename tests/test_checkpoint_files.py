@@ -15,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from models.gpt import MODEL_SIZES, build_gpt
-from runtime.checkpoint_files import (
+from runtime.checkpoint.files import (
     CheckpointError,
     PartialCheckpointError,
     check_same_model,

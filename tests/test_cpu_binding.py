@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from runtime.cpu_binding import assign_cores, bind_process_to_core, rank_work
-from runtime.mesh import GridLayout
+from runtime.distributed.cpu_binding import assign_cores, bind_process_to_core, rank_work
+from runtime.distributed.mesh import GridLayout
 
 
 def test_a_stage_as_heavy_as_the_rest_gets_a_core_of_its_own():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.data import (
+from runtime.engine.data import (
     DataError,
     build_data,
     inputs_and_targets,

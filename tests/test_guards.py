@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from runtime.checkpoint_files import read_checkpoint, verify_files
-from runtime.guards import DivergenceError, DivergenceGuard
+from runtime.checkpoint.files import read_checkpoint, verify_files
+from runtime.engine.guards import DivergenceError, DivergenceGuard
 from tests.launch import spawn_ranks
 
 NAN = float("nan")

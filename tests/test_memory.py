@@ -2,7 +2,7 @@
 
 import torch
 
-from runtime.memory import live_tensor_bytes, peak_growth_during
+from runtime.observe.memory import live_tensor_bytes, peak_growth_during
 
 
 def test_peak_growth_sees_a_temporary_that_is_freed():

@@ -19,8 +19,8 @@ from compiler.planner.candidates import Candidate
 from compiler.planner.cluster import load_cluster
 from compiler.planner.search import CostTable, estimate
 from runtime.config import parse_train_config
-from runtime.flops import training_flops_per_token
-from runtime.plan_cli import validate_flags
+from runtime.observe.peak_flops import training_flops_per_token
+from runtime.commands.plan import validate_flags
 from tests.launch import torchrun
 
 MODEL = ["--layers", "4", "--d-model", "128", "--heads", "4", "--seq-len", "64", "--vocab-size", "256"]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from runtime.mesh import GridLayout
+from runtime.distributed.mesh import GridLayout
 from tests.launch import spawn_ranks
 
 
@@ -45,7 +45,7 @@ def test_mp_groups_are_contiguous_ranks():
 def _report_device_mesh_groups(shape, out_dir):
     import torch.distributed as dist
 
-    from runtime.mesh import build_mesh
+    from runtime.distributed.mesh import build_mesh
 
     dist.init_process_group("gloo")
     mesh = build_mesh("cpu", GridLayout(*shape))

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from runtime.optim import build_optimizer, lr_multiplier
+from runtime.engine.optim import build_optimizer, lr_multiplier
 
 
 def test_warmup_then_cosine_to_a_tenth():

@@ -10,7 +10,7 @@ from compiler.planner.candidates import meshes
 from compiler.planner.cluster import Link, load_cluster, preset_names
 from compiler.planner.memory_model import in_flight_stage_microbatches
 from compiler.planner.time_model import all_gather_time, all_reduce_time
-from runtime.plan_cli import model_flags, run_planner, validate_flags
+from runtime.commands.plan import model_flags, run_planner, validate_flags
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from runtime.checkpoint_files import find_latest, verify_files
+from runtime.checkpoint.files import find_latest, verify_files
 from tests.launch import ROOT, torchrun
 
 KILL_RANK = 5  # dp 1, pp 0, mp 1: neither rank 0 (DCP's coordinator) nor the logging rank

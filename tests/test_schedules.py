@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime.schedules import bubble_fraction, ideal_speedup_over_naive, local_stage_indices, naive_rank_actions
+from compiler.schedules import bubble_fraction, ideal_speedup_over_naive, local_stage_indices, naive_rank_actions
 
 
 def test_bubble_formulas():

@@ -7,7 +7,7 @@ import math
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from runtime.metrics import SCALAR_TAGS
+from runtime.observe.metrics import SCALAR_TAGS
 from tests.launch import torchrun
 
 

@@ -3,7 +3,7 @@
 import dataclasses
 
 from runtime.config import parse_train_config
-from runtime.study import plan
+from runtime.commands.study import plan
 
 
 def test_throughput_runs_cover_every_schedule_and_mesh_at_8_ranks():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime.study import analysis, report
+from runtime.commands.study import analysis, report
 
 
 def _run(label, sps, group="pp=2", schedule=None, v=1, ok=True, compute_s=1.6):

@@ -11,11 +11,11 @@ def _compare_tp_stage_with_dense(out_dir: str) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from compiler.tensor_parallel import apply_tp, restore_linear_modules
+    from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
     from compiler.trace import trace_pipeline
     from models.gpt import MODEL_SIZES, build_gpt
     from models.tp_plan import GPT_BLOCK_TP_PLAN
-    from runtime.mesh import GridLayout, build_mesh
+    from runtime.distributed.mesh import GridLayout, build_mesh
 
     dist.init_process_group("gloo")
     mesh = build_mesh("cpu", GridLayout(1, 1, 2))

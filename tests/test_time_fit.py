@@ -11,7 +11,7 @@ import pytest
 from compiler.planner.cluster import load_cluster
 from compiler.planner.fit import FACTORS, fit_factors
 from compiler.planner.time_model import StepTerms
-from runtime.plan_cli import model_flags, run_planner
+from runtime.commands.plan import model_flags, run_planner
 
 
 def _terms(rng: random.Random) -> StepTerms:
@@ -72,8 +72,8 @@ def test_step_time_is_the_calibrated_combination_of_its_terms():
 
 
 def test_calibration_plans_are_valid_and_use_models_the_validation_does_not():
-    from runtime.calibrate_engine import calibration_runs, predicted_terms
-    from runtime.plan_validation import MODELS
+    from runtime.commands.calibrate_engine import calibration_runs, predicted_terms
+    from runtime.commands.plan_validation import MODELS
 
     cluster = load_cluster("cpu-2core")
     runs = calibration_runs(4)
@@ -91,7 +91,7 @@ def test_calibration_plans_are_valid_and_use_models_the_validation_does_not():
 
 
 def test_refit_recovers_factors_from_recorded_runs_and_refuses_foreign_records():
-    from runtime.calibrate_engine import calibration_runs, predicted_terms, refit_engine
+    from runtime.commands.calibrate_engine import calibration_runs, predicted_terms, refit_engine
 
     base = load_cluster("cpu-2core")
     truth = {"compute_scale": 1.4, "comm_scale": 2.2, "dp_comm_scale": 3.0, "action_overhead": 0.002,

@@ -7,9 +7,9 @@ import zlib
 import pytest
 import torch
 
-from runtime.png import write_png
-from runtime.profiling import Span, StepProfile, StepRecorder
-from runtime.timeline import chrome_trace, render_gantt, time_split
+from runtime.observe.png import write_png
+from runtime.observe.profiling import Span, StepProfile, StepRecorder
+from runtime.observe.timeline import chrome_trace, render_gantt, time_split
 
 
 def _profile(rank):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from compiler.tensor_parallel import restore_linear_modules
+from compiler.parallelize.tensor_parallel import restore_linear_modules
 from compiler.trace import trace_pipeline
 from models.gpt import MODEL_SIZES, build_gpt
 

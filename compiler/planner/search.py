@@ -112,7 +112,7 @@ def plan(cfg: GPTConfig, *, world: int, global_batch_size: int, cluster: Cluster
          model_flags: list[str], precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"),
          activation_checkpointing: tuple[bool, ...] = (False, True)) -> list[Estimate]:
     """Every candidate with its estimate: feasible ones first, fastest first."""
-    from runtime.flops import training_flops_per_token
+    from runtime.observe.peak_flops import training_flops_per_token
 
     costs = CostTable(cfg)
     flops_per_token = training_flops_per_token(cfg)

@@ -54,7 +54,7 @@ def all_gather_time(nbytes: float, n: int, link: Link) -> float:
 
 
 def bubble(schedule: str, *, p: int, m: int, v: int) -> float:
-    from runtime.schedules import bubble_fraction
+    from compiler.schedules import bubble_fraction
 
     # Zero-bubble reaches ~0 only when F, B and W take equal time; we charge it interleaved's bubble.
     return bubble_fraction("interleaved-1f1b" if schedule == "zero-bubble" else schedule, p=p, m=m, v=v)

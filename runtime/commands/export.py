@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from models.gpt import GPTConfig
-from runtime.checkpoint_files import (
+from runtime.checkpoint.files import (
     CheckpointError,
     CheckpointInfo,
     MARKER,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from models.gpt import GPT2_MLP_RATIO, GPTConfig
-from runtime.study.launcher import RunSpec
+from runtime.commands.launch import RunSpec
 
 # Schedules of the throughput section: (label, --schedule, virtual stages v).
 THROUGHPUT_SCHEDULES = (

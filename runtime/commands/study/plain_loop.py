@@ -4,7 +4,7 @@ No tracing, no schedule, no distributed code: the same GPT, the same AdamW and c
 micro-batch gradient accumulation and synthetic tokens as the engine's 1x1x1 run. It prints one JSON
 line with its median step time and throughput, measured the way the engine measures them.
 
-    python -m runtime.study.plain_loop --layers 16 --d-model 384 --heads 8 --seq-len 128 \
+    python -m runtime.commands.study.plain_loop --layers 16 --d-model 384 --heads 8 --seq-len 128 \
         --micro-batch-size 4 --microbatches 8 --steps 6 --precision fp32
 """
 
@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 
 from models.gpt import GPT2_MLP_RATIO, GPTConfig, build_gpt
-from runtime.amp import AUTOCAST_DTYPES, autocast
-from runtime.data import SyntheticBatches, inputs_and_targets
+from runtime.engine.amp import AUTOCAST_DTYPES, autocast
+from runtime.engine.data import SyntheticBatches, inputs_and_targets
 from runtime.device import configure_cpu_threads, peak_memory_bytes, select_device, synchronize
-from runtime.metrics import Throughput
-from runtime.optim import build_lr_schedule, build_optimizer
+from runtime.observe.metrics import Throughput
+from runtime.engine.optim import build_lr_schedule, build_optimizer
 
 
 def main(argv: list[str] | None = None) -> dict:

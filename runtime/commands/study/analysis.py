@@ -7,9 +7,9 @@ import statistics
 from typing import Callable
 
 from compiler.partition import stage_costs_with_ends
-from runtime.cpu_binding import assign_cores
-from runtime.profiling import CATEGORIES
-from runtime.schedules import bubble_fraction, ideal_speedup_over_naive
+from runtime.distributed.cpu_binding import assign_cores
+from runtime.observe.profiling import CATEGORIES
+from compiler.schedules import bubble_fraction, ideal_speedup_over_naive
 
 COMM = ("pp_send_recv", "tp_comm", "dp_comm")
 COMPUTE = ("forward", "backward")

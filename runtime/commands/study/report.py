@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.profiling import CATEGORIES
+from runtime.observe.profiling import CATEGORIES
 
 TARGETS = (
     ("interleaved-1f1b (v=2) vs naive, pp=2, fp32", "interleaved-1f1b v=2", 1.80),

@@ -7,12 +7,12 @@ import os
 
 import torch.distributed as dist
 
-from runtime.mesh import GridLayout
-from runtime.png import write_png
-from runtime.metrics import MetricsLogger
-from runtime.profiling import CATEGORIES, StepProfile
-from runtime.schedules import bubble_fraction
-from runtime.timeline import chrome_trace, render_gantt, time_split
+from runtime.distributed.mesh import GridLayout
+from runtime.observe.png import write_png
+from runtime.observe.metrics import MetricsLogger
+from runtime.observe.profiling import CATEGORIES, StepProfile
+from compiler.schedules import bubble_fraction
+from runtime.observe.timeline import chrome_trace, render_gantt, time_split
 
 
 def _gather(profiles: list[StepProfile]) -> list[list[StepProfile]]:

@@ -24,9 +24,9 @@ from compiler.planner.cluster import Cluster
 from compiler.planner.fit import fit_factors
 from compiler.planner.search import CostTable, estimate
 from runtime.config import parse_train_config
-from runtime.flops import training_flops_per_token
-from runtime.plan_cli import validate_flags
-from runtime.study.launcher import RunSpec, execute
+from runtime.observe.peak_flops import training_flops_per_token
+from runtime.commands.plan import validate_flags
+from runtime.commands.launch import RunSpec, execute
 
 LIGHT = ["--layers", "4", "--d-model", "128", "--heads", "4", "--seq-len", "64", "--vocab-size", "1024"]
 HEAVY = ["--layers", "6", "--d-model", "384", "--heads", "6", "--seq-len", "128", "--vocab-size", "8192"]

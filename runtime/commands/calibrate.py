@@ -53,7 +53,7 @@ def _block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, rep
 
 
 def _compute_worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    from runtime.flops import best_matmul_flops
+    from runtime.observe.peak_flops import best_matmul_flops
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -114,7 +114,7 @@ def measure(processes: int, work_dir: Path, *, timeout: float = 900) -> list[dic
     """Run the measurements on ``processes`` concurrent single-thread processes."""
     import torch.multiprocessing as mp
 
-    from runtime.distributed import free_port
+    from runtime.distributed.process_group import free_port
 
     ctx = mp.get_context("spawn")
     port = free_port()
@@ -183,7 +183,7 @@ def main(argv: list[str]) -> int:
         print("error: --refit needs --base (the cluster file whose recorded engine runs to refit)")
         return 2
     if args.engine_world:
-        from runtime.calibrate_engine import calibration_runs
+        from runtime.commands.calibrate_engine import calibration_runs
 
         try:
             calibration_runs(args.engine_world)
@@ -207,7 +207,7 @@ def main(argv: list[str]) -> int:
         cluster = build_cluster(results, name=f"calibrated: {device_description(torch.device('cpu'))}", cores=cores,
                                 ranks_per_node=args.ranks_per_node, memory_bytes=memory)
     if args.refit:
-        from runtime.calibrate_engine import refit_engine
+        from runtime.commands.calibrate_engine import refit_engine
 
         try:
             cluster = refit_engine(cluster, cluster)
@@ -215,7 +215,7 @@ def main(argv: list[str]) -> int:
             print(f"error: --refit: {e}")
             return 2
     elif args.engine_world:
-        from runtime.calibrate_engine import calibrate_engine
+        from runtime.commands.calibrate_engine import calibrate_engine
 
         print(f"fitting the engine factors from short training runs on {args.engine_world} ranks ...", flush=True)
         cluster = calibrate_engine(cluster, world=args.engine_world)

@@ -12,7 +12,7 @@ from collections import Counter
 from compiler.planner.cluster import Cluster, load_cluster, preset_names
 from compiler.planner.search import Estimate, plan
 from models.gpt import MODEL_SIZES
-from runtime.calibrate import DEFAULT_OUT
+from runtime.commands.calibrate import DEFAULT_OUT
 from runtime.config import PRECISIONS, ConfigError, HelpFormatter, build_parser, config_from_args
 
 LOCAL_PRESET = "cpu-2core"  # shipped measurement of the machine type this project is developed on
@@ -93,7 +93,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     if args.validate:
-        from runtime.plan_validation import validate
+        from runtime.commands.plan_validation import validate
 
         return validate(world=args.world, cluster=cluster, precisions=precisions, out=args.out)
     estimates = run_planner(world=args.world, model_args=model_flags(args.model, args.seq_len),

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 from compiler.planner.cluster import Cluster
-from runtime.plan_cli import model_flags, run_planner
-from runtime.study.launcher import RunSpec, execute
+from runtime.commands.plan import model_flags, run_planner
+from runtime.commands.launch import RunSpec, execute
 
 MODELS = (("tiny", None, 16), ("small", 128, 8))  # (model, seq-len override, global batch)
 RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-every", "0",

@@ -20,19 +20,19 @@ class RunSpec:
     name: str  # unique; the run's folder under the study directory
     nproc: int
     args: list[str]  # run.py (or plain-loop) flags, without --logdir
-    kind: str = "engine"  # "engine": torchrun run.py; "plain": python -m runtime.study.plain_loop
+    kind: str = "engine"  # "engine": torchrun run.py; "plain": python -m runtime.commands.study.plain_loop
     meta: dict = field(default_factory=dict)  # what the report needs to know: mesh, schedule, p, m, v, ...
 
     def argv(self, logdir: Path) -> list[str]:
         if self.kind == "plain":
-            return [sys.executable, "-m", "runtime.study.plain_loop", *self.args]
+            return [sys.executable, "-m", "runtime.commands.study.plain_loop", *self.args]
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}",
                 str(ROOT / "run.py"), *self.args, "--logdir", str(logdir)]
 
     def display(self, logdir: Path) -> str:
         """The command as a user would type it (torchrun is ``python -m torch.distributed.run``)."""
         if self.kind == "plain":
-            return "python -m runtime.study.plain_loop " + shlex.join(self.args)
+            return "python -m runtime.commands.study.plain_loop " + shlex.join(self.args)
         return (f"torchrun --standalone --nproc_per_node={self.nproc} run.py " + shlex.join(self.args)
                 + f" --logdir {shlex.quote(str(logdir))}")
 

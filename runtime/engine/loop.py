@@ -9,15 +9,15 @@ import time
 import torch
 import torch.distributed as dist
 
-from runtime.checkpoint import Checkpointer
+from runtime.checkpoint.state import Checkpointer
 from runtime.config import DataConfig, MetricsConfig, OptimConfig
-from runtime.data import DataSources, inputs_and_targets
+from runtime.engine.data import DataSources, inputs_and_targets
 from runtime.device import peak_memory_bytes
-from runtime.guards import DivergenceGuard
-from runtime.memory import live_tensor_bytes, peak_growth_during, step_state_tensors
-from runtime.metrics import MetricsLogger, Throughput, progress_line
-from runtime.profiling import Profiler
-from runtime.trainer import AfterBackwardHook, StepContext, evaluate, timed, train_step
+from runtime.engine.guards import DivergenceGuard
+from runtime.observe.memory import live_tensor_bytes, peak_growth_during, step_state_tensors
+from runtime.observe.metrics import MetricsLogger, Throughput, progress_line
+from runtime.observe.profiling import Profiler
+from runtime.engine.step import AfterBackwardHook, StepContext, evaluate, timed, train_step
 
 
 def max_over_ranks(value: int, device: torch.device) -> int:

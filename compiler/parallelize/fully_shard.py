@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 
-from compiler.tensor_parallel import block_names
+from compiler.parallelize.tensor_parallel import block_names
 
 
 def apply_fsdp(stage_module: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-from compiler.tensor_parallel import block_names
+from compiler.parallelize.tensor_parallel import block_names
 
 
 def apply_ac(stage_module: nn.Module) -> nn.Module:

@@ -21,9 +21,9 @@ import torch
 from compiler.cost import measure_layer_times
 from runtime.config import HelpFormatter
 from runtime.device import device_description, has_gpu, select_device
-from runtime.study import analysis, plan, report
-from runtime.study.launcher import RunResult, RunSpec, execute
-from runtime.study.memory_search import search_max_batch
+from runtime.commands.study import analysis, plan, report
+from runtime.commands.launch import RunResult, RunSpec, execute
+from runtime.commands.study.memory_search import search_max_batch
 
 SECTIONS = ("throughput", "memory", "scaling", "overhead", "split")
 

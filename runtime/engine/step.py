@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-from runtime.amp import autocast, ensure_scale_initialised, loss_value
-from runtime.grad_clip import clip_grads_, local_grad_sq_norm
-from runtime.profiling import StepRecorder
-from runtime.stages import LocalStages
+from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value
+from runtime.engine.grad_clip import clip_grads_, local_grad_sq_norm
+from runtime.observe.profiling import StepRecorder
+from compiler.parallelize.stages import LocalStages
 
 # Called after backward, before unscale/step: (step, StepContext) -> None. Tests use it to inspect
 # gradients and inject faults.

@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 from torch.optim.optimizer import _get_scalar_dtype
 
-from runtime.checkpoint_files import (
+from runtime.checkpoint.files import (
     CheckpointError,
     CheckpointInfo,
     describe_file,
@@ -45,8 +45,8 @@ from runtime.checkpoint_files import (
     verify_files,
     write_manifest,
 )
-from runtime.guards import DivergenceGuard
-from runtime.stages import LocalStages
+from runtime.engine.guards import DivergenceGuard
+from compiler.parallelize.stages import LocalStages
 
 # Activation checkpointing wraps each block; the wrapper's name must not leak into checkpoint keys.
 _WRAPPER_PREFIX = "_checkpoint_wrapped_module."

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.profiling import CATEGORIES, StepProfile
+from runtime.observe.profiling import CATEGORIES, StepProfile
 
 COLORS = {
     "F": (66, 133, 244), "B": (52, 168, 83), "I": (0, 150, 136), "W": (251, 140, 0),
