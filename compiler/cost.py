@@ -13,14 +13,12 @@ With ``mp > 1`` a block is profiled as one tensor-parallel shard (H/mp heads, ml
 units), so FLOPs and activations are per rank. All blocks have the same shape, so one block is
 profiled and its cost used for each of them.
 
-``measure_layer_times`` is the measured-time alternative: it times forward + backward of each group
-on the real device.
+The measured-time alternative (forward + backward of each group timed on the real device) lives in
+runtime/observe/layer_timing.py: measuring needs a device, counting does not.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass, replace
 
 import torch
@@ -28,6 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from compiler.precisions import PRECISIONS
+from models.gpt import GPT, Block, GPTConfig
 
 
 def _cpu_attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -45,10 +46,6 @@ _CPU_ATTENTION_FLOPS = {
     torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward,
 }
 
-from models.gpt import GPT, Block, GPTConfig
-
-AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
 
 @dataclass(frozen=True)
 class LayerCost:
@@ -59,24 +56,20 @@ class LayerCost:
     weight_copy_bytes: int = 0  # autocast's low-precision copies of the weights (cached per step)
     seconds: float | None = None  # measured forward + backward time, in time mode
 
-    @property
-    def param_bytes(self) -> int:
-        return 4 * self.params  # fp32 master weights
-
 
 def layer_costs(cfg: GPTConfig, *, micro_batch_size: int, precision: str = "fp32", mp: int = 1) -> list[LayerCost]:
     """Costs of [embedding, block 0, ..., block L-1, head], in model order."""
     with FakeTensorMode():
         model = GPT(replace(cfg, n_layers=1))
         model.layers["0"] = tensor_parallel_shard(model.layers["0"], mp)
-        forwards = _group_forwards(model, micro_batch_size=micro_batch_size, device=torch.device("cpu"))
+        forwards = layer_group_forwards(model, micro_batch_size=micro_batch_size, device=torch.device("cpu"))
         embed = _profile("embedding", forwards["embedding"], [model.tok_emb, model.pos_emb], precision)
         blk = _profile("block", forwards["block"], [model.layers["0"]], precision)
         head = _profile("head", forwards["head"], [model.norm, model.head], precision)
     return [embed, *(replace(blk, name=f"layers.{i}") for i in range(cfg.n_layers)), head]
 
 
-def _group_forwards(model: GPT, *, micro_batch_size: int, device: torch.device) -> dict:
+def layer_group_forwards(model: GPT, *, micro_batch_size: int, device: torch.device) -> dict:
     """Forward of each layer group as its pipeline stage runs it, returning what backward starts from.
     The head's includes the loss (the last stage computes it): at a large vocabulary the softmax over
     [micro-batch x seq, vocab] logits is a large share of the head's time but no matmul FLOPs."""
@@ -115,11 +108,11 @@ def _profile(name: str, forward, modules: list[nn.Module], precision: str) -> La
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION_FLOPS) as counter:
-        with torch.autocast("cpu", dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
+        with PRECISIONS[precision].autocast("cpu"):
             out = forward()
         out.float().sum().backward()
     activations = sum(n for n, weight in saved.values() if not weight)
-    copies = sum(n for n, weight in saved.values() if weight) if precision in AUTOCAST else 0
+    copies = sum(n for n, weight in saved.values() if weight) if PRECISIONS[precision].autocast_dtype else 0
     return LayerCost(name, float(counter.get_total_flops()), sum(p.numel() for p in params), activations, copies)
 
 
@@ -136,28 +129,3 @@ def _is_weight(t: torch.Tensor, param_ids: set[int]) -> bool:
         fn = fn.next_functions[0][0] if fn.next_functions else None
     return fn is not None and type(fn).__name__ == "AccumulateGrad" and id(fn.variable) in param_ids
 
-
-def measure_layer_times(cfg: GPTConfig, *, micro_batch_size: int, precision: str, device: torch.device,
-                        repeats: int = 3) -> list[LayerCost]:
-    """Like ``layer_costs``, with the median forward + backward time of each group on ``device``."""
-    costs = layer_costs(cfg, micro_batch_size=micro_batch_size, precision=precision)
-    model = GPT(replace(cfg, n_layers=1)).to(device)
-    runs = _group_forwards(model, micro_batch_size=micro_batch_size, device=device)
-    seconds = {name: _time_fwd_bwd(fn, precision, device, repeats) for name, fn in runs.items()}
-    return [replace(c, seconds=seconds["block" if c.name.startswith("layers.") else c.name]) for c in costs]
-
-
-def _time_fwd_bwd(forward, precision: str, device: torch.device, repeats: int) -> float:
-    from runtime.device import synchronize
-
-    times = []
-    for i in range(repeats + 1):
-        synchronize(device)
-        start = time.perf_counter()
-        with torch.autocast(device.type, dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
-            out = forward()
-        out.float().sum().backward()
-        synchronize(device)
-        if i:  # the first run warms up kernels and allocator
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)

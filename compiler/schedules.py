@@ -1,4 +1,7 @@
-"""Pipeline schedules: torch.distributed.pipelining's, plus the stop-and-wait baseline users leave.
+"""The pipeline schedules, one row of facts each: the registry every other part reads.
+
+Config validation, stage placement, the memory and time models, the planner, the profiler's report
+and the study take what they need from a ``ScheduleSpec``; adding a schedule is one entry.
 
 Bubble fractions (idle time / total time with p ranks, m micro-batches, v stages per rank):
 - naive stop-and-wait: only one stage works at a time, so (p - 1) / p;
@@ -7,10 +10,17 @@ Bubble fractions (idle time / total time with p ranks, m micro-batches, v stages
   (p - 1) / (v * m + p - 1), i.e. the bubble shrinks by a factor v;
 - zero-bubble (Qi et al. 2024) splits backward into input- and weight-gradient passes and fills the
   bubble with the weight passes; with equal F, B and W times its ideal bubble tends to zero.
+
+Micro-batches in flight (what activation memory scales with), on pp rank ``rank`` at its peak, in
+stage-micro-batches (one micro-batch's activations of one of the rank's v stages):
+- GPipe keeps all m (x v); naive one per stage; 1F1B min(m, p - rank) (PipeDream-Flush);
+- interleaved 1F1B its warm-up depth (v - 1) * m_round + 2 (p - 1 - rank), plus the one in progress
+  (Narayanan et al. 2021 sec. 2.2, as torch schedules it).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Callable
 
 from torch.distributed.pipelining import (
@@ -20,57 +30,107 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
 )
-from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
+from torch.distributed.pipelining.schedules import PipelineScheduleMulti
+
+from compiler.naive_schedule import ScheduleNaive
 
 
-class ScheduleNaive(_PipelineScheduleRuntime):
-    """Stop-and-wait: micro-batch i runs forward through every stage and backward through every stage
-    before micro-batch i + 1 starts, so exactly one stage computes at any time (no overlap).
-
-    Expressed as a compute-only action list per rank; the runtime inserts the sends and receives.
-    """
-
-    def __init__(self, stages: list[PipelineStage], n_microbatches: int, loss_fn: Callable | None = None,
-                 scale_grads: bool = True):
-        super().__init__(stages=stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
-        n_stages = stages[0].num_stages
-        pp = stages[0].group_size
-        self.pipeline_order = {
-            rank: naive_rank_actions(rank, pp=pp, n_stages=n_stages, n_microbatches=n_microbatches)
-            for rank in range(pp)
-        }
-        self._prepare_schedule_with_comms(self.pipeline_order)
+def _stop_and_wait(p: int, m: int, v: int) -> float:
+    return (p - 1) / p
 
 
-def naive_rank_actions(rank: int, *, pp: int, n_stages: int, n_microbatches: int) -> list[_Action | None]:
-    local = [s for s in range(n_stages) if s % pp == rank]
-    actions: list[_Action | None] = []
-    for mb in range(n_microbatches):
-        actions += [_Action(s, _ComputationType.FORWARD, mb) for s in local]
-        actions += [_Action(s, _ComputationType.FULL_BACKWARD, mb) for s in reversed(local)]
-    return actions
+def _fill_drain(p: int, m: int, v: int) -> float:
+    return (p - 1) / (m + p - 1)
 
 
-_MULTI_STAGE = {
-    "interleaved-1f1b": ScheduleInterleaved1F1B,
-    "zero-bubble": ScheduleInterleavedZeroBubble,
-    "naive": ScheduleNaive,
-}
-_SINGLE_STAGE = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
+def _interleaved(p: int, m: int, v: int) -> float:
+    return (p - 1) / (v * m + p - 1)
 
 
-def build_schedule(name: str, stages: list[PipelineStage], *, n_microbatches: int, loss_fn: Callable):
-    """The schedule object for this rank's stages (looped placement: stage s lives on pp rank s % pp).
+def _ideal_zero(p: int, m: int, v: int) -> float:
+    # Qi et al. 2024: with T_F = T_B = T_W the schedule can hide the whole (p - 1) warm-up; report
+    # the ideal. Real F/B/W imbalance leaves some bubble, which the study measures.
+    return 0.0
 
-    ``loss_fn`` must already divide each micro-batch's loss by ``n_microbatches`` (see
-    runtime/amp.py): the schedule then leaves gradients as they are (scale_grads=False) instead of
-    making an extra pass over every gradient to divide them after the last micro-batch.
-    """
-    if name in _SINGLE_STAGE:
-        if len(stages) != 1:
-            raise ValueError(f"--schedule {name} runs one stage per rank, got {len(stages)}")
-        return _SINGLE_STAGE[name](stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
-    return _MULTI_STAGE[name](stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
+
+def _one_per_stage(p: int, m: int, v: int, rank: int) -> int:
+    return v
+
+
+def _all(p: int, m: int, v: int, rank: int) -> int:
+    return m * v
+
+
+def _one_f_one_b(p: int, m: int, v: int, rank: int) -> int:
+    return min(m, p - rank)
+
+
+def _interleaved_warmup(p: int, m: int, v: int, rank: int) -> int:
+    rounds = max(1, m // p)
+    per_round = m // rounds
+    warmup = min(v * m, (v - 1) * per_round + 2 * (p - 1 - rank))
+    return min(v * m, warmup + 1)
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    name: str  # the --schedule value
+    torch_class: type
+    description: str
+    reference: str
+    bubble: Callable[[int, int, int], float]  # (p, m, v) -> theoretical idle fraction
+    in_flight: Callable[[int, int, int, int], int]  # (p, m, v, rank) -> stage-micro-batches held at the peak
+    default_v: int = 1  # virtual stages per rank when pp > 1 and --stages-per-rank is not given
+    fixed_v: int | None = None  # the only v the schedule runs (None: any)
+    min_microbatches_per_pp: int = 0  # 1: needs m >= p (1F1B's warm-up)
+    microbatches_multiple_of_pp: bool = False
+    split_backward: bool = False  # backward as input-gradient (I) and weight-gradient (W) passes
+    planner_v: tuple[int, ...] = ()  # the v values the planner considers (none: never planned)
+    # What the planner's time model charges, when the formula is an ideal it does not expect to reach.
+    planned_bubble: Callable[[int, int, int], float] | None = field(default=None)
+
+    @property
+    def multi_stage(self) -> bool:
+        """Takes a list of this rank's stages (torchtitan asks the class the same way)."""
+        return issubclass(self.torch_class, PipelineScheduleMulti)
+
+    @property
+    def actions_per_microbatch(self) -> int:
+        """Compute actions per stage micro-batch: F and B, or F, I and W."""
+        return 3 if self.split_backward else 2
+
+    def stage_indices(self, pp_rank: int, *, pp: int, stages_per_rank: int) -> list[int]:
+        return local_stage_indices(pp_rank, pp=pp, stages_per_rank=stages_per_rank)
+
+    def idle_fraction(self, *, p: int, m: int, v: int) -> float:
+        return 0.0 if p == 1 else self.bubble(p, m, v)
+
+    def stage_microbatches_in_flight(self, *, p: int, m: int, v: int, rank: int = 0) -> int:
+        return self.in_flight(p, m, v, rank)
+
+
+# Registry order is the planner's order of preference between plans it predicts equally fast.
+SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
+    ScheduleSpec("naive", ScheduleNaive, "one micro-batch at a time through every stage (stop-and-wait)",
+                 "the baseline users leave", _stop_and_wait, _one_per_stage),
+    ScheduleSpec("1f1b", Schedule1F1B,
+                 "PipeDream-Flush: after warm-up, alternate one forward and one backward; at most p micro-batches "
+                 "in flight", "Narayanan et al. 2021", _fill_drain, _one_f_one_b, fixed_v=1,
+                 min_microbatches_per_pp=1, planner_v=(1,)),
+    ScheduleSpec("gpipe", ScheduleGPipe, "all forwards, then all backwards (fill, drain)", "Huang et al. 2019",
+                 _fill_drain, _all, fixed_v=1, planner_v=(1,)),
+    ScheduleSpec("interleaved-1f1b", ScheduleInterleaved1F1B,
+                 "each rank holds v non-adjacent stages (rank r: stages r, r+p, ...) and runs 1F1B over them",
+                 "Narayanan et al. 2021, sec. 2.2", _interleaved, _interleaved_warmup, default_v=2,
+                 microbatches_multiple_of_pp=True, planner_v=(2, 4)),
+    ScheduleSpec("zero-bubble", ScheduleInterleavedZeroBubble,
+                 "splits backward into input-gradient (I) and weight-gradient (W) passes and fills the bubble with W",
+                 "Qi et al. 2024", _ideal_zero, _interleaved_warmup, default_v=2, microbatches_multiple_of_pp=True,
+                 split_backward=True, planner_v=(2,),
+                 # Zero-bubble reaches ~0 only when F, B and W take equal time; the planner charges interleaved's.
+                 planned_bubble=_interleaved),
+)}
+DEFAULT_SCHEDULE = "interleaved-1f1b"
 
 
 def local_stage_indices(pp_rank: int, *, pp: int, stages_per_rank: int) -> list[int]:
@@ -80,21 +140,26 @@ def local_stage_indices(pp_rank: int, *, pp: int, stages_per_rank: int) -> list[
 
 def bubble_fraction(name: str, *, p: int, m: int, v: int) -> float:
     """Theoretical idle fraction of a pipeline step (see the module docstring)."""
-    if p == 1:
-        return 0.0
-    if name == "naive":
-        return (p - 1) / p
-    if name in ("gpipe", "1f1b"):
-        return (p - 1) / (m + p - 1)
-    if name == "interleaved-1f1b":
-        return (p - 1) / (v * m + p - 1)
-    if name == "zero-bubble":
-        # Qi et al. 2024: with T_F = T_B = T_W the schedule can hide the whole (p - 1) warm-up; report
-        # the ideal. Real F/B/W imbalance leaves some bubble, which the study measures.
-        return 0.0
-    raise ValueError(f"unknown schedule {name}")
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name}")
+    return SCHEDULES[name].idle_fraction(p=p, m=m, v=v)
 
 
 def ideal_speedup_over_naive(name: str, *, p: int, m: int, v: int) -> float:
     """Throughput ratio implied by the bubble formulas: (1 - bubble) / (1 - naive bubble)."""
     return (1 - bubble_fraction(name, p=p, m=m, v=v)) / (1 - bubble_fraction("naive", p=p, m=m, v=v))
+
+
+def build_schedule(name: str, stages: list[PipelineStage], *, n_microbatches: int, loss_fn: Callable):
+    """The schedule object for this rank's stages.
+
+    ``loss_fn`` must already divide each micro-batch's loss by ``n_microbatches`` (see
+    runtime/engine/amp.py): the schedule then leaves gradients as they are (scale_grads=False) instead
+    of making an extra pass over every gradient to divide them after the last micro-batch.
+    """
+    spec = SCHEDULES[name]
+    if spec.multi_stage:
+        return spec.torch_class(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
+    if len(stages) != 1:
+        raise ValueError(f"--schedule {name} runs one stage per rank, got {len(stages)}")
+    return spec.torch_class(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)

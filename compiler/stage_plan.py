@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from compiler.cost import layer_costs, measure_layer_times
+from compiler.cost import layer_costs
 from compiler.partition import layer_split, parse_split, stage_costs_with_ends
 from models.gpt import GPTConfig
-
-COST_SOURCES = ("flops", "time")
 
 
 @dataclass(frozen=True)
@@ -38,12 +34,11 @@ class StagePlan:
 
 
 def plan_stages(cfg: GPTConfig, *, n_stages: int, micro_batch_size: int, split: str, precision: str = "fp32",
-                mp: int = 1, cost_source: str = "flops", device: torch.device | None = None) -> StagePlan:
-    # Costs of [embedding, block 0, ..., block L-1, norm + head].
-    if cost_source == "time":
-        layers = measure_layer_times(cfg, micro_batch_size=micro_batch_size, precision=precision,
-                                     device=device or torch.device("cpu"))
-        costs, unit = [c.seconds * 1e3 for c in layers], "ms"
+                mp: int = 1, layer_seconds: list[float] | None = None) -> StagePlan:
+    """Blocks per stage for ``--split``. ``auto`` balances counted FLOPs, or ``layer_seconds`` (measured
+    forward + backward of [embedding, block 0, ..., block L-1, norm + head]) when given."""
+    if layer_seconds is not None:
+        costs, unit = [t * 1e3 for t in layer_seconds], "ms"
     else:
         layers = layer_costs(cfg, micro_batch_size=micro_batch_size, precision=precision, mp=mp)
         costs, unit = [c.flops / 1e9 for c in layers], "GFLOP"
@@ -51,5 +46,5 @@ def plan_stages(cfg: GPTConfig, *, n_stages: int, micro_batch_size: int, split: 
     method = split
     if sizes is None:
         sizes = layer_split(costs, n_stages)
-        method = f"auto: exact min-max over {'measured times' if cost_source == 'time' else 'counted FLOPs'}"
+        method = f"auto: exact min-max over {'measured times' if layer_seconds is not None else 'counted FLOPs'}"
     return StagePlan(sizes, stage_costs_with_ends(costs, sizes), unit, method)

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
 # GPT-2's MLP hidden width per unit of d_model: the width whenever none is given.
 GPT2_MLP_RATIO = 4
 

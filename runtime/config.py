@@ -1,21 +1,20 @@
-"""The run configuration: one frozen dataclass tree, built from argparse in exactly one place.
+"""The run configuration: one frozen dataclass tree, and the checks that say whether the engine can run it.
 
-Each part of the program receives the sub-config (or plain values) it needs, never the whole tree.
+Built from command-line flags in one place (runtime/commands/flags.py); a planner's plan is applied to
+it as an object (``apply_plan``) and validated the same way. Each part of the program receives the
+sub-config (or plain values) it needs, never the whole tree. Error messages name the flag a field
+comes from, since that is what the user typed.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import time
 from dataclasses import dataclass
 
-from models.gpt import GPT2_MLP_RATIO, MODEL_SIZES, GPTConfig
-
-SCHEDULES = ("interleaved-1f1b", "1f1b", "gpipe", "zero-bubble", "naive")
-INTERLEAVED_SCHEDULES = ("interleaved-1f1b", "zero-bubble")
-SINGLE_STAGE_SCHEDULES = ("1f1b", "gpipe")
-PRECISIONS = ("fp16", "bf16", "fp32")
+from compiler.partition import parse_split
+from compiler.planner.candidates import Candidate, meshes
+from compiler.schedules import SCHEDULES
+from models.gpt import GPTConfig
 
 
 class ConfigError(ValueError):
@@ -41,7 +40,7 @@ class PipelineConfig:
     micro_batch_size: int  # samples per micro-batch
     split: str  # "auto" | "uniform" | "manual:4,4,3,1"
     split_cost: str  # what "auto" balances: "flops" (counted) or "time" (measured on the device)
-    bind_cores: str = "none"  # CPU: "cost" packs a node's ranks onto its cores by stage work (runtime/cpu_binding.py)
+    bind_cores: str = "none"  # CPU: "cost" packs a node's ranks onto its cores by stage work
 
 
 @dataclass(frozen=True)
@@ -114,209 +113,44 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-class _OneLineErrorParser(argparse.ArgumentParser):
-    """argparse would print a usage block and exit on every rank; raise instead, so that run.py prints
-    one line on rank 0 and every rank exits with the same code."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise ConfigError(f"{message} (see --help)")
+def default_stages_per_rank(schedule: str, pp: int) -> int:
+    return SCHEDULES[schedule].default_v if pp > 1 else 1
 
 
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Show defaults, except for flags whose absence means 'derived' (None) or 'off' (False)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False):
-            return action.help
-        return super()._get_help_string(action)
-
-
-def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
-    p = _OneLineErrorParser(
-        prog=prog,
-        description="Train a GPT on a (dp, pp, mp) mesh: traced pipeline stages, DTensor tensor "
-        "parallelism, FSDP data parallelism, overlapped pipeline schedules and mixed precision. "
-        "Launch with `torchrun --nproc_per_node=N run.py ...`; without torchrun it runs as one process.",
-        formatter_class=HelpFormatter,
-    )
-    g = p.add_argument_group("mesh (dp x pp x mp must equal the number of processes)")
-    g.add_argument("--dp", type=int, default=1, help="data-parallel degree (FSDP replicas)")
-    g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (ranks per pipeline)")
-    g.add_argument("--mp", type=int, default=1, help="model (tensor) parallel degree")
-
-    p.add_argument("--auto", action="store_true",
-                   help="let the planner choose mesh, schedule, v, micro-batching, activation checkpointing (and "
-                        "precision unless --precision is given) for this world size; see `run.py plan`")
-    g = p.add_argument_group("model")
-    g.add_argument("--model", choices=tuple(MODEL_SIZES), default="tiny",
-                   help="named size: tiny (tests), small (GPT-2 124M), medium (350M), large (774M)")
-    g.add_argument("--layers", type=int, help="override the number of transformer blocks")
-    g.add_argument("--d-model", type=int, help="override the hidden width")
-    g.add_argument("--heads", type=int, help="override the number of attention heads")
-    g.add_argument("--seq-len", type=int, help="override the sequence length (tokens per sample)")
-    g.add_argument("--vocab-size", type=int, help="override the vocabulary size (>= 256 for byte-level text)")
-    g.add_argument("--mlp-width", type=int, help="override the MLP hidden width (default 4 x d-model)")
-
-    g = p.add_argument_group("pipeline")
-    g.add_argument("--schedule", choices=SCHEDULES, default="interleaved-1f1b",
-                   help="pipeline schedule; naive = stop-and-wait, one micro-batch at a time")
-    g.add_argument("--stages-per-rank", type=int,
-                   help="virtual stages v per pp rank (default: 2 for interleaved-1f1b/zero-bubble when pp > 1, else 1)")
-    g.add_argument("--microbatches", type=int,
-                   help="micro-batches per step per dp replica (default: global batch / (micro-batch size x dp), or 2 x pp)")
-    g.add_argument("--micro-batch-size", type=int, default=4, help="samples per micro-batch")
-    g.add_argument("--global-batch-size", type=int,
-                   help="samples per optimizer step over all replicas; must equal micro-batch size x microbatches x dp")
-    g.add_argument("--split", default="auto",
-                   help="stage split: auto (balance estimated per-layer cost), uniform (equal blocks per stage), "
-                        "or manual:N0,N1,... (blocks per stage)")
-    g.add_argument("--split-cost", choices=("flops", "time"), default="flops",
-                   help="what --split auto balances: FLOPs counted by FlopCounterMode, or forward+backward time "
-                        "measured per layer on this device")
-    g.add_argument("--bind-cores", choices=("none", "cost"), default="none",
-                   help="CPU only: cost = pin each rank to one core, packing a node's ranks onto its cores by their "
-                        "stages' estimated work (heaviest first), so a heavy stage is not time-shared with light ones "
-                        "when ranks outnumber cores")
-
-    g = p.add_argument_group("precision and optimisation")
-    g.add_argument("--precision", choices=PRECISIONS, default="fp16",
-                   help="fp16 = autocast + ShardedGradScaler; bf16 = autocast; fp32 = full precision")
-    g.add_argument("--steps", type=int, default=100, help="optimizer steps")
-    g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
-    g.add_argument("--warmup-steps", type=int, default=10, help="linear warm-up steps, then cosine decay to lr/10")
-    g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices")
-    g.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm clip (0 disables)")
-    g.add_argument("--activation-checkpointing", action="store_true",
-                   help="recompute each transformer block in the backward pass to save activation memory")
-    g.add_argument("--seed", type=int, default=1234, help="seed for weights and data order")
-    g.add_argument("--stop-at-step", type=int,
-                   help="end this run after step N (saving a checkpoint if --checkpoint-dir is set), e.g. to fit a "
-                        "job's time limit; the LR schedule still spans --steps and --resume continues")
-
-    g = p.add_argument_group("checkpoints and recovery")
-    g.add_argument("--checkpoint-dir", help="folder for checkpoints (torch.distributed.checkpoint, every rank writes "
-                                            "its own shards); one is always saved at the end of the run")
-    g.add_argument("--checkpoint-every", type=int, help="also save a checkpoint every N steps")
-    g.add_argument("--keep-checkpoints", type=int, help="keep the newest K complete checkpoints (default: 3)")
-    g.add_argument("--resume", action="store_true",
-                   help="continue from the latest complete checkpoint in --checkpoint-dir (from scratch if there is none)")
-    g.add_argument("--resume-from", metavar="PATH", help="continue from this checkpoint folder, on any mesh")
-    g.add_argument("--init-from", metavar="FILE",
-                   help="start from the weights of a single-file export (`run.py export`), on any mesh")
-    g.add_argument("--max-bad-steps", type=int, default=5,
-                   help="stop after K consecutive steps with a non-finite loss or gradient norm (fp32/bf16), or "
-                        "after more than K consecutive skipped steps (fp16)")
-    g.add_argument("--min-loss-scale", type=float, default=1.0,
-                   help="fp16: stop when the loss scale falls below this floor")
-
-    g = p.add_argument_group("data")
-    g.add_argument("--data", default="builtin",
-                   help="builtin (Python's bundled documentation text, byte-level), synthetic (seeded random "
-                        "tokens), or a path to a UTF-8 text file or a folder of them")
-    g.add_argument("--val-fraction", type=float, default=0.1, help="fraction of the tokens held out for validation")
-    g.add_argument("--eval-every", type=int, default=50, help="validation loss every N steps and at the end; 0 = no validation")
-    g.add_argument("--eval-batches", type=int, default=2, help="global batches per validation")
-
-    g = p.add_argument_group("metrics")
-    g.add_argument("--logdir", help="TensorBoard folder (default: tensorboard_logs/<model>_dp<D>_pp<P>_mp<M>_"
-                                    "<schedule>_<precision>_<timestamp>)")
-    g.add_argument("--log-every", type=int, default=10, help="progress line and scalars every N steps")
-    g.add_argument("--peak-tflops", type=float,
-                   help="peak TFLOP/s per rank for MFU; default: measured by a short matmul calibration")
-    g.add_argument("--profile", action="store_true",
-                   help="time-split every rank's last 3 steps (compute, p2p, TP/DP collectives, optimizer, idle) "
-                        "and write time_split.json, a Chrome trace timeline.json and a Gantt image to the logdir")
-    g.add_argument("--profile-memory", action="store_true",
-                   help="measure the peak tensor memory of the second step (on CPU from the allocator's events "
-                        "in torch.profiler) as mem/peak_tensor_bytes and peak_tensor_bytes in summary.json")
-    return p
+def apply_plan(cfg: TrainConfig, plan: Candidate) -> TrainConfig:
+    """``cfg`` trained with a planner's plan: its mesh, schedule, v, micro-batching, precision and AC."""
+    pipeline = dataclasses.replace(cfg.pipeline, schedule=plan.schedule, stages_per_rank=plan.stages_per_rank,
+                                   microbatches=plan.microbatches, micro_batch_size=plan.micro_batch_size)
+    return dataclasses.replace(cfg, mesh=MeshShape(plan.dp, plan.pp, plan.mp), pipeline=pipeline,
+                               precision=plan.precision, activation_checkpointing=plan.activation_checkpointing)
 
 
-def _positive(name: str, value: int | float | None) -> None:
-    if value is not None and value <= 0:
-        raise ConfigError(f"{name} must be a positive number, got {value}")
+def plan_error(cfg: TrainConfig, plan: Candidate) -> str | None:
+    """Why the engine would refuse ``plan`` for ``cfg``'s model, or None if it would run it."""
+    try:
+        validate(apply_plan(cfg, plan), world_size=plan.dp * plan.pp * plan.mp)
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
-def config_from_args(args: argparse.Namespace, *, world_size: int, now: float | None = None) -> TrainConfig:
-    """Build and validate the config. Raises ConfigError with a one-line message on bad input."""
-    for flag in ("dp", "pp", "mp", "layers", "d_model", "heads", "seq_len", "vocab_size", "mlp_width", "stages_per_rank",
-                 "microbatches", "micro_batch_size", "global_batch_size", "steps", "lr", "log_every",
-                 "eval_batches", "peak_tflops", "stop_at_step", "checkpoint_every", "keep_checkpoints",
-                 "max_bad_steps", "min_loss_scale"):
-        _positive("--" + flag.replace("_", "-"), getattr(args, flag))
-    for flag in ("warmup_steps", "weight_decay", "grad_clip", "eval_every"):
-        if getattr(args, flag) < 0:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(args, flag)}")
-    if not 0 < args.val_fraction < 1:
-        raise ConfigError(f"--val-fraction must be in (0, 1), got {args.val_fraction}")
+def validate(cfg: TrainConfig, *, world_size: int) -> None:
+    """Raise ConfigError (one line naming the flag and the valid values) if the engine cannot run ``cfg``."""
+    check_world(cfg.mesh, world_size)
+    _check_model(cfg.model, cfg.mesh)
+    _check_pipeline(cfg.pipeline, cfg.model, cfg.mesh)
 
-    if args.stop_at_step is not None and args.stop_at_step > args.steps:
-        raise ConfigError(f"--stop-at-step {args.stop_at_step} must be at most --steps {args.steps}")
 
-    mesh = MeshShape(args.dp, args.pp, args.mp)
+def check_world(mesh: MeshShape, world_size: int) -> None:
     if mesh.world_size != world_size:
         raise ConfigError(
             f"--dp {mesh.dp} x --pp {mesh.pp} x --mp {mesh.mp} = {mesh.world_size} must equal the number of "
             f"processes (WORLD_SIZE={world_size}); valid meshes: {', '.join(valid_meshes(world_size))}"
         )
 
-    base = MODEL_SIZES[args.model]
-    model = GPTConfig(
-        n_layers=args.layers or base.n_layers,
-        d_model=args.d_model or base.d_model,
-        n_heads=args.heads or base.n_heads,
-        seq_len=args.seq_len or base.seq_len,
-        vocab_size=args.vocab_size or base.vocab_size,
-        mlp_width=args.mlp_width or GPT2_MLP_RATIO * (args.d_model or base.d_model),
-    )
-    _check_model(model, mesh)
-
-    pipeline = _pipeline_config(args, mesh)
-    _check_pipeline(pipeline, model, mesh)
-
-    timestamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    logdir = args.logdir or (
-        f"tensorboard_logs/{args.model}_dp{mesh.dp}_pp{mesh.pp}_mp{mesh.mp}_{args.schedule}_{args.precision}_{timestamp}"
-    )
-    return TrainConfig(
-        model_name=args.model,
-        model=model,
-        mesh=mesh,
-        pipeline=pipeline,
-        precision=args.precision,
-        optim=OptimConfig(args.steps, args.lr, args.warmup_steps, args.weight_decay, args.grad_clip,
-                          args.stop_at_step),
-        data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches),
-        metrics=MetricsConfig(logdir, args.log_every, args.peak_tflops, args.profile, args.profile_memory),
-        seed=args.seed,
-        activation_checkpointing=args.activation_checkpointing,
-        checkpoint=_checkpoint_config(args),
-        guard=GuardConfig(args.max_bad_steps, args.min_loss_scale),
-    )
-
-
-def _checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
-    """Flag combinations only; whether the folders and files are usable is checked in runtime/checkpoint_files.py."""
-    if args.checkpoint_dir is None:
-        for flag, value in (("--checkpoint-every", args.checkpoint_every), ("--keep-checkpoints", args.keep_checkpoints),
-                            ("--resume", args.resume or None)):
-            if value is not None:
-                raise ConfigError(f"{flag} needs --checkpoint-dir DIR (where checkpoints are saved)")
-    sources = [flag for flag, value in (("--resume", args.resume), ("--resume-from", args.resume_from),
-                                        ("--init-from", args.init_from)) if value]
-    if len(sources) > 1:
-        raise ConfigError(f"{' and '.join(sources)} are mutually exclusive: start from one checkpoint or export")
-    return CheckpointConfig(dir=args.checkpoint_dir, every=args.checkpoint_every, keep=args.keep_checkpoints or 3,
-                            resume=args.resume, resume_from=args.resume_from, init_from=args.init_from)
-
 
 def valid_meshes(world_size: int) -> list[str]:
-    return [
-        f"{dp}x{pp}x{world_size // (dp * pp)}"
-        for dp in range(1, world_size + 1)
-        for pp in range(1, world_size // dp + 1)
-        if world_size % (dp * pp) == 0
-    ]
+    return [f"{dp}x{pp}x{mp}" for dp, pp, mp in meshes(world_size)]
 
 
 def _divisors(n: int) -> str:
@@ -338,33 +172,13 @@ def _check_model(model: GPTConfig, mesh: MeshShape) -> None:
                           f"valid --mp values: {_divisors(model.mlp_width)}")
 
 
-def _pipeline_config(args: argparse.Namespace, mesh: MeshShape) -> PipelineConfig:
-    v = args.stages_per_rank
-    if v is None:
-        v = 2 if args.schedule in INTERLEAVED_SCHEDULES and mesh.pp > 1 else 1
-    mbs, m, gbs = args.micro_batch_size, args.microbatches, args.global_batch_size
-    if m is None and gbs is not None:
-        if gbs % (mbs * mesh.dp):
-            raise ConfigError(
-                f"--global-batch-size {gbs} must be a multiple of --micro-batch-size {mbs} x --dp {mesh.dp} "
-                f"= {mbs * mesh.dp}"
-            )
-        m = gbs // (mbs * mesh.dp)
-    elif m is None:
-        m = 2 * mesh.pp
-    if gbs is not None and gbs != mbs * m * mesh.dp:
-        raise ConfigError(
-            f"--global-batch-size {gbs} must equal --micro-batch-size {mbs} x --microbatches {m} x --dp "
-            f"{mesh.dp} = {mbs * m * mesh.dp}"
-        )
-    return PipelineConfig(args.schedule, v, m, mbs, args.split, args.split_cost, args.bind_cores)
-
-
 def _check_pipeline(pipeline: PipelineConfig, model: GPTConfig, mesh: MeshShape) -> None:
     v, m, pp, name = pipeline.stages_per_rank, pipeline.microbatches, mesh.pp, pipeline.schedule
-    if name in SINGLE_STAGE_SCHEDULES and v != 1:
-        raise ConfigError(f"--schedule {name} runs one stage per rank; --stages-per-rank must be 1, got {v} "
-                          f"(use interleaved-1f1b, zero-bubble or naive for v > 1)")
+    spec = SCHEDULES[name]
+    if spec.fixed_v is not None and v != spec.fixed_v:
+        others = ", ".join(n for n, s in SCHEDULES.items() if s.fixed_v is None)
+        raise ConfigError(f"--schedule {name} runs {'one stage' if spec.fixed_v == 1 else f'{spec.fixed_v} stages'} "
+                          f"per rank; --stages-per-rank must be {spec.fixed_v}, got {v} (use {others} for other v)")
     if pp == 1 and v != 1:
         raise ConfigError(f"--stages-per-rank must be 1 when --pp is 1, got {v}")
     n_stages = pp * v
@@ -373,20 +187,13 @@ def _check_pipeline(pipeline: PipelineConfig, model: GPTConfig, mesh: MeshShape)
             f"--layers {model.n_layers} is too few for --pp {pp} x --stages-per-rank {v} = {n_stages} stages; "
             f"need at least {n_stages} layers (or lower --pp / --stages-per-rank)"
         )
-    if name == "1f1b" and m < pp:
-        raise ConfigError(f"--microbatches {m} is too few for --schedule 1f1b with --pp {pp}; need >= {pp}")
-    if name in INTERLEAVED_SCHEDULES and m % pp:
+    least = spec.min_microbatches_per_pp * pp
+    if m < least:
+        raise ConfigError(f"--microbatches {m} is too few for --schedule {name} with --pp {pp}; need >= {least}")
+    if spec.microbatches_multiple_of_pp and m % pp:
         raise ConfigError(f"--microbatches {m} must be a multiple of --pp {pp} for --schedule {name}; "
                           f"valid values: {pp}, {2 * pp}, {3 * pp}, ...")
-    from compiler.partition import parse_split
-
     try:
-        blocks = parse_split(pipeline.split, n_stages=n_stages, n_layers=model.n_layers)
+        parse_split(pipeline.split, n_stages=n_stages, n_layers=model.n_layers)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    del blocks
-
-
-def parse_train_config(argv: list[str], *, world_size: int) -> TrainConfig:
-    args = build_parser().parse_args(argv)
-    return config_from_args(args, world_size=world_size)

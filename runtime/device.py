@@ -1,4 +1,6 @@
-"""Every device-specific call lives here: CUDA + NCCL when a GPU exists, else CPU + gloo."""
+"""Every device-specific call lives here, through ``torch.accelerator``: the engine runs on whatever
+accelerator torch finds (CUDA, XPU, ...) with its default collective backend (NCCL, XCCL, ...), and on
+the CPU with gloo when there is none."""
 
 from __future__ import annotations
 
@@ -7,22 +9,23 @@ import platform
 import resource
 
 import torch
+import torch.distributed as dist
 
 
-def has_gpu() -> bool:
-    return torch.cuda.is_available()
+def has_accelerator() -> bool:
+    return torch.accelerator.is_available()
 
 
 def select_device(local_rank: int) -> torch.device:
-    if has_gpu():
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        return device
-    return torch.device("cpu")
+    if not has_accelerator():
+        return torch.device("cpu")
+    index = local_rank % torch.accelerator.device_count()
+    torch.accelerator.set_device_index(index)
+    return torch.device(torch.accelerator.current_accelerator().type, index)
 
 
 def backend_for(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
+    return dist.get_default_backend_for_device(device)
 
 
 def configure_cpu_threads(local_world_size: int) -> int:
@@ -33,30 +36,30 @@ def configure_cpu_threads(local_world_size: int) -> int:
 
 
 def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)
 
 
 def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    if device.type != "cpu":
+        torch.accelerator.reset_peak_memory_stats(device)
 
 
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak memory of this rank.
 
-    CUDA: ``max_memory_allocated`` (tensor memory the caching allocator handed out).
+    Accelerator: ``max_memory_allocated`` (tensor memory the caching allocator handed out).
     CPU: the peak resident set size of the process (``getrusage`` ru_maxrss), a real measurement
-    that also includes the interpreter, libraries and allocator slack; see ``baseline_memory_bytes``.
+    that also includes the interpreter, libraries and allocator slack.
     """
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
+    if device.type != "cpu":
+        return int(torch.accelerator.max_memory_allocated(device))
     return _max_rss_bytes()
 
 
 def current_memory_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.memory_allocated(device))
+    if device.type != "cpu":
+        return int(torch.accelerator.memory_allocated(device))
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
@@ -67,8 +70,10 @@ def _max_rss_bytes() -> int:
 
 
 def device_description(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+    if device.type != "cpu":
+        backend = getattr(torch, device.type, None)
+        name = backend.get_device_name(device) if hasattr(backend, "get_device_name") else device.type
+        return f"{name} ({torch.accelerator.device_count()} x {device.type})"
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:

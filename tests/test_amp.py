@@ -5,11 +5,14 @@ from __future__ import annotations
 import functools
 import json
 
+import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
 from tests.launch import spawn_ranks
+from tests.step_hook import after_backward
 
+pytestmark = pytest.mark.slow  # real multi-process jobs
 INJECT_STEP, INJECT_RANK = 1, 5  # rank 5 = dp 1, pp 0, mp 1: not the loss rank, not rank 0
 
 
@@ -37,7 +40,8 @@ def _inject_and_record(out_dir: str, step: int, ctx) -> None:
 def _train(argv, out_dir):
     import run
 
-    assert run.main(argv, after_backward=functools.partial(_inject_and_record, out_dir)) == 0
+    after_backward(functools.partial(_inject_and_record, out_dir))
+    assert run.main(argv) == 0
 
 
 def _argv(logdir) -> list[str]:

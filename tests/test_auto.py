@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 
-from runtime.commands.plan import auto_flags
-from runtime.config import parse_train_config
+import pytest
+
+from runtime.commands.flags import build_parser
+from runtime.commands.plan import auto_config
 from tests.launch import torchrun
 
+pytestmark = pytest.mark.slow  # real multi-process jobs
 
 def test_auto_runs_the_planners_pick_on_4_ranks(tmp_path):
     argv = ["--model", "tiny", "--steps", "2", "--precision", "fp32", "--data", "synthetic", "--eval-every", "0",
             "--eval-batches", "1", "--peak-tflops", "1", "--logdir", str(tmp_path)]
-    flags, best = auto_flags(argv, world=4)
-    expected = parse_train_config([*argv, *flags], world_size=4)
+    expected, best = auto_config(build_parser().parse_args(["--auto", *argv]), ["--auto", *argv], world=4)
 
     result = torchrun(["--auto", *argv], nproc=4, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,7 +1,7 @@
 """Bad input: a one-line error naming the flag and the valid values, a non-zero exit within seconds,
 and no rank left running.
 
-Every case's message is checked in-process through ``run.check_inputs`` (the function every rank
+Every case's message is checked in-process through ``check_inputs`` (runtime/commands/train.py) (the function every rank
 runs before any process group exists); the cases in ``THROUGH_TORCHRUN`` also run end to end on
 real ranks (exit code, exactly one error line, no traceback, no rank left behind). All cases share
 that one code path, so a few end-to-end launches cover its process behaviour; each launch costs
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-import run
+from runtime.commands.train import InputError, check_inputs
 from runtime.distributed.process_group import LaunchEnv
 from tests.launch import check_clean_failure
 
@@ -58,8 +58,8 @@ THROUGH_TORCHRUN = ["mesh-not-world-size", "missing-data-path", "missing-resume-
 def error_line(nproc: int, flags: list[str]) -> str:
     """The line rank 0 prints for ``flags`` on ``nproc`` ranks (fails if the input is accepted)."""
     env = LaunchEnv(rank=0, world_size=nproc, local_rank=0, local_world_size=nproc)
-    with pytest.raises(run.InputError) as raised:
-        run.check_inputs(flags, env)
+    with pytest.raises(InputError) as raised:
+        check_inputs(flags, env)
     line = f"error: {raised.value}"
     assert "\n" not in line, f"not one line: {line!r}"
     return line
@@ -73,6 +73,7 @@ def test_bad_flag_message(name):
         assert word in line, f"{word!r} not in {line!r}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", THROUGH_TORCHRUN)
 def test_bad_flag_ends_every_rank(name):
     nproc, flags, words = CASES[name]

@@ -24,12 +24,16 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from models.gpt import GPT
 from runtime.checkpoint.files import read_checkpoint, read_dcp_metadata, verify_files
-from runtime.config import parse_train_config
+from runtime.commands.flags import parse_train_config
 from runtime.engine.data import build_data, inputs_and_targets
 from tests.launch import check_clean_failure, python_run, spawn_ranks, torchrun
+from tests.step_hook import after_backward
 
-# Reading a checkpoint in the test process (no process group) makes DCP say so; that is intended.
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+pytestmark = [
+    pytest.mark.slow,  # real multi-process jobs
+    # Reading a checkpoint in the test process (no process group) makes DCP say so; that is intended.
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+]
 
 STEPS = 20
 COMMON = ["--model", "tiny", "--precision", "fp32", "--steps", str(STEPS), "--micro-batch-size", "2", "--seq-len", "32",
@@ -221,7 +225,8 @@ def _train_and_record(argv, out_dir) -> None:
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        code = run.main(argv, after_backward=_fill_disk_on_second_save)
+        after_backward(_fill_disk_on_second_save)
+        code = run.main(argv)
     Path(out_dir, f"rank{os.environ['RANK']}.json").write_text(json.dumps({"code": code, "stderr": err.getvalue()}))
 
 

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 import torch.distributed.checkpoint as dcp
 
 from models.gpt import MODEL_SIZES, build_gpt
@@ -29,7 +28,7 @@ from runtime.checkpoint.files import (
     verify_files,
     write_manifest,
 )
-from runtime.config import parse_train_config
+from runtime.commands.flags import parse_train_config
 
 # dcp.save without a process group says so once per save; that is what these tests intend.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")

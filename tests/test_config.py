@@ -2,7 +2,8 @@
 
 import pytest
 
-from runtime.config import ConfigError, build_parser, config_from_args, parse_train_config
+from runtime.commands.flags import build_parser, config_from_args, parse_train_config
+from runtime.config import ConfigError
 
 
 def test_defaults_for_a_plain_single_process():

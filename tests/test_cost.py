@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from compiler.cost import layer_costs, measure_layer_times
+from compiler.cost import layer_costs
 from models.gpt import MODEL_SIZES, GPTConfig
+from runtime.observe.layer_timing import measure_layer_times
 
 CFG = GPTConfig(n_layers=3, d_model=64, n_heads=4, seq_len=32, vocab_size=512, mlp_width=256)
 
@@ -64,7 +65,7 @@ def test_measured_time_mode_times_the_head_with_its_loss(monkeypatch):
         shapes[len(shapes)] = tuple(out.shape)
         return float(len(shapes))
 
-    monkeypatch.setattr("compiler.cost._time_fwd_bwd", record_shape)
+    monkeypatch.setattr("runtime.observe.layer_timing._time_fwd_bwd", record_shape)
     cfg = MODEL_SIZES["tiny"]
     measure_layer_times(cfg, micro_batch_size=2, precision="fp32", device=torch.device("cpu"))
     assert shapes == {0: (2, cfg.seq_len, cfg.d_model), 1: (2, cfg.seq_len, cfg.d_model), 2: ()}

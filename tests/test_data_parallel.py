@@ -5,8 +5,12 @@ from __future__ import annotations
 import json
 import os
 
-from tests.launch import spawn_ranks
+import pytest
 
+from tests.launch import spawn_ranks
+from tests.step_hook import after_backward
+
+pytestmark = pytest.mark.slow  # real multi-process jobs
 MICROBATCHES = 4
 
 
@@ -36,7 +40,8 @@ def _count_reductions(out_dir: str) -> None:
     argv = ["--dp=2", "--pp=2", "--mp=1", "--model", "tiny", "--precision", "fp32", "--steps", "2",
             "--microbatches", str(MICROBATCHES), "--micro-batch-size", "1", "--seq-len", "32",
             "--logdir", out_dir, "--peak-tflops", "1", "--eval-every", "0", "--eval-batches", "1"]
-    assert run.main(argv, after_backward=record) == 0
+    after_backward(record)
+    assert run.main(argv) == 0
     with open(f"{out_dir}/rank{os.environ['RANK']}.json", "w") as f:
         json.dump(per_step, f)
 

@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 from runtime.checkpoint.files import read_checkpoint, verify_files
 from runtime.engine.guards import DivergenceError, DivergenceGuard
 from tests.launch import spawn_ranks
+from tests.step_hook import after_backward
 
 NAN = float("nan")
 
@@ -93,7 +94,8 @@ def _train_expecting_failure(argv, out_dir, hook) -> None:
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        code = run.main(argv, after_backward=hook)
+        after_backward(hook)
+        code = run.main(argv)
     import os
 
     with open(f"{out_dir}/rank{os.environ['RANK']}.json", "w") as f:
@@ -111,6 +113,7 @@ def _results(tmp_path):
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+@pytest.mark.slow
 def test_injected_nan_stops_fp32_run_without_overwriting_the_last_good_checkpoint(tmp_path):
     # Steps 1-3 are clean (checkpoint at step 2); a NaN gradient from step 4 on; K = 2 stops at step 5.
     hook = functools.partial(_poison_from, 3, 1, NAN)
@@ -127,6 +130,7 @@ def test_injected_nan_stops_fp32_run_without_overwriting_the_last_good_checkpoin
     assert info.step == 2 and verify_files(info, sorted(info.files)) == []
 
 
+@pytest.mark.slow
 def test_fp16_loss_scale_collapse_stops_the_run(tmp_path):
     # An inf gradient every step from step 2: the scale halves each step, 65536 -> 4096 < 8192 at step 5.
     hook = functools.partial(_poison_from, 1, 0, math.inf)

@@ -15,13 +15,15 @@ import json
 
 import pytest
 
+from compiler.flops import training_flops_per_token
 from compiler.planner.candidates import Candidate
 from compiler.planner.cluster import load_cluster
 from compiler.planner.search import CostTable, estimate
-from runtime.config import parse_train_config
-from runtime.observe.peak_flops import training_flops_per_token
-from runtime.commands.plan import validate_flags
+from runtime.commands.flags import default_config, parse_train_config
+from runtime.config import plan_error
 from tests.launch import torchrun
+
+pytestmark = pytest.mark.slow  # real multi-process jobs
 
 MODEL = ["--layers", "4", "--d-model", "128", "--heads", "4", "--seq-len", "64", "--vocab-size", "256"]
 TOLERANCE = 0.20
@@ -47,7 +49,8 @@ def test_memory_model_matches_measured_peak(tmp_path, plan):
 
     cfg = parse_train_config(flags, world_size=world).model
     cluster = dataclasses.replace(load_cluster("cpu-2core"), memory_per_node=2**40)
-    predicted = estimate(plan, cfg=cfg, cluster=cluster, costs=CostTable(cfg), validate=validate_flags,
-                         model_flags=MODEL, model_flops_per_token=training_flops_per_token(cfg)).memory_per_rank
+    base = default_config(cfg)
+    predicted = estimate(plan, cfg=cfg, cluster=cluster, costs=CostTable(cfg), validate=lambda c: plan_error(base, c),
+                         model_flops_per_token=training_flops_per_token(cfg)).memory_per_rank
     print(f"{plan.describe()}: predicted {predicted / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB")
     assert predicted == pytest.approx(measured, rel=TOLERANCE), f"predicted {predicted / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB"

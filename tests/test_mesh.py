@@ -55,6 +55,7 @@ def _report_device_mesh_groups(shape, out_dir):
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", [(2, 2, 2), (1, 2, 4)])
 def test_device_mesh_groups_match_the_printed_layout(tmp_path, shape):
     spawn_ranks(_report_device_mesh_groups, world_size=8, args=(shape, str(tmp_path)), timeout=120)

@@ -9,9 +9,12 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from runtime.config import parse_train_config
+from runtime.commands.flags import parse_train_config
 from tests.launch import spawn_ranks, torchrun
 from tests.reference import train_reference
+from tests.step_hook import after_backward
+
+pytestmark = pytest.mark.slow  # real multi-process jobs
 
 STEPS = 3
 COMMON = ["--model", "tiny", "--precision", "fp32", "--steps", str(STEPS), "--micro-batch-size", "2",
@@ -67,7 +70,8 @@ def _dump_first_step_grads(out_dir: str, step: int, ctx) -> None:
 def _train_with_grad_dump(argv: list[str], out_dir: str) -> None:
     import run
 
-    assert run.main(argv, after_backward=functools.partial(_dump_first_step_grads, out_dir)) == 0
+    after_backward(functools.partial(_dump_first_step_grads, out_dir))
+    assert run.main(argv) == 0
 
 
 def test_gradients_match_single_process_on_3d_mesh(tmp_path):

@@ -8,8 +8,15 @@ import random
 import pytest
 
 from compiler.cost import layer_costs
-from compiler.partition import (balanced_split, layer_split, parse_split, split_points, stage_costs,
-                                  stage_costs_with_ends, uniform_split)
+from compiler.partition import (
+    balanced_split,
+    layer_split,
+    parse_split,
+    split_points,
+    stage_costs,
+    stage_costs_with_ends,
+    uniform_split,
+)
 from compiler.stage_plan import plan_stages
 from models.gpt import MODEL_SIZES, GPTConfig
 

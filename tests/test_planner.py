@@ -10,7 +10,12 @@ from compiler.planner.candidates import meshes
 from compiler.planner.cluster import Link, load_cluster, preset_names
 from compiler.planner.memory_model import in_flight_stage_microbatches
 from compiler.planner.time_model import all_gather_time, all_reduce_time
-from runtime.commands.plan import model_flags, run_planner, validate_flags
+from models.gpt import MODEL_SIZES
+from runtime.commands.flags import default_config
+from runtime.config import plan_error
+from runtime.planning import rank_plans
+
+TINY = default_config(MODEL_SIZES["tiny"])
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +25,7 @@ def cpu():
 
 @pytest.fixture(scope="module")
 def tiny_plans(cpu):
-    return run_planner(world=4, model_args=model_flags("tiny", None), global_batch_size=16, cluster=cpu,
-                       precisions=("fp32", "bf16"))
+    return rank_plans(TINY, world=4, global_batch_size=16, cluster=cpu, precisions=("fp32", "bf16"))
 
 
 def test_meshes_multiply_to_the_world():
@@ -34,7 +38,7 @@ def test_every_feasible_plan_is_accepted_by_the_engine_and_fits(tiny_plans, cpu)
     for e in feasible:
         c = e.candidate
         assert c.dp * c.pp * c.mp == 4
-        assert validate_flags([*model_flags("tiny", None), *c.flags()], 4) is None
+        assert plan_error(TINY, c) is None
         assert e.memory_per_rank <= cpu.memory_per_rank(4)
         assert e.step_time > 0 and e.tokens_per_sec > 0 and 0 < e.mfu
 
@@ -55,8 +59,7 @@ def test_ranking_is_fastest_first_and_feasible_first(tiny_plans):
 
 def test_a_small_memory_budget_makes_plans_infeasible(cpu):
     small = dataclasses.replace(cpu, memory_per_node=2**20)  # 1 MiB for the whole node
-    plans = run_planner(world=2, model_args=model_flags("tiny", None), global_batch_size=16, cluster=small,
-                        precisions=("fp32",))
+    plans = rank_plans(TINY, world=2, global_batch_size=16, cluster=small, precisions=("fp32",))
     assert plans and not any(e.feasible for e in plans)
     assert any(e.reason.startswith("out of memory") for e in plans)
 
@@ -86,7 +89,7 @@ def test_presets_load():
 
 def test_gpu_presets_prefer_tensor_cores_and_fit_a_large_model():
     h100 = load_cluster("h100-80gb-x8-nvlink")
-    plans = run_planner(world=8, model_args=model_flags("large", None), global_batch_size=32, cluster=h100,
-                        precisions=("fp32", "bf16"))
+    plans = rank_plans(default_config(MODEL_SIZES["large"]), world=8, global_batch_size=32, cluster=h100,
+                       precisions=("fp32", "bf16"))
     best = plans[0]
     assert best.feasible and best.candidate.precision == "bf16"

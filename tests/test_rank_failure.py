@@ -12,9 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from runtime.checkpoint.files import find_latest, verify_files
 from tests.launch import ROOT, torchrun
 
+pytestmark = pytest.mark.slow  # real multi-process jobs
 KILL_RANK = 5  # dp 1, pp 0, mp 1: neither rank 0 (DCP's coordinator) nor the logging rank
 ARGS = ["--model", "tiny", "--precision", "fp32", "--micro-batch-size", "2", "--seq-len", "32",
         "--global-batch-size", "8", "--steps", "500", "--eval-every", "0", "--eval-batches", "1",

@@ -2,7 +2,8 @@
 
 import pytest
 
-from compiler.schedules import bubble_fraction, ideal_speedup_over_naive, local_stage_indices, naive_rank_actions
+from compiler.naive_schedule import naive_rank_actions
+from compiler.schedules import bubble_fraction, ideal_speedup_over_naive, local_stage_indices
 
 
 def test_bubble_formulas():

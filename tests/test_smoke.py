@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from runtime.observe.metrics import SCALAR_TAGS
 from tests.launch import torchrun
 
+pytestmark = pytest.mark.slow  # real multi-process jobs
 
 def test_3d_fp16_training_on_8_ranks(tmp_path):
     result = torchrun(["--dp", "2", "--pp", "2", "--mp", "2", "--model", "tiny", "--precision", "fp16",

@@ -11,6 +11,8 @@ import pytest
 
 from tests.launch import run_command
 
+pytestmark = pytest.mark.slow  # real multi-process jobs
+
 SECTIONS = ("throughput", "memory", "time_split", "timelines", "scaling", "overhead", "targets", "machine")
 
 

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from runtime.config import parse_train_config
+from runtime.commands.flags import parse_train_config
 from runtime.commands.study import plan
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.launch import spawn_ranks
+
+pytestmark = pytest.mark.slow  # real multi-process jobs
 
 
 def _compare_tp_stage_with_dense(out_dir: str) -> None:

@@ -14,12 +14,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 
-from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
-from compiler.trace import trace_pipeline
-from models.tp_plan import GPT_BLOCK_TP_PLAN
 from compiler.parallelize.activation_checkpointing import apply_ac
 from compiler.parallelize.fully_shard import maybe_apply_fsdp
+from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
 from compiler.schedules import local_stage_indices
+from compiler.trace import trace_pipeline
+from models.tp_plan import GPT_BLOCK_TP_PLAN
 
 
 @dataclass

@@ -8,7 +8,6 @@ Parameter objects; the parent graph calls its children by name, so the swap is i
 
 from __future__ import annotations
 
-
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module

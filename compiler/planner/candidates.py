@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-SCHEDULE_CHOICES = (("1f1b", 1), ("gpipe", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4), ("zero-bubble", 2))
+from compiler.schedules import SCHEDULES
+
+# (schedule, v) pairs the planner considers, in the registry's order of preference.
+SCHEDULE_CHOICES = tuple((name, v) for name, spec in SCHEDULES.items() for v in spec.planner_v)
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,15 @@ measures this machine and writes one.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "clusters"
+# Where `run.py calibrate` writes this machine's measurement, and the preset used when there is none
+# (a shipped measurement of the machine type this project is developed on).
+CALIBRATED = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybrid_engine" / "cluster.json"
+LOCAL_PRESET = "cpu-2core"
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,13 @@ def load_cluster(path_or_name: str) -> Cluster:
         names = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.json")))
         raise ValueError(f"--cluster {path_or_name}: no such file or preset (presets: {names})")
     return Cluster.from_dict(json.loads(path.read_text()))
+
+
+def resolve_cluster(name: str | None) -> Cluster:
+    """``--cluster``: a file or preset; by default this machine's calibration, else the local preset."""
+    if name:
+        return load_cluster(name)
+    return load_cluster(str(CALIBRATED) if CALIBRATED.exists() else LOCAL_PRESET)
 
 
 def preset_names() -> list[str]:

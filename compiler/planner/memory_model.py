@@ -9,9 +9,8 @@
   its 1/dp shards of parameters and AdamW state.
 - Activations: per micro-batch and layer, the bytes autograd saves (measured by compiler/cost.py
   under the plan's autocast dtype and TP shard), times the micro-batches the schedule keeps in
-  flight on the busiest rank: GPipe all m; 1F1B min(m, p) (PipeDream-Flush, Narayanan et al. 2021);
-  interleaved 1F1B its warm-up depth, (v - 1) * m_round + 2 (p - 1) + 1 stage-micro-batches of 1/v of
-  the rank's layers (Narayanan et al. 2021 sec. 2.2, as torch schedules it). With activation
+  flight on the busiest rank, as the schedule registry states them (compiler/schedules.py: GPipe all m,
+  1F1B min(m, p), interleaved 1F1B its warm-up depth), each of 1/v of the rank's layers. With activation
   checkpointing a layer keeps only its fp32 input, plus one layer's full activations while it is
   recomputed.
 - Autocast's low-precision weight copies, cached for the step.
@@ -27,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.cost import LayerCost
+from compiler.schedules import SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -41,19 +41,8 @@ class MemoryEstimate:
 
 
 def in_flight_stage_microbatches(schedule: str, *, p: int, m: int, v: int, rank: int = 0) -> int:
-    """Stage-micro-batches whose activations a pp rank holds at its peak."""
-    if p == 1:
-        return m if schedule == "gpipe" else 1
-    if schedule == "gpipe":
-        return m * v
-    if schedule == "naive":
-        return v
-    if schedule == "1f1b":
-        return min(m, p - rank)
-    rounds = max(1, m // p)
-    per_round = m // rounds
-    warmup = min(v * m, (v - 1) * per_round + 2 * (p - 1 - rank))
-    return min(v * m, warmup + 1)
+    """Stage-micro-batches whose activations a pp rank holds at its peak (compiler/schedules.py)."""
+    return SCHEDULES[schedule].stage_microbatches_in_flight(p=p, m=m, v=v, rank=rank)
 
 
 TP_BUFFERS_PER_BLOCK = 2  # full [B, T, d] fp32 buffers per block and in-flight micro-batch when mp > 1 (measured)

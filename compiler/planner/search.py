@@ -6,6 +6,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from compiler.cost import LayerCost, layer_costs
+from compiler.flops import training_flops_per_token
 from compiler.partition import layer_split
 from compiler.planner.candidates import Candidate, candidates
 from compiler.planner.cluster import Cluster
@@ -13,8 +14,8 @@ from compiler.planner.memory_model import rank_memory
 from compiler.planner.time_model import StepTerms, TimeEstimate, step_time
 from models.gpt import GPTConfig
 
-# (run.py flags, world size) -> the one-line error the engine would print, or None if it would run.
-Validator = Callable[[list[str], int], "str | None"]
+# A plan -> the one-line error the engine would print for it, or None if it would run it.
+Validator = Callable[[Candidate], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,9 @@ class CostTable:
 
 
 def estimate(c: Candidate, *, cfg: GPTConfig, cluster: Cluster, costs: CostTable, validate: Validator,
-             model_flags: list[str], model_flops_per_token: float) -> Estimate:
+             model_flops_per_token: float) -> Estimate:
     world = c.dp * c.pp * c.mp
-    error = validate([*model_flags, *c.flags()], world)
+    error = validate(c)
     if error:
         return Estimate(c, False, error)
     layers = costs.layers(c.precision, c.mp, c.micro_batch_size)
@@ -109,14 +110,12 @@ def _stage_layers(layers: list[LayerCost], sizes: list[int]) -> list[list[LayerC
 
 
 def plan(cfg: GPTConfig, *, world: int, global_batch_size: int, cluster: Cluster, validate: Validator,
-         model_flags: list[str], precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"),
+         precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"),
          activation_checkpointing: tuple[bool, ...] = (False, True)) -> list[Estimate]:
     """Every candidate with its estimate: feasible ones first, fastest first."""
-    from runtime.observe.peak_flops import training_flops_per_token
-
     costs = CostTable(cfg)
     flops_per_token = training_flops_per_token(cfg)
-    estimates = [estimate(c, cfg=cfg, cluster=cluster, costs=costs, validate=validate, model_flags=model_flags,
+    estimates = [estimate(c, cfg=cfg, cluster=cluster, costs=costs, validate=validate,
                           model_flops_per_token=flops_per_token)
                  for c in candidates(world, global_batch_size=global_batch_size, precisions=precisions,
                                      activation_checkpointing=activation_checkpointing)]

@@ -4,7 +4,7 @@ Per pp rank and micro-batch: the FLOPs of its layers (per TP shard, counted by c
 the calibrated rate of its precision, plus a calibrated fixed cost per layer, plus tensor-parallel
 all-reduces (Megatron: 2 in forward and 2 in backward per block, of B x T x d activations) and the
 pipeline sends of activations and gradients. The pipeline multiplies the busiest rank's m
-micro-batches by 1 / (1 - bubble) with the schedule's bubble fraction (runtime/schedules.py).
+micro-batches by 1 / (1 - bubble) with the schedule's bubble fraction (compiler/schedules.py).
 FSDP adds an all-gather and a reduce-scatter per FSDP unit (each block and each stage's root) of
 the stage's fp32 parameters per step; AdamW and
 a calibrated fixed cost per step complete it.
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 from compiler.planner.candidates import Candidate
 from compiler.planner.cluster import Cluster, Link
-
-ACTIVATION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+from compiler.precisions import PRECISIONS
+from compiler.schedules import SCHEDULES
 
 
 def all_reduce_time(nbytes: float, n: int, link: Link) -> float:
@@ -54,10 +54,12 @@ def all_gather_time(nbytes: float, n: int, link: Link) -> float:
 
 
 def bubble(schedule: str, *, p: int, m: int, v: int) -> float:
-    from compiler.schedules import bubble_fraction
-
-    # Zero-bubble reaches ~0 only when F, B and W take equal time; we charge it interleaved's bubble.
-    return bubble_fraction("interleaved-1f1b" if schedule == "zero-bubble" else schedule, p=p, m=m, v=v)
+    """The idle fraction the model charges: the schedule's formula, or what it expects to reach where the
+    formula is an ideal (compiler/schedules.py, ``planned_bubble``)."""
+    spec = SCHEDULES[schedule]
+    if p == 1:
+        return 0.0
+    return (spec.planned_bubble or spec.bubble)(p, m, v)
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def _parts(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params: in
     rate = cluster.flops[c.precision] * threads
     per_mb_compute = (rank_flops * recompute / rate + rank_layers * cluster.layer_overhead) * slowdown
 
-    act_bytes = c.micro_batch_size * seq_len * d_model * ACTIVATION_BYTES[c.precision]
+    act_bytes = c.micro_batch_size * seq_len * d_model * PRECISIONS[c.precision].activation_bytes
     blocks = rank_layers  # every layer of a rank but embedding/head is a block; close enough for comm
     intra = cluster.intra_node
     tp_link = intra if c.mp <= cluster.ranks_per_node else cluster.inter_node
@@ -137,8 +139,8 @@ def _parts(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params: in
     dp = 2 * (all_gather_time(rank_params * 4, c.dp, dp_link) + (units - 1) * (c.dp - 1) * dp_link.latency) \
         if c.dp > 1 else 0.0
     optimizer = rank_params * 4 / max(c.dp, 1) / cluster.optimizer_bytes_per_s if cluster.optimizer_bytes_per_s else 0.0
-    # One forward and one backward per stage micro-batch (zero-bubble splits backward in two).
-    actions = c.microbatches * c.stages_per_rank * (3 if c.schedule == "zero-bubble" else 2)
+    # One forward and one backward per stage micro-batch (or F, I and W where the backward is split).
+    actions = c.microbatches * c.stages_per_rank * SCHEDULES[c.schedule].actions_per_microbatch
     return {"compute": c.microbatches * per_mb_compute, "tp_comm": c.microbatches * per_mb_tp,
             "pp_comm": c.microbatches * per_mb_pp, "dp_comm": dp, "optimizer": optimizer, "bubble": bub,
             "actions": actions}

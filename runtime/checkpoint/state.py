@@ -31,22 +31,23 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
-from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 from torch.optim.optimizer import _get_scalar_dtype
 
+from compiler.parallelize.stages import LocalStages
 from runtime.checkpoint.files import (
     CheckpointError,
     CheckpointInfo,
     describe_file,
     publish,
     read_dcp_metadata,
+    step_folder,
     tmp_folder,
     verify_files,
     write_manifest,
 )
+from runtime.distributed.collectives import broadcast_object, gather_dicts, gather_lists
 from runtime.engine.guards import DivergenceGuard
-from compiler.parallelize.stages import LocalStages
 
 # Activation checkpointing wraps each block; the wrapper's name must not leak into checkpoint keys.
 _WRAPPER_PREFIX = "_checkpoint_wrapped_module."
@@ -133,8 +134,8 @@ def save_checkpoint(state: TrainState, *, directory: Path, step: int, keep: int)
                               f"{_previous(directory)}") from None
     # Hash the shard files in parallel, each rank a share; rank 0 writes the manifest and publishes.
     names = sorted(p.name for p in tmp.iterdir()) if rank == 0 else None
-    names = _broadcast(names)
-    digests = _gather_dict({name: describe_file(tmp / name) for name in names[rank::world]})
+    names = broadcast_object(names)
+    digests = gather_dicts({name: describe_file(tmp / name) for name in names[rank::world]})
 
     def finish() -> None:
         write_manifest(tmp, step=step, config=state.config, files=digests)
@@ -146,7 +147,7 @@ def save_checkpoint(state: TrainState, *, directory: Path, step: int, keep: int)
         if rank == 0:
             _remove(tmp)
         raise CheckpointError(f"could not save the checkpoint of step {step}: {e}; {_previous(directory)}") from None
-    return directory / f"step-{step:06d}"
+    return step_folder(directory, step)
 
 
 def _fresh_folder(path: Path) -> None:
@@ -202,7 +203,7 @@ def load_checkpoint(state: TrainState, info: CheckpointInfo) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     # Content check first, spread over the ranks: never half-load a corrupted checkpoint.
     names = sorted(info.files)
-    problems = _gather_list(verify_files(info, names[rank::world]))
+    problems = gather_lists(verify_files(info, names[rank::world]))
     if problems:
         raise CheckpointError(problems[0])
 
@@ -241,27 +242,9 @@ def _agree(fn, *, what: str) -> None:
         message = None
     except Exception as e:
         message = f"rank {dist.get_rank()} could not {what}: {_one_line(e)}"
-    messages = _gather_list([message] if message else [])
+    messages = gather_lists([message] if message else [])
     if messages:
         raise CheckpointError(messages[0])
-
-
-def _gather_list(items: list) -> list:
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, items)
-    return [x for part in gathered for x in part]
-
-
-def _gather_dict(items: dict) -> dict:
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, items)
-    return {k: v for part in gathered for k, v in part.items()}
-
-
-def _broadcast(obj):
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 # --- when to save -----------------------------------------------------------------------------------------

@@ -19,24 +19,27 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from compiler.planner.cluster import Cluster, Link
+from compiler.cost import layer_costs
+from compiler.planner.cluster import CALIBRATED, Cluster, Link, load_cluster
+from compiler.precisions import PRECISIONS
+from models.gpt import GPT2_MLP_RATIO, Block, GPTConfig
+from runtime.commands.calibrate_engine import calibrate_engine, calibration_runs, refit_engine
+from runtime.device import device_description, has_accelerator
+from runtime.distributed.spawn import SpawnError, spawn_ranks
+from runtime.observe.peak_flops import best_matmul_flops
 
 SHAPES = ((1, 32, 64, 4), (4, 128, 256, 4))  # (batch, seq, d_model, heads): overhead-bound, compute-bound
-PRECISIONS = ("fp32", "bf16", "fp16")
-DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "hybrid_engine" / "cluster.json"
 
 
 def _block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, repeats: int = 3) -> tuple[float, float]:
     """(median seconds, counted FLOPs) of one block's forward + backward."""
-    from compiler.cost import AUTOCAST, layer_costs
-    from models.gpt import GPT2_MLP_RATIO, Block, GPTConfig
-
     cfg = GPTConfig(n_layers=1, d_model=d, n_heads=heads, seq_len=seq, vocab_size=256, mlp_width=GPT2_MLP_RATIO * d)
     flops = layer_costs(cfg, micro_batch_size=batch, precision=precision)[1].flops
     block = Block(cfg)
@@ -44,7 +47,7 @@ def _block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, rep
     times = []
     for i in range(repeats + 1):
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=AUTOCAST.get(precision, torch.float32), enabled=precision in AUTOCAST):
+        with PRECISIONS[precision].autocast("cpu"):
             out = block(x)
         out.float().sum().backward()
         if i:
@@ -52,10 +55,9 @@ def _block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, rep
     return statistics.median(times), flops
 
 
-def _compute_worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    from runtime.observe.peak_flops import best_matmul_flops
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _compute_worker(out_dir: str) -> None:
+    """One of the concurrent measuring processes (runtime/distributed/spawn.py sets RANK, WORLD_SIZE)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     result: dict = {"block": {}, "matmul": {}}
@@ -65,8 +67,7 @@ def _compute_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         (t0, f0), (t1, f1) = points
         rate = (f1 - f0) / max(t1 - t0, 1e-9)
         result["block"][precision] = {"rate": rate, "overhead": max(0.0, t0 - f0 / rate), "points": points}
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
-        result["matmul"][precision] = best_matmul_flops(dtype, torch.device("cpu"))
+        result["matmul"][precision] = best_matmul_flops(PRECISIONS[precision].dtype, torch.device("cpu"))
     if world >= 2:
         result["all_reduce"] = _all_reduce_fit()
     if rank == 0:
@@ -112,22 +113,10 @@ def _adamw_rate() -> float:
 
 def measure(processes: int, work_dir: Path, *, timeout: float = 900) -> list[dict]:
     """Run the measurements on ``processes`` concurrent single-thread processes."""
-    import torch.multiprocessing as mp
-
-    from runtime.distributed.process_group import free_port
-
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_compute_worker, args=(r, processes, port, str(work_dir))) for r in range(processes)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(timeout=max(1.0, deadline - time.monotonic()))
-    if any(p.is_alive() or p.exitcode != 0 for p in procs):
-        for p in procs:
-            p.kill()
-        raise RuntimeError("calibration processes failed or timed out")
+    try:
+        spawn_ranks(_compute_worker, world_size=processes, args=(str(work_dir),), timeout=timeout)
+    except SpawnError as e:
+        raise RuntimeError(f"calibration processes failed or timed out: {e}") from None
     return [json.loads((work_dir / f"calib{r}.json").read_text()) for r in range(processes)]
 
 
@@ -159,14 +148,10 @@ def processes_note(n: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    import tempfile
-
-    from runtime.device import device_description, has_gpu
-
     p = argparse.ArgumentParser(prog="run.py calibrate", description="Measure this machine (block FLOP/s per "
                                 "precision, fixed per-layer cost, gloo all-reduce latency and bandwidth, AdamW rate) "
                                 "and write a cluster file for `run.py plan` and --auto.")
-    p.add_argument("--out", default=str(DEFAULT_OUT), help="cluster JSON to write")
+    p.add_argument("--out", default=str(CALIBRATED), help="cluster JSON to write")
     p.add_argument("--ranks-per-node", type=int, default=8, help="ranks you launch per node (CPU: may exceed cores)")
     p.add_argument("--engine-world", type=int, default=4,
                    help="ranks of the engine runs that fit the time model's engine factors (a multiple of 4; "
@@ -176,23 +161,19 @@ def main(argv: list[str]) -> int:
     p.add_argument("--refit", action="store_true", help="with --base: no new runs; refit the engine factors to the "
                    "engine runs recorded in that file (after a change of the time model)")
     args = p.parse_args(argv)
-    if has_gpu():
+    if has_accelerator():
         print("error: calibrate measures CPU machines; for GPUs start from a preset in compiler/clusters/")
         return 2
     if args.refit and not args.base:
         print("error: --refit needs --base (the cluster file whose recorded engine runs to refit)")
         return 2
     if args.engine_world:
-        from runtime.commands.calibrate_engine import calibration_runs
-
         try:
             calibration_runs(args.engine_world)
         except ValueError as e:
             print(f"error: {e}")
             return 2
     if args.base:
-        from compiler.planner.cluster import load_cluster
-
         try:
             cluster = load_cluster(args.base)
         except ValueError as e:
@@ -207,16 +188,12 @@ def main(argv: list[str]) -> int:
         cluster = build_cluster(results, name=f"calibrated: {device_description(torch.device('cpu'))}", cores=cores,
                                 ranks_per_node=args.ranks_per_node, memory_bytes=memory)
     if args.refit:
-        from runtime.commands.calibrate_engine import refit_engine
-
         try:
             cluster = refit_engine(cluster, cluster)
         except ValueError as e:
             print(f"error: --refit: {e}")
             return 2
     elif args.engine_world:
-        from runtime.commands.calibrate_engine import calibrate_engine
-
         print(f"fitting the engine factors from short training runs on {args.engine_world} ranks ...", flush=True)
         cluster = calibrate_engine(cluster, world=args.engine_world)
     out = Path(args.out)

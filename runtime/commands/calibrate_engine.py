@@ -19,17 +19,18 @@ import tempfile
 import time
 from pathlib import Path
 
+from compiler.flops import training_flops_per_token
 from compiler.planner.candidates import Candidate
 from compiler.planner.cluster import Cluster
 from compiler.planner.fit import fit_factors
 from compiler.planner.search import CostTable, estimate
-from runtime.config import parse_train_config
-from runtime.observe.peak_flops import training_flops_per_token
-from runtime.commands.plan import validate_flags
+from models.gpt import GPT2_MLP_RATIO, GPTConfig
+from runtime.commands.flags import default_config, model_flags
 from runtime.commands.launch import RunSpec, execute
+from runtime.config import plan_error
 
-LIGHT = ["--layers", "4", "--d-model", "128", "--heads", "4", "--seq-len", "64", "--vocab-size", "1024"]
-HEAVY = ["--layers", "6", "--d-model", "384", "--heads", "6", "--seq-len", "128", "--vocab-size", "8192"]
+LIGHT = GPTConfig(n_layers=4, d_model=128, n_heads=4, seq_len=64, vocab_size=1024, mlp_width=GPT2_MLP_RATIO * 128)
+HEAVY = GPTConfig(n_layers=6, d_model=384, n_heads=6, seq_len=128, vocab_size=8192, mlp_width=GPT2_MLP_RATIO * 384)
 # (model flags, plan) on 4 ranks: dp, pp, mp, schedule, v, m, micro-batch, precision, activation checkpointing.
 RUNS_4 = (
     (LIGHT, Candidate(4, 1, 1, "1f1b", 1, 1, 4, "bf16", False)),
@@ -45,18 +46,17 @@ RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-
              "--peak-tflops", "1"]
 
 
-def calibration_runs(world: int) -> list[tuple[list[str], Candidate]]:
+def calibration_runs(world: int) -> list[tuple[GPTConfig, Candidate]]:
     """The plans to run on ``world`` ranks: the 4-rank set with dp scaled to the world size."""
     if world < 4 or world % 4:
         raise ValueError(f"--engine-world {world}: must be a multiple of 4 (or 0 to skip the engine runs)")
     return [(model, dataclasses.replace(c, dp=c.dp * world // 4)) for model, c in RUNS_4]
 
 
-def predicted_terms(model_flags: list[str], plan: Candidate, cluster: Cluster):
-    world = plan.dp * plan.pp * plan.mp
-    cfg = parse_train_config([*model_flags, *plan.flags()], world_size=world).model
-    e = estimate(plan, cfg=cfg, cluster=cluster, costs=CostTable(cfg), validate=validate_flags,
-                 model_flags=model_flags, model_flops_per_token=training_flops_per_token(cfg))
+def predicted_terms(model: GPTConfig, plan: Candidate, cluster: Cluster):
+    base = default_config(model)
+    e = estimate(plan, cfg=model, cluster=cluster, costs=CostTable(model), validate=lambda c: plan_error(base, c),
+                 model_flops_per_token=training_flops_per_token(model))
     if not e.feasible:
         raise ValueError(f"calibration plan {plan.describe()} is infeasible: {e.reason}")
     return e.terms
@@ -68,14 +68,14 @@ def calibrate_engine(cluster: Cluster, *, world: int, timeout: float = 900) -> C
     terms, measured, rows = [], [], []
     with tempfile.TemporaryDirectory() as work:
         for i, (model, plan) in enumerate(runs, 1):
-            spec = RunSpec(f"calibration_{i}", world, [*model, *plan.flags(), *RUN_FLAGS])
+            spec = RunSpec(f"calibration_{i}", world, [*model_flags(model), *plan.flags(), *RUN_FLAGS])
             result = execute(spec, Path(work), timeout=timeout)
             if not result.ok:
                 raise RuntimeError(f"calibration run failed: {result.command}: {result.error}")
             t = predicted_terms(model, plan, cluster)
             terms.append(t)
             measured.append(result.summary["step_time_s"])
-            rows.append({"model": " ".join(model), "plan": plan.describe(), "measured_s": measured[-1],
+            rows.append({"model": " ".join(model_flags(model)), "plan": plan.describe(), "measured_s": measured[-1],
                          "terms": dataclasses.asdict(t)})
             print(f"  [{i}/{len(runs)}] {plan.describe():<48} measured {measured[-1]:.3f} s/step", flush=True)
     return with_fitted_factors(cluster, world, rows, terms, measured)

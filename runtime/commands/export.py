@@ -1,4 +1,4 @@
-"""Single-file weights: ``run.py export`` writes one, ``--init-from`` starts a run from one.
+"""``python run.py export``: a checkpoint's model weights as one file; ``--init-from`` starts a run from it.
 
     python run.py export --checkpoint DIR/step-000020 --out model.pt
 
@@ -11,25 +11,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch import nn
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from models.gpt import GPTConfig
-from runtime.checkpoint.files import (
-    CheckpointError,
-    CheckpointInfo,
-    MARKER,
-    expected_parameter_shapes,
-    find_latest,
-    read_checkpoint,
-    read_dcp_metadata,
-    verify_files,
-)
+from runtime.checkpoint.files import CheckpointError, verify_files
+from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
-        info = _resolve(Path(args.checkpoint))
+        info = resolve_checkpoint(Path(args.checkpoint))
         problems = verify_files(info, sorted(info.files))
         if problems:
             raise CheckpointError(problems[0])
@@ -60,60 +47,3 @@ def main(argv: list[str]) -> int:
     n = sum(t.numel() for t in weights.values())
     print(f"wrote {out}: {len(weights)} tensors, {n:,} parameters, from {info.path} (step {info.step})")
     return 0
-
-
-def _resolve(path: Path) -> CheckpointInfo:
-    if (path / MARKER).is_file():
-        info, _notes = find_latest(path)
-        if info is None:
-            raise CheckpointError(f"--checkpoint {path}: no complete checkpoint in this folder")
-        return info
-    return read_checkpoint(path)
-
-
-def load_model_weights(info: CheckpointInfo) -> dict[str, torch.Tensor]:
-    """Full (unsharded) model tensors from a DCP checkpoint, read in this process alone."""
-    metadata = read_dcp_metadata(info.path)
-    state = {"model": {
-        key.removeprefix("model."): torch.empty(md.size, dtype=md.properties.dtype)
-        for key, md in metadata.state_dict_metadata.items()
-        if key.startswith("model.") and isinstance(md, TensorStorageMetadata)
-    }}
-    try:
-        with warnings.catch_warnings():  # DCP warns that it reads in one process: that is the point here
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-            dcp.load(state, checkpoint_id=info.path, no_dist=True)
-    except BaseException as e:  # DCP wraps failures in CheckpointException, a BaseException
-        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-            raise
-        raise CheckpointError(f"checkpoint {info.path} cannot be read: {str(e).strip().splitlines()[-1]}") from None
-    return state["model"]
-
-
-def read_init_weights(path: Path, model_cfg: GPTConfig) -> dict[str, torch.Tensor]:
-    """An export's tensors (memory-mapped), checked against this run's model shape."""
-    try:
-        weights = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:
-        raise CheckpointError(f"--init-from {path}: not a readable state dict ({type(e).__name__}: {e})") from None
-    _check_shapes(weights, path, model_cfg)
-    return weights
-
-
-def load_init_weights(model: nn.Module, path: Path, model_cfg: GPTConfig) -> None:
-    """Copy an export's weights into the full model before it is split and sharded, so any mesh works."""
-    weights = read_init_weights(path, model_cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(weights[name])
-
-
-def _check_shapes(weights: dict, path: Path, model_cfg: GPTConfig) -> None:
-    expected = expected_parameter_shapes(model_cfg)
-    if not isinstance(weights, dict):
-        raise CheckpointError(f"--init-from {path}: holds a {type(weights).__name__}, not a state dict")
-    for name in sorted(set(expected) | set(weights)):
-        got = tuple(weights[name].shape) if name in weights else "missing"
-        if got != expected.get(name):
-            raise CheckpointError(f"--init-from {path} does not fit this model: {name} has shape {got}, this model "
-                                  f"needs {expected.get(name, 'no such parameter')}")

@@ -1,4 +1,6 @@
-"""Launch one study run (a real torchrun training job, or the plain loop) and collect its figures."""
+"""Launch processes from the commands (study, plan --validate, calibrate) and the tests: a command in its
+own process group with a timeout, and one study run (a real torchrun job, or the plain loop) with its figures.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +15,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    returncode: int | None  # None when it timed out
+    stdout: str
+    stderr: str  # empty when stderr went to a file
+    timed_out: bool
+
+
+def run_process(cmd: list[str], *, timeout: float, env: dict | None = None, stderr_file=None) -> ProcessResult:
+    """Run ``cmd`` from the project root in its own process group. On timeout the whole group is killed;
+    in any case no process of the group survives the call (no stray ranks)."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                            stderr=stderr_file if stderr_file is not None else subprocess.PIPE,
+                            text=True, start_new_session=True)
+    timed_out = False
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+        out, err = proc.communicate()
+    finally:
+        _kill_group(proc)
+    return ProcessResult(None if timed_out else proc.returncode, out or "", err or "", timed_out)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 @dataclass
@@ -61,24 +97,15 @@ def execute(spec: RunSpec, study_dir: Path, *, timeout: float) -> RunResult:
     logdir = study_dir / spec.name
     logdir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     with open(logdir / "run.log", "w") as log:
-        proc = subprocess.Popen(spec.argv(logdir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=log, text=True, start_new_session=True)
-        try:
-            stdout, _ = proc.communicate(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            stdout, _ = proc.communicate()
-            timed_out = True
-        log.write(stdout)
+        result = run_process(spec.argv(logdir), timeout=timeout, env={"OMP_NUM_THREADS": "1"}, stderr_file=log)
+        log.write(result.stdout)
     seconds = time.monotonic() - start
     log_text = (logdir / "run.log").read_text(errors="replace")
-    summary = _read_summary(spec, logdir, stdout) if proc.returncode == 0 and not timed_out else None
+    summary = _read_summary(spec, logdir, result.stdout) if result.returncode == 0 else None
     error = None
     if summary is None:
-        error = f"timed out after {timeout:.0f}s" if timed_out else _last_error(log_text)
+        error = f"timed out after {timeout:.0f}s" if result.timed_out else _last_error(log_text)
     return RunResult(spec.name, spec.display(logdir), summary is not None, seconds, summary, error,
                      out_of_memory="out of memory" in log_text.lower(), meta=spec.meta)
 

@@ -9,42 +9,25 @@ import re
 import sys
 from collections import Counter
 
-from compiler.planner.cluster import Cluster, load_cluster, preset_names
-from compiler.planner.search import Estimate, plan
+from compiler.planner.cluster import CALIBRATED, LOCAL_PRESET, preset_names, resolve_cluster
+from compiler.planner.search import Estimate
+from compiler.precisions import PRECISIONS
 from models.gpt import MODEL_SIZES
-from runtime.commands.calibrate import DEFAULT_OUT
-from runtime.config import PRECISIONS, ConfigError, HelpFormatter, build_parser, config_from_args
+from runtime.commands.flags import (
+    AUTO_CHOSEN,
+    HelpFormatter,
+    build_config,
+    default_config,
+    explicit_flags,
+    named_model,
+    with_default_logdir,
+)
+from runtime.commands.plan_validation import validate
+from runtime.config import ConfigError, TrainConfig, apply_plan
+from runtime.config import validate as validate_config
+from runtime.planning import best_plan, rank_plans
 
-LOCAL_PRESET = "cpu-2core"  # shipped measurement of the machine type this project is developed on
 DEFAULT_GLOBAL_BATCH = 32
-
-
-def validate_flags(flags: list[str], world: int) -> str | None:
-    """The engine's own flag validation: a plan is valid iff run.py would accept it."""
-    try:
-        config_from_args(build_parser().parse_args(flags), world_size=world)
-    except ConfigError as e:
-        return str(e)
-    return None
-
-
-def resolve_cluster(name: str | None) -> Cluster:
-    if name:
-        return load_cluster(name)
-    if DEFAULT_OUT.exists():
-        return load_cluster(str(DEFAULT_OUT))
-    return load_cluster(LOCAL_PRESET)
-
-
-def model_flags(model: str, seq_len: int | None, extra: list[str] | None = None) -> list[str]:
-    return ["--model", model, *(["--seq-len", str(seq_len)] if seq_len else []), *(extra or [])]
-
-
-def run_planner(*, world: int, model_args: list[str], global_batch_size: int, cluster: Cluster,
-                precisions: tuple[str, ...]) -> list[Estimate]:
-    cfg = config_from_args(build_parser().parse_args(model_args), world_size=1).model
-    return plan(cfg, world=world, global_batch_size=global_batch_size, cluster=cluster, validate=validate_flags,
-                model_flags=model_args, precisions=precisions)
 
 
 def format_table(estimates: list[Estimate], top: int) -> str:
@@ -71,7 +54,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH, help="samples per optimizer step")
     p.add_argument("--cluster", help=f"cluster JSON or preset ({', '.join(preset_names())}); default: the file "
-                                     f"`run.py calibrate` wrote ({DEFAULT_OUT}) if any, else {LOCAL_PRESET}")
+                                     f"`run.py calibrate` wrote ({CALIBRATED}) if any, else {LOCAL_PRESET}")
     p.add_argument("--precisions", default="fp32,bf16,fp16", help="comma-separated precisions to consider")
     p.add_argument("--top", type=int, default=15, help="rows of the ranked table")
     p.add_argument("--out", default="plan.json", help="where to write every plan with its estimate")
@@ -93,11 +76,9 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     if args.validate:
-        from runtime.commands.plan_validation import validate
-
         return validate(world=args.world, cluster=cluster, precisions=precisions, out=args.out)
-    estimates = run_planner(world=args.world, model_args=model_flags(args.model, args.seq_len),
-                            global_batch_size=args.global_batch_size, cluster=cluster, precisions=precisions)
+    estimates = rank_plans(default_config(named_model(args.model, args.seq_len)), world=args.world,
+                           global_batch_size=args.global_batch_size, cluster=cluster, precisions=precisions)
     print(f"cluster: {cluster.name} ({cluster.source or 'preset'})")
     print(format_table(estimates, args.top))
     with open(args.out, "w") as f:
@@ -107,25 +88,24 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def auto_flags(argv: list[str], *, world: int) -> tuple[list[str], Estimate]:
-    """The planner's best plan for ``argv``'s model on this machine, as run.py flags to append.
+def auto_config(args: argparse.Namespace, argv: list[str], *, world: int) -> tuple[TrainConfig, Estimate]:
+    """``--auto``: the run ``args`` describe, trained with the planner's best plan for ``world`` ranks on
+    this machine (pure computation, the same on every rank).
 
     Mesh, schedule, virtual stages, micro-batching and activation checkpointing are chosen; the
     precision too unless --precision is given. The global batch is --global-batch-size, else 32.
     """
-    chosen = ("--dp", "--pp", "--mp", "--schedule", "--stages-per-rank", "--microbatches", "--micro-batch-size",
-              "--activation-checkpointing")
-    clashes = [a.split("=")[0] for a in argv if a.split("=")[0] in chosen]
+    given = explicit_flags(argv)
+    clashes = [flag for flag in AUTO_CHOSEN if flag in given]
     if clashes:
-        raise ConfigError(f"--auto chooses {', '.join(chosen)}; drop {', '.join(clashes)} or drop --auto")
-    args = build_parser().parse_args(argv)
+        raise ConfigError(f"--auto chooses {', '.join(AUTO_CHOSEN)}; drop {', '.join(clashes)} or drop --auto")
     gbs = args.global_batch_size or DEFAULT_GLOBAL_BATCH
-    precisions = (args.precision,) if "--precision" in argv else ("fp32", "bf16", "fp16")
-    cluster = resolve_cluster(None)
-    estimates = run_planner(world=world, model_args=[*argv, "--global-batch-size", str(gbs)],
-                            global_batch_size=gbs, cluster=cluster, precisions=precisions)
-    if not estimates or not estimates[0].feasible:
-        raise ConfigError(f"--auto found no feasible plan for {world} ranks "
-                          f"({estimates[0].reason if estimates else 'no candidates'})")
-    best = estimates[0]
-    return [*best.candidate.flags(), "--global-batch-size", str(gbs)], best
+    # The batch flags are the plan's to choose; the rest of the run is as given.
+    base = build_config(argparse.Namespace(**{**vars(args), "global_batch_size": None}))
+    precisions = (args.precision,) if "--precision" in given else tuple(PRECISIONS)
+    best = best_plan(base, world=world, global_batch_size=gbs, cluster=resolve_cluster(None), precisions=precisions)
+    cfg = apply_plan(base, best.candidate)
+    if not args.logdir:
+        cfg = with_default_logdir(cfg)
+    validate_config(cfg, world_size=world)
+    return cfg, best

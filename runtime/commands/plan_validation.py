@@ -14,8 +14,9 @@ import tempfile
 from pathlib import Path
 
 from compiler.planner.cluster import Cluster
-from runtime.commands.plan import model_flags, run_planner
+from runtime.commands.flags import default_config, model_flags, named_model
 from runtime.commands.launch import RunSpec, execute
+from runtime.planning import rank_plans
 
 MODELS = (("tiny", None, 16), ("small", 128, 8))  # (model, seq-len override, global batch)
 RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-every", "0",
@@ -63,9 +64,9 @@ def validate(*, world: int, cluster: Cluster, precisions: tuple[str, ...], out: 
     all_rows = []
     with tempfile.TemporaryDirectory() as work:
         for model, seq_len, gbs in MODELS:
-            args = model_flags(model, seq_len)
-            estimates = run_planner(world=world, model_args=args, global_batch_size=gbs, cluster=cluster,
-                                    precisions=precisions)
+            shape = named_model(model, seq_len)
+            estimates = rank_plans(default_config(shape), world=world, global_batch_size=gbs, cluster=cluster,
+                                   precisions=precisions)
             best_per_mesh = {}
             for e in estimates:
                 mesh = (e.candidate.dp, e.candidate.pp, e.candidate.mp)
@@ -73,7 +74,8 @@ def validate(*, world: int, cluster: Cluster, precisions: tuple[str, ...], out: 
                     best_per_mesh[mesh] = e
             rows = []
             for mesh, e in best_per_mesh.items():
-                spec = RunSpec(f"{model}_{'x'.join(map(str, mesh))}", world, [*args, *e.candidate.flags(), *RUN_FLAGS])
+                spec = RunSpec(f"{model}_{'x'.join(map(str, mesh))}", world,
+                               [*model_flags(shape), *e.candidate.flags(), *RUN_FLAGS])
                 result = execute(spec, Path(work), timeout=900)
                 measured = result.summary["step_time_s"] if result.ok else None
                 rows.append({"model": model, "plan": e.candidate.describe(), "predicted_s": e.step_time,

@@ -23,10 +23,6 @@ class LaunchEnv:
     local_rank: int
     local_world_size: int
 
-    @property
-    def launched_by_torchrun(self) -> bool:
-        return "TORCHELASTIC_RUN_ID" in os.environ or "RANK" in os.environ
-
     @staticmethod
     def from_environ() -> "LaunchEnv":
         world = int(os.environ.get("WORLD_SIZE", 1))

@@ -20,13 +20,11 @@ from einops import rearrange
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler, _GeneralMultiDeviceReplicator
 from torch.distributed.tensor import DTensor
 
-AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+from compiler.precisions import PRECISIONS
 
 
 def autocast(device_type: str, precision: str) -> contextlib.AbstractContextManager:
-    if precision in AUTOCAST_DTYPES:
-        return torch.autocast(device_type, dtype=AUTOCAST_DTYPES[precision])
-    return contextlib.nullcontext()
+    return PRECISIONS[precision].autocast(device_type)
 
 
 class LocalShardGradScaler(ShardedGradScaler):
@@ -60,8 +58,9 @@ class LocalShardGradScaler(ShardedGradScaler):
 
 
 def build_grad_scaler(precision: str, device_type: str) -> ShardedGradScaler:
-    """Enabled only for fp16. Its process group is the world: the found-inf vote spans every rank."""
-    return LocalShardGradScaler(device=device_type, enabled=precision == "fp16")
+    """Enabled where the precision needs loss scaling (fp16). Its process group is the world: the found-inf
+    vote spans every rank."""
+    return LocalShardGradScaler(device=device_type, enabled=PRECISIONS[precision].loss_scaling)
 
 
 def ensure_scale_initialised(scaler: ShardedGradScaler, device: torch.device) -> None:

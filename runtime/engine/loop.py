@@ -6,25 +6,16 @@ from __future__ import annotations
 
 import time
 
-import torch
-import torch.distributed as dist
-
 from runtime.checkpoint.state import Checkpointer
 from runtime.config import DataConfig, MetricsConfig, OptimConfig
-from runtime.engine.data import DataSources, inputs_and_targets
 from runtime.device import peak_memory_bytes
+from runtime.distributed.collectives import max_over_ranks
+from runtime.engine.data import DataSources, inputs_and_targets
 from runtime.engine.guards import DivergenceGuard
+from runtime.engine.step import StepContext, evaluate, timed, train_step
 from runtime.observe.memory import live_tensor_bytes, peak_growth_during, step_state_tensors
 from runtime.observe.metrics import MetricsLogger, Throughput, progress_line
 from runtime.observe.profiling import Profiler
-from runtime.engine.step import AfterBackwardHook, StepContext, evaluate, timed, train_step
-
-
-def max_over_ranks(value: int, device: torch.device) -> int:
-    t = torch.tensor([value], dtype=torch.int64, device=device)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t)
 
 
 def training_loop(
@@ -41,7 +32,6 @@ def training_loop(
     guard: DivergenceGuard,
     start_step: int = 0,
     checkpointer: Checkpointer | None = None,
-    after_backward: AfterBackwardHook | None = None,
     profiler: Profiler | None = None,
 ) -> dict:
     def batch(source, step):
@@ -60,7 +50,7 @@ def training_loop(
         profiling = profiler is not None and profiler.wants(step)
         if profiling:
             profiler.begin()
-        run_step = lambda: train_step(ctx, inputs, targets, step=step, after_backward=after_backward)  # noqa: E731
+        run_step = lambda: train_step(ctx, inputs, targets)  # noqa: E731
         if step == memory_step:
             live = live_tensor_bytes([*step_state_tensors(ctx.stages.parameters(), ctx.optimizer), inputs, targets])
             (stats, step_time), growth = peak_growth_during(lambda: timed(run_step, ctx.device), ctx.device)

@@ -1,4 +1,4 @@
-"""One training step and the training loop.
+"""One training step, and validation through the same pipeline.
 
 A step on every rank: run the pipeline schedule on this replica's micro-batches (under autocast),
 unscale fp16 gradients (world-wide found-inf vote), one world all-reduce of [grad-norm^2, loss],
@@ -18,14 +18,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+from compiler.parallelize.stages import LocalStages
+from runtime.device import synchronize
 from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value
 from runtime.engine.grad_clip import clip_grads_, local_grad_sq_norm
 from runtime.observe.profiling import StepRecorder
-from compiler.parallelize.stages import LocalStages
-
-# Called after backward, before unscale/step: (step, StepContext) -> None. Tests use it to inspect
-# gradients and inject faults.
-AfterBackwardHook = Callable[[int, "StepContext"], None]
 
 
 @dataclass(frozen=True)
@@ -69,13 +66,10 @@ def run_schedule(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, 
     return losses
 
 
-def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *, step: int,
-               after_backward: AfterBackwardHook | None = None) -> StepStats:
+def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor) -> StepStats:
     scale = ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0
     lr = ctx.optimizer.param_groups[0]["lr"]
-    losses = run_schedule(ctx, inputs, targets, train=True)
-    if after_backward is not None:
-        after_backward(step, ctx)
+    losses = run_schedule(ctx, inputs, targets, train=True)  # forward and backward of every micro-batch
 
     with ctx.recorder.span("optimizer", "optimizer") if ctx.recorder else contextlib.nullcontext():
         stats = _optimizer_step(ctx, losses, scale=scale, lr=lr)
@@ -123,14 +117,8 @@ def evaluate(ctx: StepContext, batches: list[tuple[torch.Tensor, torch.Tensor]])
 
 
 def timed(fn: Callable[[], StepStats], device: torch.device) -> tuple[StepStats, float]:
-    from runtime.device import synchronize
-
     synchronize(device)
     start = time.perf_counter()
     result = fn()
     synchronize(device)
     return result, time.perf_counter() - start
-
-
-def is_finite(x: float) -> bool:
-    return math.isfinite(x)

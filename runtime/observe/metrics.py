@@ -14,6 +14,14 @@ SCALAR_TAGS = (
 )
 
 
+WARMUP_STEPS = 3  # tracing caches, allocator and p2p warm-up: not steady-state steps
+
+
+def steady_step_times(step_times: list[float]) -> list[float]:
+    """The step times after warm-up (up to ``WARMUP_STEPS``, never more than half of a short run)."""
+    return step_times[min(WARMUP_STEPS, len(step_times) // 2):]
+
+
 @dataclass
 class Throughput:
     """Per-step wall times; summary figures use the median after warm-up steps."""
@@ -34,9 +42,8 @@ class Throughput:
         return self.tokens_per_sec(step_time) * self.flops_per_token / self.peak_flops
 
     def steady_step_time(self) -> float:
-        """Median step time, skipping the first steps (tracing caches, allocator and p2p warm-up)."""
-        skip = min(3, len(self.step_times) // 2)
-        return statistics.median(self.step_times[skip:])
+        """Median step time after warm-up."""
+        return statistics.median(steady_step_times(self.step_times))
 
 
 class MetricsLogger:

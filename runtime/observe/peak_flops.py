@@ -1,11 +1,6 @@
-"""Model FLOPs per token and the peak FLOP/s that MFU divides by.
+"""The peak FLOP/s that MFU divides by, measured on this machine (or given with --peak-tflops).
 
-Training FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B; the same count as Megatron-LM's
-Narayanan et al. 2021, sec. 5.1, without recomputation): 6 * N + 12 * L * T * d, where N is the
-number of parameters that take part in matrix products (blocks and LM head, not the embedding
-lookups), L the layers, T the sequence length and d the width. The second term is attention:
-Q K^T and attention x V, forward and backward. Activation recomputation is not counted: MFU
-measures useful model work, not work done.
+The numerator, model FLOPs per token, is counted in compiler/flops.py.
 """
 
 from __future__ import annotations
@@ -16,17 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from models.gpt import GPTConfig
-
-
-def matmul_params(cfg: GPTConfig) -> int:
-    d, f, V = cfg.d_model, cfg.mlp_width, cfg.vocab_size
-    block = 4 * (d * d + d) + (d * f + f) + (f * d + d) + 4 * d  # attention, MLP, two layer norms
-    return cfg.n_layers * block + 2 * d + d * V  # + final norm + head
-
-
-def training_flops_per_token(cfg: GPTConfig) -> float:
-    return 6.0 * matmul_params(cfg) + 12.0 * cfg.n_layers * cfg.seq_len * cfg.d_model
+from runtime.device import synchronize
 
 
 def measure_matmul_flops(dtype: torch.dtype, device: torch.device, *, size: int = 512, seconds: float = 0.3) -> float:
@@ -38,21 +23,15 @@ def measure_matmul_flops(dtype: torch.dtype, device: torch.device, *, size: int 
     x = torch.randn(size, size, device=device).to(dtype)
     w = torch.randn(size, size, device=device).to(dtype)
     F.linear(x, w)  # warm-up: kernel selection, first-touch of memory
-    _sync(device)
+    synchronize(device)
     n, start = 0, time.perf_counter()
     while True:
         F.linear(x, w)
         n += 1
-        _sync(device)
+        synchronize(device)
         elapsed = time.perf_counter() - start
         if elapsed >= seconds:
             return 2.0 * size**3 * n / elapsed
-
-
-def _sync(device: torch.device) -> None:
-    from runtime.device import synchronize
-
-    synchronize(device)
 
 
 CALIBRATION_SIZES = (256, 512, 1024)

@@ -5,28 +5,19 @@ from __future__ import annotations
 import json
 import os
 
-import torch.distributed as dist
-
-from runtime.distributed.mesh import GridLayout
-from runtime.observe.png import write_png
-from runtime.observe.metrics import MetricsLogger
-from runtime.observe.profiling import CATEGORIES, StepProfile
 from compiler.schedules import bubble_fraction
+from runtime.distributed.collectives import all_gather_objects
+from runtime.distributed.mesh import GridLayout
+from runtime.observe.metrics import MetricsLogger
+from runtime.observe.png import write_png
+from runtime.observe.profiling import CATEGORIES, StepProfile
 from runtime.observe.timeline import chrome_trace, render_gantt, time_split
-
-
-def _gather(profiles: list[StepProfile]) -> list[list[StepProfile]]:
-    if not dist.is_initialized():
-        return [profiles]
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, profiles)
-    return gathered
 
 
 def profile_report(profiles: list[StepProfile], *, layout: GridLayout, schedule: str, microbatches: int,
                    stages_per_rank: int, logger: MetricsLogger) -> dict:
     """Collective: every rank calls it. The logging rank writes time_split.json, timeline.json and images."""
-    per_rank = _gather(profiles)
+    per_rank = all_gather_objects(profiles)
     splits = []
     for rank, steps in enumerate(per_rank):
         step_splits = [time_split(p) for p in steps]

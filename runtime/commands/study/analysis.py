@@ -7,18 +7,18 @@ import statistics
 from typing import Callable
 
 from compiler.partition import stage_costs_with_ends
-from runtime.distributed.cpu_binding import assign_cores
-from runtime.observe.profiling import CATEGORIES
 from compiler.schedules import bubble_fraction, ideal_speedup_over_naive
+from runtime.distributed.cpu_binding import assign_cores
+from runtime.observe.metrics import steady_step_times
+from runtime.observe.profiling import CATEGORIES
 
 COMM = ("pp_send_recv", "tp_comm", "dp_comm")
 COMPUTE = ("forward", "backward")
 
 
 def steady_times(summary: dict) -> list[float]:
-    """Step times after warm-up, by the same rule as the engine's summary (skip up to 3 first steps)."""
-    times = summary.get("step_times") or [summary["step_time_s"]]
-    return times[min(3, len(times) // 2):]
+    """Step times after warm-up, by the same rule as the engine's summary."""
+    return steady_step_times(summary.get("step_times") or [summary["step_time_s"]])
 
 
 def pooled_samples_per_sec(runs: list[dict]) -> float | None:

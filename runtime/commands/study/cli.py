@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from compiler.cost import measure_layer_times
-from runtime.config import HelpFormatter
-from runtime.device import device_description, has_gpu, select_device
-from runtime.commands.study import analysis, plan, report
+from runtime.commands.flags import HelpFormatter
 from runtime.commands.launch import RunResult, RunSpec, execute
+from runtime.commands.study import analysis, plan, report
 from runtime.commands.study.memory_search import search_max_batch
+from runtime.device import device_description, has_accelerator, select_device
+from runtime.observe.layer_timing import measure_layer_times
 
 SECTIONS = ("throughput", "memory", "scaling", "overhead", "split")
 
@@ -182,7 +182,7 @@ def _split_layer_seconds(settings: plan.StudySettings) -> list[float]:
 
 def _memory_section(settings, budget_gb: float, out: Path, run) -> dict:
     budget = budget_gb * 1024**3
-    search, peaks = {}, {}
+    search = {}
     for precision in plan.PRECISIONS:  # fp32 first
         trials = []
         # fp16 and bf16 need less memory per sample: their search starts at the fp32 maximum, which saves
@@ -211,7 +211,7 @@ def _memory_section(settings, budget_gb: float, out: Path, run) -> dict:
             return None
         return [low["max_micro_batch"] / high["first_failing"], low["first_failing"] / high["max_micro_batch"]]
 
-    is_cuda = has_gpu()
+    is_cuda = has_accelerator()
     method = (
         f"Per-rank budget {budget_gb:.3f} GB of tensor memory. Each trial is a real 2-step training run (pp=2 on "
         f"2 ranks, 1F1B, 2 micro-batches, model {vars(settings.memory_model)}, `--profile-memory`); the micro-batch "

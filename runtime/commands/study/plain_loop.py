@@ -17,12 +17,13 @@ import time
 import torch
 import torch.nn.functional as F
 
+from compiler.precisions import PRECISIONS
 from models.gpt import GPT2_MLP_RATIO, GPTConfig, build_gpt
-from runtime.engine.amp import AUTOCAST_DTYPES, autocast
-from runtime.engine.data import SyntheticBatches, inputs_and_targets
 from runtime.device import configure_cpu_threads, peak_memory_bytes, select_device, synchronize
-from runtime.observe.metrics import Throughput
+from runtime.engine.amp import autocast
+from runtime.engine.data import SyntheticBatches, inputs_and_targets
 from runtime.engine.optim import build_lr_schedule, build_optimizer
+from runtime.observe.metrics import Throughput
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> dict:
     for flag, default in (("layers", 16), ("d-model", 384), ("heads", 8), ("seq-len", 128), ("vocab-size", 256),
                           ("micro-batch-size", 4), ("microbatches", 8), ("steps", 6), ("seed", 1234)):
         p.add_argument(f"--{flag}", type=int, default=default)
-    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32")
     p.add_argument("--lr", type=float, default=1e-3)
     args = p.parse_args(argv)
 
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     model = build_gpt(cfg, seed=args.seed, device=device)
     optimizer = build_optimizer(list(model.parameters()), lr=args.lr, weight_decay=0.1)
     schedule = build_lr_schedule(optimizer, warmup_steps=1, total_steps=args.steps)
-    scaler = torch.amp.GradScaler(device.type, enabled=args.precision == "fp16")
+    scaler = torch.amp.GradScaler(device.type, enabled=PRECISIONS[args.precision].loss_scaling)
     batch = args.micro_batch_size * args.microbatches
     data = SyntheticBatches(vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, global_batch_size=batch, seed=args.seed)
     throughput = Throughput(batch, cfg.seq_len, 0.0, 1.0)
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> dict:
     steady = throughput.steady_step_time()
     result = {"step_times": throughput.step_times, "step_time_s": steady, "samples_per_sec": throughput.samples_per_sec(steady),
               "tokens_per_sec": throughput.tokens_per_sec(steady), "peak_bytes": peak_memory_bytes(device),
-              "precision": args.precision, "dtype": str(AUTOCAST_DTYPES.get(args.precision, torch.float32))}
+              "precision": args.precision, "dtype": str(PRECISIONS[args.precision].dtype)}
     print(json.dumps(result))
     return result
 

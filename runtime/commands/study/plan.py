@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.precisions import PRECISIONS as PRECISION_REGISTRY
 from models.gpt import GPT2_MLP_RATIO, GPTConfig
+from runtime.commands.flags import model_flags
 from runtime.commands.launch import RunSpec
 
 # Schedules of the throughput section: (label, --schedule, virtual stages v).
@@ -15,7 +17,7 @@ THROUGHPUT_SCHEDULES = (
 )
 # Meshes of the throughput section: (group, dp, pp, mp).
 THROUGHPUT_MESHES = (("pp=2", 1, 2, 1), ("pp=4", 1, 4, 1), ("3D 2x2x2", 2, 2, 2))
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = tuple(PRECISION_REGISTRY)  # fp32 first: the batch search compares against it
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,7 @@ class ModelShape:
     vocab_size: int = 256
 
     def flags(self) -> list[str]:
-        return ["--layers", str(self.layers), "--d-model", str(self.d_model), "--heads", str(self.heads),
-                "--seq-len", str(self.seq_len), "--vocab-size", str(self.vocab_size)]
+        return model_flags(self.gpt_config())
 
     def gpt_config(self) -> GPTConfig:
         """The model run.py builds from ``flags()`` (no --mlp-width: GPT-2's width)."""

@@ -1,0 +1,229 @@
+"""``torchrun run.py --dp D --pp P --mp M ...``: train a GPT on a (dp, pp, mp) mesh.
+
+Reading order is run order: flags -> validation -> process group -> mesh -> model -> stages
+(partition, trace, TP, AC, FSDP) -> schedule -> resume from a checkpoint -> training loop -> metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from compiler.flops import training_flops_per_token
+from compiler.parallelize.stages import build_local_stages
+from compiler.precisions import PRECISIONS
+from compiler.schedules import build_schedule
+from compiler.stage_plan import StagePlan, plan_stages
+from models.gpt import build_gpt
+from runtime.checkpoint.files import CheckpointError, StartPoint, resolve_start
+from runtime.checkpoint.state import Checkpointer, TrainState, init_optimizer_state, load_checkpoint
+from runtime.checkpoint.weights import load_init_weights, read_init_weights
+from runtime.commands.flags import build_parser, config_from_args
+from runtime.commands.plan import auto_config
+from runtime.config import ConfigError, TrainConfig
+from runtime.device import configure_cpu_threads, device_description, select_device
+from runtime.distributed.collectives import broadcast_object
+from runtime.distributed.cpu_binding import bind_node_ranks
+from runtime.distributed.mesh import GridLayout, build_mesh
+from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
+from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
+from runtime.engine.data import DataError, DataSources, build_data, replica_rows
+from runtime.engine.guards import DivergenceError, DivergenceGuard
+from runtime.engine.loop import training_loop
+from runtime.engine.optim import build_lr_schedule, build_optimizer
+from runtime.engine.step import StepContext
+from runtime.observe.layer_timing import measure_layer_times
+from runtime.observe.metrics import MetricsLogger, Throughput
+from runtime.observe.peak_flops import calibrate_world_peak_flops
+from runtime.observe.profile_report import profile_report
+from runtime.observe.profiling import Profiler, profiled_steps
+
+InputError = (ConfigError, DataError, CheckpointError)  # bad input: one error line, exit 2
+
+
+def main(argv: list[str]) -> int:
+    env = LaunchEnv.from_environ()
+
+    # 1. Flags, data and checkpoints are checked on every rank before any process group exists, so
+    #    bad input ends every rank at once with the same one-line error (printed by rank 0).
+    try:
+        cfg, data, start = check_inputs(argv, env)
+    except InputError as e:
+        if env.rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        else:
+            # torchrun stops every rank once one exits: give rank 0 (slower to get here on a loaded machine)
+            # time to print the message before this rank's exit tears the job down. Bounded; rank 0's exit
+            # ends this wait early.
+            time.sleep(20)
+        return 2
+    if env.rank == 0:
+        for note in start.notes:
+            print(note, file=sys.stderr if note.startswith("warning") else sys.stdout, flush=True)
+    if start.resume and start.resume.step >= cfg.optim.last_step:
+        if env.rank == 0:
+            print(f"nothing to train: {start.resume.path} is at step {start.resume.step}, this run ends at step "
+                  f"{cfg.optim.last_step}", flush=True)
+        return 0
+
+    # 2. Device and process group.
+    device = select_device(env.local_rank)
+    if device.type == "cpu":
+        configure_cpu_threads(env.local_world_size)
+    init_distributed(env, device)
+    try:
+        train(cfg, data, start, env=env, device=device)
+    except (CheckpointError, DivergenceError) as e:
+        # Raised on every rank at the same point (the guard and checkpoint code agree across ranks).
+        if env.rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        shutdown_distributed()
+    return 0
+
+
+def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSources, StartPoint]:
+    """Everything that can be wrong with the user's input, checked without a process group.
+    Raises one of ``InputError`` with a one-line message naming the flag and the valid values."""
+    args = build_parser().parse_args(argv)
+    if args.auto:
+        cfg, best = auto_config(args, argv, world=env.world_size)
+        if env.rank == 0:
+            print(f"auto plan: {best.candidate.describe()} (predicted {best.step_time:.3f} s/step, "
+                  f"{best.memory_per_rank / 2**30:.2f} GiB/rank)", flush=True)
+    else:
+        cfg = config_from_args(args, world_size=env.world_size)
+    data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
+                      global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
+    start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
+    if start.init_from:
+        read_init_weights(start.init_from, cfg.model)
+    return cfg, data, start
+
+
+def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: LaunchEnv, device: torch.device) -> dict:
+    torch.manual_seed(cfg.seed)
+    # 3. Mesh.
+    layout = GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp)
+    mesh = build_mesh(device.type, layout)
+    dp_rank, pp_rank, mp_rank = layout.coordinates(env.rank)
+    if env.rank == 0:
+        print(layout.describe(), flush=True)
+
+    # 4. Model, compiled into this rank's stages: cost-balanced split, trace, TP, AC, FSDP.
+    # Rank 0 decides and broadcasts: measured layer times differ between ranks, and every rank must
+    # cut the model at the same places.
+    plan = broadcast_object(_stage_plan(cfg, device) if env.rank == 0 else None)
+    if env.rank == 0:
+        print(plan.describe(), flush=True)
+    bound_cores = _bind_cores(cfg.pipeline.bind_cores, plan.stage_costs, layout, env, device)
+    model = build_gpt(cfg.model, seed=cfg.seed, device=device)
+    if start.init_from:
+        load_init_weights(model, start.init_from, cfg.model)
+    example = torch.zeros(cfg.pipeline.micro_batch_size, cfg.model.seq_len, dtype=torch.long, device=device)
+    stages = build_local_stages(model, blocks_per_stage=plan.blocks_per_stage, example_microbatch=example,
+                                mesh=mesh, device=device, activation_checkpointing=cfg.activation_checkpointing)
+    del model  # every rank keeps only its own stages
+
+    # 5. Schedule, mixed precision, optimizer.
+    scaler = build_grad_scaler(cfg.precision, device.type)
+    schedule = build_schedule(cfg.pipeline.schedule, stages.stages, n_microbatches=cfg.pipeline.microbatches,
+                              loss_fn=scaled_cross_entropy(scaler, microbatches=cfg.pipeline.microbatches))
+    optimizer = build_optimizer(stages.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    lr_schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
+    profiler = (Profiler(rank=env.rank, stages=stages.stages, schedule=schedule,
+                         steps=profiled_steps(cfg.optim.last_step)) if cfg.metrics.profile else None)
+    ctx = StepContext(
+        schedule=schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
+        device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
+        loss_copies=cfg.mesh.dp * cfg.mesh.mp, plane_size=cfg.mesh.dp * cfg.mesh.mp,
+        recorder=profiler.recorder if profiler else None,
+    )
+
+    # 6. Resume: every tensor is keyed by its original parameter name, so DCP reshards the saved
+    #    (dp, pp, mp) layout onto this one.
+    logging_rank = layout.rank(0, cfg.mesh.pp - 1, 0)
+    init_optimizer_state(optimizer)
+    guard = DivergenceGuard(cfg.guard.max_bad_steps, cfg.guard.min_loss_scale, loss_scaling=scaler.is_enabled())
+    state = TrainState(stages, optimizer, lr_schedule, scaler, guard, config=cfg.to_dict())
+    start_step = load_checkpoint(state, start.resume) if start.resume else 0
+    checkpointer = (Checkpointer(Path(cfg.checkpoint.dir), cfg.checkpoint.every, cfg.checkpoint.keep, state,
+                                 verbose=env.rank == logging_rank) if cfg.checkpoint.dir else None)
+
+    # 7. Metrics, from the last pipeline stage of replica 0, mp rank 0.
+    logger = MetricsLogger(cfg.metrics.logdir, enabled=env.rank == logging_rank)
+    peak_flops, peak_source = _peak_flops(cfg, device, env.world_size)
+    throughput = Throughput(cfg.global_batch_size, cfg.model.seq_len, training_flops_per_token(cfg.model), peak_flops)
+    if env.rank == logging_rank:
+        print(f"data: {data.description}\nlogdir: {cfg.metrics.logdir}\n"
+              f"MFU peak: {peak_flops / 1e12:.4f} TFLOP/s for the world ({peak_source})", flush=True)
+    logger.text("config", "```\n" + json.dumps(cfg.to_dict(), indent=2) + "\n```")
+    logger.text("stage_plan", "```\n" + plan.describe() + "\n```")
+
+    # 8. Train.
+    try:
+        summary = training_loop(
+            ctx, data=data, replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
+            optim=cfg.optim, data_cfg=cfg.data, metrics_cfg=cfg.metrics, throughput=throughput, logger=logger,
+            is_logging_rank=env.rank == logging_rank, guard=guard, start_step=start_step, checkpointer=checkpointer,
+            profiler=profiler,
+        )
+    except (CheckpointError, DivergenceError):
+        logger.close()  # keep the scalars logged up to the failure
+        raise
+    if profiler:
+        profiler.close()
+        summary["profile"] = profile_report(
+            profiler.profiles, layout=layout, schedule=cfg.pipeline.schedule, microbatches=cfg.pipeline.microbatches,
+            stages_per_rank=cfg.pipeline.stages_per_rank, logger=logger)
+    summary.update(config=cfg.to_dict(), peak_flops=peak_flops, peak_flops_source=peak_source,
+                   device=device_description(device), blocks_per_stage=plan.blocks_per_stage,
+                   stage_costs=plan.stage_costs, stage_cost_unit=plan.unit, bound_cores=bound_cores,
+                   world_size=env.world_size)
+    logger.write_json("summary.json", summary)
+    logger.close()
+    return summary
+
+
+def _stage_plan(cfg: TrainConfig, device: torch.device) -> StagePlan:
+    """Blocks per stage: ``--split auto`` balances counted FLOPs, or with ``--split-cost time`` layer times
+    measured here."""
+    layer_seconds = None
+    if cfg.pipeline.split_cost == "time":
+        layers = measure_layer_times(cfg.model, micro_batch_size=cfg.pipeline.micro_batch_size,
+                                     precision=cfg.precision, device=device)
+        layer_seconds = [c.seconds for c in layers]
+    return plan_stages(cfg.model, n_stages=cfg.mesh.pp * cfg.pipeline.stages_per_rank,
+                       micro_batch_size=cfg.pipeline.micro_batch_size, split=cfg.pipeline.split,
+                       precision=cfg.precision, mp=cfg.mesh.mp, layer_seconds=layer_seconds)
+
+
+def _bind_cores(mode: str, stage_costs: list[float], layout: GridLayout, env: LaunchEnv,
+                device: torch.device) -> dict[int, int] | None:
+    """--bind-cores cost: pin this rank to a core chosen by its stages' work (runtime/distributed/cpu_binding.py)."""
+    if mode == "none":
+        return None
+    if device.type != "cpu":
+        if env.rank == 0:
+            print(f"--bind-cores {mode}: ignored on {device.type} (every rank has its own device)", flush=True)
+        return None
+    bound = bind_node_ranks(stage_costs, [layout.coordinates(r) for r in range(env.world_size)], pp=layout.pp,
+                            mp=layout.mp, rank=env.rank, local_rank=env.local_rank,
+                            local_world_size=env.local_world_size)
+    if env.rank == 0:
+        print("--bind-cores cost: " + ("not supported on this OS; ranks left to the scheduler" if bound is None else
+              "rank -> core " + ", ".join(f"{r}->{c}" for r, c in bound.items())), flush=True)
+    return bound
+
+
+def _peak_flops(cfg: TrainConfig, device: torch.device, world_size: int) -> tuple[float, str]:
+    if cfg.metrics.peak_tflops:
+        return cfg.metrics.peak_tflops * 1e12 * world_size, f"--peak-tflops {cfg.metrics.peak_tflops} per rank"
+    dtype = PRECISIONS[cfg.precision].dtype
+    peak = calibrate_world_peak_flops(dtype, device)
+    return peak, f"measured: concurrent {str(dtype).removeprefix('torch.')} matmul calibration on all ranks"

@@ -1,0 +1,42 @@
+"""Small agreements between ranks, over the default (world) process group: every rank calls them at the
+same point. Each works in a lone process without a process group too."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def all_gather_objects(obj) -> list:
+    """Every rank's ``obj``, in rank order."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def gather_lists(items: list) -> list:
+    """The concatenation of every rank's list, in rank order."""
+    return [x for part in all_gather_objects(items) for x in part]
+
+
+def gather_dicts(items: dict) -> dict:
+    """The union of every rank's dict."""
+    return {k: v for part in all_gather_objects(items) for k, v in part.items()}
+
+
+def broadcast_object(obj, src: int = 0):
+    """``src``'s ``obj`` on every rank."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def max_over_ranks(value: int, device: torch.device) -> int:
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)

@@ -1,0 +1,151 @@
+"""The house rules, checked: imports go down only (models <- compiler <- runtime <- commands <- run.py),
+no import cycles, small modules, a short README whose code-layout section matches the tree."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("models", "compiler", "runtime")
+MAX_MODULE_LINES = 400
+MAX_README_LINES = 300
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _our_modules() -> dict[str, Path]:
+    files = [ROOT / "run.py", *(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))]
+    return {_module_name(p): p for p in files}
+
+
+def layer(module: str) -> int:
+    """models 0 < compiler 1 < runtime (the engine) 2 < runtime.commands 3 < run 4."""
+    if module == "run":
+        return 4
+    if module == "runtime.commands" or module.startswith("runtime.commands."):
+        return 3
+    return {"models": 0, "compiler": 1, "runtime": 2}[module.split(".")[0]]
+
+
+def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every module of ours that ``path`` imports, at module level or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            # ``from pkg import mod`` imports the submodule; ``from mod import name`` the module itself.
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            # ``import a.b.c`` loads a, a.b and a.b.c; the deepest of ours is what the code uses.
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _our_modules()
+    return {name: imports_of(path, modules) - {name} for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_imports_only_go_down_the_layers():
+    upward = [f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})"
+              for a, targets in import_graph().items() for b in sorted(targets) if layer(b) > layer(a)]
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_checks_see_imports_inside_functions_and_cycles(tmp_path):
+    # The walker must find function-level imports (the usual way to hide a cycle) ...
+    source = tmp_path / "probe.py"
+    source.write_text("def f():\n    from runtime.engine import step\n    import compiler.partition\n")
+    modules = _our_modules()
+    assert imports_of(source, modules) == {"runtime.engine.step", "compiler.partition"}
+    # ... and the cycle finder must report a cycle when there is one.
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert layer("runtime.commands.study.cli") > layer("runtime.engine.step") > layer("compiler.cost") > layer("models.gpt")
+
+
+def test_modules_stay_small():
+    big = {name: n for name, path in _our_modules().items() if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not big, f"modules over {MAX_MODULE_LINES} lines: {big}"
+
+
+def test_readme_is_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= MAX_README_LINES
+
+
+def _layout_block() -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Code layout", 1)[1]
+    return section.split("```", 2)[1]
+
+
+def test_readme_code_layout_matches_the_tree():
+    """Every folder and file the layout names exists, and every package and module of ours is named."""
+    block = _layout_block()
+    named = set(re.findall(r"[\w./-]+\.(?:py|json|md)|[\w/]+/", block))
+    folder = None
+    listed: set[str] = set()
+    for line in block.splitlines():
+        head = re.match(r"^([\w/]+/)\s", line + " ")
+        if head and not line.startswith(" "):
+            folder = head.group(1)
+        for token in re.findall(r"[\w./*-]+", line):
+            if token.endswith((".py", ".json", ".md")) or token.endswith("/"):
+                listed.add(token if token.startswith(("models/", "compiler/", "runtime/", "tests/")) or token == "run.py"
+                           else f"{folder}{token}" if folder else token)
+    assert named, "the README has no code layout block"
+    missing = sorted(p for p in listed if "*" not in p and not (ROOT / p).exists())
+    assert not missing, f"the README's layout names paths that do not exist: {missing}"
+    unlisted = sorted(str(p.relative_to(ROOT)) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
+                      if p.name != "__init__.py" and str(p.relative_to(ROOT)) not in listed)
+    assert not unlisted, f"modules missing from the README's code layout: {unlisted}"
