@@ -129,21 +129,33 @@ def _layout_block() -> str:
     return section.split("```", 2)[1]
 
 
-def test_readme_code_layout_matches_the_tree():
-    """Every folder and file the layout names exists, and every package and module of ours is named."""
-    block = _layout_block()
-    named = set(re.findall(r"[\w./-]+\.(?:py|json|md)|[\w/]+/", block))
-    folder = None
-    listed: set[str] = set()
+def layout_paths(block: str) -> set[str]:
+    """Paths the layout block names. A folder at the start of a line ("runtime/") sets the top folder; a
+    folder within a line ("engine/") prefixes the files after it on that line."""
+    paths: set[str] = set()
+    top = ""
     for line in block.splitlines():
-        head = re.match(r"^([\w/]+/)\s", line + " ")
-        if head and not line.startswith(" "):
-            folder = head.group(1)
-        for token in re.findall(r"[\w./*-]+", line):
-            if token.endswith((".py", ".json", ".md")) or token.endswith("/"):
-                listed.add(token if token.startswith(("models/", "compiler/", "runtime/", "tests/")) or token == "run.py"
-                           else f"{folder}{token}" if folder else token)
-    assert named, "the README has no code layout block"
+        sub = ""
+        for i, token in enumerate(re.findall(r"[\w./*-]+", line)):
+            if not (token.endswith("/") or token.endswith((".py", ".json", ".md"))):
+                continue
+            if token.endswith("/") and i == 0 and not line.startswith(" "):
+                top = token
+                paths.add(top)
+            elif token.endswith("/"):
+                sub = token
+                paths.add(top + sub)
+            elif token == "run.py" or token.startswith(("models/", "compiler/", "runtime/", "tests/")):
+                paths.add(token)
+            else:
+                paths.add(top + sub + token)
+    return paths
+
+
+def test_readme_code_layout_matches_the_tree():
+    """Every folder and file the layout names exists, and every module of ours is named."""
+    listed = layout_paths(_layout_block())
+    assert "runtime/engine/step.py" in listed, "the README has no code layout block in the expected form"
     missing = sorted(p for p in listed if "*" not in p and not (ROOT / p).exists())
     assert not missing, f"the README's layout names paths that do not exist: {missing}"
     unlisted = sorted(str(p.relative_to(ROOT)) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")

@@ -17,7 +17,6 @@ from torch.distributed.pipelining import PipelineStage
 from compiler.parallelize.activation_checkpointing import apply_ac
 from compiler.parallelize.fully_shard import maybe_apply_fsdp
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
-from compiler.schedules import local_stage_indices
 from compiler.trace import trace_pipeline
 from models.tp_plan import GPT_BLOCK_TP_PLAN
 
@@ -48,14 +47,16 @@ def build_local_stages(
     model: nn.Module,
     *,
     blocks_per_stage: list[int],
+    stage_indices: list[int],
     example_microbatch: torch.Tensor,
     mesh: DeviceMesh,
     device: torch.device,
     activation_checkpointing: bool,
 ) -> LocalStages:
+    """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of the model cut
+    into len(blocks_per_stage) stages, each tensor-parallel over mesh["mp"], checkpointed and FSDP-sharded."""
     n_stages = len(blocks_per_stage)
-    pp = mesh["pp"].size()
-    indices = local_stage_indices(mesh["pp"].get_local_rank(), pp=pp, stages_per_rank=n_stages // pp)
+    indices = sorted(stage_indices)
     pipe = trace_pipeline(model, example_microbatch=example_microbatch, blocks_per_stage=blocks_per_stage)
     modules, stages = [], []
     for index in indices:

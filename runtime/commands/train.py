@@ -16,7 +16,7 @@ import torch
 from compiler.flops import training_flops_per_token
 from compiler.parallelize.stages import build_local_stages
 from compiler.precisions import PRECISIONS
-from compiler.schedules import build_schedule
+from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import StagePlan, plan_stages
 from models.gpt import build_gpt
 from runtime.checkpoint.files import CheckpointError, StartPoint, resolve_start
@@ -111,7 +111,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     # 3. Mesh.
     layout = GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp)
     mesh = build_mesh(device.type, layout)
-    dp_rank, pp_rank, mp_rank = layout.coordinates(env.rank)
+    dp_rank, pp_rank, _ = layout.coordinates(env.rank)
     if env.rank == 0:
         print(layout.describe(), flush=True)
 
@@ -126,8 +126,11 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     if start.init_from:
         load_init_weights(model, start.init_from, cfg.model)
     example = torch.zeros(cfg.pipeline.micro_batch_size, cfg.model.seq_len, dtype=torch.long, device=device)
-    stages = build_local_stages(model, blocks_per_stage=plan.blocks_per_stage, example_microbatch=example,
-                                mesh=mesh, device=device, activation_checkpointing=cfg.activation_checkpointing)
+    placement = SCHEDULES[cfg.pipeline.schedule].stage_indices(pp_rank, pp=cfg.mesh.pp,
+                                                               stages_per_rank=cfg.pipeline.stages_per_rank)
+    stages = build_local_stages(model, blocks_per_stage=plan.blocks_per_stage, stage_indices=placement,
+                                example_microbatch=example, mesh=mesh, device=device,
+                                activation_checkpointing=cfg.activation_checkpointing)
     del model  # every rank keeps only its own stages
 
     # 5. Schedule, mixed precision, optimizer.
