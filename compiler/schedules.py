@@ -102,6 +102,10 @@ class ScheduleSpec:
     def stage_indices(self, pp_rank: int, *, pp: int, stages_per_rank: int) -> list[int]:
         return local_stage_indices(pp_rank, pp=pp, stages_per_rank=stages_per_rank)
 
+    def stage_owner(self, stage: int, *, pp: int, stages_per_rank: int) -> int:
+        """The pp rank that holds ``stage``."""
+        return next(r for r in range(pp) if stage in self.stage_indices(r, pp=pp, stages_per_rank=stages_per_rank))
+
     def idle_fraction(self, *, p: int, m: int, v: int) -> float:
         return 0.0 if p == 1 else self.bubble(p, m, v)
 

@@ -17,6 +17,10 @@ class StagePlan:
     method: str
 
     @property
+    def n_stages(self) -> int:
+        return len(self.blocks_per_stage)
+
+    @property
     def imbalance(self) -> float:
         """max / mean stage cost: 1.0 is perfect balance."""
         return max(self.stage_costs) / (sum(self.stage_costs) / len(self.stage_costs))

@@ -1,10 +1,13 @@
 """A GPT-2 style decoder-only transformer (Radford et al. 2019), written for clarity, not distribution.
 
-Nothing here knows about ranks or meshes. Two choices make it easy to pipeline and shard:
+Nothing here knows about ranks or meshes. Three choices make it easy to pipeline and shard:
 - blocks live in a ``ModuleDict`` keyed "0".."L-1", so parameter names survive stage splitting;
-- attention reshapes with ``-1`` heads, so a tensor-parallel shard with H/mp heads traces the same graph.
-Input and output embeddings are untied: a tied weight would have to live on the first and last
-pipeline stage at once.
+- attention reshapes with ``-1`` heads, so a tensor-parallel shard with H/mp heads traces the same graph;
+- every parameter's initial value is a pure function of (seed, name, shape) (``initial_value``), so a
+  rank can initialise just the shards it holds and get what the whole model would have.
+The input and output embeddings are tied, as in GPT-2 (``tie_embeddings``): the LM head's weight *is*
+the token embedding. A pipeline that puts them on different stages keeps a copy on each, initialised
+alike and summed in backward (runtime/engine/tied.py), which is what one shared weight computes.
 """
 
 from __future__ import annotations
@@ -28,13 +31,19 @@ class GPTConfig:
     seq_len: int
     vocab_size: int
     mlp_width: int  # hidden units of the MLP, GPT2_MLP_RATIO * d_model in GPT-2
+    tie_embeddings: bool = True  # the LM head reuses the token embedding (GPT-2)
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
 
-# Named sizes. small/medium/large are the GPT-2 shapes (Radford et al. 2019, table 2).
+# The LM head's weight is the token embedding when the model ties them: {copy: source}.
+TIED_WEIGHTS = {"head.weight": "tok_emb.weight"}
+
+
+# Named sizes. small/medium/large are the GPT-2 shapes (Radford et al. 2019, table 2): 124M, 355M and 774M
+# parameters with tied embeddings.
 MODEL_SIZES: dict[str, GPTConfig] = {
     "tiny": GPTConfig(n_layers=4, d_model=64, n_heads=4, seq_len=64, vocab_size=256, mlp_width=256),
     "small": GPTConfig(n_layers=12, d_model=768, n_heads=12, seq_len=1024, vocab_size=50257, mlp_width=3072),
@@ -88,7 +97,9 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, *, share_tied_weights: bool = True):
+        """``share_tied_weights=False`` builds a tied model's head with a weight of its own (to be kept
+        equal to the embedding by the caller): what a pipeline that splits the two apart needs."""
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -96,6 +107,8 @@ class GPT(nn.Module):
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings and share_tied_weights:
+            self.head.weight = self.tok_emb.weight  # (V, D) both: an embedding row is an output row
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         # tokens: (B, T) int64 -> logits (B, T, V)
@@ -106,25 +119,30 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
 
-def init_weights(model: nn.Module, *, seed: int, n_layers: int) -> None:
-    """Initialise every parameter from a generator seeded by (seed, parameter name).
+def initial_value(name: str, shape: tuple[int, ...], *, seed: int, n_layers: int, tied: bool) -> torch.Tensor:
+    """The initial value of parameter ``name`` (fp32, CPU), from a generator seeded by (seed, name).
 
     Keying the random stream by name, not by creation order, gives the same weights whether the whole
-    model or only one pipeline stage's parameters are initialised. Residual projections are scaled by
-    1/sqrt(2 * n_layers) as in GPT-2.
+    model, one pipeline stage or one shard of a parameter is initialised. A tied copy takes its source's
+    name. Residual projections are scaled by 1/sqrt(2 * n_layers) as in GPT-2.
     """
+    if tied:
+        name = TIED_WEIGHTS.get(name, name)
+    if name.endswith("bias"):
+        return torch.zeros(shape)
+    if ".ln" in name or name.startswith("norm"):
+        return torch.ones(shape)
+    std = 0.02
+    if name.endswith(("attn.o.weight", "mlp.down.weight")):
+        std /= math.sqrt(2 * n_layers)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(_name_seed(seed, name))) * std
+
+
+def init_weights(model: nn.Module, *, seed: int, cfg: GPTConfig) -> None:
+    """Initialise every parameter of ``model`` (the whole GPT or a part keeping its names)."""
     for name, param in model.named_parameters():
-        generator = torch.Generator().manual_seed(_name_seed(seed, name))
+        value = initial_value(name, tuple(param.shape), seed=seed, n_layers=cfg.n_layers, tied=cfg.tie_embeddings)
         with torch.no_grad():
-            if name.endswith("bias"):
-                value = torch.zeros(param.shape)
-            elif ".ln" in name or name.startswith("norm"):
-                value = torch.ones(param.shape)
-            else:
-                std = 0.02
-                if name.endswith(("attn.o.weight", "mlp.down.weight")):
-                    std /= math.sqrt(2 * n_layers)
-                value = torch.randn(param.shape, generator=generator) * std
             param.copy_(value.to(dtype=param.dtype, device=param.device))
 
 
@@ -136,8 +154,20 @@ def _name_seed(seed: int, name: str) -> int:
     return h
 
 
+def parameter_count(cfg: GPTConfig) -> int:
+    """Parameters of the model, a tied weight counted once (GPT-2 small: 124,439,808)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in GPT(cfg).parameters())
+
+
+def parameter_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """Every parameter name the engine keeps (a tied head copy included) and its shape."""
+    with torch.device("meta"):
+        return {name: tuple(p.shape) for name, p in GPT(cfg, share_tied_weights=False).named_parameters()}
+
+
 def build_gpt(cfg: GPTConfig, *, seed: int, device: torch.device | str = "cpu") -> GPT:
     with torch.device(device):
         model = GPT(cfg)
-    init_weights(model, seed=seed, n_layers=cfg.n_layers)
+    init_weights(model, seed=seed, cfg=cfg)
     return model

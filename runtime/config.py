@@ -33,6 +33,13 @@ class MeshShape:
 
 
 @dataclass(frozen=True)
+class DataParallelConfig:
+    shard: int  # ranks a parameter is sharded over: dp (FSDP), 1 (replicate) or between (HSDP)
+    reshard_after_forward: bool  # ZeRO-3: free gathered parameters after each forward
+    reduce_dtype: str  # precision of gradient communication: "fp32", "bf16" or "fp16"
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     schedule: str
     stages_per_rank: int  # v, virtual stages per pp rank
@@ -95,6 +102,7 @@ class TrainConfig:
     model_name: str
     model: GPTConfig
     mesh: MeshShape
+    data_parallel: DataParallelConfig
     pipeline: PipelineConfig
     precision: str
     optim: OptimConfig
@@ -118,11 +126,15 @@ def default_stages_per_rank(schedule: str, pp: int) -> int:
 
 
 def apply_plan(cfg: TrainConfig, plan: Candidate) -> TrainConfig:
-    """``cfg`` trained with a planner's plan: its mesh, schedule, v, micro-batching, precision and AC."""
+    """``cfg`` trained with a planner's plan: its mesh, data-parallel sharding, schedule, v, micro-batching,
+    precision and AC."""
     pipeline = dataclasses.replace(cfg.pipeline, schedule=plan.schedule, stages_per_rank=plan.stages_per_rank,
                                    microbatches=plan.microbatches, micro_batch_size=plan.micro_batch_size)
+    data_parallel = dataclasses.replace(cfg.data_parallel, shard=plan.shard,
+                                        reshard_after_forward=plan.reshard_after_forward)
     return dataclasses.replace(cfg, mesh=MeshShape(plan.dp, plan.pp, plan.mp), pipeline=pipeline,
-                               precision=plan.precision, activation_checkpointing=plan.activation_checkpointing)
+                               data_parallel=data_parallel, precision=plan.precision,
+                               activation_checkpointing=plan.activation_checkpointing)
 
 
 def plan_error(cfg: TrainConfig, plan: Candidate) -> str | None:
@@ -138,6 +150,7 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     """Raise ConfigError (one line naming the flag and the valid values) if the engine cannot run ``cfg``."""
     check_world(cfg.mesh, world_size)
     _check_model(cfg.model, cfg.mesh)
+    _check_data_parallel(cfg.data_parallel, cfg.mesh)
     _check_pipeline(cfg.pipeline, cfg.model, cfg.mesh)
 
 
@@ -170,6 +183,16 @@ def _check_model(model: GPTConfig, mesh: MeshShape) -> None:
     if model.mlp_width % mesh.mp:
         raise ConfigError(f"--mp {mesh.mp} must divide the MLP width (--mlp-width {model.mlp_width}); "
                           f"valid --mp values: {_divisors(model.mlp_width)}")
+
+
+def _check_data_parallel(dp: DataParallelConfig, mesh: MeshShape) -> None:
+    if mesh.dp % dp.shard:
+        raise ConfigError(f"--dp-shard {dp.shard} must divide --dp {mesh.dp}; valid --dp-shard values: "
+                          f"{_divisors(mesh.dp)} ({mesh.dp}: FSDP, 1: replicate, between: HSDP)")
+    if mesh.dp == 1 and (dp.reshard_after_forward or dp.reduce_dtype != "fp32"):
+        flag = "--reshard-after-forward" if dp.reshard_after_forward else f"--reduce-dtype {dp.reduce_dtype}"
+        raise ConfigError(f"{flag} needs --dp > 1: it changes how data-parallel replicas share parameters and "
+                          f"gradients, and --dp is 1")
 
 
 def _check_pipeline(pipeline: PipelineConfig, model: GPTConfig, mesh: MeshShape) -> None:

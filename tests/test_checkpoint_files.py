@@ -43,7 +43,7 @@ def _config(*flags) -> dict:
 def _save(directory: Path, step: int, *, keep: int = 3, model=TINY) -> Path:
     """A checkpoint laid out as runtime/checkpoint.py writes one, from a single process."""
     tmp = tmp_folder(directory, step)
-    weights = {name: p.detach() for name, p in build_gpt(model, seed=step).named_parameters()}
+    weights = {name: p.detach() for name, p in build_gpt(model, seed=step).named_parameters(remove_duplicate=False)}
     dcp.save({"model": weights}, checkpoint_id=tmp, no_dist=True)
     files = {p.name: describe_file(p) for p in tmp.iterdir()}
     config = _config() if model == TINY else _config("--d-model", str(model.d_model))

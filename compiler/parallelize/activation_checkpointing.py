@@ -11,6 +11,14 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 
 from compiler.parallelize.tensor_parallel import block_names
 
+# The wrapper's name is not part of the model's parameter names.
+_WRAPPER_PREFIX = "_checkpoint_wrapped_module."
+
+
+def original_name(stage_parameter_name: str) -> str:
+    """The model's name of a stage module's parameter ("layers.3.attn.qkv.weight"), with or without AC."""
+    return stage_parameter_name.replace(_WRAPPER_PREFIX, "")
+
 
 def apply_ac(stage_module: nn.Module) -> nn.Module:
     for name in block_names(stage_module):

@@ -1,24 +1,30 @@
-"""Build this rank's pipeline stages: trace, keep the local stages, then TP -> AC -> FSDP -> stage.
+"""Build this rank's pipeline stages: on the meta device, trace, keep the local stages, then
+TP -> AC -> data parallelism -> real storage for the local shards -> PipelineStage.
 
 The order is a checklist (as in torchtitan's ``parallelize_*``): tensor parallelism must see real
-``nn.Linear`` modules, activation checkpointing wraps the sharded blocks, and FSDP shards last, over
-whatever parameters (plain or already TP-sharded DTensors) the stage then holds.
+``nn.Linear`` modules, activation checkpointing wraps the sharded blocks, data parallelism shards last,
+over whatever parameters (plain or already TP-sharded DTensors) the stage then holds. Nothing has
+storage until ``materialize``, which allocates only this rank's shards: start-up memory is the rank's
+share of the model, not the whole model on every rank.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 
-from compiler.parallelize.activation_checkpointing import apply_ac
-from compiler.parallelize.fully_shard import maybe_apply_fsdp
+from compiler.parallelize.activation_checkpointing import apply_ac, original_name
+from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel
+from compiler.parallelize.materialize import materialize
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
 from compiler.trace import trace_pipeline
-from models.tp_plan import GPT_BLOCK_TP_PLAN
+from models.gpt import GPT, TIED_WEIGHTS, GPTConfig
+from models.tp_plan import GPT_BLOCK_TP_PLAN, GPT_VOCAB_TP_PLAN
 
 
 @dataclass
@@ -40,33 +46,65 @@ class LocalStages:
         return [p for m in self.modules for p in m.parameters()]
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        return [(n, p) for m in self.modules for n, p in m.named_parameters()]
+        """This rank's parameters under the model's names ("layers.3.attn.qkv.weight"); a weight a stage
+        shares between the embedding and the head is listed under both names."""
+        return [(original_name(n), p) for m in self.modules for n, p in m.named_parameters(remove_duplicate=False)]
+
+
+@dataclass(frozen=True)
+class StageMeshes:
+    pp: DeviceMesh
+    mp: DeviceMesh
+    dp: DeviceMesh  # 1-D (FSDP) or 2-D (replicate, shard): see data_parallel.py
 
 
 def build_local_stages(
-    model: nn.Module,
+    cfg: GPTConfig,
     *,
     blocks_per_stage: list[int],
     stage_indices: list[int],
-    example_microbatch: torch.Tensor,
-    mesh: DeviceMesh,
+    micro_batch_size: int,
+    meshes: StageMeshes,
     device: torch.device,
     activation_checkpointing: bool,
+    data_parallel: DataParallelOptions,
+    initial_value: Callable[[str, tuple[int, ...]], torch.Tensor],
 ) -> LocalStages:
-    """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of the model cut
-    into len(blocks_per_stage) stages, each tensor-parallel over mesh["mp"], checkpointed and FSDP-sharded."""
+    """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of ``cfg``'s
+    model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
+    embedding and head over the vocabulary), checkpointed, data-parallel, and filled from
+    ``initial_value(model name, full shape)``."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
-    pipe = trace_pipeline(model, example_microbatch=example_microbatch, blocks_per_stage=blocks_per_stage)
+    with torch.device("meta"):
+        # A tied head gets a weight of its own: the two copies may live on different stages.
+        model = GPT(cfg, share_tied_weights=False)
+        example = torch.zeros(micro_batch_size, cfg.seq_len, dtype=torch.long)
+    pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage)
     modules, stages = [], []
     for index in indices:
         module = pipe.get_stage_module(index)
         restore_linear_modules(module, model)
-        if mesh["mp"].size() > 1:
-            apply_tp(module, mesh["mp"], block_plan=GPT_BLOCK_TP_PLAN)
+        if meshes.mp.size() > 1:
+            apply_tp(module, meshes.mp, block_plan=GPT_BLOCK_TP_PLAN, model_plan=GPT_VOCAB_TP_PLAN)
+        if cfg.tie_embeddings:
+            share_tied_weights(module)
         if activation_checkpointing:
             apply_ac(module)
-        maybe_apply_fsdp(module, mesh["dp"])
+        apply_data_parallel(module, meshes.dp, data_parallel)
+        materialize(module, device=device, initial_value=initial_value)
         modules.append(module)
-        stages.append(pipe.build_stage(index, device, mesh["pp"].get_group()))
+        stages.append(pipe.build_stage(index, device, meshes.pp.get_group()))
     return LocalStages(indices, modules, stages, n_stages)
+
+
+def share_tied_weights(stage_module: nn.Module) -> None:
+    """A stage holding both the embedding and the head (one pipeline stage) uses one Parameter for both,
+    as the tied model does: one weight, one gradient. Applied after TP, which shards both alike (vocabulary
+    rows), and before FSDP, which then manages the one shared weight."""
+    held = dict(stage_module.named_modules())
+    for copy, source in TIED_WEIGHTS.items():
+        copy_module, _, copy_attr = copy.rpartition(".")
+        source_module, _, source_attr = source.rpartition(".")
+        if copy_module in held and source_module in held:
+            setattr(held[copy_module], copy_attr, getattr(held[source_module], source_attr))

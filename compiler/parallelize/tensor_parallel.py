@@ -10,11 +10,19 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from models.tp_plan import COLWISE, ROWWISE
+from models.tp_plan import COLWISE, ROWWISE, VOCAB_EMBEDDING, VOCAB_HEAD
 
-_STYLES = {COLWISE: ColwiseParallel, ROWWISE: RowwiseParallel}
+_STYLES = {
+    COLWISE: ColwiseParallel,
+    ROWWISE: RowwiseParallel,
+    # nn.Embedding under RowwiseParallel shards its rows (the vocabulary); the token ids are replicated.
+    VOCAB_EMBEDDING: lambda: RowwiseParallel(input_layouts=Replicate()),
+    # Logits [B, T, V/mp] stay sharded on the vocabulary: the loss is vocabulary-parallel.
+    VOCAB_HEAD: lambda: ColwiseParallel(output_layouts=Shard(-1)),
+}
 
 
 def restore_linear_modules(stage_module: nn.Module, reference: nn.Module) -> list[str]:
@@ -56,13 +64,17 @@ def block_names(stage_module: nn.Module) -> list[str]:
     return [f"layers.{key}" for key, _ in layers.named_children()] if layers is not None else []
 
 
-def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[str, str]) -> nn.Module:
-    """Shard every block of the stage over ``mp_mesh`` following ``block_plan`` (Megatron layout)."""
+def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[str, str],
+             model_plan: dict[str, str] | None = None) -> nn.Module:
+    """Shard every block of the stage over ``mp_mesh`` following ``block_plan``, and the model-level parts
+    of ``model_plan`` the stage holds (the vocabulary-parallel embedding and head), Megatron layout."""
     plan = {
         f"{block}.{key}": _STYLES[style]()
         for block in block_names(stage_module)
         for key, style in block_plan.items()
     }
+    held = dict(stage_module.named_modules())
+    plan.update({key: _STYLES[style]() for key, style in (model_plan or {}).items() if key in held})
     if plan:
         parallelize_module(stage_module, mp_mesh, plan)
     return stage_module

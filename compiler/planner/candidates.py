@@ -21,18 +21,30 @@ class Candidate:
     micro_batch_size: int
     precision: str
     activation_checkpointing: bool
+    dp_shard: int | None = None  # ranks a parameter is sharded over (None: dp, FSDP; 1: replicate; else HSDP)
+    reshard_after_forward: bool = False  # ZeRO-3: gather parameters again for every micro-batch's backward
+
+    @property
+    def shard(self) -> int:
+        return self.dp_shard or self.dp
 
     def flags(self) -> list[str]:
         """run.py flags that train exactly this plan (model flags are added by the caller)."""
         flags = ["--dp", str(self.dp), "--pp", str(self.pp), "--mp", str(self.mp), "--schedule", self.schedule,
                  "--stages-per-rank", str(self.stages_per_rank), "--microbatches", str(self.microbatches),
                  "--micro-batch-size", str(self.micro_batch_size), "--precision", self.precision]
+        flags += ["--dp-shard", str(self.dp_shard)] if self.dp_shard is not None else []
+        flags += ["--reshard-after-forward"] if self.reshard_after_forward else []
         return flags + (["--activation-checkpointing"] if self.activation_checkpointing else [])
 
     def describe(self) -> str:
         ac = " +AC" if self.activation_checkpointing else ""
+        dp_mode = ""
+        if self.dp > 1 and self.shard != self.dp:
+            dp_mode = " replicate" if self.shard == 1 else f" hsdp={self.shard}"
+        dp_mode += " zero3" if self.reshard_after_forward else ""
         return (f"{self.dp}x{self.pp}x{self.mp} {self.schedule} v={self.stages_per_rank} "
-                f"m={self.microbatches} mbs={self.micro_batch_size} {self.precision}{ac}")
+                f"m={self.microbatches} mbs={self.micro_batch_size} {self.precision}{ac}{dp_mode}")
 
     def to_dict(self) -> dict:
         return asdict(self)

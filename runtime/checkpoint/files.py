@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.gpt import GPTConfig
+from models.gpt import GPTConfig, parameter_shapes
 
 MANIFEST = "checkpoint.json"
 MARKER = "latest"
@@ -42,7 +42,7 @@ _STEP_FOLDER = re.compile(r"^step-(\d+)$")
 
 # GPTConfig field -> the flag that sets it, for error messages.
 _MODEL_FLAGS = {"n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "seq_len": "--seq-len",
-                "vocab_size": "--vocab-size", "mlp_width": "--mlp-width"}
+                "vocab_size": "--vocab-size", "mlp_width": "--mlp-width", "tie_embeddings": "tied embeddings (--untie-embeddings)"}
 
 
 class CheckpointError(RuntimeError):
@@ -169,12 +169,8 @@ def check_same_model(info: CheckpointInfo, model: GPTConfig) -> None:
 
 
 def expected_parameter_shapes(model: GPTConfig) -> dict[str, tuple[int, ...]]:
-    import torch
-
-    from models.gpt import GPT
-
-    with torch.device("meta"):
-        return {name: tuple(p.shape) for name, p in GPT(model).named_parameters()}
+    """Every parameter a checkpoint of ``model`` holds (both copies of a tied weight) and its shape."""
+    return parameter_shapes(model)
 
 
 # --- finding the checkpoint to resume from ----------------------------------------------------------------

@@ -49,13 +49,6 @@ from runtime.checkpoint.files import (
 from runtime.distributed.collectives import broadcast_object, gather_dicts, gather_lists
 from runtime.engine.guards import DivergenceGuard
 
-# Activation checkpointing wraps each block; the wrapper's name must not leak into checkpoint keys.
-_WRAPPER_PREFIX = "_checkpoint_wrapped_module."
-
-
-def original_name(stage_parameter_name: str) -> str:
-    return stage_parameter_name.replace(_WRAPPER_PREFIX, "")
-
 
 @dataclass
 class TrainState:
@@ -71,7 +64,7 @@ class TrainState:
 
     def __post_init__(self) -> None:
         # Taken once, before any step: these are the (sharded) Parameter objects the optimizer holds.
-        self.params = [(original_name(n), p) for n, p in self.stages.named_parameters()]
+        self.params = self.stages.named_parameters()
 
 
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

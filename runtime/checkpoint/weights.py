@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from models.gpt import GPTConfig
@@ -62,14 +61,6 @@ def read_init_weights(path: Path, model_cfg: GPTConfig) -> dict[str, torch.Tenso
         raise CheckpointError(f"--init-from {path}: not a readable state dict ({type(e).__name__}: {e})") from None
     _check_shapes(weights, path, model_cfg)
     return weights
-
-
-def load_init_weights(model: nn.Module, path: Path, model_cfg: GPTConfig) -> None:
-    """Copy an export's weights into the full model before it is split and sharded, so any mesh works."""
-    weights = read_init_weights(path, model_cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(weights[name])
 
 
 def _check_shapes(weights: dict, path: Path, model_cfg: GPTConfig) -> None:

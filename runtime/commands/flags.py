@@ -14,6 +14,7 @@ from runtime.config import (
     CheckpointConfig,
     ConfigError,
     DataConfig,
+    DataParallelConfig,
     GuardConfig,
     MeshShape,
     MetricsConfig,
@@ -26,8 +27,8 @@ from runtime.config import (
 )
 
 # The flags --auto chooses (the planner's plan): giving one with --auto is an error.
-AUTO_CHOSEN = ("--dp", "--pp", "--mp", "--schedule", "--stages-per-rank", "--microbatches", "--micro-batch-size",
-               "--activation-checkpointing")
+AUTO_CHOSEN = ("--dp", "--pp", "--mp", "--dp-shard", "--reshard-after-forward", "--schedule", "--stages-per-rank",
+               "--microbatches", "--micro-batch-size", "--activation-checkpointing")
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -60,6 +61,17 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--dp", type=int, default=1, help="data-parallel degree (FSDP replicas)")
     g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (ranks per pipeline)")
     g.add_argument("--mp", type=int, default=1, help="model (tensor) parallel degree")
+    g = p.add_argument_group("data parallelism")
+    g.add_argument("--dp-shard", type=int,
+                   help="ranks a parameter is sharded over, a divisor of --dp (default --dp: FSDP); 1 = replicate "
+                        "(every rank holds the whole stage, gradients all-reduced, like DDP); between: HSDP, "
+                        "sharded within groups of N replicas and replicated across them")
+    g.add_argument("--reshard-after-forward", action="store_true",
+                   help="free gathered parameters after each forward and gather them again for backward (ZeRO-3 "
+                        "memory, one more all-gather per micro-batch); default: keep them gathered for the step")
+    g.add_argument("--reduce-dtype", choices=tuple(PRECISIONS), default="fp32",
+                   help="precision in which data-parallel gradients are communicated (FSDP MixedPrecisionPolicy); "
+                        "parameters and optimizer state stay fp32")
 
     p.add_argument("--auto", action="store_true",
                    help="let the planner choose mesh, schedule, v, micro-batching, activation checkpointing (and "
@@ -73,6 +85,8 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--seq-len", type=int, help="override the sequence length (tokens per sample)")
     g.add_argument("--vocab-size", type=int, help="override the vocabulary size (>= 256 for byte-level text)")
     g.add_argument("--mlp-width", type=int, help="override the MLP hidden width (default 4 x d-model)")
+    g.add_argument("--untie-embeddings", action="store_true",
+                   help="give the LM head its own weight instead of reusing the token embedding (GPT-2 ties them)")
 
     g = p.add_argument_group("pipeline")
     g.add_argument("--schedule", choices=tuple(SCHEDULES), default=DEFAULT_SCHEDULE,
@@ -166,7 +180,7 @@ def _positive(name: str, value: int | float | None) -> None:
 def build_config(args: argparse.Namespace, *, world_size: int | None = None, now: float | None = None) -> TrainConfig:
     """The config the flags describe; with ``world_size``, validated for that many processes (without, every
     check that needs no world size). Raises ConfigError."""
-    for flag in ("dp", "pp", "mp", "layers", "d_model", "heads", "seq_len", "vocab_size", "mlp_width", "stages_per_rank",
+    for flag in ("dp", "pp", "mp", "dp_shard", "layers", "d_model", "heads", "seq_len", "vocab_size", "mlp_width", "stages_per_rank",
                  "microbatches", "micro_batch_size", "global_batch_size", "steps", "lr", "log_every",
                  "eval_batches", "peak_tflops", "stop_at_step", "checkpoint_every", "keep_checkpoints",
                  "max_bad_steps", "min_loss_scale"):
@@ -186,6 +200,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         model_name=args.model,
         model=model_config(args),
         mesh=mesh,
+        data_parallel=DataParallelConfig(args.dp_shard or args.dp, args.reshard_after_forward, args.reduce_dtype),
         pipeline=_pipeline_config(args, mesh),
         precision=args.precision,
         optim=OptimConfig(args.steps, args.lr, args.warmup_steps, args.weight_decay, args.grad_clip,
@@ -228,6 +243,7 @@ def model_config(args: argparse.Namespace) -> GPTConfig:
         seq_len=args.seq_len or base.seq_len,
         vocab_size=args.vocab_size or base.vocab_size,
         mlp_width=args.mlp_width or GPT2_MLP_RATIO * (args.d_model or base.d_model),
+        tie_embeddings=not args.untie_embeddings,
     )
 
 
@@ -244,7 +260,8 @@ def named_model(name: str, seq_len: int | None = None) -> GPTConfig:
 def model_flags(cfg: GPTConfig) -> list[str]:
     """Flags that make run.py build exactly ``cfg`` (for launching a run of it)."""
     return ["--layers", str(cfg.n_layers), "--d-model", str(cfg.d_model), "--heads", str(cfg.n_heads),
-            "--seq-len", str(cfg.seq_len), "--vocab-size", str(cfg.vocab_size), "--mlp-width", str(cfg.mlp_width)]
+            "--seq-len", str(cfg.seq_len), "--vocab-size", str(cfg.vocab_size), "--mlp-width", str(cfg.mlp_width),
+            *([] if cfg.tie_embeddings else ["--untie-embeddings"])]
 
 
 def _checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:

@@ -6,29 +6,33 @@ Reading order is run order: flags -> validation -> process group -> mesh -> mode
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from compiler.flops import training_flops_per_token
-from compiler.parallelize.stages import build_local_stages
+from compiler.parallelize.data_parallel import DataParallelOptions
+from compiler.parallelize.materialize import local_parameter_count
+from compiler.parallelize.stages import StageMeshes, build_local_stages
 from compiler.precisions import PRECISIONS
 from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import StagePlan, plan_stages
-from models.gpt import build_gpt
+from models.gpt import initial_value, parameter_count
 from runtime.checkpoint.files import CheckpointError, StartPoint, resolve_start
 from runtime.checkpoint.state import Checkpointer, TrainState, init_optimizer_state, load_checkpoint
-from runtime.checkpoint.weights import load_init_weights, read_init_weights
+from runtime.checkpoint.weights import read_init_weights
 from runtime.commands.flags import build_parser, config_from_args
 from runtime.commands.plan import auto_config
 from runtime.config import ConfigError, TrainConfig
 from runtime.device import configure_cpu_threads, device_description, select_device
-from runtime.distributed.collectives import broadcast_object
+from runtime.distributed.collectives import all_gather_objects, broadcast_object
 from runtime.distributed.cpu_binding import bind_node_ranks
-from runtime.distributed.mesh import GridLayout, build_mesh
+from runtime.distributed.mesh import GridLayout, build_mesh, data_parallel_mesh
 from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
 from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
 from runtime.engine.data import DataError, DataSources, build_data, replica_rows
@@ -36,6 +40,7 @@ from runtime.engine.guards import DivergenceError, DivergenceGuard
 from runtime.engine.loop import training_loop
 from runtime.engine.optim import build_lr_schedule, build_optimizer
 from runtime.engine.step import StepContext
+from runtime.engine.tied import TiedWeights
 from runtime.observe.layer_timing import measure_layer_times
 from runtime.observe.metrics import MetricsLogger, Throughput
 from runtime.observe.peak_flops import calibrate_world_peak_flops
@@ -109,34 +114,42 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
 def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: LaunchEnv, device: torch.device) -> dict:
     torch.manual_seed(cfg.seed)
     # 3. Mesh.
-    layout = GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp)
+    layout = GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, cfg.data_parallel.shard)
     mesh = build_mesh(device.type, layout)
     dp_rank, pp_rank, _ = layout.coordinates(env.rank)
     if env.rank == 0:
         print(layout.describe(), flush=True)
 
-    # 4. Model, compiled into this rank's stages: cost-balanced split, trace, TP, AC, FSDP.
-    # Rank 0 decides and broadcasts: measured layer times differ between ranks, and every rank must
-    # cut the model at the same places.
+    # 4. Model, compiled into this rank's stages: cost-balanced split, trace, TP, AC, data parallelism, and
+    #    storage for this rank's shards only. Rank 0 decides the split and broadcasts it: measured layer
+    #    times differ between ranks, and every rank must cut the model at the same places.
     plan = broadcast_object(_stage_plan(cfg, device) if env.rank == 0 else None)
     if env.rank == 0:
         print(plan.describe(), flush=True)
     bound_cores = _bind_cores(cfg.pipeline.bind_cores, plan.stage_costs, layout, env, device)
-    model = build_gpt(cfg.model, seed=cfg.seed, device=device)
-    if start.init_from:
-        load_init_weights(model, start.init_from, cfg.model)
-    example = torch.zeros(cfg.pipeline.micro_batch_size, cfg.model.seq_len, dtype=torch.long, device=device)
-    placement = SCHEDULES[cfg.pipeline.schedule].stage_indices(pp_rank, pp=cfg.mesh.pp,
-                                                               stages_per_rank=cfg.pipeline.stages_per_rank)
-    stages = build_local_stages(model, blocks_per_stage=plan.blocks_per_stage, stage_indices=placement,
-                                example_microbatch=example, mesh=mesh, device=device,
-                                activation_checkpointing=cfg.activation_checkpointing)
-    del model  # every rank keeps only its own stages
+    spec = SCHEDULES[cfg.pipeline.schedule]
+    v = cfg.pipeline.stages_per_rank
+    meshes = StageMeshes(pp=mesh["pp"], mp=mesh["mp"], dp=data_parallel_mesh(mesh, layout))
+    stages = build_local_stages(
+        cfg.model, blocks_per_stage=plan.blocks_per_stage,
+        stage_indices=spec.stage_indices(pp_rank, pp=cfg.mesh.pp, stages_per_rank=v),
+        micro_batch_size=cfg.pipeline.micro_batch_size, meshes=meshes, device=device,
+        activation_checkpointing=cfg.activation_checkpointing,
+        data_parallel=DataParallelOptions(cfg.data_parallel.reshard_after_forward,
+                                          _reduce_dtype(cfg.data_parallel.reduce_dtype)),
+        initial_value=_initial_values(cfg, start))
+    tied = (TiedWeights(stages.named_parameters(), layout=layout, rank=env.rank,
+                        first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),
+                        last_pp=spec.stage_owner(plan.n_stages - 1, pp=cfg.mesh.pp, stages_per_rank=v))
+            if cfg.model.tie_embeddings else None)
 
     # 5. Schedule, mixed precision, optimizer.
     scaler = build_grad_scaler(cfg.precision, device.type)
+    vocab_parallel = cfg.mesh.mp > 1
+    loss_fn = scaled_cross_entropy(scaler, microbatches=cfg.pipeline.microbatches,
+                                   vocab_mesh=mesh["mp"] if vocab_parallel else None)
     schedule = build_schedule(cfg.pipeline.schedule, stages.stages, n_microbatches=cfg.pipeline.microbatches,
-                              loss_fn=scaled_cross_entropy(scaler, microbatches=cfg.pipeline.microbatches))
+                              loss_fn=loss_fn)
     optimizer = build_optimizer(stages.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     lr_schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
     profiler = (Profiler(rank=env.rank, stages=stages.stages, schedule=schedule,
@@ -145,7 +158,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
         schedule=schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
         device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
         loss_copies=cfg.mesh.dp * cfg.mesh.mp, plane_size=cfg.mesh.dp * cfg.mesh.mp,
-        recorder=profiler.recorder if profiler else None,
+        tied=tied, vocab_parallel=vocab_parallel, recorder=profiler.recorder if profiler else None,
     )
 
     # 6. Resume: every tensor is keyed by its original parameter name, so DCP reshards the saved
@@ -187,10 +200,25 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     summary.update(config=cfg.to_dict(), peak_flops=peak_flops, peak_flops_source=peak_source,
                    device=device_description(device), blocks_per_stage=plan.blocks_per_stage,
                    stage_costs=plan.stage_costs, stage_cost_unit=plan.unit, bound_cores=bound_cores,
-                   world_size=env.world_size)
+                   world_size=env.world_size, parameters=parameter_count(cfg.model),
+                   local_parameters_max=max(all_gather_objects(local_parameter_count(stages.parameters()))))
     logger.write_json("summary.json", summary)
     logger.close()
     return summary
+
+
+def _initial_values(cfg: TrainConfig, start: StartPoint) -> Callable[[str, tuple[int, ...]], torch.Tensor]:
+    """Each parameter's full initial value by name: from ``--init-from``'s export, or name-seeded."""
+    if start.init_from:
+        weights = read_init_weights(start.init_from, cfg.model)  # memory-mapped: read as shards need it
+        return lambda name, shape: weights[name]
+    return functools.partial(initial_value, seed=cfg.seed, n_layers=cfg.model.n_layers,
+                             tied=cfg.model.tie_embeddings)
+
+
+def _reduce_dtype(name: str) -> torch.dtype | None:
+    """The gradient-communication dtype FSDP casts to; None keeps the parameters' (fp32)."""
+    return None if name == "fp32" else PRECISIONS[name].dtype
 
 
 def _stage_plan(cfg: TrainConfig, device: torch.device) -> StagePlan:

@@ -2,6 +2,9 @@
 
 Ranks are laid out row-major over (dp, pp, mp): rank = (d * pp + p) * mp + m. MP is the fastest
 dimension so that tensor-parallel peers, which all-reduce twice per block, are neighbours on one node.
+
+With hybrid sharding (``dp_shard`` < dp) the dp index splits as d = r * dp_shard + s: a shard group is
+dp_shard consecutive replicas (near each other, like a node's GPUs) and the replicate groups span them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ class GridLayout:
     dp: int
     pp: int
     mp: int
+    dp_shard: int | None = None  # ranks a parameter is sharded over in data parallelism (None: dp)
+
+    @property
+    def shard(self) -> int:
+        return self.dp_shard or self.dp
 
     def coordinates(self, rank: int) -> tuple[int, int, int]:
         d, rest = divmod(rank, self.pp * self.mp)
@@ -39,12 +47,29 @@ class GridLayout:
                 groups.append([self.rank(**{**coords, dim: i}) for i in range(sizes[dim])])
         return sorted(groups)
 
+    def dp_subgroups(self) -> tuple[list[list[int]], list[list[int]]]:
+        """(shard groups, replicate groups) of data parallelism: each dp group split by d = r * shard + s."""
+        shard_groups, replicate_groups = [], []
+        for group in self.groups("dp"):
+            shard_groups += [group[i:i + self.shard] for i in range(0, self.dp, self.shard)]
+            replicate_groups += [group[s::self.shard] for s in range(self.shard)]
+        return sorted(shard_groups), sorted(replicate_groups)
+
     def describe(self) -> str:
         world = self.dp * self.pp * self.mp
         lines = [f"3D grid (dp={self.dp}, pp={self.pp}, mp={self.mp}), {world} ranks:"]
         lines += [f"  rank {r}: dp={d} pp={p} mp={m}" for r in range(world) for d, p, m in [self.coordinates(r)]]
         for dim in ("mp", "pp", "dp"):
             lines.append(f"  {dim.upper()} groups: " + " ".join(str(g) for g in self.groups(dim)))
+        if self.dp > 1:
+            shard, replicate = self.dp_subgroups()
+            mode = ("FSDP: shard over all dp ranks" if self.shard == self.dp else
+                    "replicate: every dp rank holds the whole stage" if self.shard == 1 else
+                    f"HSDP: shard over {self.shard} ranks, replicate over {self.dp // self.shard}")
+            lines.append(f"  data parallelism: {mode}")
+            if 1 < self.shard < self.dp:
+                lines.append("  DP shard groups: " + " ".join(str(g) for g in shard))
+                lines.append("  DP replicate groups: " + " ".join(str(g) for g in replicate))
         return "\n".join(lines)
 
 
@@ -55,3 +80,12 @@ def build_mesh(device_type: str, layout: GridLayout) -> DeviceMesh:
     if not torch.equal(mesh.mesh.cpu(), expected):
         raise RuntimeError(f"unexpected device-mesh layout {mesh.mesh.tolist()}")
     return mesh
+
+
+def data_parallel_mesh(mesh: DeviceMesh, layout: GridLayout) -> DeviceMesh:
+    """The mesh FSDP shards over: mesh["dp"] (FSDP), or dp unflattened into (replicate, shard) for HSDP
+    and replication. Collective: every rank calls it (it creates the subgroups)."""
+    if layout.shard == layout.dp:
+        return mesh["dp"]
+    hybrid = mesh._unflatten("dp", (layout.dp // layout.shard, layout.shard), ("dp_replicate", "dp_shard"))
+    return hybrid["dp_replicate", "dp_shard"]

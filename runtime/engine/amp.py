@@ -17,8 +17,10 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 from einops import rearrange
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler, _GeneralMultiDeviceReplicator
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.parallel import loss_parallel
 
 from compiler.precisions import PRECISIONS
 
@@ -69,21 +71,37 @@ def ensure_scale_initialised(scaler: ShardedGradScaler, device: torch.device) ->
         scaler.scale(torch.ones((), device=device))
 
 
-def scaled_cross_entropy(scaler: ShardedGradScaler, *, microbatches: int):
+def scaled_cross_entropy(scaler: ShardedGradScaler, *, microbatches: int, vocab_mesh: DeviceMesh | None = None):
     """The schedule's loss function: next-token cross-entropy of one micro-batch, divided by the
     number of micro-batches and loss-scaled.
 
     Summed over the micro-batches (gradient accumulation) and averaged over dp by FSDP, that is the
     gradient of the mean loss on the global batch, as on a single device. Dividing the loss, not the
     gradients, saves a pass over every gradient; ``loss_value`` undoes both factors for logging.
+
+    With ``vocab_mesh`` the logits are this rank's vocabulary shard (mb, T, V/mp) of a vocabulary-parallel
+    head, and the cross-entropy is computed on the shards (``loss_parallel``: the softmax's max and sum are
+    all-reduced over the mp group), never gathering the (mb, T, V) logits. The schedule's step must run
+    under ``loss_parallel()`` too (``vocab_parallel_loss``): its backward happens there.
     """
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        # logits (mb, T, V) may be fp16 under autocast; the loss is computed in fp32.
-        loss = F.cross_entropy(rearrange(logits.float(), "b t v -> (b t) v"), rearrange(targets, "b t -> (b t)"))
+        # logits may be fp16 under autocast; the loss is computed in fp32.
+        logits = rearrange(logits.float(), "b t v -> (b t) v")
+        if vocab_mesh is None:
+            loss = F.cross_entropy(logits, rearrange(targets, "b t -> (b t)"))
+        else:
+            sharded = DTensor.from_local(logits, vocab_mesh, [Shard(1)], run_check=False)  # (b t, V) over mp
+            with loss_parallel():
+                loss = F.cross_entropy(sharded, rearrange(targets, "b t -> (b t)")).to_local()
         return scaler.scale(loss / microbatches)
 
     return loss_fn
+
+
+def vocab_parallel_loss(enabled: bool) -> contextlib.AbstractContextManager:
+    """``loss_parallel()`` around a schedule step whose loss is computed on vocabulary-sharded logits."""
+    return loss_parallel() if enabled else contextlib.nullcontext()
 
 
 def loss_value(scaled_losses: list[torch.Tensor], *, scale: float) -> torch.Tensor:

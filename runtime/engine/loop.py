@@ -9,7 +9,7 @@ import time
 from runtime.checkpoint.state import Checkpointer
 from runtime.config import DataConfig, MetricsConfig, OptimConfig
 from runtime.device import peak_memory_bytes
-from runtime.distributed.collectives import max_over_ranks
+from runtime.distributed.collectives import all_gather_objects, max_over_ranks
 from runtime.engine.data import DataSources, inputs_and_targets
 from runtime.engine.guards import DivergenceGuard
 from runtime.engine.step import StepContext, evaluate, timed, train_step
@@ -113,7 +113,8 @@ def training_loop(
         "samples_per_sec": throughput.samples_per_sec(steady),
         "tokens_per_sec": throughput.tokens_per_sec(steady),
         "mfu": throughput.mfu(steady),
-        "peak_bytes": max_over_ranks(peak_memory_bytes(ctx.device), ctx.device),
+        "peak_bytes": max(peaks := all_gather_objects(peak_memory_bytes(ctx.device))),
+        "peak_bytes_per_rank": peaks,
         "peak_tensor_bytes": peak_tensor_bytes,
         "skipped_steps": skipped,
         "final_loss_scale": ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0,

@@ -20,8 +20,9 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from compiler.parallelize.stages import LocalStages
 from runtime.device import synchronize
-from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value
+from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value, vocab_parallel_loss
 from runtime.engine.grad_clip import clip_grads_, local_grad_sq_norm
+from runtime.engine.tied import TiedWeights
 from runtime.observe.profiling import StepRecorder
 
 
@@ -48,21 +49,26 @@ class StepContext:
     grad_clip: float
     loss_copies: int  # ranks reporting the same loss: dp x mp last-stage ranks, each replica mp times
     plane_size: int  # dp x mp: ranks sharing one pipeline stage
+    tied: TiedWeights | None = None  # the tied embedding / head copies this rank holds
+    vocab_parallel: bool = False  # the loss is computed on vocabulary-sharded logits (mp > 1)
     recorder: StepRecorder | None = None  # set when profiling: times the optimizer phase
 
 
 def run_schedule(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *, train: bool) -> list[torch.Tensor]:
-    """Run one pass of the schedule over this replica's batch; returns per-micro-batch losses on the last stage."""
+    """Run one pass of the schedule over this replica's batch (training: forward and backward of every
+    micro-batch, tied copies' gradients summed); returns per-micro-batch losses on the last stage."""
     losses: list[torch.Tensor] = []
     args = (inputs,) if ctx.stages.has_first else ()
     kwargs = {"target": targets, "losses": losses} if ctx.stages.has_last else {}
-    with autocast(ctx.device.type, ctx.precision):
+    with autocast(ctx.device.type, ctx.precision), vocab_parallel_loss(ctx.vocab_parallel):
         if train:
             # return_outputs=False: do not keep and concatenate every micro-batch's logits (B, T, V).
             ctx.schedule.step(*args, return_outputs=False, **kwargs)
         else:
             with torch.no_grad():
                 ctx.schedule.eval(*args, **kwargs)
+    if train and ctx.tied is not None:
+        ctx.tied.sync_grads()
     return losses
 
 
@@ -80,8 +86,10 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
     ensure_scale_initialised(ctx.scaler, ctx.device)
     ctx.scaler.unscale_(ctx.optimizer)  # all-reduces found_inf over the world
     params = ctx.stages.parameters()
+    # A tied weight's second copy holds the same gradient: the norm counts the weight once.
+    distinct = [p for p in params if id(p) not in ctx.tied.duplicates] if ctx.tied else params
     local_loss = loss_value(losses, scale=scale) if losses else torch.zeros((), dtype=torch.float64)
-    packed = torch.stack([local_grad_sq_norm(params, plane_size=ctx.plane_size), local_loss.to(ctx.device)])
+    packed = torch.stack([local_grad_sq_norm(distinct, plane_size=ctx.plane_size), local_loss.to(ctx.device)])
     if dist.is_initialized():
         dist.all_reduce(packed)
     grad_norm = float(packed[0].sqrt())

@@ -1,0 +1,47 @@
+"""Give a stage built on the meta device real storage, holding only this rank's shards.
+
+The model is built, traced, tensor-parallelised and FSDP-sharded on the meta device, so start-up
+memory is this rank's share of the model, not the whole model. Then each parameter gets storage for
+its local shard (``to_empty``) and its value: the full tensor ``initial_value(name, shape)`` computes
+(the same on every rank: name-seeded, or read from an export), cut to the shard this rank holds. One
+full parameter exists at a time, so the transient cost is the largest parameter, not the model.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from compiler.parallelize.activation_checkpointing import original_name
+
+
+def materialize(stage_module: nn.Module, *, device: torch.device,
+                initial_value: Callable[[str, tuple[int, ...]], torch.Tensor]) -> nn.Module:
+    """Allocate the stage's (sharded) parameters on ``device`` and fill each with its share of
+    ``initial_value(model name, full shape)``."""
+    stage_module.to_empty(device=device)
+    with torch.no_grad():
+        for name, param in stage_module.named_parameters():
+            full = initial_value(original_name(name), tuple(param.shape)).to(device=device, dtype=param.dtype)
+            local_shard(param).copy_(shard_of(full, like=param))
+    return stage_module
+
+
+def local_shard(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
+def shard_of(full: torch.Tensor, *, like: torch.Tensor) -> torch.Tensor:
+    """The part of ``full`` that ``like`` (a DTensor, or a plain tensor holding all of it) keeps on this
+    rank. ``src_data_rank=None``: every rank has ``full`` already, so nothing is communicated."""
+    if not isinstance(like, DTensor):
+        return full
+    return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None).to_local()
+
+
+def local_parameter_count(params: list[torch.Tensor]) -> int:
+    """Parameter elements this rank holds: each distinct parameter at its local (shard) size."""
+    return sum(local_shard(p).numel() for p in {id(p): p for p in params}.values())
