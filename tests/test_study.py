@@ -5,7 +5,9 @@ Structure and invariants only, never speed."""
 from __future__ import annotations
 
 import json
+import re
 import sys
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -52,6 +54,15 @@ def test_results_hold_every_section_and_the_report(study):
     assert all(row["measured_expected_on_cores"] > 0 for row in results["split"]["table"])
     mem = results["memory"]["search"]
     assert set(mem) == {"fp32", "fp16", "bf16"} and all(m["max_micro_batch"] >= 1 for m in mem.values())
+
+
+def test_report_embeds_svg_charts_and_runs_land_in_the_hparams_tab(study):
+    out, results, _ = study
+    images = re.findall(r"!\[[^\]]+\]\((charts/[\w.]+\.svg)\)", (out / "REPORT.md").read_text())
+    assert len(images) >= 4 and sorted(images) == sorted(p for p in results["charts"].values() if p)
+    for path in images:
+        assert ET.parse(out / path).getroot().tag == "{http://www.w3.org/2000/svg}svg", path
+    assert list((out / "hparams").rglob("events.out.tfevents*"))
 
 
 def _trace(out, label):

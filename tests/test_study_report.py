@@ -1,8 +1,12 @@
 """Report targets and conclusions are computed from the numbers handed to them."""
 
+import re
+import xml.etree.ElementTree as ET
+
 import pytest
 
-from runtime.commands.study import analysis, report
+from runtime.commands.study import analysis, charts, report
+from runtime.observe.profiling import CATEGORIES
 
 
 def _run(label, sps, group="pp=2", schedule=None, v=1, ok=True, compute_s=1.6):
@@ -109,3 +113,83 @@ def test_split_section_states_the_measured_head_cost():
     assert "a block 20.0 ms, the head 180.0 ms = 9.0 blocks" in text
     # auto [3, 1] -> stages [0.061, 0.2], uniform [2, 2] -> [0.041, 0.22]: (0.261 + 7 * 0.22) / (0.261 + 7 * 0.2)
     assert "| 1.100x | 1.10x | 1.00x | 1.00x (2 cores) | 1.08x | 1.08x |" in text
+
+
+def _scaling_run(kind, world, sps, dp=1, pp=1, mp=1):
+    summary = {"samples_per_sec": sps, "step_time_s": 32 / sps, "step_times": [32 / sps] * 4,
+               "profile": {"mean_fraction": {"forward": 0.3, "backward": 0.5, "pp_send_recv": 0.05, "idle": 0.1}}}
+    return {"ok": True, "summary": summary, "error": None, "kind": kind, "world": world, "dp": dp, "pp": pp, "mp": mp}
+
+
+def _full_results() -> dict:
+    """A results dict with every section, as cli.py assembles it (figures invented)."""
+    runs = [_run("naive", 10.0), _run("1f1b", 17.5), _run("interleaved-1f1b v=2", 18.3, v=2)]
+    scaling = [_scaling_run("single", 1, 10.0), _scaling_run("DP", 2, 18.0, dp=2), _scaling_run("PP", 2, 16.0, pp=2),
+               _scaling_run("MP", 2, 14.0, mp=2), _scaling_run("mix", 4, 20.0, dp=2, pp=2)]
+    split_row = {r: 0.1 for r in CATEGORIES}
+    time_split = [{"group": "pp=2", "label": "1f1b", "rank": rank, "step_time": 1.0, **split_row, "forward": 0.3,
+                   "tracked_fraction": 0.95, "theoretical_bubble": 0.1} for rank in (0, 1)]
+    trials = [{"micro_batch_size": 4, "peak_gb": 0.01, "resident_gb": 0.5, "ok": True},
+              {"micro_batch_size": 8, "peak_gb": 0.03, "resident_gb": 0.6, "ok": True}]
+    search = {p: {"max_micro_batch": 4, "first_failing": 8, "peak_gb_at_max": 0.01, "trials": trials}
+              for p in ("fp32", "fp16", "bf16")}
+    return {
+        "command": "python run.py study", "mode": "smoke", "started": "today", "wall_time_s": 60.0, "commands": [],
+        "machine": {"device": "cpu", "torch": "2", "python": "3", "cores": 2},
+        "settings": {"model": {}, "micro_batch_size": 4, "microbatches": 8, "steps": 3,
+                     "sections": ["throughput", "memory", "scaling", "overhead", "split"]},
+        "throughput": {"runs": runs, "table": analysis.throughput_table(runs)},
+        "time_split": {"rows": time_split, "method": "hooks", "bottlenecks": []},
+        "scaling": {"runs": scaling, "table": analysis.scaling_table(scaling, cores=2)},
+        "overhead": {"runs": [], "summary": {"engine_samples_per_sec": 9.7, "plain_samples_per_sec": 10.0,
+                                             "engine_over_plain": 0.97, "repetitions": 1}},
+        "memory": {"budget_gb": 0.02, "method": "search", "search": search, "fp16_over_fp32": 1.0, "bf16_over_fp32": 1.0},
+    }
+
+
+def test_a_study_of_some_sections_reports_only_what_it_ran(tmp_path):
+    results = _full_results()
+    results["settings"]["sections"] = ["memory", "overhead"]
+    for section in ("throughput", "time_split", "scaling"):
+        del results[section]
+    names = [t["target"] for t in report.targets(results)]
+    assert names == ["engine 1x1x1 within 5% of a plain PyTorch loop", "fp16 max micro-batch vs fp32, same budget"]
+    results["charts"] = charts.write_charts(results, tmp_path)
+    text = report.render(results, cores=2)
+    assert "## Targets" in text and "## 2. Memory" in text and "## Engine overhead" in text
+    for absent in ("## 1. Throughput", "## 3. Where the time goes", "## 5. Scaling", "interleaved-1f1b (v=2)", "1f1b vs"):
+        assert absent not in text
+    # No section that ran has a target: no targets table at all.
+    results["settings"]["sections"] = ["memory"]
+    del results["overhead"]
+    assert [t["target"] for t in report.targets(results)] == ["fp16 max micro-batch vs fp32, same budget"]
+    del results["memory"]
+    assert report.targets(results) == [] and "## Targets" not in report.render(results, cores=2)
+
+
+def test_charts_are_drawn_for_the_sections_that_ran_and_embedded_in_the_report(tmp_path):
+    results = _full_results()
+    paths = charts.write_charts(results, tmp_path)
+    for name in ("throughput", "scaling", "scaling_efficiency", "time_split", "memory", "memory_batch"):
+        assert paths[name] == f"charts/{name}.svg"
+        root = ET.parse(tmp_path / paths[name]).getroot()
+        assert root.tag == "{http://www.w3.org/2000/svg}svg"
+    results["charts"] = paths
+    text = report.render(results, cores=2)
+    images = re.findall(r"!\[[^\]]+\]\((charts/[\w.]+\.svg)\)", text)
+    assert sorted(images) == sorted(paths.values())
+    # Each chart sits under its own section's table.
+    assert text.index("charts/throughput.svg") < text.index("## 2. Memory") < text.index("charts/memory.svg")
+    throughput_svg = (tmp_path / paths["throughput"]).read_text()
+    assert "pp=2: interleaved-1f1b v=2" in throughput_svg and "bubble-formula bound" in throughput_svg
+    assert all(kind in (tmp_path / paths["scaling"]).read_text() for kind in ("DP", "PP", "MP", "mix / 3D", "ideal"))
+
+
+def test_no_chart_for_a_section_that_did_not_run(tmp_path):
+    results = _full_results()
+    for section in ("throughput", "time_split", "scaling", "memory"):
+        del results[section]
+    assert set(charts.write_charts(results, tmp_path).values()) == {None}
+    assert not (tmp_path / "charts").exists()
+    results["charts"] = charts.write_charts(results, tmp_path)
+    assert "![" not in report.render(results, cores=2)

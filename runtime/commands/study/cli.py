@@ -1,7 +1,8 @@
 """``python run.py study``: the performance study in one command.
 
-Launches real torchrun training runs one at a time and writes DIR/results.json, DIR/REPORT.md,
-DIR/commands.txt, and every run's TensorBoard logs under DIR.
+Launches real torchrun training runs one at a time and writes DIR/results.json, DIR/REPORT.md with its
+SVG charts in DIR/charts/, DIR/commands.txt, every run's TensorBoard logs under DIR, and every run's
+hyperparameters and figures in TensorBoard's HParams tab (DIR/hparams).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from runtime.commands.flags import HelpFormatter
 from runtime.commands.launch import RunResult, RunSpec, execute
-from runtime.commands.study import analysis, plan, report
+from runtime.commands.study import analysis, charts, hparams, plan, report
 from runtime.commands.study.memory_search import search_max_batch
 from runtime.device import device_description, has_accelerator, select_device
 from runtime.observe.layer_timing import measure_layer_times
@@ -143,10 +144,12 @@ def main(argv: list[str]) -> int:
                             "model": vars(settings.split_model), "layer_seconds": layer_seconds}
 
     results["wall_time_s"] = time.monotonic() - t0
-    results["targets"] = report.targets(results)
+    results["targets"] = report.targets(results)  # only those of the sections that ran
+    results["charts"] = charts.write_charts(results, out)
     _save(out, results)
     (out / "commands.txt").write_text("\n".join(results["commands"]) + "\n")
     (out / "REPORT.md").write_text(report.render(results, cores=os.cpu_count() or 1))
+    hparams.write_hparams(results, out)
     print(f"study done in {results['wall_time_s'] / 60:.1f} min: {out / 'REPORT.md'}", flush=True)
     for t in results["targets"]:
         print(f"  target {t['target']}: {t['measured']} ({t['goal']}) {'met' if t['met'] else 'NOT met'}")

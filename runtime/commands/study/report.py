@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from runtime.commands.study import charts
 from runtime.observe.profiling import CATEGORIES
 
 TARGETS = (
@@ -32,29 +33,38 @@ def _measured(value: float | None, by_round: list[float] | None, spec: str = ".3
     return text
 
 
+def ran(results: dict, section: str) -> bool:
+    """Whether the study was asked for ``section`` and recorded it: a study of some sections reports only those."""
+    asked = results.get("settings", {}).get("sections")
+    return section in results and (asked is None or section in asked)
+
+
+def _target(name: str, goal: float, measured: str, value: float | None) -> dict:
+    return {"target": name, "goal": f">= {goal:.2f}x", "measured": measured, "met": bool(value and value >= goal)}
+
+
 def targets(results: dict) -> list[dict]:
+    """The performance targets of the sections that ran, each with its measured figure."""
     rows = []
-    throughput = [r for r in results.get("throughput", {}).get("table", []) if r["group"] == "pp=2"]
-    for name, label, goal in TARGETS:
-        row = next((r for r in throughput if r["label"] == label), None)
-        value = row.get("speedup_vs_naive") if row else None
-        rows.append({"target": name, "goal": f">= {goal:.2f}x",
-                     "measured": _measured(value, row.get("speedup_by_round") if row else None),
-                     "met": bool(value and value >= goal)})
-    overhead = results.get("overhead", {}).get("summary", {})
-    ratio = overhead.get("engine_over_plain")
-    split = {r["pp"]: r for r in results.get("split", {}).get("table", [])}
+    if ran(results, "throughput"):
+        throughput = [r for r in results["throughput"].get("table", []) if r["group"] == "pp=2"]
+        for name, label, goal in TARGETS:
+            row = next((r for r in throughput if r["label"] == label), {})
+            value = row.get("speedup_vs_naive")
+            rows.append(_target(name, goal, _measured(value, row.get("speedup_by_round")), value))
+    split = {r["pp"]: r for r in results.get("split", {}).get("table", [])} if ran(results, "split") else {}
     if 4 in split:
-        split_ratio = split[4].get("auto_over_uniform")
-        rows.append({"target": "--split auto vs uniform, heavy LM head, pp=4", "goal": ">= 1.15x",
-                     "measured": _measured(split_ratio, split[4].get("auto_over_uniform_by_round")),
-                     "met": bool(split_ratio and split_ratio >= 1.15)})
-    rows.append({"target": "engine 1x1x1 within 5% of a plain PyTorch loop", "goal": ">= 0.95x",
-                 "measured": _fmt(ratio, ".3f") + "x" if ratio else "n/a", "met": bool(ratio and ratio >= 0.95)})
-    memory = results.get("memory", {})
-    ratio = memory.get("fp16_over_fp32")
-    rows.append({"target": "fp16 max micro-batch vs fp32, same budget", "goal": ">= 1.60x",
-                 "measured": _fmt(ratio, ".2f") + "x" if ratio else "n/a", "met": bool(ratio and ratio >= 1.6)})
+        ratio = split[4].get("auto_over_uniform")
+        rows.append(_target("--split auto vs uniform, heavy LM head, pp=4", 1.15,
+                            _measured(ratio, split[4].get("auto_over_uniform_by_round")), ratio))
+    if ran(results, "overhead"):
+        ratio = results["overhead"].get("summary", {}).get("engine_over_plain")
+        rows.append(_target("engine 1x1x1 within 5% of a plain PyTorch loop", 0.95,
+                            _fmt(ratio, ".3f") + "x" if ratio else "n/a", ratio))
+    if ran(results, "memory"):
+        ratio = results["memory"].get("fp16_over_fp32")
+        rows.append(_target("fp16 max micro-batch vs fp32, same budget", 1.60,
+                            _fmt(ratio, ".2f") + "x" if ratio else "n/a", ratio))
     return rows
 
 
@@ -139,21 +149,26 @@ def render(results: dict, *, cores: int) -> str:
               f"{s['microbatches']} micro-batches, {s['steps']} steps per run (median of the steps after warm-up), "
               "fp32, synthetic tokens. Every run is a real `torchrun` training job; commands are listed at the end "
               "and in commands.txt.", ""]
-    if results["mode"] in ("quick", "smoke"):
+    if results["mode"] in ("quick", "smoke") and targets(results):
         lines += [f"{results['mode'].capitalize()} mode: a small model whose steps are dominated by fixed per-action "
                   "costs. The performance targets are defined for a model big enough that compute dominates: run "
                   "the full study (without --quick or --smoke) to check them.", ""]
     lines += _targets_section(results) + _throughput_section(results) + _memory_section(results)
     lines += _time_split_section(results) + _timeline_section(results) + _scaling_section(results)
     lines += _overhead_section(results) + _split_section(results)
-    lines += ["## Conclusions", ""] + [f"- {c}" for c in conclusions(results, cores=cores)] + [""]
+    found = conclusions(results, cores=cores)
+    if found:
+        lines += ["## Conclusions", ""] + [f"- {c}" for c in found] + [""]
     lines += ["## Commands", "", "```"] + results.get("commands", []) + ["```", ""]
     return "\n".join(lines)
 
 
 def _targets_section(results: dict) -> list[str]:
+    rows = targets(results)
+    if not rows:
+        return []
     lines = ["## Targets", "", "| target | goal | measured | met |", "| --- | --- | --- | --- |"]
-    lines += [f"| {t['target']} | {t['goal']} | {t['measured']} | {'yes' if t['met'] else 'no'} |" for t in targets(results)]
+    lines += [f"| {t['target']} | {t['goal']} | {t['measured']} | {'yes' if t['met'] else 'no'} |" for t in rows]
     return lines + [""]
 
 
@@ -166,6 +181,8 @@ def _repetitions(row: dict) -> str:
 
 
 def _throughput_section(results: dict) -> list[str]:
+    if not ran(results, "throughput"):
+        return []
     lines = ["## 1. Throughput against the naive baseline", "",
              "Speed-up bound from the bubble fractions: (1 - bubble) / (1 - (p-1)/p), with bubble (p-1)/(m+p-1) for "
              "GPipe and 1F1B, (p-1)/(v*m+p-1) for interleaved 1F1B (Narayanan et al. 2021) and ~0 for zero-bubble "
@@ -187,7 +204,7 @@ def _throughput_section(results: dict) -> list[str]:
                      f" {r['theoretical_speedup']:.3f}x | {_fmt(r.get('compute_slowdown'), '.3f')}x |"
                      f" {_fmt(r.get('bound_at_measured_compute'), '.3f')}x | {_pct(r['measured_idle_fraction'])} |"
                      f" {_pct(r['theoretical_bubble_fraction'])} | {_repetitions(r)} |")
-    return lines + [""]
+    return lines + [""] + charts.markdown(results, "throughput")
 
 
 def _memory_section(results: dict) -> list[str]:
@@ -208,7 +225,7 @@ def _memory_section(results: dict) -> list[str]:
 
     lines += ["", f"fp16 / fp32 maximum micro-batch: {_fmt(mem.get('fp16_over_fp32'))}x{bounds('fp16_over_fp32_bounds')}; "
                   f"bf16 / fp32: {_fmt(mem.get('bf16_over_fp32'))}x{bounds('bf16_over_fp32_bounds')}.", ""]
-    return lines
+    return lines + charts.markdown(results, "memory_batch", "memory")
 
 
 def _time_split_section(results: dict) -> list[str]:
@@ -221,7 +238,7 @@ def _time_split_section(results: dict) -> list[str]:
     for r in rows:
         lines.append(f"| {r['group']} | {r['label']} | {r['rank']} | {r['step_time']:.3f} | "
                      + " | ".join(_pct(r[k]) for k in CATEGORIES) + f" | {_pct(r['tracked_fraction'])} | {_pct(r['theoretical_bubble'])} |")
-    return lines + [""]
+    return lines + [""] + charts.markdown(results, "time_split")
 
 
 def _timeline_section(results: dict) -> list[str]:
@@ -254,7 +271,7 @@ def _scaling_section(results: dict) -> list[str]:
         lines.append(f"| {r['kind']} | {r['world']} | {r['mesh']} | {r['samples_per_sec']:.3f} | {_fmt(r['speedup'])}x |"
                      f" {_pct(r['efficiency'])} | {_pct(r['efficiency_vs_cores'])} | {_fmt(r['compute_to_comm'], '.1f', 'no comm')} |"
                      f" {_pct(r['idle_fraction'])} |")
-    return lines + [""]
+    return lines + [""] + charts.markdown(results, "scaling", "scaling_efficiency")
 
 
 def _overhead_section(results: dict) -> list[str]:
