@@ -75,10 +75,9 @@ def layer_group_forwards(model: GPT, *, micro_batch_size: int, device: torch.dev
     [micro-batch x seq, vocab] logits is a large share of the head's time but no matmul FLOPs."""
     seq_len, d_model = model.pos_emb.num_embeddings, model.pos_emb.embedding_dim
     tokens = torch.randint(0, model.tok_emb.num_embeddings, (micro_batch_size, seq_len), device=device)  # [b, t]
-    positions = torch.arange(seq_len, device=device)
     hidden = torch.randn(micro_batch_size, seq_len, d_model, device=device, requires_grad=True)  # [b, t, d]
     return {
-        "embedding": lambda: model.tok_emb(tokens) + model.pos_emb(positions),
+        "embedding": lambda: model.tok_emb(tokens) + model.pos_emb.weight[:seq_len],
         "block": lambda: model.layers["0"](hidden),
         "head": lambda: F.cross_entropy(model.head(model.norm(hidden)).float().flatten(0, 1), tokens.flatten()),
     }

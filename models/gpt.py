@@ -1,8 +1,9 @@
 """A GPT-2 style decoder-only transformer (Radford et al. 2019), written for clarity, not distribution.
 
-Nothing here knows about ranks or meshes. Three choices make it easy to pipeline and shard:
+Nothing here knows about ranks or meshes. These choices make it easy to pipeline and shard:
 - blocks live in a ``ModuleDict`` keyed "0".."L-1", so parameter names survive stage splitting;
 - attention reshapes with ``-1`` heads, so a tensor-parallel shard with H/mp heads traces the same graph;
+- forward creates no tensor on a device (positions slice the table), so a graph traced on "meta" runs anywhere;
 - every parameter's initial value is a pure function of (seed, name, shape) (``initial_value``), so a
   rank can initialise just the shards it holds and get what the whole model would have.
 The input and output embeddings are tied, as in GPT-2 (``tie_embeddings``): the LM head's weight *is*
@@ -111,9 +112,10 @@ class GPT(nn.Module):
             self.head.weight = self.tok_emb.weight  # (V, D) both: an embedding row is an output row
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        # tokens: (B, T) int64 -> logits (B, T, V)
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.tok_emb(tokens) + self.pos_emb(positions)  # (B, T, D)
+        # tokens: (B, T) int64 -> logits (B, T, V). The positions' embeddings are the first T rows of the
+        # table, sliced rather than looked up with arange: no tensor is created on a device here, so a graph
+        # traced on the meta device runs on any device unchanged.
+        x = self.tok_emb(tokens) + self.pos_emb.weight[: tokens.shape[1]]  # (B, T, D)
         for block in self.layers.values():
             x = block(x)
         return self.head(self.norm(x))

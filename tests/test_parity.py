@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from models.gpt import TIED_WEIGHTS
 from runtime.commands.flags import parse_train_config
 from tests.launch import spawn_ranks, torchrun
 from tests.reference import train_reference
@@ -32,6 +33,14 @@ CASES = [
     (4, 2, 1, "gpipe", []),
     (1, 2, 4, "zero-bubble", []),
     (2, 2, 2, "gpipe", ["--activation-checkpointing"]),
+    # Tied embeddings on two ranks (the embedding and head copies on different ranks) and untied.
+    (1, 2, 1, "interleaved-1f1b", []),
+    (1, 2, 2, "1f1b", ["--untie-embeddings"]),
+    # Data-parallel modes: replicate (with PP and TP), HSDP with PP and with TP, ZeRO-3.
+    (2, 2, 2, "1f1b", ["--dp-shard", "1"]),
+    (4, 2, 1, "interleaved-1f1b", ["--dp-shard", "2"]),
+    (4, 1, 2, "1f1b", ["--dp-shard", "2"]),
+    (2, 2, 2, "interleaved-1f1b", ["--reshard-after-forward"]),
 ]
 
 
@@ -40,7 +49,12 @@ def _args(dp, pp, mp, schedule, extra, logdir) -> list[str]:
             "--logdir", str(logdir), *COMMON, *extra]
 
 
-@pytest.mark.parametrize("dp,pp,mp,schedule,extra", CASES, ids=[f"{c[0]}x{c[1]}x{c[2]}-{c[3]}{('-' + c[4][-1].replace(',', '')) if c[4] else ''}" for c in CASES])
+def _case_id(case) -> str:
+    dp, pp, mp, schedule, extra = case
+    return f"{dp}x{pp}x{mp}-{schedule}" + "".join(f"-{x.removeprefix('--').replace(',', '')}" for x in extra)
+
+
+@pytest.mark.parametrize("dp,pp,mp,schedule,extra", CASES, ids=[_case_id(c) for c in CASES])
 def test_losses_match_single_process(tmp_path, dp, pp, mp, schedule, extra):
     args = _args(dp, pp, mp, schedule, extra, tmp_path)
     result = torchrun(args, nproc=dp * pp * mp, timeout=300)
@@ -83,7 +97,8 @@ def test_gradients_match_single_process_on_3d_mesh(tmp_path):
     seen: dict[str, torch.Tensor] = {}
     for rank in range(8):
         for name, grad in torch.load(tmp_path / f"grads_rank{rank}.pt").items():
-            if name in seen:  # dp and mp peers hold the same full gradient
+            name = TIED_WEIGHTS.get(name, name)  # the head's copy of the tied embedding holds its gradient too
+            if name in seen:  # dp and mp peers, and a tied weight's copies, hold the same full gradient
                 torch.testing.assert_close(grad, seen[name], rtol=0, atol=0)
             seen[name] = grad
     assert set(seen) == set(reference), "every parameter lives on exactly one stage"

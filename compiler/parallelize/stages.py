@@ -93,6 +93,10 @@ def build_local_stages(
             apply_ac(module)
         apply_data_parallel(module, meshes.dp, data_parallel)
         materialize(module, device=device, initial_value=initial_value)
+        if cfg.tie_embeddings:
+            # to_empty gives every module a Parameter of its own; point the head at the embedding's (the one
+            # FSDP keeps and re-points both modules to around each forward) again.
+            share_tied_weights(module)
         modules.append(module)
         stages.append(pipe.build_stage(index, device, meshes.pp.get_group()))
     return LocalStages(indices, modules, stages, n_stages)

@@ -91,9 +91,10 @@ def scaled_cross_entropy(scaler: ShardedGradScaler, *, microbatches: int, vocab_
         if vocab_mesh is None:
             loss = F.cross_entropy(logits, rearrange(targets, "b t -> (b t)"))
         else:
+            # Inside the step's loss_parallel() (not a context of its own: leaving a nested one would
+            # switch the vocabulary-parallel ops off before backward runs them).
             sharded = DTensor.from_local(logits, vocab_mesh, [Shard(1)], run_check=False)  # (b t, V) over mp
-            with loss_parallel():
-                loss = F.cross_entropy(sharded, rearrange(targets, "b t -> (b t)")).to_local()
+            loss = F.cross_entropy(sharded, rearrange(targets, "b t -> (b t)")).to_local()
         return scaler.scale(loss / microbatches)
 
     return loss_fn

@@ -39,9 +39,9 @@ class TiedWeights:
         # A stage holding both ends shares one Parameter between them (compiler/parallelize/stages.py):
         # nothing to sum or to discount then.
         separate = {copy: source for copy, source in TIED_WEIGHTS.items()
-                    if copy in names and names.get(source) is not names[copy]}
+                    if copy not in names or names.get(source) is not names[copy]}
         self.copies = [names[n] for pair in separate.items() for n in pair if n in names]
-        self.duplicates = {id(names[copy]) for copy in separate}
+        self.duplicates = {id(names[copy]) for copy in separate if copy in names}
         self.group = None
         if first_pp != last_pp:
             for d in range(layout.dp):
@@ -54,7 +54,7 @@ class TiedWeights:
     def sync_grads(self) -> None:
         """Sum the copies' gradients so both hold the shared weight's gradient. Every rank of a pair must
         call it after the same backward; ranks holding no copy do nothing."""
-        grads = [_local(p.grad) for p in self.copies if p.grad is not None]
+        grads = [_local(_as_param_placed(p)) for p in self.copies if p.grad is not None]
         if not grads:
             return
         if len(grads) == 2:  # both copies here (one pipeline stage, or a V-shaped placement)
@@ -62,3 +62,14 @@ class TiedWeights:
             grads[1].copy_(grads[0])
         elif self.group is not None:
             dist.all_reduce(grads[0], group=self.group)
+
+
+def _as_param_placed(param: nn.Parameter) -> torch.Tensor:
+    """The parameter's gradient laid out like the parameter. DTensor's vocabulary-parallel embedding
+    backward returns the weight's gradient replicated over mp (every rank computes all V rows); the
+    head's is sharded like its weight. Exchanging shards needs both in the weight's layout (a local
+    slice of a replicated gradient: no communication)."""
+    grad = param.grad
+    if isinstance(grad, DTensor) and grad.placements != param.placements:
+        param.grad = grad.redistribute(param.device_mesh, param.placements)
+    return param.grad
