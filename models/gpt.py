@@ -137,7 +137,7 @@ def initial_value(name: str, shape: tuple[int, ...], *, seed: int, n_layers: int
     std = 0.02
     if name.endswith(("attn.o.weight", "mlp.down.weight")):
         std /= math.sqrt(2 * n_layers)
-    return torch.randn(shape, generator=torch.Generator().manual_seed(_name_seed(seed, name))) * std
+    return torch.randn(shape, generator=torch.Generator().manual_seed(_name_seed(seed, name))).mul_(std)
 
 
 def init_weights(model: nn.Module, *, seed: int, cfg: GPTConfig) -> None:

@@ -193,6 +193,9 @@ def _check_data_parallel(dp: DataParallelConfig, mesh: MeshShape) -> None:
         flag = "--reshard-after-forward" if dp.reshard_after_forward else f"--reduce-dtype {dp.reduce_dtype}"
         raise ConfigError(f"{flag} needs --dp > 1: it changes how data-parallel replicas share parameters and "
                           f"gradients, and --dp is 1")
+    if dp.reshard_after_forward and dp.shard == 1:
+        raise ConfigError("--reshard-after-forward needs sharded parameters: with --dp-shard 1 every rank holds "
+                          "them whole; use --dp-shard > 1")
 
 
 def _check_pipeline(pipeline: PipelineConfig, model: GPTConfig, mesh: MeshShape) -> None:

@@ -5,8 +5,8 @@
   sharded over all dp ranks; gradients are reduce-scattered.
 - 2-D mesh (replicate, shard): HSDP (PyTorch's "hybrid shard", ZeRO++ hpZ-like): sharded within a
   group of ``shard`` ranks, replicated across the dp / shard groups; gradients are reduce-scattered in
-  the shard group and all-reduced across groups. A shard group of 1 is plain replication (DDP's layout):
-  every rank holds the whole stage and gradients are all-reduced.
+  the shard group and all-reduced across groups.
+Plain replication (a shard group of one, DDP's layout) does not go through FSDP: runtime/engine/replicate.py.
 
 Each block of a stage is its own FSDP unit (gathered and freed as a group) and the stage module is the
 root unit. Under pipelining the schedule decides when gradients are reduced: every micro-batch's
@@ -38,9 +38,7 @@ class DataParallelOptions:
 
 
 def apply_data_parallel(stage_module: nn.Module, dp_mesh: DeviceMesh, options: DataParallelOptions) -> nn.Module:
-    """Shard or replicate the stage over ``dp_mesh`` (see the module docstring); nothing for one replica."""
-    if dp_mesh.size() == 1:
-        return stage_module
+    """Shard the stage over ``dp_mesh`` (see the module docstring)."""
     policy = MixedPrecisionPolicy(reduce_dtype=options.reduce_dtype)
     for name in block_names(stage_module):
         fully_shard(stage_module.get_submodule(name), mesh=dp_mesh, mp_policy=policy,

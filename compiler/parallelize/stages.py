@@ -55,7 +55,7 @@ class LocalStages:
 class StageMeshes:
     pp: DeviceMesh
     mp: DeviceMesh
-    dp: DeviceMesh  # 1-D (FSDP) or 2-D (replicate, shard): see data_parallel.py
+    fsdp: DeviceMesh | None  # 1-D (FSDP), 2-D (replicate, shard: HSDP), or None: nothing sharded
 
 
 def build_local_stages(
@@ -91,7 +91,8 @@ def build_local_stages(
             share_tied_weights(module)
         if activation_checkpointing:
             apply_ac(module)
-        apply_data_parallel(module, meshes.dp, data_parallel)
+        if meshes.fsdp is not None:
+            apply_data_parallel(module, meshes.fsdp, data_parallel)
         materialize(module, device=device, initial_value=initial_value)
         if cfg.tie_embeddings:
             # to_empty gives every module a Parameter of its own; point the head at the embedding's (the one

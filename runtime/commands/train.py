@@ -32,13 +32,14 @@ from runtime.config import ConfigError, TrainConfig
 from runtime.device import configure_cpu_threads, device_description, select_device
 from runtime.distributed.collectives import all_gather_objects, broadcast_object
 from runtime.distributed.cpu_binding import bind_node_ranks
-from runtime.distributed.mesh import GridLayout, build_mesh, data_parallel_mesh
+from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
 from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
 from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
 from runtime.engine.data import DataError, DataSources, build_data, replica_rows
 from runtime.engine.guards import DivergenceError, DivergenceGuard
 from runtime.engine.loop import training_loop
 from runtime.engine.optim import build_lr_schedule, build_optimizer
+from runtime.engine.replicate import ReplicatedGradients
 from runtime.engine.step import StepContext
 from runtime.engine.tied import TiedWeights
 from runtime.observe.layer_timing import measure_layer_times
@@ -129,7 +130,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     bound_cores = _bind_cores(cfg.pipeline.bind_cores, plan.stage_costs, layout, env, device)
     spec = SCHEDULES[cfg.pipeline.schedule]
     v = cfg.pipeline.stages_per_rank
-    meshes = StageMeshes(pp=mesh["pp"], mp=mesh["mp"], dp=data_parallel_mesh(mesh, layout))
+    meshes = StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout))
     stages = build_local_stages(
         cfg.model, blocks_per_stage=plan.blocks_per_stage,
         stage_indices=spec.stage_indices(pp_rank, pp=cfg.mesh.pp, stages_per_rank=v),
@@ -142,6 +143,10 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
                         first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),
                         last_pp=spec.stage_owner(plan.n_stages - 1, pp=cfg.mesh.pp, stages_per_rank=v))
             if cfg.model.tie_embeddings else None)
+    replicated = (ReplicatedGradients(stages.parameters(), group=mesh["dp"].get_group(),
+                                      reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype),
+                                      accumulations=cfg.pipeline.microbatches)
+                  if cfg.mesh.dp > 1 and cfg.data_parallel.shard == 1 else None)
 
     # 5. Schedule, mixed precision, optimizer.
     scaler = build_grad_scaler(cfg.precision, device.type)
@@ -158,7 +163,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
         schedule=schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
         device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
         loss_copies=cfg.mesh.dp * cfg.mesh.mp, plane_size=cfg.mesh.dp * cfg.mesh.mp,
-        tied=tied, vocab_parallel=vocab_parallel, recorder=profiler.recorder if profiler else None,
+        tied=tied, replicated=replicated, vocab_parallel=vocab_parallel, recorder=profiler.recorder if profiler else None,
     )
 
     # 6. Resume: every tensor is keyed by its original parameter name, so DCP reshards the saved

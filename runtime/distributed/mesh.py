@@ -82,9 +82,12 @@ def build_mesh(device_type: str, layout: GridLayout) -> DeviceMesh:
     return mesh
 
 
-def data_parallel_mesh(mesh: DeviceMesh, layout: GridLayout) -> DeviceMesh:
-    """The mesh FSDP shards over: mesh["dp"] (FSDP), or dp unflattened into (replicate, shard) for HSDP
-    and replication. Collective: every rank calls it (it creates the subgroups)."""
+def fsdp_mesh(mesh: DeviceMesh, layout: GridLayout) -> DeviceMesh | None:
+    """The mesh FSDP shards over: mesh["dp"] (FSDP), dp unflattened into (replicate, shard) for HSDP, or
+    None where nothing is sharded (one replica, or replication: runtime/engine/replicate.py).
+    Collective: every rank calls it (it creates the subgroups)."""
+    if layout.dp == 1 or layout.shard == 1:
+        return None
     if layout.shard == layout.dp:
         return mesh["dp"]
     hybrid = mesh._unflatten("dp", (layout.dp // layout.shard, layout.shard), ("dp_replicate", "dp_shard"))

@@ -22,6 +22,7 @@ from compiler.parallelize.stages import LocalStages
 from runtime.device import synchronize
 from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value, vocab_parallel_loss
 from runtime.engine.grad_clip import clip_grads_, local_grad_sq_norm
+from runtime.engine.replicate import ReplicatedGradients
 from runtime.engine.tied import TiedWeights
 from runtime.observe.profiling import StepRecorder
 
@@ -50,13 +51,15 @@ class StepContext:
     loss_copies: int  # ranks reporting the same loss: dp x mp last-stage ranks, each replica mp times
     plane_size: int  # dp x mp: ranks sharing one pipeline stage
     tied: TiedWeights | None = None  # the tied embedding / head copies this rank holds
+    replicated: ReplicatedGradients | None = None  # replicated data parallelism: averages gradients over dp
     vocab_parallel: bool = False  # the loss is computed on vocabulary-sharded logits (mp > 1)
     recorder: StepRecorder | None = None  # set when profiling: times the optimizer phase
 
 
 def run_schedule(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *, train: bool) -> list[torch.Tensor]:
     """Run one pass of the schedule over this replica's batch (training: forward and backward of every
-    micro-batch, tied copies' gradients summed); returns per-micro-batch losses on the last stage."""
+    micro-batch, tied copies' gradients summed, replicas' gradients averaged where nothing is sharded);
+    returns per-micro-batch losses on the last stage."""
     losses: list[torch.Tensor] = []
     args = (inputs,) if ctx.stages.has_first else ()
     kwargs = {"target": targets, "losses": losses} if ctx.stages.has_last else {}
@@ -67,8 +70,12 @@ def run_schedule(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, 
         else:
             with torch.no_grad():
                 ctx.schedule.eval(*args, **kwargs)
-    if train and ctx.tied is not None:
-        ctx.tied.sync_grads()
+    if train:
+        with ctx.recorder.span("dp_comm", "gradient all-reduce") if ctx.recorder else contextlib.nullcontext():
+            if ctx.tied is not None:
+                ctx.tied.sync_grads()
+            if ctx.replicated is not None:
+                ctx.replicated.finish()
     return losses
 
 

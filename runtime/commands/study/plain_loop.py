@@ -1,27 +1,34 @@
-"""The reference point for engine overhead: a plain single-process PyTorch training loop.
+"""The reference points for engine overhead: a plain PyTorch training loop, on one process or, under
+torchrun, with ``DistributedDataParallel`` (``no_sync`` for every micro-batch but the last, as a DDP user
+accumulates gradients).
 
-No tracing, no schedule, no distributed code: the same GPT, the same AdamW and clipping, the same
-micro-batch gradient accumulation and synthetic tokens as the engine's 1x1x1 run. It prints one JSON
-line with its median step time and throughput, measured the way the engine measures them.
+No tracing, no schedule, no engine code on the compute path: the same GPT, the same AdamW and clipping,
+the same micro-batch gradient accumulation and synthetic tokens as the engine's runs (each DDP rank
+takes its rows of the global batch). Rank 0 prints one JSON line with its median step time and
+throughput, measured the way the engine measures them.
 
     python -m runtime.commands.study.plain_loop --layers 16 --d-model 384 --heads 8 --seq-len 128 \
         --micro-batch-size 4 --microbatches 8 --steps 6 --precision fp32
+    torchrun --nproc_per_node=2 -m runtime.commands.study.plain_loop --layers 8 --d-model 256 ...   # DDP
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
 import torch
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 from compiler.precisions import PRECISIONS
 from models.gpt import GPT2_MLP_RATIO, GPTConfig, build_gpt
 from runtime.device import configure_cpu_threads, peak_memory_bytes, select_device, synchronize
+from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
 from runtime.engine.amp import autocast
-from runtime.engine.data import SyntheticBatches, inputs_and_targets
+from runtime.engine.data import SyntheticBatches, inputs_and_targets, replica_rows
 from runtime.engine.optim import build_lr_schedule, build_optimizer
 from runtime.observe.metrics import Throughput
 
@@ -35,27 +42,38 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--lr", type=float, default=1e-3)
     args = p.parse_args(argv)
 
-    device = select_device(0)
+    env = LaunchEnv.from_environ()
+    device = select_device(env.local_rank)
     if device.type == "cpu":
-        configure_cpu_threads(1)
+        configure_cpu_threads(env.local_world_size)
+    distributed = env.world_size > 1
+    if distributed:
+        init_distributed(env, device)
     cfg = GPTConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, seq_len=args.seq_len,
                     vocab_size=args.vocab_size, mlp_width=GPT2_MLP_RATIO * args.d_model)
     model = build_gpt(cfg, seed=args.seed, device=device)
     optimizer = build_optimizer(list(model.parameters()), lr=args.lr, weight_decay=0.1)
+    if distributed:
+        model = DistributedDataParallel(model)
     schedule = build_lr_schedule(optimizer, warmup_steps=1, total_steps=args.steps)
     scaler = torch.amp.GradScaler(device.type, enabled=PRECISIONS[args.precision].loss_scaling)
-    batch = args.micro_batch_size * args.microbatches
+    batch = args.micro_batch_size * args.microbatches * env.world_size  # the global batch; each rank its rows
     data = SyntheticBatches(vocab_size=cfg.vocab_size, seq_len=cfg.seq_len, global_batch_size=batch, seed=args.seed)
     throughput = Throughput(batch, cfg.seq_len, 0.0, 1.0)
+    rows = replica_rows(batch, env.rank, env.world_size)
     for step in range(args.steps):
-        inputs, targets = (t.to(device) for t in inputs_and_targets(data.rows(step, 0, batch)))
+        inputs, targets = (t.to(device) for t in inputs_and_targets(data.rows(step, *rows)))
         synchronize(device)
         start = time.perf_counter()
-        for mb_inputs, mb_targets in zip(inputs.chunk(args.microbatches), targets.chunk(args.microbatches)):
-            with autocast(device.type, args.precision):
+        for i, (mb_inputs, mb_targets) in enumerate(zip(inputs.chunk(args.microbatches),
+                                                        targets.chunk(args.microbatches))):
+            # DDP all-reduces gradients during the last micro-batch's backward only.
+            last = i == args.microbatches - 1
+            with autocast(device.type, args.precision), (contextlib.nullcontext() if last or not distributed
+                                                          else model.no_sync()):
                 logits = model(mb_inputs)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), mb_targets.flatten()) / args.microbatches
-            scaler.scale(loss).backward()
+                loss = F.cross_entropy(logits.float().flatten(0, 1), mb_targets.flatten()) / args.microbatches
+                scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(optimizer)
@@ -69,7 +87,10 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"step_times": throughput.step_times, "step_time_s": steady, "samples_per_sec": throughput.samples_per_sec(steady),
               "tokens_per_sec": throughput.tokens_per_sec(steady), "peak_bytes": peak_memory_bytes(device),
               "precision": args.precision, "dtype": str(PRECISIONS[args.precision].dtype)}
-    print(json.dumps(result))
+    if env.rank == 0:
+        print(json.dumps(result))
+    if distributed:
+        shutdown_distributed()
     return result
 
 
