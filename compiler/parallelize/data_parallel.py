@@ -9,14 +9,20 @@
 Plain replication (a shard group of one, DDP's layout) does not go through FSDP: runtime/engine/replicate.py.
 
 Each block of a stage is its own FSDP unit (gathered and freed as a group) and the stage module is the
-root unit. Under pipelining the schedule decides when gradients are reduced: every micro-batch's
-backward runs with gradient sync off and one reduction per unit happens after the last micro-batch
-(the schedule's REDUCE_GRAD action), i.e. once per step. By default parameters stay gathered from the
-first forward to the last backward (``reshard_after_forward=False``, as torchtitan does under PP)
-instead of being re-gathered for every micro-batch; ``reshard_after_forward=True`` frees each unit's
-gathered parameters after its forward and gathers them again for its backward (ZeRO-3's memory, paid
-with an all-gather per micro-batch and unit). ``reduce_dtype`` communicates gradients in a lower
-precision (FSDP's MixedPrecisionPolicy); parameters and optimizer state stay fp32.
+root unit. Under pipelining the schedule decides when gradients are reduced: torch's PipelineStage runs
+every micro-batch's backward with gradient sync off and gathered parameters kept, and reduces once per
+unit after the last micro-batch (its REDUCE_GRAD action), i.e. once per step, as torchtitan does. That
+saves communication and keeps, for the whole step, the gathered parameters and unsharded gradients.
+
+``zero3`` keeps every rank's memory at its shards (ZeRO stage 3, Rajbhandari et al. 2020): parameters
+are freed after each unit's forward and after its backward and gathered again when needed, and gradients
+are reduce-scattered after every micro-batch's backward and accumulated as shards: one all-gather for
+forward and one for backward, and one reduce-scatter, per micro-batch and unit.
+
+``param_dtype`` gathers parameters in the autocast dtype (bf16 / fp16), so the gathered copies and the
+compute use half the bytes and no fp32 copy is gathered; the sharded parameters, gradients and optimizer
+state stay fp32. ``reduce_dtype`` is the dtype gradients are communicated in (FSDP's
+MixedPrecisionPolicy; fp32 by default).
 """
 
 from __future__ import annotations
@@ -33,15 +39,26 @@ from compiler.parallelize.tensor_parallel import block_names
 
 @dataclass(frozen=True)
 class DataParallelOptions:
-    reshard_after_forward: bool = False  # ZeRO-3: free gathered parameters after each forward
-    reduce_dtype: torch.dtype | None = None  # gradient communication dtype; None: the parameters' (fp32)
+    zero3: bool = False  # keep parameters and gradients sharded between uses, every micro-batch
+    param_dtype: torch.dtype | None = None  # dtype parameters are gathered and computed in; None: fp32
+    reduce_dtype: torch.dtype | None = None  # gradient communication dtype; None: fp32
 
 
 def apply_data_parallel(stage_module: nn.Module, dp_mesh: DeviceMesh, options: DataParallelOptions) -> nn.Module:
     """Shard the stage over ``dp_mesh`` (see the module docstring)."""
-    policy = MixedPrecisionPolicy(reduce_dtype=options.reduce_dtype)
+    policy = MixedPrecisionPolicy(param_dtype=options.param_dtype, reduce_dtype=options.reduce_dtype or torch.float32)
     for name in block_names(stage_module):
-        fully_shard(stage_module.get_submodule(name), mesh=dp_mesh, mp_policy=policy,
-                    reshard_after_forward=options.reshard_after_forward)
-    fully_shard(stage_module, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=options.reshard_after_forward)
+        fully_shard(stage_module.get_submodule(name), mesh=dp_mesh, mp_policy=policy, reshard_after_forward=options.zero3)
+    fully_shard(stage_module, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=options.zero3)
+    if options.zero3:
+        _sync_every_microbatch(stage_module)
     return stage_module
+
+
+def _sync_every_microbatch(fsdp_module: nn.Module) -> None:
+    """Make the PipelineStage's per-micro-batch settings (no gradient sync, keep gathered parameters after
+    backward) have no effect on this stage: it reduces and reshards after every backward, as ZeRO-3 does.
+    The final REDUCE_GRAD then finds nothing left to reduce and only waits for the last reductions."""
+    set_sync, set_reshard = fsdp_module.set_requires_gradient_sync, fsdp_module.set_reshard_after_backward
+    fsdp_module.set_requires_gradient_sync = lambda _requires, *, recurse=True: set_sync(True, recurse=recurse)
+    fsdp_module.set_reshard_after_backward = lambda _reshard, *, recurse=True: set_reshard(True, recurse=recurse)

@@ -136,8 +136,9 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
         stage_indices=spec.stage_indices(pp_rank, pp=cfg.mesh.pp, stages_per_rank=v),
         micro_batch_size=cfg.pipeline.micro_batch_size, meshes=meshes, device=device,
         activation_checkpointing=cfg.activation_checkpointing,
-        data_parallel=DataParallelOptions(cfg.data_parallel.reshard_after_forward,
-                                          _reduce_dtype(cfg.data_parallel.reduce_dtype)),
+        data_parallel=DataParallelOptions(zero3=cfg.data_parallel.reshard_after_forward,
+                                          param_dtype=PRECISIONS[cfg.precision].autocast_dtype,
+                                          reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype)),
         initial_value=_initial_values(cfg, start))
     tied = (TiedWeights(stages.named_parameters(), layout=layout, rank=env.rank,
                         first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),

@@ -1,0 +1,92 @@
+"""Hugging Face GPT-2 layout: a GPT-2 forward written against that layout (as transformers computes it)
+gives our model's logits from the exported tensors, and the inverse mapping gives our weights back."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models.gpt import MODEL_SIZES, build_gpt
+from models.hf_gpt2 import from_hf_gpt2, hf_config, to_hf_gpt2
+
+TINY = dataclasses.replace(MODEL_SIZES["tiny"], seq_len=16)
+
+
+def gpt2_forward(hf: dict[str, torch.Tensor], config: dict, tokens: torch.Tensor) -> torch.Tensor:
+    """GPT2LMHeadModel's forward from its state dict: Conv1D is x @ W + b (W stored [in, out]);
+    c_attn's output splits into [Q | K | V] of n_embd each, heads contiguous within each."""
+    d, h = config["n_embd"], config["n_head"]
+    eps = config["layer_norm_epsilon"]
+    B, T = tokens.shape
+
+    def conv1d(x, name):
+        return x @ hf[f"{name}.weight"] + hf[f"{name}.bias"]
+
+    def ln(x, name):
+        return F.layer_norm(x, (d,), hf[f"{name}.weight"], hf[f"{name}.bias"], eps)
+
+    x = hf["transformer.wte.weight"][tokens] + hf["transformer.wpe.weight"][:T]
+    for i in range(config["n_layer"]):
+        p = f"transformer.h.{i}"
+        q, k, v = conv1d(ln(x, f"{p}.ln_1"), f"{p}.attn.c_attn").split(d, dim=2)
+        q, k, v = (t.view(B, T, h, d // h).transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(d // h)
+        scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, T, d)
+        x = x + conv1d(y, f"{p}.attn.c_proj")
+        hidden = F.gelu(conv1d(ln(x, f"{p}.ln_2"), f"{p}.mlp.c_fc"), approximate="tanh")  # gelu_new
+        x = x + conv1d(hidden, f"{p}.mlp.c_proj")
+    head = hf["lm_head.weight"] if not config["tie_word_embeddings"] else hf["transformer.wte.weight"]
+    return ln(x, "transformer.ln_f") @ head.t()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_gpt2_layout_computes_our_logits_and_maps_back(tied):
+    cfg = dataclasses.replace(TINY, tie_embeddings=tied)
+    model = build_gpt(cfg, seed=7)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    hf = to_hf_gpt2(state, cfg)
+    config = hf_config(cfg)
+
+    assert hf["transformer.h.0.attn.c_attn.weight"].shape == (cfg.d_model, 3 * cfg.d_model)  # Conv1D: [in, out]
+    assert hf["transformer.h.0.mlp.c_fc.weight"].shape == (cfg.d_model, cfg.mlp_width)
+    assert config["tie_word_embeddings"] is tied and config["activation_function"] == "gelu_new"
+    assert torch.equal(hf["lm_head.weight"], hf["transformer.wte.weight"]) is tied
+
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt2_forward(hf, config, tokens), model(tokens), rtol=1e-5, atol=1e-5)
+
+    back = from_hf_gpt2(hf, cfg)
+    assert set(back) == set(state)
+    for name, tensor in state.items():
+        assert torch.equal(back[name], tensor), name
+
+
+def test_qkv_reordering_is_per_head_not_a_plain_transpose():
+    # A layout bug that the inverse mapping undoes would pass the round trip; the forward above must
+    # also fail if c_attn were exported without regrouping the heads.
+    cfg = TINY
+    model = build_gpt(cfg, seed=1)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    hf = to_hf_gpt2(state, cfg)
+    wrong = dict(hf, **{f"transformer.h.{i}.attn.c_attn.weight": state[f"layers.{i}.attn.qkv.weight"].t()
+                        for i in range(cfg.n_layers)})
+    tokens = torch.randint(0, cfg.vocab_size, (1, cfg.seq_len), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert not torch.allclose(gpt2_forward(wrong, hf_config(cfg), tokens), model(tokens), atol=1e-4)
+
+
+def test_gpt2_sizes_have_gpt2_parameter_counts_and_token_ids():
+    from models.gpt import parameter_count
+
+    assert parameter_count(MODEL_SIZES["small"]) == 124_439_808
+    assert parameter_count(MODEL_SIZES["medium"]) == 354_823_168
+    assert parameter_count(MODEL_SIZES["large"]) == 774_030_080
+    config = hf_config(MODEL_SIZES["small"])
+    assert (config["n_embd"], config["n_layer"], config["n_head"], config["n_positions"]) == (768, 12, 12, 1024)
+    assert config["eos_token_id"] == 50256
