@@ -19,9 +19,10 @@ are freed after each unit's forward and after its backward and gathered again wh
 are reduce-scattered after every micro-batch's backward and accumulated as shards: one all-gather for
 forward and one for backward, and one reduce-scatter, per micro-batch and unit.
 
-``param_dtype`` gathers parameters in the autocast dtype (bf16 / fp16), so the gathered copies and the
-compute use half the bytes and no fp32 copy is gathered; the sharded parameters, gradients and optimizer
-state stay fp32. ``reduce_dtype`` is the dtype gradients are communicated in (FSDP's
+``param_dtype`` gathers parameters in the autocast dtype (bf16 / fp16) and computes the stage in it,
+FSDP's mixed precision (as torchtitan trains): the gathered copies use half the bytes, autocast keeps no
+cast copy, and the residual stream inside a stage is low-precision too; the sharded parameters,
+gradients and optimizer state stay fp32. ``reduce_dtype`` is the dtype gradients are communicated in (FSDP's
 MixedPrecisionPolicy; fp32 by default).
 """
 
@@ -46,10 +47,14 @@ class DataParallelOptions:
 
 def apply_data_parallel(stage_module: nn.Module, dp_mesh: DeviceMesh, options: DataParallelOptions) -> nn.Module:
     """Shard the stage over ``dp_mesh`` (see the module docstring)."""
-    policy = MixedPrecisionPolicy(param_dtype=options.param_dtype, reduce_dtype=options.reduce_dtype or torch.float32)
+    reduce_dtype = options.reduce_dtype or torch.float32
+    policy = MixedPrecisionPolicy(param_dtype=options.param_dtype, reduce_dtype=reduce_dtype)
     for name in block_names(stage_module):
         fully_shard(stage_module.get_submodule(name), mesh=dp_mesh, mp_policy=policy, reshard_after_forward=options.zero3)
-    fully_shard(stage_module, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=options.zero3)
+    # The stage's output goes back to fp32: the pipeline sends activations in the dtype the graph was traced
+    # in (the next stage's receive buffers are fp32), and the last stage's logits feed an fp32 loss.
+    root = MixedPrecisionPolicy(param_dtype=options.param_dtype, reduce_dtype=reduce_dtype, output_dtype=torch.float32)
+    fully_shard(stage_module, mesh=dp_mesh, mp_policy=root, reshard_after_forward=options.zero3)
     if options.zero3:
         _sync_every_microbatch(stage_module)
     return stage_module
