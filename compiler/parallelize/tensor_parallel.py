@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from compiler.parallelize.vocab_parallel import VocabParallelEmbedding
 from models.tp_plan import COLWISE, ROWWISE, VOCAB_EMBEDDING, VOCAB_HEAD
 
 _STYLES = {
     COLWISE: ColwiseParallel,
     ROWWISE: RowwiseParallel,
-    # nn.Embedding under RowwiseParallel shards its rows (the vocabulary); the token ids are replicated.
-    VOCAB_EMBEDDING: lambda: RowwiseParallel(input_layouts=Replicate()),
+    VOCAB_EMBEDDING: VocabParallelEmbedding,  # the table's rows (the vocabulary) sharded, token ids replicated
     # Logits [B, T, V/mp] stay sharded on the vocabulary: the loss is vocabulary-parallel.
     VOCAB_HEAD: lambda: ColwiseParallel(output_layouts=Shard(-1)),
 }
