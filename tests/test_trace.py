@@ -34,7 +34,9 @@ def test_chained_stages_match_forward_and_backward():
         restore_linear_modules(stage, model)
 
     names = [[n for n, _ in s.named_parameters()] for s in stages]
-    assert names[0][:2] == ["tok_emb.weight", "pos_emb.weight"] and names[2][-1] == "head.weight"
+    # the embeddings open the pipeline and the head closes it (pos_emb is read as a slice of its weight,
+    # so the traced stage lists it after the first block's parameters)
+    assert {"tok_emb.weight", "pos_emb.weight"} <= set(names[0]) and names[2][-1] == "head.weight"
     assert sorted(n for ns in names for n in ns) == sorted(n for n, _ in reference.named_parameters())
 
     got, want = _chain(stages, tokens), reference(tokens)
