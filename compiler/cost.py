@@ -10,8 +10,9 @@ record:
 - activation bytes: what autograd saves for backward (``saved_tensors_hooks``), under the run's
   autocast dtype, excluding the weights themselves and their autocast copies.
 With ``mp > 1`` a block is profiled as one tensor-parallel shard (H/mp heads, mlp_width/mp hidden
-units), so FLOPs and activations are per rank. All blocks have the same shape, so one block is
-profiled and its cost used for each of them.
+units) and the embedding and head as one vocabulary shard (ceil(V/mp) rows, the logits' V/mp columns;
+the loss runs on the sharded logits), so FLOPs, parameters and activations are per rank. All blocks
+have the same shape, so one block is profiled and its cost used for each of them.
 
 The measured-time alternative (forward + backward of each group timed on the real device) lives in
 runtime/observe/layer_timing.py: measuring needs a device, counting does not.
@@ -62,6 +63,7 @@ def layer_costs(cfg: GPTConfig, *, micro_batch_size: int, precision: str = "fp32
     with FakeTensorMode():
         model = GPT(replace(cfg, n_layers=1))
         model.layers["0"] = tensor_parallel_shard(model.layers["0"], mp)
+        vocabulary_parallel_shard(model, mp)
         forwards = layer_group_forwards(model, micro_batch_size=micro_batch_size, device=torch.device("cpu"))
         embed = _profile("embedding", forwards["embedding"], [model.tok_emb, model.pos_emb], precision)
         blk = _profile("block", forwards["block"], [model.layers["0"]], precision)
@@ -94,6 +96,16 @@ def tensor_parallel_shard(block: Block, mp: int) -> Block:
     block.mlp.up = nn.Linear(d, width // mp)
     block.mlp.down = nn.Linear(width // mp, d)
     return block
+
+
+def vocabulary_parallel_shard(model: GPT, mp: int) -> None:
+    """The rows of the token embedding and of the head one of ``mp`` ranks holds (the largest shard)."""
+    if mp == 1:
+        return
+    rows = -(-model.tok_emb.num_embeddings // mp)
+    d = model.tok_emb.embedding_dim
+    model.tok_emb = nn.Embedding(rows, d)
+    model.head = nn.Linear(d, rows, bias=model.head.bias is not None)
 
 
 def _profile(name: str, forward, modules: list[nn.Module], precision: str) -> LayerCost:

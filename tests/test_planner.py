@@ -6,9 +6,11 @@ import dataclasses
 
 import pytest
 
-from compiler.planner.candidates import meshes
+from compiler.cost import layer_costs
+from compiler.planner.candidates import Candidate, candidates, meshes
 from compiler.planner.cluster import Link, load_cluster, preset_names
-from compiler.planner.memory_model import in_flight_stage_microbatches
+from compiler.planner.memory_model import DataParallelLayout, in_flight_stage_microbatches, weight_memory
+from compiler.planner.search import CostTable, estimate
 from compiler.planner.time_model import all_gather_time, all_reduce_time
 from models.gpt import MODEL_SIZES
 from runtime.commands.flags import default_config
@@ -93,3 +95,53 @@ def test_gpu_presets_prefer_tensor_cores_and_fit_a_large_model():
                        precisions=("fp32", "bf16"))
     best = plans[0]
     assert best.feasible and best.candidate.precision == "bf16"
+
+
+def test_rescaled_cluster_scales_every_predicted_step_time(cpu):
+    """The speed probe's correction: a machine measured twice as slow predicts every plan twice as slow."""
+    slow = cpu.rescaled(2.0, "test")
+    fast = rank_plans(TINY, world=4, global_batch_size=16, cluster=cpu, precisions=("fp32",))
+    slower = {e.candidate: e.step_time for e in rank_plans(TINY, world=4, global_batch_size=16, cluster=slow,
+                                                             precisions=("fp32",)) if e.feasible}
+    feasible = [e for e in fast if e.feasible]
+    assert feasible and len(slower) == len(feasible)
+    for e in feasible:
+        assert slower[e.candidate] == pytest.approx(2 * e.step_time, rel=1e-9)
+
+
+def test_weight_memory_by_data_parallel_mode():
+    params, block = 1_000_000, 100_000
+    replicate = weight_memory(params, block, DataParallelLayout(dp=4, shard=1))
+    fsdp = weight_memory(params, block, DataParallelLayout(dp=4, shard=4))
+    hsdp = weight_memory(params, block, DataParallelLayout(dp=4, shard=2))
+    zero3 = weight_memory(params, block, DataParallelLayout(dp=4, shard=4, zero3=True))
+    gathered_bf16 = weight_memory(params, block, DataParallelLayout(dp=4, shard=4, gather_bytes=2))
+    assert weight_memory(params, block, DataParallelLayout()) == 16 * params
+    assert replicate == 20 * params  # + the buckets' flat gradient copies
+    assert fsdp == params * (16 / 4 + 4 + 4)  # shards + gathered parameters + unsharded gradients
+    assert zero3 < fsdp < hsdp < replicate and gathered_bf16 == fsdp - 2 * params
+
+
+def test_dp_modes_are_planned_and_accepted():
+    modes = {(c.dp_shard, c.reshard_after_forward) for c in candidates(4, global_batch_size=16, precisions=("fp32",))
+             if c.dp == 4}
+    assert modes == {(None, False), (None, True), (1, False), (2, False)}
+
+
+def test_vocabulary_parallel_costs_shard_the_embedding_and_head():
+    cfg = MODEL_SIZES["small"]
+    whole, half = (layer_costs(cfg, micro_batch_size=1, mp=mp) for mp in (1, 2))
+    rows = -(-cfg.vocab_size // 2)
+    assert half[0].params == rows * cfg.d_model + cfg.seq_len * cfg.d_model
+    assert half[-1].params == rows * cfg.d_model + 2 * cfg.d_model  # head rows + the final norm
+    assert half[-1].flops == pytest.approx(whole[-1].flops / 2, rel=0.01)
+
+
+def test_a_tied_embedding_counts_once_on_a_rank_holding_both_ends(cpu):
+    untied = dataclasses.replace(TINY.model, tie_embeddings=False)
+    plan = Candidate(1, 1, 1, "1f1b", 1, 2, 8, "fp32", False)
+    args = dict(cluster=dataclasses.replace(cpu, memory_per_node=2**40), validate=lambda c: None,
+                model_flops_per_token=1.0)
+    tied_memory = estimate(plan, cfg=TINY.model, costs=CostTable(TINY.model), **args).memory_per_rank
+    untied_memory = estimate(plan, cfg=untied, costs=CostTable(untied), **args).memory_per_rank
+    assert untied_memory - tied_memory == pytest.approx(16 * TINY.model.vocab_size * TINY.model.d_model)

@@ -1,4 +1,5 @@
-"""The plan space: every (dp, pp, mp) of a world size with a schedule, v, micro-batching, precision and AC."""
+"""The plan space: every (dp, pp, mp) of a world size with a schedule, v, micro-batching, precision, AC and
+DP mode."""
 
 from __future__ import annotations
 
@@ -55,6 +56,14 @@ def meshes(world: int) -> list[tuple[int, int, int]]:
             for pp in range(1, world // dp + 1) if (world // dp) % pp == 0]
 
 
+def dp_modes(dp: int) -> list[tuple[int | None, bool]]:
+    """(dp_shard, reshard_after_forward) choices for dp ranks: FSDP, ZeRO-3, replicate, and HSDP over each
+    proper divisor of dp greater than one."""
+    if dp == 1:
+        return [(None, False)]
+    return [(None, False), (None, True), (1, False), *((s, False) for s in range(2, dp) if dp % s == 0)]
+
+
 def candidates(world: int, *, global_batch_size: int, precisions: tuple[str, ...],
                activation_checkpointing: tuple[bool, ...] = (False, True)) -> list[Candidate]:
     out = []
@@ -67,5 +76,7 @@ def candidates(world: int, *, global_batch_size: int, precisions: tuple[str, ...
             for mbs in (b for b in range(1, per_replica + 1) if per_replica % b == 0):
                 for precision in precisions:
                     for ac in activation_checkpointing:
-                        out.append(Candidate(dp, pp, mp, schedule, v, per_replica // mbs, mbs, precision, ac))
+                        for shard, zero3 in dp_modes(dp):
+                            out.append(Candidate(dp, pp, mp, schedule, v, per_replica // mbs, mbs, precision, ac,
+                                                 dp_shard=shard, reshard_after_forward=zero3))
     return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "clusters"
@@ -55,6 +55,19 @@ class Cluster:
 
     def memory_per_rank(self, ranks_per_node: int | None = None) -> float:
         return self.memory_per_node / (ranks_per_node or self.ranks_per_node)
+
+    def rescaled(self, ratio: float, why: str) -> "Cluster":
+        """The cluster with every time it prices multiplied by ``ratio`` (rates divided, latencies and fixed
+        costs multiplied): the machine measured ``ratio`` times slower (or faster, < 1) than calibrated."""
+        def link(x: Link) -> Link:
+            return Link(bandwidth=x.bandwidth / ratio, latency=x.latency * ratio)
+
+        return replace(self, flops={p: f / ratio for p, f in self.flops.items()},
+                       intra_node=link(self.intra_node), inter_node=link(self.inter_node),
+                       layer_overhead=self.layer_overhead * ratio, step_overhead=self.step_overhead * ratio,
+                       action_overhead=self.action_overhead * ratio,
+                       optimizer_bytes_per_s=self.optimizer_bytes_per_s / ratio,
+                       source=f"{self.source}; {why}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

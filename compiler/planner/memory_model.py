@@ -2,18 +2,24 @@
 ``--profile-memory`` measure).
 
 - Weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter), split by mp (TP shards
-  the block matrices; embeddings, norms and head are replicated) and sharded by FSDP over dp. Under
-  pipelining FSDP keeps the stage's parameters gathered from the first forward to the last backward
-  (reshard_after_forward=False) and accumulates unsharded gradients until the step's single
-  reduce-scatter, so a dp > 1 rank holds full fp32 parameters and gradients during the step plus
-  its 1/dp shards of parameters and AdamW state.
+  the block matrices, the embedding and the head over the vocabulary; norms and the position
+  embedding are replicated), by DP mode (``weight_memory``):
+  - no DP or replicate: the whole 16 bytes; replicate adds its gradient buckets' flat copies (4 bytes),
+    all in flight at the end of the last backward.
+  - FSDP / HSDP over ``shard`` ranks: 16 / shard bytes of shards. Under pipelining FSDP keeps the
+    stage's parameters gathered (in the autocast dtype, FSDP's param_dtype) from the first forward to
+    the last backward and accumulates unsharded fp32 gradients until the step's single reduce-scatter.
+  - ZeRO-3 (reshard after forward): the shards, plus the gathered parameters and unsharded gradient of
+    the unit in use and of the one prefetched.
+  A tied embedding counts once on a rank that holds both ends (the caller passes its parameters once).
 - Activations: per micro-batch and layer, the bytes autograd saves (measured by compiler/cost.py
   under the plan's autocast dtype and TP shard), times the micro-batches the schedule keeps in
   flight on the busiest rank, as the schedule registry states them (compiler/schedules.py: GPipe all m,
   1F1B min(m, p), interleaved 1F1B its warm-up depth), each of 1/v of the rank's layers. With activation
   checkpointing a layer keeps only its fp32 input, plus one layer's full activations while it is
   recomputed.
-- Autocast's low-precision weight copies, cached for the step.
+- Autocast's low-precision weight copies, cached for the step, where parameters are fp32 (no FSDP);
+  FSDP gathers them in the autocast dtype, so there are none.
 - Tensor parallelism (mp > 1) keeps more than the shard's own saved tensors: DTensor's redistributions
   (the all-reduces of Megatron's f / g operators) hold full-size [B, T, d] fp32 buffers. We have not
   traced which; the term is measured: on 4 blocks, d 128, T 64 the TP runs' peak exceeded the rest
@@ -48,15 +54,35 @@ def in_flight_stage_microbatches(schedule: str, *, p: int, m: int, v: int, rank:
 TP_BUFFERS_PER_BLOCK = 2  # full [B, T, d] fp32 buffers per block and in-flight micro-batch when mp > 1 (measured)
 
 
-def rank_memory(layers: list[LayerCost], *, schedule: str, p: int, m: int, v: int, dp: int, rank: int,
-                activation_checkpointing: bool, micro_batch_size: int, seq_len: int, d_model: int,
+@dataclass(frozen=True)
+class DataParallelLayout:
+    dp: int = 1
+    shard: int = 1  # ranks a parameter is sharded over: dp (FSDP), 1 (replicate), or between (HSDP)
+    zero3: bool = False  # parameters resharded after every forward and backward
+    gather_bytes: int = 4  # bytes of a gathered parameter (FSDP's param_dtype: the autocast dtype)
+
+    @property
+    def fsdp(self) -> bool:
+        return self.dp > 1 and self.shard > 1
+
+
+def weight_memory(params: int, largest_unit: int, layout: DataParallelLayout) -> float:
+    """Bytes of parameters, gradients and AdamW state of ``params`` elements (see the module docstring);
+    ``largest_unit``: parameters of the largest FSDP unit (a block)."""
+    if not layout.fsdp:
+        return params * (20 if layout.dp > 1 else 16)
+    shards = params * 16 / layout.shard
+    if layout.zero3:
+        return shards + 2 * largest_unit * (layout.gather_bytes + 4)
+    return shards + params * (layout.gather_bytes + 4)
+
+
+def rank_memory(layers: list[LayerCost], *, schedule: str, p: int, m: int, v: int, layout: DataParallelLayout,
+                rank: int, activation_checkpointing: bool, micro_batch_size: int, seq_len: int, d_model: int,
                 mp: int = 1) -> MemoryEstimate:
     """Memory of pp rank ``rank`` holding ``layers`` (already per mp shard) across its v stages."""
     params = sum(c.params for c in layers)
-    if dp > 1:
-        weights = params * 4 * (2 + 3 / dp)  # gathered params + unsharded grads + shards of params and AdamW
-    else:
-        weights = params * 16  # params, grads, AdamW exp_avg and exp_avg_sq
+    weights = weight_memory(params, max(c.params for c in layers), layout)
     in_flight = in_flight_stage_microbatches(schedule, p=p, m=m, v=v, rank=rank)
     per_stage_microbatch = sum(c.activation_bytes for c in layers) / v
     if activation_checkpointing:
@@ -68,4 +94,5 @@ def rank_memory(layers: list[LayerCost], *, schedule: str, p: int, m: int, v: in
     if mp > 1 and not activation_checkpointing:
         blocks = sum(1 for c in layers if c.name.startswith("layers."))
         per_stage_microbatch += TP_BUFFERS_PER_BLOCK * blocks / v * micro_batch_size * seq_len * d_model * 4
-    return MemoryEstimate(weights, in_flight * per_stage_microbatch + recompute, sum(c.weight_copy_bytes for c in layers))
+    copies = 0 if layout.fsdp else sum(c.weight_copy_bytes for c in layers)
+    return MemoryEstimate(weights, in_flight * per_stage_microbatch + recompute, copies)

@@ -10,8 +10,9 @@ from compiler.flops import training_flops_per_token
 from compiler.partition import layer_split
 from compiler.planner.candidates import Candidate, candidates
 from compiler.planner.cluster import Cluster
-from compiler.planner.memory_model import rank_memory
+from compiler.planner.memory_model import DataParallelLayout, rank_memory
 from compiler.planner.time_model import StepTerms, TimeEstimate, step_time
+from compiler.precisions import PRECISIONS
 from models.gpt import GPTConfig
 
 # A plan -> the one-line error the engine would print for it, or None if it would run it.
@@ -72,10 +73,14 @@ def estimate(c: Candidate, *, cfg: GPTConfig, cluster: Cluster, costs: CostTable
     stage_layers = _stage_layers(layers, sizes)
     ranks_per_node = min(cluster.ranks_per_node, world)
     budget = cluster.memory_per_rank(ranks_per_node)
+    dtype = PRECISIONS[c.precision].autocast_dtype
+    layout = DataParallelLayout(c.dp, c.shard, c.reshard_after_forward, dtype.itemsize if dtype else 4)
     per_rank, peaks = [], []
     for r in range(c.pp):
         mine = [layer for s in range(r, n_stages, c.pp) for layer in stage_layers[s]]
-        mem = rank_memory(mine, schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank, dp=c.dp, rank=r,
+        if cfg.tie_embeddings and mine[0].name == "embedding" and mine[-1].name == "head":
+            mine[-1] = replace(mine[-1], params=mine[-1].params - mine[0].params + _position_params(cfg, c.mp))
+        mem = rank_memory(mine, schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank, layout=layout, rank=r,
                           activation_checkpointing=c.activation_checkpointing, micro_batch_size=c.micro_batch_size,
                           seq_len=cfg.seq_len, d_model=cfg.d_model, mp=c.mp)
         per_rank.append(mine)
@@ -93,6 +98,11 @@ def estimate(c: Candidate, *, cfg: GPTConfig, cluster: Cluster, costs: CostTable
     peak = cluster.notes.get("peak_flops", {}).get(c.precision, cluster.flops[c.precision])
     mfu = tokens * model_flops_per_token / (units * peak)
     return Estimate(c, True, None, t.step, tokens, mfu, memory, t, tuple(sizes), terms)
+
+
+def _position_params(cfg: GPTConfig, mp: int) -> int:
+    """The embedding layer's parameters that are not the token table (the position embedding)."""
+    return cfg.seq_len * cfg.d_model
 
 
 def _stage_layers(layers: list[LayerCost], sizes: list[int]) -> list[list[LayerCost]]:

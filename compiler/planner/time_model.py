@@ -5,8 +5,7 @@ the calibrated rate of its precision, plus a calibrated fixed cost per layer, pl
 all-reduces (Megatron: 2 in forward and 2 in backward per block, of B x T x d activations) and the
 pipeline sends of activations and gradients. The pipeline multiplies the busiest rank's m
 micro-batches by 1 / (1 - bubble) with the schedule's bubble fraction (compiler/schedules.py).
-FSDP adds an all-gather and a reduce-scatter per FSDP unit (each block and each stage's root) of
-the stage's fp32 parameters per step; AdamW and
+DP adds its collectives by mode (``data_parallel_time``: replicate, FSDP, HSDP, ZeRO-3); AdamW and
 a calibrated fixed cost per step complete it.
 
 Those formulas price isolated kernels and collectives. A real engine step also pays for what they
@@ -51,6 +50,34 @@ def all_gather_time(nbytes: float, n: int, link: Link) -> float:
     if n == 1:
         return 0.0
     return (n - 1) / n * nbytes / link.bandwidth + (n - 1) * link.latency
+
+
+BUCKET_BYTES = 25 * 2**20  # replicate's gradient buckets (runtime/engine/replicate.py)
+
+
+def data_parallel_time(c: Candidate, *, rank_params: int, units: int, link: Link) -> float:
+    """Seconds of DP communication per step for a rank holding ``rank_params`` in ``units`` FSDP units
+    (each block and each stage's root), by DP mode:
+    - replicate: one all-reduce of the fp32 gradients in 25 MB buckets (latency per bucket);
+    - FSDP / HSDP: an all-gather of the parameters (in the autocast dtype, FSDP's param_dtype) and a
+      reduce-scatter of fp32 gradients per unit and step over the ``shard`` group, and for HSDP an
+      all-reduce of the gradient shards across the dp / shard replicas;
+    - ZeRO-3: the parameters gathered twice (forward and backward) and the gradients reduce-scattered
+      once per micro-batch."""
+    if c.dp == 1:
+        return 0.0
+    grads = rank_params * 4
+    if c.shard == 1:
+        buckets = max(1, -(-grads // BUCKET_BYTES))
+        return all_reduce_time(grads, c.dp, link) + (buckets - 1) * 2 * (c.dp - 1) * link.latency
+    dtype = PRECISIONS[c.precision].autocast_dtype
+    gathered = rank_params * (dtype.itemsize if dtype else 4)
+    latency = (units - 1) * (c.shard - 1) * link.latency  # beyond the first unit's, per collective
+    gather, scatter = all_gather_time(gathered, c.shard, link) + latency, all_gather_time(grads, c.shard, link) + latency
+    replicas = all_reduce_time(grads / c.shard, c.dp // c.shard, link)
+    if c.reshard_after_forward:
+        return c.microbatches * (2 * gather + scatter) + replicas
+    return gather + scatter + replicas
 
 
 def bubble(schedule: str, *, p: int, m: int, v: int) -> float:
@@ -133,11 +160,7 @@ def _parts(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params: in
     per_mb_pp = 2 * c.stages_per_rank * pp_link.transfer(act_bytes) if c.pp > 1 else 0.0
 
     dp_link = intra if c.dp * c.pp * c.mp <= cluster.ranks_per_node else cluster.inter_node
-    # FSDP: one all-gather and one reduce-scatter per unit (each block, plus each stage's root), so the
-    # latency is paid per unit while the bytes add up to the rank's parameters.
-    units = rank_layers + c.stages_per_rank
-    dp = 2 * (all_gather_time(rank_params * 4, c.dp, dp_link) + (units - 1) * (c.dp - 1) * dp_link.latency) \
-        if c.dp > 1 else 0.0
+    dp = data_parallel_time(c, rank_params=rank_params, units=rank_layers + c.stages_per_rank, link=dp_link)
     optimizer = rank_params * 4 / max(c.dp, 1) / cluster.optimizer_bytes_per_s if cluster.optimizer_bytes_per_s else 0.0
     # One forward and one backward per stage micro-batch (or F, I and W where the backward is split).
     actions = c.microbatches * c.stages_per_rank * SCHEDULES[c.schedule].actions_per_microbatch

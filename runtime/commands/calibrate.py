@@ -38,7 +38,7 @@ from runtime.observe.peak_flops import best_matmul_flops
 SHAPES = ((1, 32, 64, 4), (4, 128, 256, 4))  # (batch, seq, d_model, heads): overhead-bound, compute-bound
 
 
-def _block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, repeats: int = 3) -> tuple[float, float]:
+def block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, repeats: int = 3) -> tuple[float, float]:
     """(median seconds, counted FLOPs) of one block's forward + backward."""
     cfg = GPTConfig(n_layers=1, d_model=d, n_heads=heads, seq_len=seq, vocab_size=256, mlp_width=GPT2_MLP_RATIO * d)
     flops = layer_costs(cfg, micro_batch_size=batch, precision=precision)[1].flops
@@ -63,7 +63,7 @@ def _compute_worker(out_dir: str) -> None:
     result: dict = {"block": {}, "matmul": {}}
     for precision in PRECISIONS:
         dist.barrier()  # every process measures at the same time, like concurrent ranks
-        points = [_block_seconds(*shape, precision) for shape in SHAPES]
+        points = [block_seconds(*shape, precision) for shape in SHAPES]
         (t0, f0), (t1, f1) = points
         rate = (f1 - f0) / max(t1 - t0, 1e-9)
         result["block"][precision] = {"rate": rate, "overhead": max(0.0, t0 - f0 / rate), "points": points}

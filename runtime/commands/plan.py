@@ -9,7 +9,7 @@ import re
 import sys
 from collections import Counter
 
-from compiler.planner.cluster import CALIBRATED, LOCAL_PRESET, preset_names, resolve_cluster
+from compiler.planner.cluster import CALIBRATED, LOCAL_PRESET, Cluster, preset_names, resolve_cluster
 from compiler.planner.search import Estimate
 from compiler.precisions import PRECISIONS
 from models.gpt import MODEL_SIZES
@@ -23,8 +23,10 @@ from runtime.commands.flags import (
     with_default_logdir,
 )
 from runtime.commands.plan_validation import validate
+from runtime.commands.speed_probe import probe
 from runtime.config import ConfigError, TrainConfig, apply_plan
 from runtime.config import validate as validate_config
+from runtime.device import has_accelerator
 from runtime.planning import best_plan, rank_plans
 
 DEFAULT_GLOBAL_BATCH = 32
@@ -55,6 +57,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH, help="samples per optimizer step")
     p.add_argument("--cluster", help=f"cluster JSON or preset ({', '.join(preset_names())}); default: the file "
                                      f"`run.py calibrate` wrote ({CALIBRATED}) if any, else {LOCAL_PRESET}")
+    p.add_argument("--no-speed-probe", action="store_true",
+                   help="planning for this machine, do not rescale its calibration by a few-second speed probe")
     p.add_argument("--precisions", default="fp32,bf16,fp16", help="comma-separated precisions to consider")
     p.add_argument("--top", type=int, default=15, help="rows of the ranked table")
     p.add_argument("--out", default="plan.json", help="where to write every plan with its estimate")
@@ -75,6 +79,8 @@ def main(argv: list[str]) -> int:
         print(f"error: --precisions must be a comma-separated subset of {','.join(PRECISIONS)}, got {args.precisions}",
               file=sys.stderr)
         return 2
+    if args.cluster in (None, LOCAL_PRESET, str(CALIBRATED)) and not has_accelerator() and not args.no_speed_probe:
+        cluster = probed(cluster)
     if args.validate:
         return validate(world=args.world, cluster=cluster, precisions=precisions, out=args.out)
     estimates = rank_plans(default_config(named_model(args.model, args.seq_len)), world=args.world,
@@ -86,6 +92,18 @@ def main(argv: list[str]) -> int:
                    "global_batch_size": args.global_batch_size, "plans": [e.to_dict() for e in estimates]}, f, indent=2)
     print(f"wrote {args.out}")
     return 0
+
+
+def probed(cluster: Cluster) -> Cluster:
+    """This machine's cluster rescaled to its speed now (runtime/commands/speed_probe.py)."""
+    print("probing this machine's speed against its calibration ...", flush=True)
+    measured = probe(cluster)
+    if measured is None:
+        print("speed probe: skipped (the cluster records no calibration points, or the probe failed)")
+        return cluster
+    ratio, line = measured
+    print(line)
+    return cluster.rescaled(ratio, line)
 
 
 def auto_config(args: argparse.Namespace, argv: list[str], *, world: int) -> tuple[TrainConfig, Estimate]:
