@@ -48,6 +48,7 @@ class PipelineConfig:
     split: str  # "auto" | "uniform" | "manual:4,4,3,1"
     split_cost: str  # what "auto" balances: "flops" (counted) or "time" (measured on the device)
     bind_cores: str = "none"  # CPU: "cost" packs a node's ranks onto its cores by stage work
+    compact_cpu_memory: bool = False  # CPU (glibc): large tensors mapped from and returned to the kernel
 
 
 @dataclass(frozen=True)

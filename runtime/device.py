@@ -4,6 +4,8 @@ the CPU with gloo when there is none."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import platform
 import resource
@@ -33,6 +35,27 @@ def configure_cpu_threads(local_world_size: int) -> int:
     threads = max(1, (os.cpu_count() or 1) // max(1, local_world_size))
     torch.set_num_threads(threads)
     return threads
+
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+COMPACT_MMAP_THRESHOLD = 4 * 2**20
+
+
+def compact_cpu_heap() -> bool:
+    """Make glibc serve allocations of 4 MiB or more with their own mappings, returned to the kernel when
+    freed. By default glibc raises that threshold to the largest block freed so far (up to 32 MiB), after
+    which a training step's many mid-sized tensors come from the heap, whose free holes stay resident: on
+    GPT-2 Large layers at 2x2x2 that doubled the ranks' resident memory over their live tensors (measured:
+    18.8 -> 13.0 GB used by 8 ranks). Fixing the threshold also turns off that adjustment. Returns False
+    where there is no glibc (other C libraries, macOS)."""
+    name = ctypes.util.find_library("c")
+    if platform.system() != "Linux" or not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, COMPACT_MMAP_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
 
 
 def synchronize(device: torch.device) -> None:

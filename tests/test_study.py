@@ -54,6 +54,15 @@ def test_results_hold_every_section_and_the_report(study):
     assert all(row["measured_expected_on_cores"] > 0 for row in results["split"]["table"])
     mem = results["memory"]["search"]
     assert set(mem) == {"fp32", "fp16", "bf16"} and all(m["max_micro_batch"] >= 1 for m in mem.values())
+    # Memory per configuration: measured beside predicted; ZeRO-3 holds half a replica's parameters on 2 ranks.
+    rows = {r["label"]: r for r in results["sharding"]["table"]}
+    assert all(r["ok"] and r["peak_tensor_bytes"] > 0 and r["predicted_bytes"] > 0 for r in rows.values())
+    assert rows["ZeRO-3"]["local_parameters_max"] < 0.6 * rows["replicate (DDP layout)"]["local_parameters_max"]
+    assert rows["ZeRO-3"]["reduction_vs_replication"] > 1.0
+    assert "## Memory per configuration" in report and "## Replicate against DistributedDataParallel" in report
+    replicate = results["replicate"]["summary"]
+    assert replicate["replicate_samples_per_sec"] > 0 and replicate["ddp_samples_per_sec"] > 0
+    assert any("-m runtime.commands.study.plain_loop" in c and "nproc_per_node=2" in c for c in commands)
 
 
 def test_report_embeds_svg_charts_and_runs_land_in_the_hparams_tab(study):

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from runtime.commands.study import analysis, charts, report
+from runtime.commands.study import analysis, charts, report, sharding
 from runtime.observe.profiling import CATEGORIES
 
 
@@ -177,7 +177,7 @@ def test_charts_are_drawn_for_the_sections_that_ran_and_embedded_in_the_report(t
     results["charts"] = paths
     text = report.render(results, cores=2)
     images = re.findall(r"!\[[^\]]+\]\((charts/[\w.]+\.svg)\)", text)
-    assert sorted(images) == sorted(paths.values())
+    assert sorted(images) == sorted(p for p in paths.values() if p)  # every drawn chart (no sharding data here)
     # Each chart sits under its own section's table.
     assert text.index("charts/throughput.svg") < text.index("## 2. Memory") < text.index("charts/memory.svg")
     throughput_svg = (tmp_path / paths["throughput"]).read_text()
@@ -193,3 +193,19 @@ def test_no_chart_for_a_section_that_did_not_run(tmp_path):
     assert not (tmp_path / "charts").exists()
     results["charts"] = charts.write_charts(results, tmp_path)
     assert "![" not in report.render(results, cores=2)
+
+
+def test_replicate_benchmark_pools_repetitions_and_sets_its_target():
+    def run(who, r, step_time):
+        return {"who": who, "round": r, "ok": True, "name": f"{who}{r}",
+                "summary": {"step_time_s": step_time, "samples_per_sec": 32 / step_time}}
+
+    runs = [run("replicate", 0, 1.0), run("ddp", 0, 1.1), run("fsdp", 0, 1.3),
+            run("replicate", 1, 1.2), run("ddp", 1, 1.2), run("fsdp", 1, 1.5)]
+    summary = sharding.replicate_summary(runs)
+    assert summary["replicate_over_ddp_by_round"] == pytest.approx([1.1, 1.0])
+    assert summary["replicate_over_ddp"] == pytest.approx(1.15 / 1.1)
+    results = {"replicate": {"summary": summary, "method": "m"}, "settings": {"sections": ["replicate"]}}
+    target = next(t for t in report.targets(results) if "DDP" in t["target"])
+    assert target["met"] and "1.10x, 1.00x" in target["measured"]
+    assert "| plain DDP loop" in "\n".join(sharding.replicate_markdown(results["replicate"]))

@@ -29,7 +29,7 @@ from runtime.checkpoint.weights import read_init_weights
 from runtime.commands.flags import build_parser, config_from_args
 from runtime.commands.plan import auto_config
 from runtime.config import ConfigError, TrainConfig
-from runtime.device import configure_cpu_threads, device_description, select_device
+from runtime.device import compact_cpu_heap, configure_cpu_threads, device_description, select_device
 from runtime.distributed.collectives import all_gather_objects, broadcast_object
 from runtime.distributed.cpu_binding import bind_node_ranks
 from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
@@ -80,6 +80,8 @@ def main(argv: list[str]) -> int:
     device = select_device(env.local_rank)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
+        if cfg.pipeline.compact_cpu_memory and not compact_cpu_heap() and env.rank == 0:
+            print("warning: --compact-cpu-memory needs glibc's mallopt; not available here, ignored", flush=True)
     init_distributed(env, device)
     try:
         train(cfg, data, start, env=env, device=device)
@@ -120,6 +122,11 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     dp_rank, pp_rank, _ = layout.coordinates(env.rank)
     if env.rank == 0:
         print(layout.describe(), flush=True)
+        dp_cfg = cfg.data_parallel
+        if dp_cfg.reshard_after_forward:
+            print("  ZeRO-3: gathered parameters freed after every forward and backward, gradients reduced per micro-batch")
+        if cfg.mesh.dp > 1 and dp_cfg.reduce_dtype != "fp32":
+            print(f"  gradients communicated in {dp_cfg.reduce_dtype}")
 
     # 4. Model, compiled into this rank's stages: cost-balanced split, trace, TP, AC, data parallelism, and
     #    storage for this rank's shards only. Rank 0 decides the split and broadcasts it: measured layer

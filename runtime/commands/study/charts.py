@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
+from runtime.commands.study import sharding
 from runtime.observe.profiling import CATEGORIES
 from runtime.observe.svg import bar_chart, line_chart, stacked_bar_chart
 
@@ -105,6 +106,7 @@ CHARTS: dict[str, tuple[str, Callable[[dict, str], str | None]]] = {
     "time_split": ("Where each rank's step goes", time_split),
     "scaling": ("Speed-up against ranks (same global batch)", scaling),
     "scaling_efficiency": ("Scaling efficiency against ranks", scaling_efficiency),
+    "sharding": ("Peak tensor memory per rank of each configuration, measured and predicted", sharding.memory_chart),
 }
 
 

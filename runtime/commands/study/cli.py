@@ -21,12 +21,12 @@ import torch
 
 from runtime.commands.flags import HelpFormatter
 from runtime.commands.launch import RunResult, RunSpec, execute
-from runtime.commands.study import analysis, charts, hparams, plan, report
+from runtime.commands.study import analysis, charts, hparams, plan, report, sharding
 from runtime.commands.study.memory_search import search_max_batch
 from runtime.device import device_description, has_accelerator, select_device
 from runtime.observe.layer_timing import measure_layer_times
 
-SECTIONS = ("throughput", "memory", "scaling", "overhead", "split")
+SECTIONS = ("throughput", "memory", "scaling", "overhead", "split", "sharding", "replicate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +82,11 @@ def main(argv: list[str]) -> int:
         "scaling": plan.scaling_specs(args.world, settings) if "scaling" in sections else [],
         "overhead": plan.overhead_specs(settings) if "overhead" in sections else [],
         "split": plan.split_specs(args.world, settings) if "split" in sections and args.world >= 2 else [],
+        "sharding": sharding.memory_specs(args.world, settings.sharding_model, large=settings.sharding_large,
+                                          smoke=mode == "smoke") if "sharding" in sections else [],
+        "replicate": sharding.replicate_specs(settings.replicate_rounds, settings.replicate_model,
+                                              micro_batch_size=4, microbatches=4, steps=settings.steps + 1)
+        if "replicate" in sections and args.world >= 2 else [],
     }
     runnable = len({plan.run_key(s) for group in specs.values() for s in group if not s.meta.get("skipped")})
     # The search decides; about 3 doublings past the start and log2(1 / resolution) bisections per precision.
@@ -142,6 +147,18 @@ def main(argv: list[str]) -> int:
                for spec in specs["split"]]
         results["split"] = {"runs": raw, "table": analysis.split_table(raw, layer_seconds=layer_seconds),
                             "model": vars(settings.split_model), "layer_seconds": layer_seconds}
+
+    if specs["sharding"]:
+        raw = [run(spec, lambda r: f"peak tensor memory {r.summary['peak_tensor_bytes'] / 2**30:.3f} GiB per rank")
+               for spec in specs["sharding"]]
+        results["sharding"] = {"runs": raw, "table": sharding.memory_table(raw, settings.sharding_model),
+                               "model": vars(settings.sharding_model), "method": sharding.MEMORY_METHOD}
+    if specs["replicate"]:
+        raw = [run(spec, lambda r: f"{r.summary['samples_per_sec']:.3f} samples/s") for spec in specs["replicate"]]
+        results["replicate"] = {"runs": raw, "summary": sharding.replicate_summary(raw), "method": (
+            f"2 ranks, model {vars(settings.replicate_model)}, fp32, global batch 32 in micro-batches of 4, "
+            f"{settings.steps + 1} steps per run, {settings.replicate_rounds} alternated repetitions (order reversed "
+            "every other one); samples/s pooled as the median over the steady steps of every repetition.")}
 
     results["wall_time_s"] = time.monotonic() - t0
     results["targets"] = report.targets(results)  # only those of the sections that ran

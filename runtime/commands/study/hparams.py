@@ -12,9 +12,9 @@ from torch.utils.tensorboard import SummaryWriter
 
 # Run metadata (RunSpec.meta) that says what a run was; HParams takes only str, int, float and bool.
 HPARAM_KEYS = ("section", "group", "label", "schedule", "kind", "who", "split", "dp", "pp", "mp", "world", "v", "m",
-               "micro_batch_size", "precision", "round")
+               "micro_batch_size", "precision", "round", "dp_shard", "zero3", "activation_checkpointing", "model")
 METRIC_KEYS = ("samples_per_sec", "tokens_per_sec", "mfu", "step_time_s", "peak_bytes", "peak_tensor_bytes")
-ENGINE_SECTIONS = ("throughput", "scaling", "overhead", "split")
+ENGINE_SECTIONS = ("throughput", "scaling", "overhead", "split", "sharding", "replicate")
 GIB = 1024**3
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from compiler.precisions import PRECISIONS as PRECISION_REGISTRY
-from models.gpt import GPT2_MLP_RATIO, GPTConfig
+from models.gpt import GPT2_MLP_RATIO, MODEL_SIZES, GPTConfig
 from runtime.commands.flags import model_flags
 from runtime.commands.launch import RunSpec
 
@@ -60,6 +61,11 @@ class StudySettings:
     # fill and drain that every split pays alike (m >= 4 x pp, as Megatron-LM advises).
     split_microbatches: int | None = None
     split_micro_batch_size: int | None = None
+    # Memory per configuration (study/sharding.py) and the replicate-vs-DDP benchmark.
+    sharding_model: GPTConfig = MODEL_SIZES["tiny"]
+    sharding_large: bool = False  # add GPT-2 Large at 2x2x2
+    replicate_model: ModelShape = ModelShape(2, 32, 2, 32)
+    replicate_rounds: int = 1
 
 
 FULL = StudySettings(
@@ -72,6 +78,8 @@ FULL = StudySettings(
     # on 2 cores (head | the rest) as with a core per rank.
     split_model=ModelShape(8, 256, 4, 128, 28672), timeout_s=900, overhead_pairs=3,
     split_microbatches=16, split_micro_batch_size=2,
+    sharding_model=dataclasses.replace(MODEL_SIZES["small"], seq_len=128), sharding_large=True,
+    replicate_model=ModelShape(8, 256, 4, 128), replicate_rounds=3,
 )
 # A smaller model, one repetition, fewer schedules and a coarse memory search: every section in ~10 minutes.
 # Fixed per-action costs dominate this model, so its speed-ups are not the targets' numbers.
@@ -82,6 +90,7 @@ QUICK = StudySettings(
     # The schedules the targets and timelines name, and scaling up to 4 ranks (8 ranks on 2 cores spend
     # most of a short run starting up): with every schedule and 8-rank scaling it took 13.5 min.
     throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2"), scaling_worlds=(1, 2, 4),
+    replicate_model=ModelShape(4, 128, 4, 64), replicate_rounds=2,
 )
 # The smallest study that still exercises every section and file (the test suite runs it): the
 # schedules the timelines need, pp=2 and pp=4, meshes up to 2 ranks for scaling, one overhead pair

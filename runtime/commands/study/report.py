@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.commands.study import charts
+from runtime.commands.study import charts, sharding
 from runtime.observe.profiling import CATEGORIES
 
 TARGETS = (
@@ -65,6 +65,11 @@ def targets(results: dict) -> list[dict]:
         ratio = results["memory"].get("fp16_over_fp32")
         rows.append(_target("fp16 max micro-batch vs fp32, same budget", 1.60,
                             _fmt(ratio, ".2f") + "x" if ratio else "n/a", ratio))
+    if ran(results, "replicate"):
+        s = results["replicate"]["summary"]
+        ratio = s.get("replicate_over_ddp")
+        rows.append(_target("--dp 2 --dp-shard 1 vs a plain DDP loop, 2 ranks", 1.00,
+                            _measured(ratio, s.get("replicate_over_ddp_by_round")), ratio))
     return rows
 
 
@@ -156,6 +161,10 @@ def render(results: dict, *, cores: int) -> str:
     lines += _targets_section(results) + _throughput_section(results) + _memory_section(results)
     lines += _time_split_section(results) + _timeline_section(results) + _scaling_section(results)
     lines += _overhead_section(results) + _split_section(results)
+    if ran(results, "sharding"):
+        lines += sharding.memory_markdown(results["sharding"]) + charts.markdown(results, "sharding")
+    if ran(results, "replicate"):
+        lines += sharding.replicate_markdown(results["replicate"])
     found = conclusions(results, cores=cores)
     if found:
         lines += ["## Conclusions", ""] + [f"- {c}" for c in found] + [""]

@@ -1,0 +1,239 @@
+"""Two study sections on data parallelism.
+
+``sharding``: memory per configuration (the DeepSpeed/TP seed's table). GPT-2 small (sequence 128 in the
+full study) trained for a few steps on 8 ranks under each DP mode and mesh, bf16 by default, plus
+activation checkpointing and the other precisions on 2x2x2, and 2x2x2 at several micro-batch sizes for
+MFU. Each row: the measured peak tensor memory (``--profile-memory``, the maximum over ranks), the
+planner's prediction for the same plan, the peak resident memory, the largest parameter count one rank
+holds, and the reduction against plain replication (every rank holding the whole model, ``--dp-shard 1``
+on all ranks, measured in the same section). The full study adds GPT-2 Large at 2x2x2 once.
+
+``replicate``: ``--dp 2 --dp-shard 1`` against a plain ``DistributedDataParallel`` loop with ``no_sync``
+accumulation on 2 ranks, and FSDP (``--dp 2``) beside them, alternated ``rounds`` times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from compiler.flops import training_flops_per_token
+from compiler.planner.candidates import Candidate
+from compiler.planner.cluster import load_cluster
+from compiler.planner.search import CostTable, estimate
+from models.gpt import GPTConfig
+from runtime.commands.flags import default_config, model_flags, named_model
+from runtime.commands.launch import RunSpec
+from runtime.commands.study.analysis import pooled_samples_per_sec
+from runtime.commands.study.plan import ModelShape
+from runtime.config import plan_error
+from runtime.observe.svg import bar_chart
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    label: str
+    dp: int
+    pp: int
+    mp: int
+    dp_shard: int | None = None
+    zero3: bool = False
+    precision: str = "bf16"
+    activation_checkpointing: bool = False
+    micro_batch_size: int = 2
+
+    def candidate(self) -> Candidate:
+        schedule, v = ("interleaved-1f1b", 2) if self.pp > 1 else ("1f1b", 1)
+        return Candidate(self.dp, self.pp, self.mp, schedule, v, 2 * self.pp, self.micro_batch_size, self.precision,
+                         self.activation_checkpointing, dp_shard=self.dp_shard, reshard_after_forward=self.zero3)
+
+
+REPLICATION = "replicate (DDP layout)"
+ROWS_8 = (
+    MemoryRow(REPLICATION, 8, 1, 1, dp_shard=1),
+    MemoryRow("FSDP", 8, 1, 1),
+    MemoryRow("HSDP (shard 4, replicate 2)", 8, 1, 1, dp_shard=4),
+    MemoryRow("ZeRO-3", 8, 1, 1, zero3=True),
+    MemoryRow("DP x TP", 4, 1, 2),
+    MemoryRow("DP x PP", 4, 2, 1),
+    MemoryRow("2x2x2", 2, 2, 2),
+    MemoryRow("2x2x2 + AC", 2, 2, 2, activation_checkpointing=True),
+    MemoryRow("2x2x2", 2, 2, 2, precision="fp32"),
+    MemoryRow("2x2x2", 2, 2, 2, precision="fp16"),
+    MemoryRow("2x2x2", 2, 2, 2, micro_batch_size=1),
+    MemoryRow("2x2x2", 2, 2, 2, micro_batch_size=4),
+)
+# The smoke study's: the same kinds of row on 4 ranks.
+ROWS_4 = (
+    MemoryRow(REPLICATION, 4, 1, 1, dp_shard=1),
+    MemoryRow("FSDP", 4, 1, 1),
+    MemoryRow("HSDP (shard 2, replicate 2)", 4, 1, 1, dp_shard=2),
+    MemoryRow("ZeRO-3", 4, 1, 1, zero3=True),
+    MemoryRow("DP x TP x PP", 1, 2, 2),
+)
+# The smoke study's: the baseline and one sharded row, on 2 ranks.
+ROWS_SMOKE = (MemoryRow(REPLICATION, 2, 1, 1, dp_shard=1), MemoryRow("ZeRO-3", 2, 1, 1, zero3=True))
+LARGE_MODEL = named_model("large", 256)
+LARGE = MemoryRow("GPT-2 Large 2x2x2, ZeRO-3 + AC", 2, 2, 2, zero3=True, activation_checkpointing=True,
+                  micro_batch_size=1)
+
+
+def memory_rows(world: int, *, smoke: bool = False) -> tuple[MemoryRow, ...]:
+    if smoke:
+        return ROWS_SMOKE if world >= 2 else ()
+    return ROWS_8 if world >= 8 else ROWS_4 if world >= 4 else ()
+
+
+def _common(steps: int) -> list[str]:
+    return ["--data", "synthetic", "--steps", str(steps), "--log-every", "1", "--eval-every", "0", "--eval-batches", "1",
+            "--seed", "1234", "--profile-memory"]
+
+
+MEMORY_METHOD = (
+    "Each row is a real training run of a few steps with `--profile-memory`: peak tensor memory is the maximum over "
+    "ranks of the bytes live at the start of step 2 plus the step's peak growth (the CPU counterpart of "
+    "max_memory_allocated); resident is the largest peak RSS of a rank (interpreter, libraries and allocator slack "
+    "included). 'predicted' is the planner's memory model for the same plan (compiler/planner/memory_model.py). "
+    "'params on one rank' is the most parameter elements any rank holds over the model's (a tied weight once). "
+    "'reduction vs replication' divides the replicate row's peak by the row's. Pipelines use interleaved 1F1B, "
+    "v=2, 2 micro-batches per pp rank; the rest 1F1B with 2 micro-batches.")
+
+
+def memory_specs(world: int, model: GPTConfig, *, large: bool, smoke: bool = False) -> list[RunSpec]:
+    specs = []
+    for row in memory_rows(world, smoke=smoke):
+        c = row.candidate()
+        name = f"sharding_{c.describe()}".replace(" ", "_").replace("=", "")
+        meta = {"section": "sharding", **dataclasses.asdict(row)}
+        specs.append(RunSpec(name, c.dp * c.pp * c.mp, [*model_flags(model), *c.flags(), *_common(3)], meta=meta))
+    if large and world >= 8:
+        c = dataclasses.replace(LARGE.candidate(), microbatches=4)
+        # GPT-2 Large's Adam state and copies fill most of 24 GiB: large tensors are returned to the kernel.
+        # No --profile-memory: its event buffers would add to a peak that is already near the machine's memory.
+        args = [*model_flags(LARGE_MODEL), *c.flags(), "--compact-cpu-memory", *_common(3)[:-1]]
+        specs.append(RunSpec("sharding_gpt2_large", 8, args, meta={"section": "sharding", **dataclasses.asdict(LARGE),
+                                                                    "model": "large"}))
+    return specs
+
+
+def predicted_bytes(row: MemoryRow, model: GPTConfig, microbatches: int | None = None) -> float | None:
+    c = row.candidate()
+    if microbatches:
+        c = dataclasses.replace(c, microbatches=microbatches)
+    cluster = dataclasses.replace(load_cluster("cpu-2core"), memory_per_node=2**50)
+    base = default_config(model)
+    e = estimate(c, cfg=model, cluster=cluster, costs=CostTable(model), validate=lambda x: plan_error(base, x),
+                 model_flops_per_token=training_flops_per_token(model))
+    return e.memory_per_rank
+
+
+def memory_table(runs: list[dict], model: GPTConfig) -> list[dict]:
+    """One row per run with the measured peak, the prediction and the reduction against replication."""
+    fields = {f.name for f in dataclasses.fields(MemoryRow)}
+    baseline = next((r["summary"]["peak_tensor_bytes"] for r in runs
+                     if r["ok"] and r["label"] == REPLICATION and r.get("model") is None), None)
+    table = []
+    for r in runs:
+        row = MemoryRow(**{k: r[k] for k in fields})
+        shape = LARGE_MODEL if r.get("model") == "large" else model
+        out = {**dataclasses.asdict(row), "model": r.get("model", "model"), "ok": r["ok"], "error": r.get("error"),
+               "predicted_bytes": predicted_bytes(row, shape, 4 if r.get("model") == "large" else None)}
+        if r["ok"]:
+            s = r["summary"]
+            out |= {"peak_tensor_bytes": s.get("peak_tensor_bytes"), "peak_resident_bytes": max(s["peak_bytes_per_rank"]),
+                    "local_parameters_max": s.get("local_parameters_max"), "parameters": s.get("parameters"),
+                    "mfu": s.get("mfu"), "tokens_per_sec": s.get("tokens_per_sec"),
+                    "reduction_vs_replication": baseline / s["peak_tensor_bytes"]
+                    if baseline and s.get("peak_tensor_bytes") and r.get("model") is None else None}
+        table.append(out)
+    return table
+
+
+def replicate_summary(runs: list[dict]) -> dict:
+    """Samples/s of each contender pooled over its repetitions, and replicate's ratio to DDP per round."""
+    def pooled(who: str) -> float | None:
+        return pooled_samples_per_sec([r for r in runs if r["who"] == who and r["ok"]])
+
+    by_round = []
+    for r in sorted({r["round"] for r in runs}):
+        pair = {x["who"]: x for x in runs if x["round"] == r and x["ok"]}
+        if "replicate" in pair and "ddp" in pair:
+            by_round.append(pair["replicate"]["summary"]["samples_per_sec"] / pair["ddp"]["summary"]["samples_per_sec"])
+    rep, ddp, fsdp = pooled("replicate"), pooled("ddp"), pooled("fsdp")
+    return {"replicate_samples_per_sec": rep, "ddp_samples_per_sec": ddp, "fsdp_samples_per_sec": fsdp,
+            "replicate_over_ddp": rep / ddp if rep and ddp else None, "replicate_over_ddp_by_round": by_round,
+            "fsdp_over_ddp": fsdp / ddp if fsdp and ddp else None, "repetitions": len(by_round)}
+
+
+def replicate_specs(rounds: int, shape: ModelShape, *, micro_batch_size: int, microbatches: int,
+                    steps: int) -> list[RunSpec]:
+    """The replicate benchmark's alternated runs: engine replicate, plain DDP, engine FSDP."""
+    model_args = ["--layers", str(shape.layers), "--d-model", str(shape.d_model), "--heads", str(shape.heads),
+                  "--seq-len", str(shape.seq_len), "--vocab-size", str(shape.vocab_size)]
+    batching = ["--micro-batch-size", str(micro_batch_size), "--microbatches", str(microbatches)]
+    engine = ["--dp", "2", *model_args, *batching, "--data", "synthetic", "--precision", "fp32", "--steps", str(steps),
+              "--log-every", str(steps), "--eval-every", "0", "--eval-batches", "1", "--seed", "1234", "--peak-tflops", "1"]
+    plain = [*model_args, *batching, "--steps", str(steps), "--precision", "fp32"]
+    specs = []
+    for r in range(rounds):
+        trio = [RunSpec(f"replicate_engine_r{r}", 2, [*engine, "--dp-shard", "1"], meta={"section": "replicate", "who": "replicate", "round": r}),
+                RunSpec(f"replicate_ddp_r{r}", 2, plain, kind="plain", meta={"section": "replicate", "who": "ddp", "round": r}),
+                RunSpec(f"replicate_fsdp_r{r}", 2, engine, meta={"section": "replicate", "who": "fsdp", "round": r})]
+        specs += trio if r % 2 == 0 else trio[::-1]
+    return specs
+
+
+def _gib(x) -> str:
+    return "n/a" if x is None else f"{x / 2**30:.3f}"
+
+
+def row_label(r: dict) -> str:
+    extras = [r["precision"], f"mbs {r['micro_batch_size']}"] + (["+AC"] if r["activation_checkpointing"] else [])
+    return f"{r['label']} ({r['dp']}x{r['pp']}x{r['mp']}, {', '.join(extras)})"
+
+
+def memory_chart(results: dict, title: str) -> str | None:
+    rows = [r for r in (results.get("sharding") or {}).get("table", []) if r.get("peak_tensor_bytes")]
+    if not rows:
+        return None
+    return bar_chart(title, [row_label(r) for r in rows],
+                     {"measured peak tensor memory": [r["peak_tensor_bytes"] / 2**30 for r in rows],
+                      "planner's prediction": [(r["predicted_bytes"] or 0) / 2**30 or None for r in rows]},
+                     value_label="GiB per rank (the busiest rank)")
+
+
+def memory_markdown(section: dict) -> list[str]:
+    lines = ["## Memory per configuration", "", section["method"], "",
+             "| configuration | model | peak tensor GiB (measured) | predicted GiB | error | peak resident GiB | "
+             "params on one rank / model | reduction vs replication | MFU |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in section["table"]:
+        head = f"| {row_label(r)} | {r['model']} |"
+        if not r["ok"]:
+            lines.append(head + f" failed: {r['error']} |" + " |" * 7)
+            continue
+        measured = r["peak_tensor_bytes"]
+        error = (r["predicted_bytes"] - measured) / measured if r["predicted_bytes"] and measured else None
+        share = (r["local_parameters_max"] / r["parameters"]) if r.get("parameters") else None
+        reduction = f"{r['reduction_vs_replication']:.2f}x" if r.get("reduction_vs_replication") else "-"
+        mfu = r.get("mfu")
+        lines.append(head + f" {_gib(r['peak_tensor_bytes'])} | {_gib(r['predicted_bytes'])} | "
+                     f"{'n/a' if error is None else f'{100 * error:+.0f}%'} | {_gib(r['peak_resident_bytes'])} | "
+                     f"{'n/a' if share is None else f'{100 * share:.1f}%'} | {reduction} | "
+                     f"{'n/a' if mfu is None else f'{100 * mfu:.2f}%'} |")
+    return lines + [""]
+
+
+def replicate_markdown(section: dict) -> list[str]:
+    s = section["summary"]
+
+    def rate(x):
+        return "n/a" if x is None else f"{x:.2f}"
+
+    by_round = ", ".join(f"{x:.2f}x" for x in s["replicate_over_ddp_by_round"])
+    return ["## Replicate against DistributedDataParallel", "", section["method"], "",
+            "| contender | samples/s (pooled) | vs DDP |", "| --- | --- | --- |",
+            f"| engine `--dp 2 --dp-shard 1` (replicate) | {rate(s['replicate_samples_per_sec'])} | "
+            f"{rate(s['replicate_over_ddp'])}x (repetitions: {by_round or 'n/a'}) |",
+            f"| plain DDP loop, `no_sync` accumulation | {rate(s['ddp_samples_per_sec'])} | 1.00x |",
+            f"| engine `--dp 2` (FSDP) | {rate(s['fsdp_samples_per_sec'])} | {rate(s['fsdp_over_ddp'])}x |", ""]
