@@ -9,6 +9,7 @@ runtime/commands/ with its own --help.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -28,5 +29,18 @@ def main(argv: list[str] | None = None) -> int:
     return train.main(argv)
 
 
+def exit_rank(code: int) -> None:
+    """End a torchrun rank without interpreter finalization. Its process group is destroyed and its files
+    are closed by now, but gloo's worker threads can still hold tensors, and releasing them while the
+    interpreter is torn down aborts the process now and then (SIGABRT, "terminate called without an active
+    exception"; pytorch/pytorch PR 179291), failing a finished job. Exceptions still take the normal path."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        exit_rank(code)
+    sys.exit(code)

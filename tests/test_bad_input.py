@@ -45,6 +45,12 @@ CASES = {
     "missing-resume-path": (2, ["--dp", "2", "--resume-from", "/nonexistent/step-000010"],
                             ["--resume-from /nonexistent/step-000010", "no such checkpoint folder"]),
     "auto-with-mesh-flags": (2, ["--auto", "--dp", "2"], ["--auto chooses", "drop --dp or drop --auto"]),
+    "dp-shard-not-divisor": (2, ["--dp", "2", "--dp-shard", "3"], ["--dp-shard 3", "--dp 2", "valid --dp-shard values: 1, 2"]),
+    "dp-shard-non-positive": (2, ["--dp", "2", "--dp-shard", "0"], ["--dp-shard", "positive"]),
+    "zero3-without-dp": (2, ["--pp", "2", "--reshard-after-forward"], ["--reshard-after-forward", "--dp > 1"]),
+    "zero3-with-replicate": (2, ["--dp", "2", "--dp-shard", "1", "--reshard-after-forward"],
+                             ["--reshard-after-forward", "--dp-shard 1", "--dp-shard > 1"]),
+    "unknown-reduce-dtype": (2, ["--dp", "2", "--reduce-dtype", "fp8"], ["--reduce-dtype", "fp32", "bf16", "fp16"]),
     # We run as root, which ignores permissions; nobody can create a folder inside /proc.
     "unwritable-checkpoint-dir": (2, ["--dp", "2", "--checkpoint-dir", "/proc/engine-checkpoints"],
                                   ["--checkpoint-dir /proc/engine-checkpoints", "cannot write there"]),

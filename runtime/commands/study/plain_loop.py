@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import sys
 import time
 
 import torch
@@ -96,3 +98,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     main()
+    # Under torchrun, skip interpreter finalization as run.py does (gloo threads can abort it).
+    sys.stdout.flush()
+    os._exit(0)

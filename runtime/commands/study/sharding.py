@@ -54,6 +54,7 @@ ROWS_8 = (
     MemoryRow("FSDP", 8, 1, 1),
     MemoryRow("HSDP (shard 4, replicate 2)", 8, 1, 1, dp_shard=4),
     MemoryRow("ZeRO-3", 8, 1, 1, zero3=True),
+    MemoryRow("TP", 1, 1, 2),
     MemoryRow("DP x TP", 4, 1, 2),
     MemoryRow("DP x PP", 4, 2, 1),
     MemoryRow("2x2x2", 2, 2, 2),
@@ -136,7 +137,8 @@ def memory_table(runs: list[dict], model: GPTConfig) -> list[dict]:
     for r in runs:
         row = MemoryRow(**{k: r[k] for k in fields})
         shape = LARGE_MODEL if r.get("model") == "large" else model
-        out = {**dataclasses.asdict(row), "model": r.get("model", "model"), "ok": r["ok"], "error": r.get("error"),
+        name = "GPT-2 Large" if r.get("model") == "large" else f"{model.n_layers} x d {model.d_model}"
+        out = {**dataclasses.asdict(row), "model": f"{name}, T {shape.seq_len}", "ok": r["ok"], "error": r.get("error"),
                "predicted_bytes": predicted_bytes(row, shape, 4 if r.get("model") == "large" else None)}
         if r["ok"]:
             s = r["summary"]
