@@ -153,7 +153,8 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
             if cfg.model.tie_embeddings else None)
     replicated = (ReplicatedGradients(stages.parameters(), group=mesh["dp"].get_group(),
                                       reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype),
-                                      accumulations=cfg.pipeline.microbatches)
+                                      accumulations=cfg.pipeline.microbatches,
+                                      deferred={id(p) for p in tied.copies} if tied else set())
                   if cfg.mesh.dp > 1 and cfg.data_parallel.shard == 1 else None)
 
     # 5. Schedule, mixed precision, optimizer.

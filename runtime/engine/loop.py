@@ -11,6 +11,7 @@ from runtime.config import DataConfig, MetricsConfig, OptimConfig
 from runtime.device import peak_memory_bytes
 from runtime.distributed.collectives import all_gather_objects, max_over_ranks
 from runtime.engine.data import DataSources, inputs_and_targets
+from runtime.engine.gc_control import collect_if_due, garbage_collection_between_steps
 from runtime.engine.guards import DivergenceGuard
 from runtime.engine.step import StepContext, evaluate, timed, train_step
 from runtime.observe.memory import live_tensor_bytes, peak_growth_during, step_state_tensors
@@ -45,58 +46,60 @@ def training_loop(
     memory_step = start_step + min(1, last_step - start_step - 1) if metrics_cfg.profile_memory else None
     peak_tensor_bytes = None
     started = time.perf_counter()
-    for step in range(start_step, last_step):
-        inputs, targets = batch(data.train, step)
-        profiling = profiler is not None and profiler.wants(step)
-        if profiling:
-            profiler.begin()
-        run_step = lambda: train_step(ctx, inputs, targets)  # noqa: E731
-        if step == memory_step:
-            live = live_tensor_bytes([*step_state_tensors(ctx.stages.parameters(), ctx.optimizer), inputs, targets])
-            (stats, step_time), growth = peak_growth_during(lambda: timed(run_step, ctx.device), ctx.device)
-            peak_tensor_bytes = max_over_ranks(live + growth, ctx.device)
-            logger.scalars(step + 1, {"mem/peak_tensor_bytes": peak_tensor_bytes})
-        else:
-            stats, step_time = timed(run_step, ctx.device)
-        if profiling:
-            profiler.end()
-        throughput.step_times.append(step_time)
-        losses.append(stats.loss)
-        grad_norms.append(stats.grad_norm)
-        skipped += stats.skipped
-        n = step + 1
-        logger.scalars(n, {
-            "train/loss": stats.loss, "train/lr": stats.lr, "train/grad_norm": stats.grad_norm,
-            "train/loss_scale": stats.loss_scale, "train/skipped_steps": skipped,
-            "perf/step_time_s": step_time, "perf/samples_per_sec": throughput.samples_per_sec(step_time),
-            "perf/tokens_per_sec": throughput.tokens_per_sec(step_time), "perf/mfu": throughput.mfu(step_time),
-        })
-        if n % metrics_cfg.log_every == 0 or n == last_step:
-            peak = max_over_ranks(peak_memory_bytes(ctx.device), ctx.device)
-            logger.scalars(n, {"mem/peak_bytes": peak})
-            if is_logging_rank:
-                recent = throughput.step_times[-metrics_cfg.log_every:]
-                mean_time = sum(recent) / len(recent)
-                elapsed = time.perf_counter() - started
-                print(progress_line(step=n, steps=optim.steps, loss=stats.loss,
-                                    tokens_per_sec=throughput.tokens_per_sec(mean_time),
-                                    mfu=throughput.mfu(mean_time), loss_scale=stats.loss_scale,
-                                    grad_norm=stats.grad_norm,
-                                    seconds_left=elapsed / (n - start_step) * (last_step - n)), flush=True)
-        # Raises DivergenceError on every rank alike, before any checkpoint of this step is written.
-        guard.observe(n, loss=stats.loss, grad_norm=stats.grad_norm, skipped=stats.skipped,
-                      loss_scale=ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0)
-        if data_cfg.eval_every and (n % data_cfg.eval_every == 0 or n == last_step):
-            val = evaluate(ctx, val_batches)
-            val_losses.append((n, val))
-            logger.scalars(n, {"val/loss": val})
-            if is_logging_rank:
-                print(f"step {n}: validation loss {val:.4f}", flush=True)
-        if checkpointer and checkpointer.due(n, last=n == last_step):
-            if guard.weights_trustworthy:
-                checkpointer.save(n)
-            elif is_logging_rank:
-                print(f"step {n}: not saving a checkpoint: the loss or gradient norm is not finite", flush=True)
+    with garbage_collection_between_steps():
+        for step in range(start_step, last_step):
+            inputs, targets = batch(data.train, step)
+            profiling = profiler is not None and profiler.wants(step)
+            if profiling:
+                profiler.begin()
+            run_step = lambda: train_step(ctx, inputs, targets)  # noqa: E731
+            if step == memory_step:
+                live = live_tensor_bytes([*step_state_tensors(ctx.stages.parameters(), ctx.optimizer), inputs, targets])
+                (stats, step_time), growth = peak_growth_during(lambda: timed(run_step, ctx.device), ctx.device)
+                peak_tensor_bytes = max_over_ranks(live + growth, ctx.device)
+                logger.scalars(step + 1, {"mem/peak_tensor_bytes": peak_tensor_bytes})
+            else:
+                stats, step_time = timed(run_step, ctx.device)
+            if profiling:
+                profiler.end()
+            throughput.step_times.append(step_time)
+            losses.append(stats.loss)
+            grad_norms.append(stats.grad_norm)
+            skipped += stats.skipped
+            n = step + 1
+            logger.scalars(n, {
+                "train/loss": stats.loss, "train/lr": stats.lr, "train/grad_norm": stats.grad_norm,
+                "train/loss_scale": stats.loss_scale, "train/skipped_steps": skipped,
+                "perf/step_time_s": step_time, "perf/samples_per_sec": throughput.samples_per_sec(step_time),
+                "perf/tokens_per_sec": throughput.tokens_per_sec(step_time), "perf/mfu": throughput.mfu(step_time),
+            })
+            if n % metrics_cfg.log_every == 0 or n == last_step:
+                peak = max_over_ranks(peak_memory_bytes(ctx.device), ctx.device)
+                logger.scalars(n, {"mem/peak_bytes": peak})
+                if is_logging_rank:
+                    recent = throughput.step_times[-metrics_cfg.log_every:]
+                    mean_time = sum(recent) / len(recent)
+                    elapsed = time.perf_counter() - started
+                    print(progress_line(step=n, steps=optim.steps, loss=stats.loss,
+                                        tokens_per_sec=throughput.tokens_per_sec(mean_time),
+                                        mfu=throughput.mfu(mean_time), loss_scale=stats.loss_scale,
+                                        grad_norm=stats.grad_norm,
+                                        seconds_left=elapsed / (n - start_step) * (last_step - n)), flush=True)
+            # Raises DivergenceError on every rank alike, before any checkpoint of this step is written.
+            guard.observe(n, loss=stats.loss, grad_norm=stats.grad_norm, skipped=stats.skipped,
+                          loss_scale=ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0)
+            if data_cfg.eval_every and (n % data_cfg.eval_every == 0 or n == last_step):
+                val = evaluate(ctx, val_batches)
+                val_losses.append((n, val))
+                logger.scalars(n, {"val/loss": val})
+                if is_logging_rank:
+                    print(f"step {n}: validation loss {val:.4f}", flush=True)
+            if checkpointer and checkpointer.due(n, last=n == last_step):
+                if guard.weights_trustworthy:
+                    checkpointer.save(n)
+                elif is_logging_rank:
+                    print(f"step {n}: not saving a checkpoint: the loss or gradient norm is not finite", flush=True)
+            collect_if_due(n)
 
     steady = throughput.steady_step_time()
     return {

@@ -28,15 +28,18 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
 
 class ReplicatedGradients:
     def __init__(self, params: list[nn.Parameter], *, group: dist.ProcessGroup, reduce_dtype: torch.dtype | None,
-                 accumulations: int):
-        """``accumulations``: backward passes through every parameter per step (the micro-batches)."""
+                 accumulations: int, deferred: set[int] = frozenset()):
+        """``accumulations``: backward passes through every parameter per step (the micro-batches).
+        ``deferred``: ids of parameters whose gradients change after the backward (a tied weight's copies,
+        summed across stages by runtime/engine/tied.py): they are reduced only in ``finish``, after that."""
         distinct = list({id(p): p for p in params}.values())  # a tied weight once
         self.group, self.reduce_dtype, self.accumulations = group, reduce_dtype, accumulations
         self.size = dist.get_world_size(group)
-        self.buckets = _buckets(distinct[::-1])
+        early = [p for p in distinct if id(p) not in deferred]
+        self.buckets = _buckets(early[::-1]) + _buckets([p for p in distinct if id(p) in deferred])
         self.bucket_of = {id(p): i for i, bucket in enumerate(self.buckets) for p in bucket}
         self._reset()
-        for p in distinct:
+        for p in early:
             p.register_post_accumulate_grad_hook(self._on_accumulated)
 
     def _reset(self) -> None:
