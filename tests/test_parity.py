@@ -39,7 +39,8 @@ CASES = [
     # Data-parallel modes: replicate (with PP and TP), HSDP with PP and with TP, ZeRO-3.
     (2, 2, 2, "1f1b", ["--dp-shard", "1"]),
     (4, 2, 1, "interleaved-1f1b", ["--dp-shard", "2"]),
-    (4, 1, 2, "1f1b", ["--dp-shard", "2"]),
+    # An odd vocabulary, as GPT-2's 50,257: uneven vocabulary shards, sharded again by FSDP.
+    (4, 1, 2, "1f1b", ["--dp-shard", "2", "--vocab-size", "257"]),
     (2, 2, 2, "interleaved-1f1b", ["--reshard-after-forward"]),
 ]
 

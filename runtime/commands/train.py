@@ -161,7 +161,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     scaler = build_grad_scaler(cfg.precision, device.type)
     vocab_parallel = cfg.mesh.mp > 1
     loss_fn = scaled_cross_entropy(scaler, microbatches=cfg.pipeline.microbatches,
-                                   vocab_mesh=mesh["mp"] if vocab_parallel else None)
+                                   vocab_mesh=mesh["mp"] if vocab_parallel else None, vocab_size=cfg.model.vocab_size)
     schedule = build_schedule(cfg.pipeline.schedule, stages.stages, n_microbatches=cfg.pipeline.microbatches,
                               loss_fn=loss_fn)
     optimizer = build_optimizer(stages.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)

@@ -71,7 +71,8 @@ def ensure_scale_initialised(scaler: ShardedGradScaler, device: torch.device) ->
         scaler.scale(torch.ones((), device=device))
 
 
-def scaled_cross_entropy(scaler: ShardedGradScaler, *, microbatches: int, vocab_mesh: DeviceMesh | None = None):
+def scaled_cross_entropy(scaler: ShardedGradScaler, *, microbatches: int, vocab_mesh: DeviceMesh | None = None,
+                         vocab_size: int | None = None):
     """The schedule's loss function: next-token cross-entropy of one micro-batch, divided by the
     number of micro-batches and loss-scaled.
 
@@ -93,7 +94,11 @@ def scaled_cross_entropy(scaler: ShardedGradScaler, *, microbatches: int, vocab_
         else:
             # Inside the step's loss_parallel() (not a context of its own: leaving a nested one would
             # switch the vocabulary-parallel ops off before backward runs them).
-            sharded = DTensor.from_local(logits, vocab_mesh, [Shard(1)], run_check=False)  # (b t, V) over mp
+            # The global shape must be given: V need not divide by mp (GPT-2's 50,257), and from_local
+            # would otherwise take every shard to be as wide as this one.
+            rows = logits.shape[0]
+            sharded = DTensor.from_local(logits, vocab_mesh, [Shard(1)], run_check=False,
+                                         shape=(rows, vocab_size), stride=(vocab_size, 1))  # (b t, V) over mp
             loss = F.cross_entropy(sharded, rearrange(targets, "b t -> (b t)")).to_local()
         return scaler.scale(loss / microbatches)
 

@@ -62,7 +62,7 @@ ROWS_8 = (
     MemoryRow("2x2x2", 2, 2, 2),
     MemoryRow("2x2x2 + AC", 2, 2, 2, activation_checkpointing=True),
     MemoryRow("2x2x2", 2, 2, 2, precision="fp32"),
-    MemoryRow("2x2x2", 2, 2, 2, precision="fp16"),
+    # No fp16 row: this CPU has no fp16 arithmetic, and GPT-2 small's fp16 steps outlast the study's timeout.
     MemoryRow("2x2x2", 2, 2, 2, micro_batch_size=1),
     MemoryRow("2x2x2", 2, 2, 2, micro_batch_size=4),
 )
