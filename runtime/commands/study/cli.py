@@ -149,7 +149,8 @@ def main(argv: list[str]) -> int:
                             "model": vars(settings.split_model), "layer_seconds": layer_seconds}
 
     if specs["sharding"]:
-        raw = [run(spec, lambda r: f"peak tensor memory {r.summary['peak_tensor_bytes'] / 2**30:.3f} GiB per rank")
+        raw = [run(spec, lambda r: f"peak tensor memory {(r.summary['peak_tensor_bytes'] or 0) / 2**30:.3f} GiB, "
+                                   f"resident {r.summary['peak_bytes'] / 2**30:.3f} GiB per rank")
                for spec in specs["sharding"]]
         results["sharding"] = {"runs": raw, "table": sharding.memory_table(raw, settings.sharding_model),
                                "model": vars(settings.sharding_model), "method": sharding.MEMORY_METHOD}
