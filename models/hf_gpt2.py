@@ -32,16 +32,21 @@ def _qkv_from_hf(t: torch.Tensor, n_heads: int) -> torch.Tensor:
     return t.reshape(3, n_heads, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
 
 
-def to_hf_gpt2(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
-    """Our state dict -> a ``GPT2LMHeadModel`` state dict (contiguous tensors)."""
-    out = {hf: state[ours] for ours, hf in _TOP.items()}
+def _block_tensors(cfg: GPTConfig):
+    """(our name, Hugging Face name, stored transposed (Conv1D weight), fused q/k/v) of every block tensor."""
     for i in range(cfg.n_layers):
         for ours, (hf, conv1d) in _BLOCK.items():
             for kind in ("weight", "bias"):
-                t = state[f"layers.{i}.{ours}.{kind}"]
-                if ours == "attn.qkv":
-                    t = _qkv_to_hf(t, cfg.n_heads)
-                out[f"transformer.h.{i}.{hf}.{kind}"] = t.t() if conv1d and kind == "weight" else t
+                yield (f"layers.{i}.{ours}.{kind}", f"transformer.h.{i}.{hf}.{kind}", conv1d and kind == "weight",
+                       ours == "attn.qkv")
+
+
+def to_hf_gpt2(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """Our state dict -> a ``GPT2LMHeadModel`` state dict (contiguous tensors)."""
+    out = {hf: state[ours] for ours, hf in _TOP.items()}
+    for ours, hf, transposed, qkv in _block_tensors(cfg):
+        t = _qkv_to_hf(state[ours], cfg.n_heads) if qkv else state[ours]
+        out[hf] = t.t() if transposed else t
     out["lm_head.weight"] = state["tok_emb.weight" if cfg.tie_embeddings else "head.weight"]
     return {k: v.contiguous() for k, v in out.items()}
 
@@ -49,12 +54,9 @@ def to_hf_gpt2(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torc
 def from_hf_gpt2(hf: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
     """A ``GPT2LMHeadModel`` state dict -> ours (the inverse of ``to_hf_gpt2``)."""
     out = {ours: hf[name] for ours, name in _TOP.items()}
-    for i in range(cfg.n_layers):
-        for ours, (name, conv1d) in _BLOCK.items():
-            for kind in ("weight", "bias"):
-                t = hf[f"transformer.h.{i}.{name}.{kind}"]
-                t = t.t() if conv1d and kind == "weight" else t
-                out[f"layers.{i}.{ours}.{kind}"] = _qkv_from_hf(t, cfg.n_heads) if ours == "attn.qkv" else t
+    for ours, name, transposed, qkv in _block_tensors(cfg):
+        t = hf[name].t() if transposed else hf[name]
+        out[ours] = _qkv_from_hf(t, cfg.n_heads) if qkv else t
     out["head.weight"] = hf.get("lm_head.weight", hf["transformer.wte.weight"])
     return {k: v.contiguous() for k, v in out.items()}
 

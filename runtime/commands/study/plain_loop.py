@@ -90,14 +90,16 @@ def main(argv: list[str] | None = None) -> dict:
               "tokens_per_sec": throughput.tokens_per_sec(steady), "peak_bytes": peak_memory_bytes(device),
               "precision": args.precision, "dtype": str(PRECISIONS[args.precision].dtype)}
     if env.rank == 0:
-        print(json.dumps(result))
+        print(json.dumps(result), flush=True)
     if distributed:
         shutdown_distributed()
+        # End here, with the DDP model still referenced: freeing its Reducer destroys the last reference to
+        # its gloo process group, whose destructor joins gloo's worker thread while holding the GIL, and a
+        # worker still releasing its last all-reduce needs the GIL: a deadlock (seen once in CI).
+        sys.stderr.flush()
+        os._exit(0)
     return result
 
 
 if __name__ == "__main__":
     main()
-    # Under torchrun, skip interpreter finalization as run.py does (gloo threads can abort it).
-    sys.stdout.flush()
-    os._exit(0)
