@@ -57,8 +57,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH, help="samples per optimizer step")
     p.add_argument("--cluster", help=f"cluster JSON or preset ({', '.join(preset_names())}); default: the file "
                                      f"`run.py calibrate` wrote ({CALIBRATED}) if any, else {LOCAL_PRESET}")
-    p.add_argument("--no-speed-probe", action="store_true",
-                   help="planning for this machine, do not rescale its calibration by a few-second speed probe")
+    p.add_argument("--speed-probe", action="store_true",
+                   help="experimental: planning for this machine, first rescale its calibration by a few-second "
+                        "re-timing of calibration's block benchmark (measured to make predictions worse on a "
+                        "noisy shared machine: see runtime/commands/speed_probe.py)")
     p.add_argument("--precisions", default="fp32,bf16,fp16", help="comma-separated precisions to consider")
     p.add_argument("--top", type=int, default=15, help="rows of the ranked table")
     p.add_argument("--out", default="plan.json", help="where to write every plan with its estimate")
@@ -79,7 +81,7 @@ def main(argv: list[str]) -> int:
         print(f"error: --precisions must be a comma-separated subset of {','.join(PRECISIONS)}, got {args.precisions}",
               file=sys.stderr)
         return 2
-    if args.cluster in (None, LOCAL_PRESET, str(CALIBRATED)) and not has_accelerator() and not args.no_speed_probe:
+    if args.speed_probe and args.cluster in (None, LOCAL_PRESET, str(CALIBRATED)) and not has_accelerator():
         cluster = probed(cluster)
     if args.validate:
         return validate(world=args.world, cluster=cluster, precisions=precisions, out=args.out)

@@ -6,6 +6,12 @@ machine, ``probe`` re-times what calibration timed (a transformer block's forwar
 calibration's small and large shapes, fp32 and bf16, on one single-thread process per core at once)
 and returns the geometric mean of now / then over those four points; compiler/planner/cluster.py's
 ``Cluster.rescaled`` applies it to every time-like rate of the cluster. Takes a few seconds.
+
+Opt-in (``run.py plan --speed-probe``) because it does not do its job yet: on 2026-11-24 it measured the
+machine 1.18x slower than calibrated (its four points ranged 0.92x-1.48x) while the engine ran 1.27x
+faster than predicted, so ``plan --validate --world 4 --cluster cpu-2core`` erred 27.3% with it and 9.8%
+without. Isolated block timings do not track what drifts (the engine factors fitted from whole runs);
+a probe should re-run one of calibration's recorded engine runs instead.
 """
 
 from __future__ import annotations
