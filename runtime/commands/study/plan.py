@@ -32,6 +32,11 @@ class ModelShape:
     def flags(self) -> list[str]:
         return model_flags(self.gpt_config())
 
+    def plain_flags(self) -> list[str]:
+        """The same model for the plain PyTorch / DDP loop (runtime/commands/study/plain_loop.py)."""
+        return ["--layers", str(self.layers), "--d-model", str(self.d_model), "--heads", str(self.heads),
+                "--seq-len", str(self.seq_len), "--vocab-size", str(self.vocab_size)]
+
     def gpt_config(self) -> GPTConfig:
         """The model run.py builds from ``flags()`` (no --mlp-width: GPT-2's width)."""
         return GPTConfig(n_layers=self.layers, d_model=self.d_model, n_heads=self.heads, seq_len=self.seq_len,
@@ -191,9 +196,7 @@ def scaling_specs(world: int, s: StudySettings) -> list[RunSpec]:
 def overhead_specs(s: StudySettings) -> list[RunSpec]:
     """The engine at 1x1x1 next to a plain PyTorch loop, alternated ``rounds`` times."""
     shape = s.model
-    plain_args = ["--layers", str(shape.layers), "--d-model", str(shape.d_model), "--heads", str(shape.heads),
-                  "--seq-len", str(shape.seq_len), "--vocab-size", str(shape.vocab_size),
-                  "--micro-batch-size", str(s.micro_batch_size), "--microbatches", str(s.microbatches),
+    plain_args = [*shape.plain_flags(), "--micro-batch-size", str(s.micro_batch_size), "--microbatches", str(s.microbatches),
                   "--steps", str(s.steps + 1), "--precision", "fp32"]
     engine_args = [*_mesh(1, 1, 1), "--micro-batch-size", str(s.micro_batch_size), "--microbatches",
                    str(s.microbatches), *shape.flags(), *_common(s, s.steps + 1)]

@@ -87,9 +87,9 @@ def memory_rows(world: int, *, smoke: bool = False) -> tuple[MemoryRow, ...]:
     return ROWS_8 if world >= 8 else ROWS_4 if world >= 4 else ()
 
 
-def _common(steps: int) -> list[str]:
+def _common(steps: int, *, profile_memory: bool = True) -> list[str]:
     return ["--data", "synthetic", "--steps", str(steps), "--log-every", "1", "--eval-every", "0", "--eval-batches", "1",
-            "--seed", "1234", "--profile-memory"]
+            "--seed", "1234", *(["--profile-memory"] if profile_memory else [])]
 
 
 MEMORY_METHOD = (
@@ -114,7 +114,7 @@ def memory_specs(world: int, model: GPTConfig, *, large: bool, smoke: bool = Fal
         c = dataclasses.replace(LARGE.candidate(), microbatches=4)
         # GPT-2 Large's Adam state and copies fill most of 24 GiB: large tensors are returned to the kernel.
         # No --profile-memory: its event buffers would add to a peak that is already near the machine's memory.
-        args = [*model_flags(LARGE_MODEL), *c.flags(), "--compact-cpu-memory", *_common(3)[:-1]]
+        args = [*model_flags(LARGE_MODEL), *c.flags(), "--compact-cpu-memory", *_common(3, profile_memory=False)]
         specs.append(RunSpec("sharding_gpt2_large", 8, args, meta={"section": "sharding", **dataclasses.asdict(LARGE),
                                                                     "model": "large"}))
     return specs
@@ -173,8 +173,7 @@ def replicate_summary(runs: list[dict]) -> dict:
 def replicate_specs(rounds: int, shape: ModelShape, *, micro_batch_size: int, microbatches: int,
                     steps: int) -> list[RunSpec]:
     """The replicate benchmark's alternated runs: engine replicate, plain DDP, engine FSDP."""
-    model_args = ["--layers", str(shape.layers), "--d-model", str(shape.d_model), "--heads", str(shape.heads),
-                  "--seq-len", str(shape.seq_len), "--vocab-size", str(shape.vocab_size)]
+    model_args = shape.plain_flags()  # run.py and the plain loop read these flags alike
     batching = ["--micro-batch-size", str(micro_batch_size), "--microbatches", str(microbatches)]
     engine = ["--dp", "2", *model_args, *batching, "--data", "synthetic", "--precision", "fp32", "--steps", str(steps),
               "--log-every", str(steps), "--eval-every", "0", "--eval-batches", "1", "--seed", "1234", "--peak-tflops", "1"]
