@@ -58,9 +58,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--cluster", help=f"cluster JSON or preset ({', '.join(preset_names())}); default: the file "
                                      f"`run.py calibrate` wrote ({CALIBRATED}) if any, else {LOCAL_PRESET}")
     p.add_argument("--speed-probe", action="store_true",
-                   help="experimental: planning for this machine, first rescale its calibration by a few-second "
-                        "re-timing of calibration's block benchmark (measured to make predictions worse on a "
-                        "noisy shared machine: see runtime/commands/speed_probe.py)")
+                   help="planning for this machine, first re-run two of calibration's recorded engine runs "
+                        "(~30 s) and rescale the calibration by their speed now (runtime/commands/speed_probe.py)")
     p.add_argument("--precisions", default="fp32,bf16,fp16", help="comma-separated precisions to consider")
     p.add_argument("--top", type=int, default=15, help="rows of the ranked table")
     p.add_argument("--out", default="plan.json", help="where to write every plan with its estimate")

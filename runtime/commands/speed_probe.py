@@ -1,64 +1,62 @@
-"""How fast this machine runs now, against the calibration the planner prices plans with.
+"""How fast this machine runs the engine now, against the calibration the planner prices plans with.
 
-A shared machine's speed drifts (other tenants, frequency scaling): plans priced with a calibration
-taken on a busier day all come out too slow by about the same factor. Before planning for the local
-machine, ``probe`` re-times what calibration timed (a transformer block's forward + backward at the
-calibration's small and large shapes, fp32 and bf16, on one single-thread process per core at once)
-and returns the geometric mean of now / then over those four points; compiler/planner/cluster.py's
-``Cluster.rescaled`` applies it to every time-like rate of the cluster. Takes a few seconds.
+A shared machine's speed drifts (other tenants, frequency scaling), and so does the engine between
+calibrations: plans priced with a calibration taken on another day all come out off by about the same
+factor. ``probe`` re-runs two of the engine runs calibration recorded (runtime/commands/calibrate_engine.py,
+the cluster's ``notes.engine_fit.runs``): the same models, plans and flags on the same number of ranks.
+It returns the geometric mean of measured-now / measured-then; compiler/planner/cluster.py's
+``Cluster.rescaled`` applies it to every time-like rate of the cluster. Takes about half a minute.
 
-Opt-in (``run.py plan --speed-probe``) because it does not do its job yet: on 2026-11-24 it measured the
-machine 1.18x slower than calibrated (its four points ranged 0.92x-1.48x) while the engine ran 1.27x
-faster than predicted, so ``plan --validate --world 4 --cluster cpu-2core`` erred 27.3% with it and 9.8%
-without. Isolated block timings do not track what drifts (the engine factors fitted from whole runs);
-a probe should re-run one of calibration's recorded engine runs instead.
+Why whole runs and not kernels: a first probe re-timed calibration's isolated block benchmark and
+made the planner worse (2026-11-24: blocks 1.18x slower than calibrated while whole runs were 1.27x
+faster than predicted; ``plan --validate`` erred 27.3% with it, 9.8% without). What drifts is what the
+engine factors were fitted to, so the probe measures that. This probe, the same day:
+``plan --validate --world 4 --cluster cpu-2core --speed-probe`` measured 0.82x and erred 16.0% (median
+over 12 plans; 11.0% without it, the calibration being a day old). Opt-in: it costs half a minute and
+helps when the machine's load differs from calibration day's.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import statistics
 import tempfile
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
 from compiler.planner.cluster import Cluster
-from runtime.commands.calibrate import SHAPES, block_seconds
-from runtime.distributed.spawn import SpawnError, spawn_ranks
+from runtime.commands.calibrate_engine import RUN_FLAGS, calibration_runs
+from runtime.commands.flags import model_flags
+from runtime.commands.launch import RunSpec, execute
 
-PRECISIONS_PROBED = ("fp32", "bf16")
-
-
-def _probe_worker(out_dir: str) -> None:
-    rank = int(os.environ["RANK"])
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    dist.barrier()  # every process measures at the same time, as calibration's did
-    seconds = {p: [block_seconds(*shape, p, repeats=5)[0] for shape in SHAPES] for p in PRECISIONS_PROBED}
-    Path(out_dir, f"probe{rank}.json").write_text(json.dumps(seconds))
-    dist.destroy_process_group()
+# Indices into calibration_runs(): a light pipeline run (fixed costs dominate: actions, point-to-point,
+# step overhead) and a heavy PP x TP run (compute and collectives dominate).
+PROBE_RUNS = (1, 6)
 
 
-def probe(cluster: Cluster, *, timeout: float = 120) -> tuple[float, str] | None:
-    """(now / calibrated time ratio, one-line description), or None when the cluster records no
-    calibration points to compare with or the probe could not run."""
-    then = cluster.notes.get("block_points", {})
-    if not all(p in then for p in PRECISIONS_PROBED):
+def probe(cluster: Cluster, *, timeout: float = 300) -> tuple[float, str] | None:
+    """(now / calibrated step-time ratio, one-line description), or None when the cluster records no
+    engine runs of the current calibration set or a probe run failed."""
+    fit = cluster.notes.get("engine_fit")
+    if not fit:
         return None
-    processes = max(1, min(os.cpu_count() or 1, cluster.compute_units_per_node))
+    try:
+        runs = calibration_runs(fit["world"])
+    except ValueError:
+        return None
+    recorded = fit["runs"]
+    if [r["plan"] for r in recorded] != [plan.describe() for _, plan in runs]:
+        return None  # calibrated with another run set: nothing comparable to re-run
+    ratios, parts = [], []
     with tempfile.TemporaryDirectory() as work:
-        try:
-            spawn_ranks(_probe_worker, world_size=processes, args=(work,), timeout=timeout)
-        except SpawnError:
-            return None
-        runs = [json.loads(Path(work, f"probe{r}.json").read_text()) for r in range(processes)]
-    ratios = [statistics.median(run[p][i] for run in runs) / then[p][i][0]
-              for p in PRECISIONS_PROBED for i in range(len(SHAPES))]
+        for i in PROBE_RUNS:
+            model, plan = runs[i]
+            spec = RunSpec(f"probe_{i}", fit["world"], [*model_flags(model), *plan.flags(), *RUN_FLAGS])
+            result = execute(spec, Path(work), timeout=timeout)
+            if not result.ok:
+                return None
+            then = recorded[i]["measured_s"]
+            now = result.summary["step_time_s"]
+            ratios.append(now / then)
+            parts.append(f"{plan.describe()}: {now:.3f} s/step vs {then:.3f} calibrated")
     ratio = math.exp(statistics.mean(math.log(r) for r in ratios))
-    detail = ", ".join(f"{p} {'small' if i == 0 else 'large'} {r:.2f}x"
-                       for (p, i), r in zip([(p, i) for p in PRECISIONS_PROBED for i in range(len(SHAPES))], ratios))
-    return ratio, f"speed probe: this machine now takes {ratio:.2f}x the calibrated time ({detail})"
+    return ratio, f"speed probe: the engine now takes {ratio:.2f}x its calibrated time ({'; '.join(parts)})"
