@@ -3,6 +3,11 @@
 Pure functions, no torch: a pipeline runs at the pace of its slowest stage, so ``balanced_split``
 minimises the largest stage cost exactly (dynamic programme over split points, O(S * L^2)), and
 ``layer_split`` applies it to the model's layers with the embedding and the LM head as layers too.
+
+In a V placement (ZBV, DualPipeV) rank r runs stages r and 2p-1-r, so a rank's pace is the *sum* of
+its pair: ``v_balanced_split`` minimises the busiest rank's pair exactly, peeling pairs from both ends
+of the layer sequence (O(p * L^4 / 24)). Rank 0 then holds the embedding and the head, and a heavy
+head is best paired with a light first stage.
 """
 
 from __future__ import annotations
@@ -49,16 +54,92 @@ def balanced_split(costs: list[float], n_stages: int, *, memory: list[float] | N
     return sizes[::-1]
 
 
-def layer_split(costs: list[float], n_stages: int, *, memory: list[float] | None = None,
+def v_balanced_split(costs: list[float], pp: int) -> list[int]:
+    """Items per stage for 2 * ``pp`` stages in a V placement (rank r holds stages r and 2pp-1-r), each
+    stage non-empty, minimising the largest per-rank sum. Ties go to earlier cut points.
+
+    State (k, i, j): ranks 0..k-1 took items [0, i) and [j, n); rank k takes [i, a) as stage k and
+    [b, j) as stage 2pp-1-k. The innermost rank's two stages are adjacent, so it takes the rest [i, j).
+    """
+    n = len(costs)
+    if pp < 1 or n < 2 * pp:
+        raise ValueError(f"cannot split {n} blocks into {2 * pp} non-empty stages")
+    prefix = [0.0, *accumulate(costs)]
+
+    def cost(a: int, b: int) -> float:
+        return prefix[b] - prefix[a]
+
+    inf = float("inf")
+    # best[(i, j)] for the current k: minimal busiest-rank cost of ranks k.. on items [i, j); choice: (a, b).
+    best = {(i, j): (cost(i, j), None) for i in range(n) for j in range(i + 2, n + 1)}
+    choices = []
+    for k in range(pp - 2, -1, -1):
+        inner = 2 * (pp - 1 - k)  # stages the ranks inside this one still need
+        layer = {}
+        for i in range(k, n):
+            for j in range(i + inner + 2, n - k + 1):
+                value, choice = inf, None
+                for a in range(i + 1, j - inner):
+                    head = cost(i, a)
+                    if head >= value:
+                        break  # costs are non-negative: a larger a only adds to this rank
+                    for b in range(j - 1, a + inner - 1, -1):
+                        mine = head + cost(b, j)
+                        if mine >= value:
+                            break
+                        rest = best[(a, b)][0]
+                        if max(mine, rest) < value:
+                            value, choice = max(mine, rest), (a, b)
+                layer[(i, j)] = (value, choice)
+        choices.append(layer)
+        best = layer
+    # Walk the choices outside in.
+    fronts, backs, i, j = [], [], 0, n
+    for layer in reversed(choices):  # rank 0 first
+        a, b = layer[(i, j)][1]
+        fronts.append(a - i)
+        backs.append(j - b)
+        i, j = a, b
+    # The innermost rank: two adjacent stages over [i, j); cut where its pair is most even (any cut
+    # gives the same rank cost, an even one keeps the stages' own latency low).
+    middle = min(range(i + 1, j), key=lambda c: (abs(cost(i, c) - cost(c, j)), c))
+    return [*fronts, middle - i, j - middle, *backs[::-1]]
+
+
+PLACEMENTS = ("loop", "v")
+
+
+def placement_stages(placement: str, pp_rank: int, *, pp: int, stages_per_rank: int) -> list[int]:
+    """The stages pp rank ``pp_rank`` holds. "loop" (Narayanan et al. 2021): r, r + p, r + 2p, ...;
+    "v" (Qi et al. 2024, ZB-V): r and 2p-1-r, so the first and the last stage share rank 0."""
+    if placement == "v":
+        if stages_per_rank != 2:
+            raise ValueError(f"a V placement holds 2 stages per rank, got {stages_per_rank}")
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [pp_rank + i * pp for i in range(stages_per_rank)]
+
+
+def rank_costs(stage_costs: list[float], placement: str, *, pp: int) -> list[float]:
+    """Per pp rank, the summed cost of the stages it holds."""
+    v = len(stage_costs) // pp
+    return [sum(stage_costs[s] for s in placement_stages(placement, r, pp=pp, stages_per_rank=v)) for r in range(pp)]
+
+
+def layer_split(costs: list[float], n_stages: int, *, placement: str = "loop", memory: list[float] | None = None,
                 memory_limit: float | None = None) -> list[int]:
-    """Blocks per stage minimising the largest stage cost, for ``costs`` of [embedding, block 0, ...,
-    block L-1, final norm + head] (and ``memory`` alike).
+    """Blocks per stage minimising the largest stage cost (the largest rank's pair of stages for a "v"
+    placement), for ``costs`` of [embedding, block 0, ..., block L-1, final norm + head] (and ``memory`` alike).
 
     The embedding and the head are layers of their own: stage 0 always holds the embedding and the
     last stage the head, but either may hold no block. A large-vocabulary head can cost several
     blocks, and then the best pipeline gives it a stage alone (blocks per stage [3, 3, 2, 0]).
     """
-    items = balanced_split(costs, n_stages, memory=memory, memory_limit=memory_limit)
+    if placement == "v":
+        if memory is not None:
+            raise ValueError("a memory limit is not supported for a V placement's split")
+        items = v_balanced_split(costs, n_stages // 2)
+    else:
+        items = balanced_split(costs, n_stages, memory=memory, memory_limit=memory_limit)
     blocks = list(items)
     blocks[0] -= 1  # the embedding
     blocks[-1] -= 1  # the head (the same stage when n_stages == 1)

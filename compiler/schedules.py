@@ -9,13 +9,22 @@ Bubble fractions (idle time / total time with p ranks, m micro-batches, v stages
 - interleaved 1F1B with v virtual stages per rank (Narayanan et al. 2021, sec. 2.2):
   (p - 1) / (v * m + p - 1), i.e. the bubble shrinks by a factor v;
 - zero-bubble (Qi et al. 2024) splits backward into input- and weight-gradient passes and fills the
-  bubble with the weight passes; with equal F, B and W times its ideal bubble tends to zero.
+  bubble with the weight passes; with equal F, B and W times its ideal bubble tends to zero. So do its
+  V-shaped variant ZB-V (Qi et al. 2024 sec. 6: (p-1)(F+B-2W) of idle time per rank, 0 when F = B = W)
+  and DualPipeV (DeepSeek-V3, 2024, table 2, on half the devices: (p-1)(F&B+B-3W), 0 when F = B = W
+  and forward and backward chunks do not overlap);
+- looped breadth-first (Lamy-Poirier 2023) runs every micro-batch through one local stage before the
+  next, on the looped placement: the same (p - 1) / (v * m + p - 1) as interleaved.
 
 Micro-batches in flight (what activation memory scales with), on pp rank ``rank`` at its peak, in
 stage-micro-batches (one micro-batch's activations of one of the rank's v stages):
 - GPipe keeps all m (x v); naive one per stage; 1F1B min(m, p - rank) (PipeDream-Flush);
 - interleaved 1F1B its warm-up depth (v - 1) * m_round + 2 (p - 1 - rank), plus the one in progress
-  (Narayanan et al. 2021 sec. 2.2, as torch schedules it).
+  (Narayanan et al. 2021 sec. 2.2, as torch schedules it);
+- looped BFS all m x v, like GPipe;
+- ZB-V and DualPipeV about 1F1B's p micro-batches of a 1/p model slice on every rank, i.e. 2p of their
+  half-size stages (Qi et al. 2024 sec. 6: "the same peak memory as 1F1B"), and the V makes it even
+  across ranks; DualPipeV holds one more (its forward and backward chunks overlap).
 """
 
 from __future__ import annotations
@@ -26,13 +35,17 @@ from typing import Callable
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
+    ScheduleDualPipeV,
     ScheduleGPipe,
     ScheduleInterleaved1F1B,
     ScheduleInterleavedZeroBubble,
+    ScheduleLoopedBFS,
+    ScheduleZBVZeroBubble,
 )
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
 from compiler.naive_schedule import ScheduleNaive
+from compiler.partition import placement_stages
 
 
 def _stop_and_wait(p: int, m: int, v: int) -> float:
@@ -65,6 +78,14 @@ def _one_f_one_b(p: int, m: int, v: int, rank: int) -> int:
     return min(m, p - rank)
 
 
+def _v_shape(p: int, m: int, v: int, rank: int) -> int:
+    return min(2 * m, 2 * p)
+
+
+def _dual_v(p: int, m: int, v: int, rank: int) -> int:
+    return min(2 * m, 2 * p + 1)
+
+
 def _interleaved_warmup(p: int, m: int, v: int, rank: int) -> int:
     rounds = max(1, m // p)
     per_round = m // rounds
@@ -80,6 +101,7 @@ class ScheduleSpec:
     reference: str
     bubble: Callable[[int, int, int], float]  # (p, m, v) -> theoretical idle fraction
     in_flight: Callable[[int, int, int, int], int]  # (p, m, v, rank) -> stage-micro-batches held at the peak
+    placement: str = "loop"  # which stages a rank holds: compiler/partition.py's placement_stages
     default_v: int = 1  # virtual stages per rank when pp > 1 and --stages-per-rank is not given
     fixed_v: int | None = None  # the only v the schedule runs (None: any)
     min_microbatches_per_pp: int = 0  # 1: needs m >= p (1F1B's warm-up)
@@ -100,7 +122,8 @@ class ScheduleSpec:
         return 3 if self.split_backward else 2
 
     def stage_indices(self, pp_rank: int, *, pp: int, stages_per_rank: int) -> list[int]:
-        return local_stage_indices(pp_rank, pp=pp, stages_per_rank=stages_per_rank)
+        """The global stage indices pp rank ``pp_rank`` holds, in the order the schedule takes them."""
+        return placement_stages(self.placement, pp_rank, pp=pp, stages_per_rank=stages_per_rank)
 
     def stage_owner(self, stage: int, *, pp: int, stages_per_rank: int) -> int:
         """The pp rank that holds ``stage``."""
@@ -133,13 +156,38 @@ SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
                  split_backward=True, planner_v=(2,),
                  # Zero-bubble reaches ~0 only when F, B and W take equal time; the planner charges interleaved's.
                  planned_bubble=_interleaved),
+    ScheduleSpec("zbv", ScheduleZBVZeroBubble,
+                 "zero-bubble on a V placement: rank r holds stages r and 2p-1-r (so rank 0 holds the embedding "
+                 "and the head), backward split into I and W passes", "Qi et al. 2024, sec. 6", _ideal_zero,
+                 _v_shape, placement="v", default_v=2, fixed_v=2, split_backward=True, planner_v=(2,),
+                 planned_bubble=_interleaved),
+    ScheduleSpec("dualpipev", ScheduleDualPipeV,
+                 "DeepSeek's DualPipe folded onto p ranks (V placement): forward and backward of different "
+                 "micro-batches interleaved, backward split into I and W; needs m >= 2p",
+                 "DeepSeek-V3 report, 2024", _ideal_zero, _dual_v, placement="v", default_v=2, fixed_v=2,
+                 min_microbatches_per_pp=2, split_backward=True, planner_v=(2,), planned_bubble=_interleaved),
+    ScheduleSpec("looped-bfs", ScheduleLoopedBFS,
+                 "looped placement like interleaved, but every micro-batch passes a local stage before the next "
+                 "stage starts (breadth-first)", "Lamy-Poirier 2023", _interleaved, _all, default_v=2,
+                 planner_v=(2,)),
 )}
 DEFAULT_SCHEDULE = "interleaved-1f1b"
 
 
-def local_stage_indices(pp_rank: int, *, pp: int, stages_per_rank: int) -> list[int]:
-    """Looped placement (Narayanan et al. 2021): rank r holds stages r, r + p, r + 2p, ..."""
-    return [pp_rank + i * pp for i in range(stages_per_rank)]
+def _skip_self_warmup(stage: PipelineStage) -> None:
+    """Drop the first step's p2p warm-up messages a stage would send to its own rank.
+
+    Under a V placement the middle stages p-1 and p sit on one rank. torch's warm-up for traced stages
+    (``_get_init_p2p_neighbors_ops``) still exchanges a dummy tensor with each neighbour stage's rank, and
+    gloo cannot send to itself ("Pair is not connected"). The schedule itself hands activations to a
+    same-rank stage locally, so the skipped messages carried nothing.
+    """
+    build_ops = stage._get_init_p2p_neighbors_ops
+
+    def ops_to_other_ranks():
+        return [op for op in build_ops() if op.group_peer != stage.group_rank]
+
+    stage._get_init_p2p_neighbors_ops = ops_to_other_ranks
 
 
 def bubble_fraction(name: str, *, p: int, m: int, v: int) -> float:
@@ -163,6 +211,9 @@ def build_schedule(name: str, stages: list[PipelineStage], *, n_microbatches: in
     """
     spec = SCHEDULES[name]
     if spec.multi_stage:
+        if spec.placement == "v":
+            for stage in stages:
+                _skip_self_warmup(stage)
         return spec.torch_class(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
     if len(stages) != 1:
         raise ValueError(f"--schedule {name} runs one stage per rank, got {len(stages)}")

@@ -113,6 +113,7 @@ class TrainConfig:
     activation_checkpointing: bool
     checkpoint: CheckpointConfig
     guard: GuardConfig
+    compile_blocks: bool = False  # --compile: torch.compile each transformer block
 
     @property
     def global_batch_size(self) -> int:
@@ -153,6 +154,14 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_model(cfg.model, cfg.mesh)
     _check_data_parallel(cfg.data_parallel, cfg.mesh)
     _check_pipeline(cfg.pipeline, cfg.model, cfg.mesh)
+    _check_compile(cfg.compile_blocks, cfg.pipeline.schedule)
+
+
+def _check_compile(compile_blocks: bool, schedule: str) -> None:
+    if compile_blocks and SCHEDULES[schedule].split_backward:
+        plain = ", ".join(n for n, s in SCHEDULES.items() if not s.split_backward)
+        raise ConfigError(f"--compile cannot run with --schedule {schedule}: torch's split-backward schedules do not "
+                          f"support compiled stages yet; use --schedule {plain}")
 
 
 def check_world(mesh: MeshShape, world_size: int) -> None:
@@ -202,6 +211,9 @@ def _check_data_parallel(dp: DataParallelConfig, mesh: MeshShape) -> None:
 def _check_pipeline(pipeline: PipelineConfig, model: GPTConfig, mesh: MeshShape) -> None:
     v, m, pp, name = pipeline.stages_per_rank, pipeline.microbatches, mesh.pp, pipeline.schedule
     spec = SCHEDULES[name]
+    if spec.placement == "v" and pp < 2:
+        raise ConfigError(f"--schedule {name} places two stages per rank in a V (rank r: stages r and 2p-1-r) "
+                          f"and needs --pp >= 2, got --pp {pp}")
     if spec.fixed_v is not None and v != spec.fixed_v:
         others = ", ".join(n for n, s in SCHEDULES.items() if s.fixed_v is None)
         raise ConfigError(f"--schedule {name} runs {'one stage' if spec.fixed_v == 1 else f'{spec.fixed_v} stages'} "

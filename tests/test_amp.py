@@ -13,14 +13,18 @@ from tests.launch import spawn_ranks
 from tests.step_hook import after_backward
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
-INJECT_STEP, INJECT_RANK = 1, 5  # rank 5 = dp 1, pp 0, mp 1: not the loss rank, not rank 0
+INJECT_STEP = 1
+# The rank whose gradient overflows: not rank 0, and not the one computing the loss. Rank 5 = dp 1, pp 0,
+# mp 1 (looped placement: pp 0 holds the first stages); under zbv's V, pp 0 also holds the last stage, so
+# rank 7 = dp 1, pp 1, mp 1 (the middle stages, run with split input- and weight-gradient passes).
+INJECT_RANK = {"interleaved-1f1b": 5, "zbv": 7}
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _inject_and_record(out_dir: str, step: int, ctx) -> None:
+def _inject_and_record(out_dir: str, inject_rank: int, step: int, ctx) -> None:
     import torch.distributed as dist
 
     rank = dist.get_rank()
@@ -32,20 +36,20 @@ def _inject_and_record(out_dir: str, step: int, ctx) -> None:
     }
     with open(f"{out_dir}/rank{rank}_step{step}.json", "w") as f:
         json.dump(record, f)
-    if step == INJECT_STEP and rank == INJECT_RANK:
+    if step == INJECT_STEP and rank == inject_rank:
         with torch.no_grad():
             _local(params[3].grad).view(-1)[0] = float("inf")
 
 
-def _train(argv, out_dir):
+def _train(argv, out_dir, inject_rank):
     import run
 
-    after_backward(functools.partial(_inject_and_record, out_dir))
+    after_backward(functools.partial(_inject_and_record, out_dir, inject_rank))
     assert run.main(argv) == 0
 
 
-def _argv(logdir) -> list[str]:
-    return ["--dp=2", "--pp=2", "--mp=2", "--model", "tiny", "--precision", "fp16", "--steps", "4",
+def _argv(logdir, schedule: str) -> list[str]:
+    return ["--dp=2", "--pp=2", "--mp=2", "--schedule", schedule, "--model", "tiny", "--precision", "fp16", "--steps", "4",
             "--micro-batch-size", "2", "--seq-len", "32", "--logdir", str(logdir), "--peak-tflops", "1",
             "--log-every", "1", "--eval-every", "0", "--eval-batches", "1"]
 
@@ -54,8 +58,9 @@ def _records(out_dir):
     return lambda rank, step: json.loads((out_dir / f"rank{rank}_step{step}.json").read_text())
 
 
-def test_inf_on_one_rank_skips_the_step_everywhere_and_halves_the_scale(tmp_path):
-    spawn_ranks(_train, world_size=8, args=(_argv(tmp_path), str(tmp_path)), timeout=300)
+@pytest.mark.parametrize("schedule", list(INJECT_RANK))
+def test_inf_on_one_rank_skips_the_step_everywhere_and_halves_the_scale(tmp_path, schedule):
+    spawn_ranks(_train, world_size=8, args=(_argv(tmp_path, schedule), str(tmp_path), INJECT_RANK[schedule]), timeout=300)
     record = _records(tmp_path)
 
     for rank in range(8):

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from compiler.partition import rank_costs
 from runtime.distributed.cpu_binding import assign_cores, bind_process_to_core, rank_work
 from runtime.distributed.mesh import GridLayout
 
@@ -29,12 +30,18 @@ def test_packing_is_never_worse_than_4_3_of_the_best(work):
     assert load(placed) <= (4 / 3 - 1 / 6) * best + 1e-9
 
 
-def test_rank_work_follows_the_looped_stage_placement_and_mp_shards():
+@pytest.mark.parametrize("placement, expected", [
+    # 4 stages on pp=2 (v=2). Looped: pp rank 0 holds stages 0 and 2, pp rank 1 stages 1 and 3.
+    ("loop", [2.0, 2.0, 3.0, 3.0, 2.0, 2.0, 3.0, 3.0]),
+    # V: pp rank 0 holds stages 0 and 3, pp rank 1 stages 1 and 2.
+    ("v", [2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5, 2.5]),
+])
+def test_rank_work_follows_the_stage_placement_and_mp_shards(placement, expected):
     layout = GridLayout(dp=2, pp=2, mp=2)
     coords = [layout.coordinates(r) for r in range(8)]
-    # 4 stages on pp=2 (v=2): pp rank 0 holds stages 0 and 2, pp rank 1 stages 1 and 3; mp halves the work.
-    work = rank_work([1.0, 2.0, 3.0, 4.0], coords, pp=2, mp=2)
-    assert work == [2.0, 2.0, 3.0, 3.0, 2.0, 2.0, 3.0, 3.0]
+    # mp halves the work.
+    work = rank_work(rank_costs([1.0, 2.0, 3.0, 4.0], placement, pp=2), coords, mp=2)
+    assert work == expected
 
 
 def _bound_cpus(core, queue):

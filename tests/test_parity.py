@@ -42,6 +42,16 @@ CASES = [
     # An odd vocabulary, as GPT-2's 50,257: uneven vocabulary shards, sharded again by FSDP.
     (4, 1, 2, "1f1b", ["--dp-shard", "2", "--vocab-size", "257"]),
     (2, 2, 2, "interleaved-1f1b", ["--reshard-after-forward"]),
+    # The V placements (rank 0 holds the embedding and the tied head; the middle pair shares a rank) and
+    # breadth-first looping. 1x4x1 needs 8 stages, so 8 blocks.
+    (2, 2, 2, "zbv", []),
+    (1, 4, 1, "zbv", ["--layers", "8", "--activation-checkpointing"]),
+    (2, 2, 2, "dualpipev", []),
+    (1, 4, 1, "dualpipev", ["--layers", "8"]),
+    (2, 2, 2, "looped-bfs", []),
+    (1, 4, 1, "looped-bfs", ["--layers", "8", "--activation-checkpointing"]),
+    # Compiled blocks (inductor) under TP and PP.
+    (1, 2, 2, "1f1b", ["--compile"]),
 ]
 
 

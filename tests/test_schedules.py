@@ -1,9 +1,13 @@
 """Schedule arithmetic and the naive stop-and-wait order."""
 
+from types import SimpleNamespace
+
 import pytest
+from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+from torch.distributed.pipelining.schedules import _ComputationType
 
 from compiler.naive_schedule import naive_rank_actions
-from compiler.schedules import bubble_fraction, ideal_speedup_over_naive, local_stage_indices
+from compiler.schedules import SCHEDULES, bubble_fraction, ideal_speedup_over_naive
 
 
 def test_bubble_formulas():
@@ -22,4 +26,56 @@ def test_naive_runs_one_microbatch_through_all_stages_before_the_next():
 
 
 def test_looped_placement():
-    assert local_stage_indices(1, pp=4, stages_per_rank=2) == [1, 5]
+    assert SCHEDULES["interleaved-1f1b"].stage_indices(1, pp=4, stages_per_rank=2) == [1, 5]
+
+
+@pytest.mark.parametrize("name", [n for n, s in SCHEDULES.items() if s.multi_stage])
+@pytest.mark.parametrize("pp", [2, 3, 4])
+def test_placement_is_the_one_torch_schedules_with(name, pp):
+    """Our stage -> rank map must be torch's, or stages would send activations to the wrong rank."""
+    spec = SCHEDULES[name]
+    v = spec.fixed_v or 2
+    style = "v" if spec.placement == "v" else "loop"
+    torch_owner = generate_stage_to_rank_mapping(pp, pp * v, style=style)
+    assert {s: spec.stage_owner(s, pp=pp, stages_per_rank=v) for s in range(pp * v)} == torch_owner
+    if spec.placement == "v":  # rank 0 holds the first and the last stage
+        assert spec.stage_indices(0, pp=pp, stages_per_rank=2) == [0, 2 * pp - 1]
+
+
+def _torch_actions(cls, *, p: int, m: int, rank: int, v: int = 2):
+    """The compute actions torch's schedule class plans for ``rank`` (its own planner, without stages)."""
+    fields = SimpleNamespace(pp_group_size=p, _n_microbatches=m, n_local_stages=v, num_stages=p * v,
+                             _num_stages=p * v, rank=rank, _stages=[None] * v, stage_index_to_group_rank={})
+    return [a for a in cls._calculate_single_rank_operations(fields, rank) if a is not None]
+
+
+def _peak_held(actions) -> int:
+    """Most stage-micro-batches whose forward ran and whose input-gradient backward has not."""
+    held = peak = 0
+    flat = [sub for a in actions for sub in (a.sub_actions or (a,))]
+    for a in flat:
+        if a.computation_type == _ComputationType.FORWARD:
+            held += 1
+            peak = max(peak, held)
+        elif a.computation_type in (_ComputationType.BACKWARD_INPUT, _ComputationType.FULL_BACKWARD):
+            held -= 1
+    return peak
+
+
+@pytest.mark.parametrize("name", ["zbv", "dualpipev", "looped-bfs"])
+@pytest.mark.parametrize("p, m", [(2, 4), (2, 8), (4, 8), (4, 16)])
+def test_in_flight_formulas_bound_what_torch_schedules(name, p, m):
+    """The memory model's micro-batches in flight for the new schedules, against torch's own action lists:
+    never below what any rank holds, and at most one above."""
+    spec = SCHEDULES[name]
+    for rank in range(p):
+        held = _peak_held(_torch_actions(spec.torch_class, p=p, m=m, rank=rank))
+        predicted = spec.stage_microbatches_in_flight(p=p, m=m, v=2, rank=rank)
+        assert held <= predicted <= held + 1, (rank, held, predicted)
+
+
+def test_new_schedule_bubbles():
+    # Looped BFS idles like interleaved; the zero-bubble V schedules' ideal is no bubble (F = B = W).
+    assert bubble_fraction("looped-bfs", p=4, m=8, v=2) == bubble_fraction("interleaved-1f1b", p=4, m=8, v=2)
+    assert bubble_fraction("zbv", p=2, m=8, v=2) == 0.0 == bubble_fraction("dualpipev", p=2, m=8, v=2)
+    assert ideal_speedup_over_naive("zbv", p=2, m=8, v=2) == pytest.approx(2.0)

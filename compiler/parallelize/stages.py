@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 
 from compiler.parallelize.activation_checkpointing import apply_ac, original_name
+from compiler.parallelize.compile import apply_compile
 from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel
 from compiler.parallelize.materialize import materialize
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
@@ -69,11 +70,12 @@ def build_local_stages(
     activation_checkpointing: bool,
     data_parallel: DataParallelOptions,
     initial_value: Callable[[str, tuple[int, ...]], torch.Tensor],
+    compile_blocks: bool = False,
 ) -> LocalStages:
     """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of ``cfg``'s
     model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
-    embedding and head over the vocabulary), checkpointed, data-parallel, and filled from
-    ``initial_value(model name, full shape)``."""
+    embedding and head over the vocabulary), checkpointed, compiled (``compile_blocks``), data-parallel,
+    and filled from ``initial_value(model name, full shape)``."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
     with torch.device("meta"):
@@ -91,6 +93,8 @@ def build_local_stages(
             share_tied_weights(module)
         if activation_checkpointing:
             apply_ac(module)
+        if compile_blocks:
+            apply_compile(module)
         if meshes.fsdp is not None:
             apply_data_parallel(module, meshes.fsdp, data_parallel)
         materialize(module, device=device, initial_value=initial_value)

@@ -13,6 +13,7 @@ from compiler.planner.cluster import Cluster
 from compiler.planner.memory_model import DataParallelLayout, rank_memory
 from compiler.planner.time_model import StepTerms, TimeEstimate, step_time
 from compiler.precisions import PRECISIONS
+from compiler.schedules import SCHEDULES
 from models.gpt import GPTConfig
 
 # A plan -> the one-line error the engine would print for it, or None if it would run it.
@@ -46,11 +47,12 @@ class CostTable:
     def __init__(self, cfg: GPTConfig):
         self.cfg, self._cache, self._splits = cfg, {}, {}
 
-    def split(self, precision: str, mp: int, n_stages: int) -> list[int]:
+    def split(self, precision: str, mp: int, n_stages: int, placement: str = "loop") -> list[int]:
         """The FLOP-balanced split; costs scale with the micro-batch, so the split does not depend on it."""
-        key = (precision, mp, n_stages)
+        key = (precision, mp, n_stages, placement)
         if key not in self._splits:
-            self._splits[key] = layer_split([c.flops for c in self.layers(precision, mp, 1)], n_stages)
+            self._splits[key] = layer_split([c.flops for c in self.layers(precision, mp, 1)], n_stages,
+                                            placement=placement)
         return self._splits[key]
 
     def layers(self, precision: str, mp: int, micro_batch_size: int) -> list[LayerCost]:
@@ -69,7 +71,8 @@ def estimate(c: Candidate, *, cfg: GPTConfig, cluster: Cluster, costs: CostTable
         return Estimate(c, False, error)
     layers = costs.layers(c.precision, c.mp, c.micro_batch_size)
     n_stages = c.pp * c.stages_per_rank
-    sizes = costs.split(c.precision, c.mp, n_stages)
+    spec = SCHEDULES[c.schedule]
+    sizes = costs.split(c.precision, c.mp, n_stages, spec.placement)
     stage_layers = _stage_layers(layers, sizes)
     ranks_per_node = min(cluster.ranks_per_node, world)
     budget = cluster.memory_per_rank(ranks_per_node)
@@ -77,7 +80,8 @@ def estimate(c: Candidate, *, cfg: GPTConfig, cluster: Cluster, costs: CostTable
     layout = DataParallelLayout(c.dp, c.shard, c.reshard_after_forward, dtype.itemsize if dtype else 4)
     per_rank, peaks = [], []
     for r in range(c.pp):
-        mine = [layer for s in range(r, n_stages, c.pp) for layer in stage_layers[s]]
+        held = sorted(spec.stage_indices(r, pp=c.pp, stages_per_rank=c.stages_per_rank))
+        mine = [layer for s in held for layer in stage_layers[s]]
         if cfg.tie_embeddings and mine[0].name == "embedding" and mine[-1].name == "head":
             mine[-1] = replace(mine[-1], params=mine[-1].params - mine[0].params + _position_params(cfg, c.mp))
         mem = rank_memory(mine, schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank, layout=layout, rank=r,

@@ -125,6 +125,9 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm clip (0 disables)")
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each transformer block in the backward pass to save activation memory")
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile each transformer block (after TP and activation checkpointing, before FSDP); "
+                        "not with the split-backward schedules (zero-bubble, zbv, dualpipev)")
     g.add_argument("--seed", type=int, default=1234, help="seed for weights and data order")
     g.add_argument("--stop-at-step", type=int,
                    help="end this run after step N (saving a checkpoint if --checkpoint-dir is set), e.g. to fit a "
@@ -216,6 +219,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         activation_checkpointing=args.activation_checkpointing,
         checkpoint=_checkpoint_config(args),
         guard=GuardConfig(args.max_bad_steps, args.min_loss_scale),
+        compile_blocks=args.compile,
     )
     if world_size is not None:
         validate(cfg, world_size=world_size)

@@ -19,6 +19,7 @@ from compiler.flops import training_flops_per_token
 from compiler.parallelize.data_parallel import DataParallelOptions
 from compiler.parallelize.materialize import local_parameter_count
 from compiler.parallelize.stages import StageMeshes, build_local_stages
+from compiler.partition import rank_costs
 from compiler.precisions import PRECISIONS
 from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import StagePlan, plan_stages
@@ -134,8 +135,9 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     plan = broadcast_object(_stage_plan(cfg, device) if env.rank == 0 else None)
     if env.rank == 0:
         print(plan.describe(), flush=True)
-    bound_cores = _bind_cores(cfg.pipeline.bind_cores, plan.stage_costs, layout, env, device)
     spec = SCHEDULES[cfg.pipeline.schedule]
+    bound_cores = _bind_cores(cfg.pipeline.bind_cores, rank_costs(plan.stage_costs, spec.placement, pp=cfg.mesh.pp),
+                              layout, env, device)
     v = cfg.pipeline.stages_per_rank
     meshes = StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout))
     stages = build_local_stages(
@@ -146,7 +148,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
         data_parallel=DataParallelOptions(zero3=cfg.data_parallel.reshard_after_forward,
                                           param_dtype=PRECISIONS[cfg.precision].autocast_dtype,
                                           reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype)),
-        initial_value=_initial_values(cfg, start))
+        initial_value=_initial_values(cfg, start), compile_blocks=cfg.compile_blocks)
     tied = (TiedWeights(stages.named_parameters(), layout=layout, rank=env.rank,
                         first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),
                         last_pp=spec.stage_owner(plan.n_stages - 1, pp=cfg.mesh.pp, stages_per_rank=v))
@@ -177,7 +179,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
 
     # 6. Resume: every tensor is keyed by its original parameter name, so DCP reshards the saved
     #    (dp, pp, mp) layout onto this one.
-    logging_rank = layout.rank(0, cfg.mesh.pp - 1, 0)
+    logging_rank = layout.rank(0, spec.stage_owner(plan.n_stages - 1, pp=cfg.mesh.pp, stages_per_rank=v), 0)
     init_optimizer_state(optimizer)
     guard = DivergenceGuard(cfg.guard.max_bad_steps, cfg.guard.min_loss_scale, loss_scaling=scaler.is_enabled())
     state = TrainState(stages, optimizer, lr_schedule, scaler, guard, config=cfg.to_dict())
@@ -245,10 +247,11 @@ def _stage_plan(cfg: TrainConfig, device: torch.device) -> StagePlan:
         layer_seconds = [c.seconds for c in layers]
     return plan_stages(cfg.model, n_stages=cfg.mesh.pp * cfg.pipeline.stages_per_rank,
                        micro_batch_size=cfg.pipeline.micro_batch_size, split=cfg.pipeline.split,
-                       precision=cfg.precision, mp=cfg.mesh.mp, layer_seconds=layer_seconds)
+                       precision=cfg.precision, mp=cfg.mesh.mp, layer_seconds=layer_seconds,
+                       placement=SCHEDULES[cfg.pipeline.schedule].placement)
 
 
-def _bind_cores(mode: str, stage_costs: list[float], layout: GridLayout, env: LaunchEnv,
+def _bind_cores(mode: str, pp_rank_costs: list[float], layout: GridLayout, env: LaunchEnv,
                 device: torch.device) -> dict[int, int] | None:
     """--bind-cores cost: pin this rank to a core chosen by its stages' work (runtime/distributed/cpu_binding.py)."""
     if mode == "none":
@@ -257,8 +260,7 @@ def _bind_cores(mode: str, stage_costs: list[float], layout: GridLayout, env: La
         if env.rank == 0:
             print(f"--bind-cores {mode}: ignored on {device.type} (every rank has its own device)", flush=True)
         return None
-    bound = bind_node_ranks(stage_costs, [layout.coordinates(r) for r in range(env.world_size)], pp=layout.pp,
-                            mp=layout.mp, rank=env.rank, local_rank=env.local_rank,
+    bound = bind_node_ranks(pp_rank_costs, [layout.coordinates(r) for r in range(env.world_size)], mp=layout.mp, rank=env.rank, local_rank=env.local_rank,
                             local_world_size=env.local_world_size)
     if env.rank == 0:
         print("--bind-cores cost: " + ("not supported on this OS; ranks left to the scheduler" if bound is None else

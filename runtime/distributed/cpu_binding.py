@@ -17,11 +17,11 @@ import os
 from typing import Sequence
 
 
-def rank_work(stage_costs: Sequence[float], coordinates: Sequence[tuple[int, int, int]], *, pp: int, mp: int) -> list[float]:
-    """Estimated work of each rank: the costs of its pipeline stages (looped placement: pp rank r holds
-    stages r, r + pp, ...) split over its ``mp`` tensor-parallel shards. ``coordinates[i]`` is rank i's
+def rank_work(pp_rank_costs: Sequence[float], coordinates: Sequence[tuple[int, int, int]], *, mp: int) -> list[float]:
+    """Estimated work of each rank: the summed cost of its pp rank's stages (``pp_rank_costs``, by the
+    schedule's placement) split over its ``mp`` tensor-parallel shards. ``coordinates[i]`` is rank i's
     (dp, pp, mp) position."""
-    return [sum(stage_costs[pp_rank::pp]) / mp for _, pp_rank, _ in coordinates]
+    return [pp_rank_costs[pp_rank] / mp for _, pp_rank, _ in coordinates]
 
 
 def assign_cores(work: Sequence[float], cores: Sequence[int]) -> list[int]:
@@ -46,7 +46,7 @@ def bind_process_to_core(core: int) -> None:
             pass  # a thread that ended meanwhile
 
 
-def bind_node_ranks(stage_costs: Sequence[float], coordinates: Sequence[tuple[int, int, int]], *, pp: int, mp: int,
+def bind_node_ranks(pp_rank_costs: Sequence[float], coordinates: Sequence[tuple[int, int, int]], *, mp: int,
                     rank: int, local_rank: int, local_world_size: int) -> dict[int, int] | None:
     """Bind this rank to its core among this node's ranks (torchrun numbers a node's ranks
     contiguously). Every rank computes the same packing. Returns {global rank: core} for the node, or
@@ -55,7 +55,7 @@ def bind_node_ranks(stage_costs: Sequence[float], coordinates: Sequence[tuple[in
         return None
     first = rank - local_rank
     node = list(range(first, first + local_world_size))
-    work = rank_work(stage_costs, [coordinates[r] for r in node], pp=pp, mp=mp)
+    work = rank_work(pp_rank_costs, [coordinates[r] for r in node], mp=mp)
     cores = assign_cores(work, sorted(os.sched_getaffinity(0)))
     bind_process_to_core(cores[local_rank])
     return dict(zip(node, cores))
