@@ -91,6 +91,51 @@ def test_split_expectation_is_the_flow_shop_makespan_at_the_busiest_cores_pace()
     assert analysis.split_table(runs, cores=2)[0]["auto_over_uniform_by_round"] == pytest.approx([1.2, 1.1])
 
 
+def test_v_split_expectation_pairs_each_ranks_stages_and_sets_its_target():
+    # V placement on pp=2: rank 0 runs stages 0 and 3, rank 1 stages 1 and 2 (looped would pair 0-2 and 1-3).
+    assert analysis.pipeline_time_units([1, 2, 3, 4], pp=2, cores=2, microbatches=8, placement="v") == 10 + 7 * 5
+    assert analysis.pipeline_time_units([1, 2, 3, 4], pp=2, cores=2, microbatches=8) == 10 + 7 * 6
+
+    def run(schedule, split, sps):
+        summary = {"samples_per_sec": sps, "step_time_s": 8 / sps, "step_times": [8 / sps] * 5,
+                   "blocks_per_stage": [1, 1, 1, 1] if split == "uniform" else [1, 2, 1, 0],
+                   "stage_costs": [1.0, 1.0, 1.0, 1.0]}
+        return {"ok": True, "summary": summary, "pp": 2, "schedule": schedule, "split": split, "m": 8, "round": 0}
+
+    runs = [run("1f1b", "auto", 10.0), run("1f1b", "uniform", 10.0), run("zbv", "auto", 12.0), run("zbv", "uniform", 10.0)]
+    # [embedding, 4 blocks, head] with a head worth 3 blocks.
+    table = analysis.split_table(runs, cores=2, layer_seconds=[0.0, 1.0, 1.0, 1.0, 1.0, 3.0])
+    rows = {r["schedule"]: r for r in table}
+    assert set(rows) == {"1f1b", "zbv"} and rows["zbv"]["auto_over_uniform"] == pytest.approx(1.2)
+    # uniform: stages [1, 1, 1, 4], V ranks [5, 2]; auto: stages [1, 2, 1, 3], V ranks [4, 3].
+    assert rows["zbv"]["measured_expected_core_per_rank"] == pytest.approx((7 + 7 * 5) / (7 + 7 * 4))
+    # The same blocks on the looped placement: uniform ranks [2, 5], auto [2, 5]: no gain expected.
+    assert rows["1f1b"]["measured_expected_core_per_rank"] == pytest.approx(1.0)
+    row = {"schedule": "zbv", "pp": 4, "auto_over_uniform": 1.2, "auto_over_uniform_by_round": [1.2],
+           "measured_expected_on_cores": 1.25}
+    target = next(t for t in report.targets({"split": {"table": [row]}}) if t["target"].startswith("V-aware"))
+    assert "predicted 1.25x" in target["target"] and target["goal"] == ">= 1.19x" and target["met"]
+    row["auto_over_uniform"] = 1.1
+    target = next(t for t in report.targets({"split": {"table": [row]}}) if t["target"].startswith("V-aware"))
+    assert not target["met"]
+
+
+def test_zero_bubble_target_reads_the_zbv_row():
+    from runtime.commands.study import zero_bubble
+
+    runs = [{"ok": True, "label": s, "round": 0,
+             "summary": {"samples_per_sec": sps, "step_time_s": 32 / sps, "step_times": [32 / sps] * 4}}
+            for s, sps in (("naive", 10.0), ("zbv", 18.6), ("interleaved-1f1b v=2", 18.0),
+                           ("interleaved-1f1b v=2 --compile", 17.1))]
+    table = zero_bubble.zero_bubble_summary(runs)
+    assert [r["label"] for r in table][-1] == "interleaved-1f1b v=2 --compile"
+    assert table[-1]["speedup_vs_naive"] == pytest.approx(1.71)
+    zbv = next(r for r in table if r["schedule"] == "zbv")
+    assert zbv["speedup_vs_naive"] == pytest.approx(1.86) and zbv["bound"] == pytest.approx(2.0)
+    target = next(t for t in report.targets({"zero_bubble": {"table": table}}) if t["target"].startswith("zbv"))
+    assert target["measured"] == "1.860x" and target["met"]
+
+
 def test_targets_show_each_repetitions_ratio():
     runs = [{**_run("naive", 10.0), "round": 0}, {**_run("1f1b", 18.0), "round": 0},
             {**_run("1f1b", 16.0), "round": 1}, {**_run("naive", 10.0), "round": 1}]

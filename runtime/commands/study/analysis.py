@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 from typing import Callable
 
-from compiler.partition import stage_costs_with_ends
-from compiler.schedules import bubble_fraction, ideal_speedup_over_naive
+from compiler.partition import rank_costs, stage_costs_with_ends
+from compiler.schedules import SCHEDULES, bubble_fraction, ideal_speedup_over_naive
 from runtime.distributed.cpu_binding import assign_cores
 from runtime.observe.metrics import steady_step_times
 from runtime.observe.profiling import CATEGORIES
@@ -170,8 +171,9 @@ def bottleneck_sentences(rows: list[dict]) -> list[str]:
     return sentences
 
 
-def pipeline_time_units(stage_costs: list[float], *, pp: int, cores: int, microbatches: int) -> float:
-    """Relative step time of a compute-bound GPipe/1F1B pipeline with one stage per rank.
+def pipeline_time_units(stage_costs: list[float], *, pp: int, cores: int, microbatches: int,
+                        placement: str = "loop") -> float:
+    """Relative step time of a compute-bound pipeline, each pp rank running its stages (``placement``).
 
     With uneven stages c_s and m micro-batches the step takes sum(c_s) + (m - 1) * max(c_s): one
     micro-batch's trip through every stage (fill and drain) plus m - 1 more at the busiest stage's
@@ -180,11 +182,11 @@ def pipeline_time_units(stage_costs: list[float], *, pp: int, cores: int, microb
     core runs its ranks' work one after another, so the pace is the busiest core's load. More
     micro-batches weigh the pace more, so the better split gains more.
     """
-    rank_costs = [sum(stage_costs[r::pp]) for r in range(pp)]
-    loads = rank_costs
+    per_rank = rank_costs(stage_costs, placement, pp=pp)
+    loads = per_rank
     if cores < pp:
-        placed = assign_cores(rank_costs, list(range(cores)))
-        loads = [sum(c for c, core in zip(rank_costs, placed) if core == k) for k in range(cores)]
+        placed = assign_cores(per_rank, list(range(cores)))
+        loads = [sum(c for c, core in zip(per_rank, placed) if core == k) for k in range(cores)]
     return sum(stage_costs) + (microbatches - 1) * max(loads)
 
 
@@ -207,35 +209,38 @@ def split_table(runs: list[dict], *, cores: int | None = None, layer_seconds: li
     ``layer_seconds`` (measured forward + backward of [embedding, blocks..., head]), from measured times."""
     cores = cores or os.cpu_count() or 1
     rows = []
-    for pp in sorted({r["pp"] for r in runs}):
-        row = {"pp": pp, "cores": cores}
+    for schedule, pp in dict.fromkeys((r.get("schedule", "1f1b"), r["pp"]) for r in runs):
+        placement = SCHEDULES[schedule].placement
+        row = {"pp": pp, "schedule": schedule, "cores": cores}
         costs = {}
+        same = [r for r in runs if r["pp"] == pp and r.get("schedule", "1f1b") == schedule]
         for split in ("auto", "uniform"):
-            reps = [r for r in runs if r["pp"] == pp and r["split"] == split]
+            reps = [r for r in same if r["split"] == split]
             row[f"{split}_samples_per_sec"] = pooled_samples_per_sec(reps)
             ok = [r for r in reps if r["ok"]]
             row[f"{split}_blocks_per_stage"] = ok[0]["summary"]["blocks_per_stage"] if ok else None
             costs[split] = ok[0]["summary"].get("stage_costs") if ok else None
         a, u = row["auto_samples_per_sec"], row["uniform_samples_per_sec"]
         row["auto_over_uniform"] = a / u if a and u else None
-        at_pp = [r for r in runs if r["pp"] == pp]
-        row["auto_over_uniform_by_round"] = ratio_by_round(at_pp, lambda r: r["split"] == "auto",
+        row["auto_over_uniform_by_round"] = ratio_by_round(same, lambda r: r["split"] == "auto",
                                                            lambda r: r["split"] == "uniform")
-        m = row["microbatches"] = at_pp[0].get("m", 1)
+        m = row["microbatches"] = same[0].get("m", 1)
+        gain = functools.partial(_split_gain, pp=pp, microbatches=m, placement=placement)
         if costs["auto"] and costs["uniform"]:
-            row["expected_core_per_rank"] = _split_gain(costs, pp=pp, cores=pp, microbatches=m)
-            row["expected_on_cores"] = _split_gain(costs, pp=pp, cores=cores, microbatches=m)
+            row["expected_core_per_rank"] = gain(costs, cores=pp)
+            row["expected_on_cores"] = gain(costs, cores=cores)
         if layer_seconds and row["auto_blocks_per_stage"] and row["uniform_blocks_per_stage"]:
             timed = {split: stage_costs_with_ends(layer_seconds, row[f"{split}_blocks_per_stage"])
                      for split in ("auto", "uniform")}
-            row["measured_expected_core_per_rank"] = _split_gain(timed, pp=pp, cores=pp, microbatches=m)
-            row["measured_expected_on_cores"] = _split_gain(timed, pp=pp, cores=cores, microbatches=m)
+            row["measured_expected_core_per_rank"] = gain(timed, cores=pp)
+            row["measured_expected_on_cores"] = gain(timed, cores=cores)
         rows.append(row)
     return rows
 
 
-def _split_gain(stage_costs: dict[str, list[float]], *, pp: int, cores: int, microbatches: int) -> float:
+def _split_gain(stage_costs: dict[str, list[float]], *, pp: int, cores: int, microbatches: int,
+                placement: str) -> float:
     """Predicted auto / uniform throughput: uniform's step time over auto's."""
-    uniform, auto = (pipeline_time_units(stage_costs[s], pp=pp, cores=cores, microbatches=microbatches)
-                     for s in ("uniform", "auto"))
+    uniform, auto = (pipeline_time_units(stage_costs[s], pp=pp, cores=cores, microbatches=microbatches,
+                                         placement=placement) for s in ("uniform", "auto"))
     return uniform / auto

@@ -21,12 +21,12 @@ import torch
 
 from runtime.commands.flags import HelpFormatter
 from runtime.commands.launch import RunResult, RunSpec, execute
-from runtime.commands.study import analysis, charts, hparams, plan, report, sharding
+from runtime.commands.study import analysis, charts, hparams, plan, report, sharding, zero_bubble
 from runtime.commands.study.memory_search import search_max_batch
 from runtime.device import device_description, has_accelerator, select_device
 from runtime.observe.layer_timing import measure_layer_times
 
-SECTIONS = ("throughput", "memory", "scaling", "overhead", "split", "sharding", "replicate")
+SECTIONS = ("throughput", "memory", "scaling", "overhead", "split", "sharding", "replicate", "zero_bubble")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +87,9 @@ def main(argv: list[str]) -> int:
         "replicate": sharding.replicate_specs(settings.replicate_rounds, settings.replicate_model,
                                               micro_batch_size=4, microbatches=4, steps=settings.steps + 1)
         if "replicate" in sections and args.world >= 2 else [],
+        "zero_bubble": zero_bubble.zero_bubble_specs(settings.zero_bubble_rounds, settings.zero_bubble_model.flags(),
+                                                     steps=settings.steps + 1, compiled=settings.zero_bubble_compiled)
+        if "zero_bubble" in sections and args.world >= 2 else [],
     }
     runnable = len({plan.run_key(s) for group in specs.values() for s in group if not s.meta.get("skipped")})
     # The search decides; about 3 doublings past the start and log2(1 / resolution) bisections per precision.
@@ -160,6 +163,14 @@ def main(argv: list[str]) -> int:
             f"2 ranks, model {vars(settings.replicate_model)}, fp32, global batch 32 in micro-batches of 4, "
             f"{settings.steps + 1} steps per run, {settings.replicate_rounds} alternated repetitions (order reversed "
             "every other one); samples/s pooled as the median over the steady steps of every repetition.")}
+
+    if specs["zero_bubble"]:
+        raw = [run(spec, lambda r: f"{r.summary['samples_per_sec']:.3f} samples/s") for spec in specs["zero_bubble"]]
+        results["zero_bubble"] = {"runs": raw, "table": zero_bubble.zero_bubble_summary(raw), "method": (
+            f"pp=2 on 2 ranks, model {vars(settings.zero_bubble_model)}, fp32, {zero_bubble.MICROBATCHES} "
+            f"micro-batches of {zero_bubble.MICRO_BATCH_SIZE}, {settings.steps + 1} steps per run, "
+            f"{settings.zero_bubble_rounds} alternated repetitions; samples/s pooled as the median over the steady "
+            "steps of every repetition. The bound is the bubble formulas' (compiler/schedules.py).")}
 
     results["wall_time_s"] = time.monotonic() - t0
     results["targets"] = report.targets(results)  # only those of the sections that ran

@@ -14,7 +14,7 @@ from torch.utils.tensorboard import SummaryWriter
 HPARAM_KEYS = ("section", "group", "label", "schedule", "kind", "who", "split", "dp", "pp", "mp", "world", "v", "m",
                "micro_batch_size", "precision", "round", "dp_shard", "zero3", "activation_checkpointing", "model")
 METRIC_KEYS = ("samples_per_sec", "tokens_per_sec", "mfu", "step_time_s", "peak_bytes", "peak_tensor_bytes")
-ENGINE_SECTIONS = ("throughput", "scaling", "overhead", "split", "sharding", "replicate")
+ENGINE_SECTIONS = ("throughput", "scaling", "overhead", "split", "sharding", "replicate", "zero_bubble")
 GIB = 1024**3
 
 

@@ -14,7 +14,8 @@ from runtime.commands.launch import RunSpec
 THROUGHPUT_SCHEDULES = (
     ("naive", "naive", 1), ("gpipe", "gpipe", 1), ("1f1b", "1f1b", 1),
     ("interleaved-1f1b v=2", "interleaved-1f1b", 2), ("interleaved-1f1b v=4", "interleaved-1f1b", 4),
-    ("zero-bubble", "zero-bubble", 2),
+    ("zero-bubble", "zero-bubble", 2), ("zbv", "zbv", 2), ("dualpipev", "dualpipev", 2),
+    ("looped-bfs v=2", "looped-bfs", 2),
 )
 # Meshes of the throughput section: (group, dp, pp, mp).
 THROUGHPUT_MESHES = (("pp=2", 1, 2, 1), ("pp=4", 1, 4, 1), ("3D 2x2x2", 2, 2, 2))
@@ -71,6 +72,12 @@ class StudySettings:
     sharding_large: bool = False  # add GPT-2 Large at 2x2x2
     replicate_model: ModelShape = ModelShape(2, 32, 2, 32)
     replicate_rounds: int = 1
+    # ZB-V against the naive loop at pp=2 (study/zero_bubble.py); 4 blocks at least (4 stages).
+    zero_bubble_model: ModelShape = ModelShape(4, 32, 2, 32)
+    zero_bubble_rounds: int = 1
+    zero_bubble_compiled: bool = True  # also interleaved v=2 with --compile (the smoke study skips inductor)
+    # Schedules of the split section: the looped 1F1B and the V-shaped ZB-V (its own V-aware split).
+    split_schedules: tuple[str, ...] = ("1f1b", "zbv")
 
 
 FULL = StudySettings(
@@ -85,6 +92,7 @@ FULL = StudySettings(
     split_microbatches=16, split_micro_batch_size=2,
     sharding_model=dataclasses.replace(MODEL_SIZES["small"], seq_len=128), sharding_large=True,
     replicate_model=ModelShape(8, 256, 4, 128), replicate_rounds=3,
+    zero_bubble_model=ModelShape(8, 256, 4, 128), zero_bubble_rounds=3,
 )
 # A smaller model, one repetition, fewer schedules and a coarse memory search: every section in ~10 minutes.
 # Fixed per-action costs dominate this model, so its speed-ups are not the targets' numbers.
@@ -94,8 +102,9 @@ QUICK = StudySettings(
     split_model=ModelShape(8, 128, 4, 64, 16384), timeout_s=300, overhead_pairs=2,
     # The schedules the targets and timelines name, and scaling up to 4 ranks (8 ranks on 2 cores spend
     # most of a short run starting up): with every schedule and 8-rank scaling it took 13.5 min.
-    throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2"), scaling_worlds=(1, 2, 4),
+    throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2", "zbv"), scaling_worlds=(1, 2, 4),
     replicate_model=ModelShape(4, 128, 4, 64), replicate_rounds=2,
+    zero_bubble_model=ModelShape(8, 128, 8, 64),
 )
 # The smallest study that still exercises every section and file (the test suite runs it): the
 # schedules the timelines need, pp=2 and pp=4, meshes up to 2 ranks for scaling, one overhead pair
@@ -105,7 +114,7 @@ SMOKE = StudySettings(
     memory_model=ModelShape(2, 32, 2, 32), memory_budget_gb=0.002, memory_resolution=1.0, memory_start=4,
     split_model=ModelShape(4, 64, 4, 32, 2048), timeout_s=300,
     throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2"), scaling_worlds=(1, 2), overhead_pairs=1,
-    split_pps=(2,),
+    split_pps=(2,), split_schedules=("1f1b",), zero_bubble_compiled=False,
 )
 
 
@@ -218,21 +227,25 @@ def memory_spec(s: StudySettings, *, precision: str, micro_batch_size: int) -> R
 
 
 def split_specs(world: int, s: StudySettings) -> list[RunSpec]:
-    """--split auto against uniform on a heavy-head model, pp=2 and pp=4, 1F1B, alternated ``rounds`` times,
-    ranks bound to cores by their stage costs (--bind-cores cost)."""
+    """--split auto against uniform on a heavy-head model, pp=2 and pp=4, 1F1B (looped placement) and ZB-V
+    (V placement: auto balances each rank's pair of stages), alternated ``rounds`` times, ranks bound to
+    cores by their stage costs (--bind-cores cost)."""
     specs = []
     m = s.split_microbatches or s.microbatches
     mbs = s.split_micro_batch_size or s.micro_batch_size
-    for pp in s.split_pps:
-        if pp > world:
-            continue
-        for r in range(s.rounds):
-            for split in (("auto", "uniform") if r % 2 == 0 else ("uniform", "auto")):
-                # Both splits pin their ranks by their own stage costs: with more ranks than cores the OS
-                # otherwise time-shares the head stage's core with light stages (runtime/cpu_binding.py).
-                args = [*_mesh(1, pp, 1), "--schedule", "1f1b", "--split", split, "--bind-cores", "cost",
-                        "--micro-batch-size", str(mbs), "--microbatches", str(m),
-                        *s.split_model.flags(), *_common(s)]
-                meta = {"section": "split", "pp": pp, "split": split, "round": r, "m": m, "micro_batch_size": mbs}
-                specs.append(RunSpec(f"split_pp{pp}_{split}_r{r}", pp, args, meta=meta))
+    for schedule in s.split_schedules:
+        v = 2 if schedule == "zbv" else 1
+        for pp in s.split_pps:
+            if pp > world or s.split_model.layers < pp * v:
+                continue
+            for r in range(s.rounds):
+                for split in (("auto", "uniform") if r % 2 == 0 else ("uniform", "auto")):
+                    # Both splits pin their ranks by their own stage costs: with more ranks than cores the OS
+                    # otherwise time-shares the head stage's core with light stages (runtime/cpu_binding.py).
+                    args = [*_mesh(1, pp, 1), "--schedule", schedule, "--stages-per-rank", str(v), "--split", split,
+                            "--bind-cores", "cost", "--micro-batch-size", str(mbs), "--microbatches", str(m),
+                            *s.split_model.flags(), *_common(s)]
+                    meta = {"section": "split", "pp": pp, "schedule": schedule, "split": split, "round": r, "m": m,
+                            "micro_batch_size": mbs}
+                    specs.append(RunSpec(f"split_{schedule}_pp{pp}_{split}_r{r}", pp, args, meta=meta))
     return specs

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.commands.study import charts, sharding
+from runtime.commands.study import charts, sharding, zero_bubble
 from runtime.observe.profiling import CATEGORIES
 
 TARGETS = (
@@ -52,11 +52,21 @@ def targets(results: dict) -> list[dict]:
             row = next((r for r in throughput if r["label"] == label), {})
             value = row.get("speedup_vs_naive")
             rows.append(_target(name, goal, _measured(value, row.get("speedup_by_round")), value))
-    split = {r["pp"]: r for r in results.get("split", {}).get("table", [])} if ran(results, "split") else {}
-    if 4 in split:
-        ratio = split[4].get("auto_over_uniform")
+    split = ({(r.get("schedule", "1f1b"), r["pp"]): r for r in results.get("split", {}).get("table", [])}
+             if ran(results, "split") else {})
+    if ("1f1b", 4) in split:
+        row = split[("1f1b", 4)]
+        ratio = row.get("auto_over_uniform")
         rows.append(_target("--split auto vs uniform, heavy LM head, pp=4", 1.15,
-                            _measured(ratio, split[4].get("auto_over_uniform_by_round")), ratio))
+                            _measured(ratio, row.get("auto_over_uniform_by_round")), ratio))
+    expected = split.get(("zbv", 4), {}).get("measured_expected_on_cores")
+    if expected:
+        # "The margin its stage costs predict, within noise": the ratio the measured layer times predict on
+        # this machine's cores, less 5% (a single run's ratio moves by about that much here).
+        row = split[("zbv", 4)]
+        ratio = row.get("auto_over_uniform")
+        rows.append(_target(f"V-aware split vs uniform V split (zbv), heavy LM head, pp=4 (predicted {expected:.2f}x)",
+                            0.95 * expected, _measured(ratio, row.get("auto_over_uniform_by_round")), ratio))
     if ran(results, "overhead"):
         ratio = results["overhead"].get("summary", {}).get("engine_over_plain")
         rows.append(_target("engine 1x1x1 within 5% of a plain PyTorch loop", 0.95,
@@ -70,6 +80,11 @@ def targets(results: dict) -> list[dict]:
         ratio = s.get("replicate_over_ddp")
         rows.append(_target("--dp 2 --dp-shard 1 vs a plain DDP loop, 2 ranks", 1.00,
                             _measured(ratio, s.get("replicate_over_ddp_by_round")), ratio))
+    if ran(results, "zero_bubble"):
+        row = next((r for r in results["zero_bubble"]["table"] if r["label"] == "zbv"), {})
+        value = row.get("speedup_vs_naive")
+        rows.append(_target("zbv vs naive, pp=2, 8 x d 256, fp32", 1.85, _measured(value, row.get("speedup_by_round")),
+                            value))
     return rows
 
 
@@ -165,6 +180,8 @@ def render(results: dict, *, cores: int) -> str:
         lines += sharding.memory_markdown(results["sharding"]) + charts.markdown(results, "sharding")
     if ran(results, "replicate"):
         lines += sharding.replicate_markdown(results["replicate"])
+    if ran(results, "zero_bubble"):
+        lines += zero_bubble.zero_bubble_markdown(results["zero_bubble"])
     found = conclusions(results, cores=cores)
     if found:
         lines += ["## Conclusions", ""] + [f"- {c}" for c in found] + [""]
@@ -307,7 +324,7 @@ def _split_section(results: dict) -> list[str]:
         return []
     first = next(iter(split["runs"]), {})
     lines = ["## Cost-balanced stage split against a uniform one", "",
-             f"Model {split['model']} (the LM head costs several blocks), 1F1B, fp32, pp ranks = pp, "
+             f"Model {split['model']} (the LM head costs several blocks), 1F1B and ZB-V, fp32, pp ranks = pp, "
              f"{first.get('m', '?')} micro-batches of {first.get('micro_batch_size', '?')} samples, the two splits "
              "alternated in every repetition, each rank bound to a core by its stages' cost (`--bind-cores cost`, "
              "see the commands). `--split auto` balances FLOPs counted by FlopCounterMode with an exact "
@@ -319,14 +336,16 @@ def _split_section(results: dict) -> list[str]:
              "from the counted FLOPs the split was made with and from each layer's forward + backward time "
              "measured on one thread of this machine (the head with its loss)" + _layer_times(split) + ". "
              "When the head alone is the busiest stage, no split can beat (uniform's last stage) / (head), "
-             "whatever the balance of the others.", "",
-             "| pp | auto samples/s | auto blocks/stage | uniform samples/s | uniform blocks/stage | auto / uniform | "
+             "whatever the balance of the others. Under ZB-V's V placement rank r runs stages r and 2p-1-r, so "
+             "rank 0 holds the embedding and the head: auto minimises the busiest rank's pair of stages (then the "
+             "longest stage), and a rank's load is its pair's sum.", "",
+             "| schedule | pp | auto samples/s | auto blocks/stage | uniform samples/s | uniform blocks/stage | auto / uniform | "
              "per repetition | expected from FLOPs, a core per rank | from FLOPs, this machine | "
              "from measured times, a core per rank | from measured times, this machine |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in split["table"]:
         by_round = _ratios(r.get("auto_over_uniform_by_round") or []) or "n/a"
-        lines.append(f"| {r['pp']} | {_fmt(r['auto_samples_per_sec'], '.3f')} | {r['auto_blocks_per_stage']} | "
+        lines.append(f"| {r.get('schedule', '1f1b')} | {r['pp']} | {_fmt(r['auto_samples_per_sec'], '.3f')} | {r['auto_blocks_per_stage']} | "
                      f"{_fmt(r['uniform_samples_per_sec'], '.3f')} | {r['uniform_blocks_per_stage']} | "
                      f"{_fmt(r['auto_over_uniform'], '.3f')}x | {by_round} | "
                      f"{_fmt(r.get('expected_core_per_rank'), '.2f')}x | "
