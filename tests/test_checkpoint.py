@@ -119,6 +119,21 @@ def test_a_2x2x2_checkpoint_continues_on_another_mesh(runs, tmp_path, mesh, extr
         assert got == pytest.approx(want, rel=1e-6)
 
 
+def test_checkpoints_move_between_looped_and_v_placements(runs, tmp_path):
+    """A checkpoint of the default (looped, interleaved) schedule continues under ZB-V, whose V places
+    the stages differently (rank 0 holds the first and the last); ZB-V's own checkpoint then continues
+    under breadth-first looping on another mesh. Only names are saved, so neither layout matters."""
+    v_dir = tmp_path / "v"
+    v_run, _ = _train((2, 2, 2), tmp_path / "log_v", "--resume-from", str(runs.root / "b" / "step-000010"),
+                      "--schedule", "zbv", "--checkpoint-dir", str(v_dir), "--checkpoint-every", "2",
+                      "--stop-at-step", "12")
+    looped, output = _train((1, 2, 2), tmp_path / "log_looped", "--resume-from", str(v_dir / "step-000012"),
+                            "--schedule", "looped-bfs", "--stop-at-step", "14")
+    assert "resharding: saved on (dp, pp, mp) = (2, 2, 2)" in output and looped["start_step"] == 12
+    for got, want in zip(v_run["losses"] + looped["losses"], runs.a["losses"][10:14]):
+        assert got == pytest.approx(want, rel=1e-6)
+
+
 # --- export and --init-from -------------------------------------------------------------------------------
 
 def test_export_writes_full_tensors_that_start_a_run_on_another_mesh(runs, tmp_path):

@@ -145,3 +145,18 @@ def test_a_tied_embedding_counts_once_on_a_rank_holding_both_ends(cpu):
     tied_memory = estimate(plan, cfg=TINY.model, costs=CostTable(TINY.model), **args).memory_per_rank
     untied_memory = estimate(plan, cfg=untied, costs=CostTable(untied), **args).memory_per_rank
     assert untied_memory - tied_memory == pytest.approx(16 * TINY.model.vocab_size * TINY.model.d_model)
+
+
+def test_every_schedule_is_searched_and_v_placements_price_both_ends_on_rank_zero(tiny_plans, cpu):
+    feasible = {e.candidate.schedule for e in tiny_plans if e.feasible}
+    assert {"zbv", "dualpipev", "looped-bfs"} <= feasible
+    # DualPipeV needs m >= 2p: the engine's validation, which the planner asks, turns the rest away.
+    short = [e for e in tiny_plans if e.candidate.schedule == "dualpipev" and e.candidate.pp == 2
+             and e.candidate.microbatches < 4]
+    assert short and all(not e.feasible and "--microbatches" in e.reason for e in short)
+    # Under a V, pp rank 0 holds the embedding and the head: with a heavy head its split gives rank 0 fewer
+    # blocks than the looped placement's rank-by-rank split would.
+    heavy = dataclasses.replace(TINY.model, vocab_size=8192, n_layers=8)
+    costs = CostTable(heavy)
+    looped, v = costs.split("fp32", 1, 4, "loop"), costs.split("fp32", 1, 4, "v")
+    assert v[0] + v[3] < v[1] + v[2] and v != looped
