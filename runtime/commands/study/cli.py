@@ -267,11 +267,12 @@ def _memory_section(settings, budget_gb: float, out: Path, run) -> dict:
 
 
 def _collect_timelines(raw: list[dict], out: Path) -> dict:
-    """Timelines of naive, 1f1b and interleaved at pp=2 (the bubble shrinking), copied next to the report."""
+    """Timelines at pp=2 of every schedule that ran (the bubble shrinking from naive to zero-bubble),
+    copied next to the report."""
     timelines = {}
     folder = out / "timelines"
     folder.mkdir(exist_ok=True)
-    for label in ("naive", "1f1b", "interleaved-1f1b v=2"):
+    for label, _, _ in plan.THROUGHPUT_SCHEDULES:
         run = next((r for r in reversed(raw) if r.get("group") == "pp=2" and r.get("label") == label and r["ok"]), None)
         if run is None:
             continue
