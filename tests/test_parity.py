@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +12,10 @@ from torch.distributed.tensor import DTensor
 
 from models.gpt import TIED_WEIGHTS
 from runtime.commands.flags import parse_train_config
-from tests.launch import spawn_ranks, torchrun
+from runtime.commands.train import check_inputs, train
+from runtime.device import configure_cpu_threads, select_device
+from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
+from tests.launch import spawn_ranks
 from tests.reference import train_reference
 from tests.step_hook import after_backward
 
@@ -65,13 +69,49 @@ def _case_id(case) -> str:
     return f"{dp}x{pp}x{mp}-{schedule}" + "".join(f"-{x.removeprefix('--').replace(',', '')}" for x in extra)
 
 
-@pytest.mark.parametrize("dp,pp,mp,schedule,extra", CASES, ids=[_case_id(c) for c in CASES])
-def test_losses_match_single_process(tmp_path, dp, pp, mp, schedule, extra):
-    args = _args(dp, pp, mp, schedule, extra, tmp_path)
-    result = torchrun(args, nproc=dp * pp * mp, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+CASES_BY_ID = {_case_id(c): c for c in CASES}
 
+
+def _train_cases(argvs: list[list[str]]) -> None:
+    """One rank of a spawned job: join the process group once, then train every case in turn the way
+    run.py does (a launch of 8 ranks on 2 cores costs more than a tiny model's three steps)."""
+    env = LaunchEnv.from_environ()
+    device = select_device(env.local_rank)
+    configure_cpu_threads(env.local_world_size)
+    init_distributed(env, device)
+    for argv in argvs:
+        cfg, data, start = check_inputs(argv, env)
+        train(cfg, data, start, env=env, device=device)
+    shutdown_distributed()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
+    """Case id -> (its logdir, the error of its job or None): one spawned job per world size."""
+    root = tmp_path_factory.mktemp("parity")
+    by_world: dict[int, list[str]] = {}
+    for case in CASES:
+        dp, pp, mp, _, _ = case
+        by_world.setdefault(dp * pp * mp, []).append(_case_id(case))
+    out = {}
+    for world, ids in by_world.items():
+        argvs = [_args(*CASES_BY_ID[i], root / i) for i in ids]
+        try:
+            spawn_ranks(_train_cases, world_size=world, args=(argvs,), timeout=60 + 90 * len(ids))
+            error = None
+        except AssertionError as e:
+            error = f"the {world}-rank job of cases {ids} failed:\n{str(e)[-4000:]}"
+        out.update({i: (root / i, error) for i in ids})
+    return out
+
+
+@pytest.mark.parametrize("dp,pp,mp,schedule,extra", CASES, ids=[_case_id(c) for c in CASES])
+def test_losses_match_single_process(trained, dp, pp, mp, schedule, extra):
+    logdir, error = trained[_case_id((dp, pp, mp, schedule, extra))]
+    assert error is None, error
+    summary = json.loads((logdir / "summary.json").read_text())
+
+    args = _args(dp, pp, mp, schedule, extra, logdir)
     reference = train_reference(parse_train_config(args, world_size=dp * pp * mp), steps=STEPS)
     assert len(summary["losses"]) == STEPS
     for step, (got, want) in enumerate(zip(summary["losses"], reference.losses)):
