@@ -15,6 +15,7 @@ from compiler.partition import parse_split
 from compiler.planner.candidates import Candidate, meshes
 from compiler.schedules import SCHEDULES
 from models.gpt import GPTConfig
+from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
 class ConfigError(ValueError):
@@ -114,6 +115,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig
     guard: GuardConfig
     compile_blocks: bool = False  # --compile: torch.compile each transformer block
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # --collective-timeout: bound on every collective and p2p wait
 
     @property
     def global_batch_size(self) -> int:
@@ -155,6 +157,8 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_data_parallel(cfg.data_parallel, cfg.mesh)
     _check_pipeline(cfg.pipeline, cfg.model, cfg.mesh)
     _check_compile(cfg.compile_blocks, cfg.pipeline.schedule)
+    if not cfg.collective_timeout_s > 0:
+        raise ConfigError(f"--collective-timeout must be a positive number of seconds, got {cfg.collective_timeout_s:g}")
 
 
 def _check_compile(compile_blocks: bool, schedule: str) -> None:

@@ -7,6 +7,10 @@ leaving its peers blocked in a collective. The launchers are the product's own
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -62,3 +66,70 @@ def check_clean_failure(nproc: int, flags: list[str], words: list[str], *, max_s
         assert f'File "{ROOT / ours_path}' not in result.stdout + result.stderr
     assert elapsed < max_seconds, f"took {elapsed:.0f}s to fail"
     return ours[0]
+
+
+class TorchrunJob:
+    """A torchrun job running in the background, for tests that act on it mid-run (signals, kills).
+    Use as a context manager: on exit every process of the job is killed (stopped ones included)."""
+
+    def __init__(self, args: list[str], *, nproc: int, log: Path, torchrun_flags: tuple[str, ...] = ()):
+        self.log = log
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               *torchrun_flags, str(ROOT / "run.py"), *args]
+        with open(log, "w") as out:
+            self.agent = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+        self.seen: dict[int, int] = {}  # every worker ever seen: RANK -> pid
+
+    def __enter__(self) -> "TorchrunJob":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for pid in self.seen.values():
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.agent.pid, signal.SIGKILL)
+        self.agent.wait(timeout=30)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, *, timeout: float) -> re.Match:
+        """Block until the job's output matches ``pattern``; fail if the job ends or time runs out."""
+        deadline = time.monotonic() + timeout
+        while not (found := re.search(pattern, self.output())):
+            assert self.agent.poll() is None, f"the job ended before {pattern!r}:\n{self.output()[-3000:]}"
+            assert time.monotonic() < deadline, f"no {pattern!r} within {timeout}s:\n{self.output()[-3000:]}"
+            time.sleep(0.2)
+        return found
+
+    def workers(self) -> dict[int, int]:
+        """RANK -> pid of the agent's current worker processes (read from /proc)."""
+        ranks = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if ppid != self.agent.pid:
+                    continue
+                env = dict(kv.split("=", 1) for kv in (entry / "environ").read_text().split("\0") if "=" in kv)
+            except (OSError, IndexError, ValueError):
+                continue
+            if "RANK" in env:
+                ranks[int(env["RANK"])] = int(entry.name)
+        self.seen.update(ranks)
+        return ranks
+
+    def wait(self, *, timeout: float) -> int:
+        return self.agent.wait(timeout=timeout)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

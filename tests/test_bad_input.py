@@ -48,6 +48,8 @@ CASES = {
                                        ["--microbatches 2", "dualpipev", ">= 4"]),
     "compile-with-split-backward": (2, ["--pp", "2", "--schedule", "zbv", "--compile"],
                                     ["--compile", "--schedule zbv", "1f1b", "looped-bfs"]),
+    "non-positive-collective-timeout": (2, ["--dp", "2", "--collective-timeout", "0"],
+                                        ["--collective-timeout", "positive number of seconds"]),
     "checkpoint-every-without-dir": (2, ["--dp", "2", "--checkpoint-every", "5"], ["--checkpoint-every", "--checkpoint-dir"]),
     "missing-resume-path": (2, ["--dp", "2", "--resume-from", "/nonexistent/step-000010"],
                             ["--resume-from /nonexistent/step-000010", "no such checkpoint folder"]),

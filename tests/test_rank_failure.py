@@ -7,15 +7,12 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from runtime.checkpoint.files import find_latest, verify_files
-from tests.launch import ROOT, torchrun
+from tests.launch import TorchrunJob, alive, torchrun
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
 KILL_RANK = 5  # dp 1, pp 0, mp 1: neither rank 0 (DCP's coordinator) nor the logging rank
@@ -24,60 +21,25 @@ ARGS = ["--model", "tiny", "--precision", "fp32", "--micro-batch-size", "2", "--
         "--peak-tflops", "1", "--log-every", "1", "--checkpoint-every", "2"]
 
 
-def _workers(agent_pid: int) -> dict[int, int]:
-    """RANK -> pid of the agent's child processes."""
-    ranks = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid != agent_pid:
-                continue
-            env = dict(kv.split("=", 1) for kv in (entry / "environ").read_text().split("\0") if "=" in kv)
-        except (OSError, IndexError, ValueError):
-            continue
-        if "RANK" in env:
-            ranks[int(env["RANK"])] = int(entry.name)
-    return ranks
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_sigkill_of_one_rank_ends_the_job_and_resume_continues(tmp_path):
     directory = tmp_path / "ckpt"
-    log = open(tmp_path / "output.txt", "w+")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=8", str(ROOT / "run.py"),
-           "--dp=2", "--pp=2", "--mp=2", *ARGS, "--checkpoint-dir", str(directory), "--logdir", str(tmp_path / "log")]
-    agent = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                             env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    try:
+    args = ["--dp=2", "--pp=2", "--mp=2", *ARGS, "--checkpoint-dir", str(directory), "--logdir", str(tmp_path / "log")]
+    with TorchrunJob(args, nproc=8, log=tmp_path / "output.txt") as job:
         deadline = time.monotonic() + 240
         while not (directory / "latest").exists():  # wait for the first published checkpoint
-            assert agent.poll() is None, f"the job ended early:\n{Path(log.name).read_text()[-3000:]}"
+            assert job.agent.poll() is None, f"the job ended early:\n{job.output()[-3000:]}"
             assert time.monotonic() < deadline, "no checkpoint within 240s"
             time.sleep(0.2)
-        workers = _workers(agent.pid)
+        workers = job.workers()
         assert sorted(workers) == list(range(8)), workers
         os.kill(workers[KILL_RANK], signal.SIGKILL)
         killed_at = time.monotonic()
-        code = agent.wait(timeout=120)
+        code = job.wait(timeout=120)
         elapsed = time.monotonic() - killed_at
-    finally:
-        try:
-            os.killpg(agent.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    output = Path(log.name).read_text()
+        assert not [pid for pid in workers.values() if alive(pid)], "a rank outlived the job"
+        output = job.output()
     assert code != 0
     assert elapsed < 60, f"the job took {elapsed:.0f}s to end after rank {KILL_RANK} died"
-    assert not [pid for pid in workers.values() if _alive(pid)], "a rank outlived the job"
     # torchrun's failure report names the rank and the signal.
     assert re.search(rf"rank\s*: {KILL_RANK} \(local_rank: {KILL_RANK}\)\s*\n\s*exitcode\s*: -9", output), output[-3000:]
     assert "Signal 9 (SIGKILL)" in output

@@ -25,6 +25,7 @@ from runtime.config import (
     default_stages_per_rank,
     validate,
 )
+from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 # The flags --auto chooses (the planner's plan): giving one with --auto is an error.
 AUTO_CHOSEN = ("--dp", "--pp", "--mp", "--dp-shard", "--reshard-after-forward", "--schedule", "--stages-per-rank",
@@ -129,6 +130,9 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
                    help="torch.compile each transformer block (after TP and activation checkpointing, before FSDP); "
                         "not with the split-backward schedules (zero-bubble, zbv, dualpipev)")
     g.add_argument("--seed", type=int, default=1234, help="seed for weights and data order")
+    g.add_argument("--collective-timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT_S, metavar="SECONDS",
+                   help="bound on every collective and point-to-point wait, the first step's included; past it the "
+                        "ranks exit with one line naming the operation and peers (default: 300)")
     g.add_argument("--stop-at-step", type=int,
                    help="end this run after step N (saving a checkpoint if --checkpoint-dir is set), e.g. to fit a "
                         "job's time limit; the LR schedule still spans --steps and --resume continues")
@@ -220,6 +224,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         checkpoint=_checkpoint_config(args),
         guard=GuardConfig(args.max_bad_steps, args.min_loss_scale),
         compile_blocks=args.compile,
+        collective_timeout_s=args.collective_timeout,
     )
     if world_size is not None:
         validate(cfg, world_size=world_size)

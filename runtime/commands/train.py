@@ -33,6 +33,7 @@ from runtime.config import ConfigError, TrainConfig
 from runtime.device import compact_cpu_heap, configure_cpu_threads, device_description, select_device
 from runtime.distributed.collectives import all_gather_objects, broadcast_object
 from runtime.distributed.cpu_binding import bind_node_ranks
+from runtime.distributed.failures import PEER_FAILURE_EXIT_CODE, describe_peer_failure
 from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
 from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
 from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
@@ -40,6 +41,7 @@ from runtime.engine.data import DataError, DataSources, build_data, replica_rows
 from runtime.engine.guards import DivergenceError, DivergenceGuard
 from runtime.engine.loop import training_loop
 from runtime.engine.optim import build_lr_schedule, build_optimizer
+from runtime.engine.preemption import PREEMPTED_EXIT_CODE, stop_on_signals
 from runtime.engine.replicate import ReplicatedGradients
 from runtime.engine.step import StepContext
 from runtime.engine.tied import TiedWeights
@@ -83,17 +85,26 @@ def main(argv: list[str]) -> int:
         configure_cpu_threads(env.local_world_size)
         if cfg.pipeline.compact_cpu_memory and not compact_cpu_heap() and env.rank == 0:
             print("warning: --compact-cpu-memory needs glibc's mallopt; not available here, ignored", flush=True)
-    init_distributed(env, device)
+    init_distributed(env, device, timeout_s=cfg.collective_timeout_s)
     try:
-        train(cfg, data, start, env=env, device=device)
+        summary = train(cfg, data, start, env=env, device=device)
     except (CheckpointError, DivergenceError) as e:
         # Raised on every rank at the same point (the guard and checkpoint code agree across ranks).
         if env.rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
-    finally:
         shutdown_distributed()
-    return 0
+        return 1
+    except RuntimeError as e:
+        line = describe_peer_failure(e, rank=env.rank, layout=GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp),
+                                     timeout_s=cfg.collective_timeout_s)
+        if line is None:
+            shutdown_distributed()
+            raise
+        # A peer is stuck or gone: tearing the process group down could wait on it, so leave it to the exit.
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        return PEER_FAILURE_EXIT_CODE
+    shutdown_distributed()
+    return PREEMPTED_EXIT_CODE if summary["preempted_at"] else 0
 
 
 def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSources, StartPoint]:
@@ -197,14 +208,15 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     logger.text("config", "```\n" + json.dumps(cfg.to_dict(), indent=2) + "\n```")
     logger.text("stage_plan", "```\n" + plan.describe() + "\n```")
 
-    # 8. Train.
+    # 8. Train (a SIGTERM or SIGUSR1 now stops every rank after the current step, with a checkpoint).
     try:
-        summary = training_loop(
-            ctx, data=data, replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
-            optim=cfg.optim, data_cfg=cfg.data, metrics_cfg=cfg.metrics, throughput=throughput, logger=logger,
-            is_logging_rank=env.rank == logging_rank, guard=guard, start_step=start_step, checkpointer=checkpointer,
-            profiler=profiler,
-        )
+        with stop_on_signals() as stop:
+            summary = training_loop(
+                ctx, data=data, replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
+                optim=cfg.optim, data_cfg=cfg.data, metrics_cfg=cfg.metrics, throughput=throughput, logger=logger,
+                is_logging_rank=env.rank == logging_rank, guard=guard, start_step=start_step,
+                checkpointer=checkpointer, profiler=profiler, stop=stop,
+            )
     except (CheckpointError, DivergenceError):
         logger.close()  # keep the scalars logged up to the failure
         raise

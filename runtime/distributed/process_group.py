@@ -8,12 +8,14 @@ import socket
 from dataclasses import dataclass
 
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from runtime.device import backend_for
 
-# Long enough for a slow first step (tracing, p2p warm-up) on an oversubscribed CPU, short enough
-# that a rank stuck on a dead peer gives up instead of hanging a job for the default 30 minutes.
-COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=5)
+# --collective-timeout's default: long enough for a slow first step (tracing, p2p warm-up, a large
+# model's materialisation) on an oversubscribed CPU, short enough that a rank stuck on a dead or
+# stopped peer gives up instead of hanging a job for torch's default 30 minutes.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -40,13 +42,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed(env: LaunchEnv, device) -> None:
-    """Join the job's process group; a lone process forms a world of one on a free local port."""
+def init_distributed(env: LaunchEnv, device, *, timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> None:
+    """Join the job's process group; a lone process forms a world of one on a free local port. Every
+    wait of every group, the world's and those created later, is bounded by ``timeout_s``."""
     if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    # Groups created without a timeout (the mesh's per-dimension groups where the backend cannot split
+    # the world's, the tied-embedding pairs, DCP's) take torch's module default, 30 minutes for gloo.
+    c10d.default_pg_timeout = timeout
     kwargs = {"device_id": device} if device.type == "cuda" else {}
-    dist.init_process_group(backend_for(device), rank=env.rank, world_size=env.world_size,
-                            timeout=COLLECTIVE_TIMEOUT, **kwargs)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if restart is not None:
+        # After `torchrun --max-restarts` restarts the workers, the rendezvous store it shares with them
+        # still holds the previous attempt's addresses, and gloo connects to the dead ranks' ports
+        # ("connectFullMesh failed ... Connection refused"; pytorch/pytorch issue 135712). Each attempt
+        # gets keys of its own.
+        store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=timeout))
+        kwargs["store"] = dist.PrefixStore(f"attempt_{restart}", store)
+    dist.init_process_group(backend_for(device), rank=env.rank, world_size=env.world_size, timeout=timeout, **kwargs)
 
 
 def shutdown_distributed() -> None:

@@ -1,10 +1,13 @@
 """The training loop: data -> step -> metrics -> divergence guard -> checkpoint, with validation every N
 steps and a summary at the end. A resumed run starts at the checkpoint's step: data and the LR schedule
-are functions of the step, so nothing else needs rewinding."""
+are functions of the step, so nothing else needs rewinding. A preemption signal on any rank ends the
+loop on every rank after the same step, with that step's checkpoint (runtime/engine/preemption.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import Callable, Iterator
 
 from runtime.checkpoint.state import Checkpointer
 from runtime.config import DataConfig, MetricsConfig, OptimConfig
@@ -13,10 +16,21 @@ from runtime.distributed.collectives import all_gather_objects, max_over_ranks
 from runtime.engine.data import DataSources, inputs_and_targets
 from runtime.engine.gc_control import collect_if_due, garbage_collection_between_steps
 from runtime.engine.guards import DivergenceGuard
+from runtime.engine.preemption import StopRequest
 from runtime.engine.step import StepContext, evaluate, timed, train_step
 from runtime.observe.memory import live_tensor_bytes, peak_growth_during, step_state_tensors
 from runtime.observe.metrics import MetricsLogger, Throughput, progress_line
 from runtime.observe.profiling import Profiler
+
+
+@contextlib.contextmanager
+def _noting_the_step(current: Callable[[], int]) -> Iterator[None]:
+    """Tag an error escaping the loop with the step it happened in (a lost peer's error line names it)."""
+    try:
+        yield
+    except RuntimeError as e:
+        e.add_note(f"step {current()}")
+        raise
 
 
 def training_loop(
@@ -34,6 +48,7 @@ def training_loop(
     start_step: int = 0,
     checkpointer: Checkpointer | None = None,
     profiler: Profiler | None = None,
+    stop: StopRequest | None = None,
 ) -> dict:
     def batch(source, step):
         inputs, targets = inputs_and_targets(source.rows(step, *replica_rows))
@@ -44,15 +59,16 @@ def training_loop(
     last_step = optim.last_step  # --stop-at-step, else --steps
     # The second step is the first to hold AdamW's state alongside activations and gradients.
     memory_step = start_step + min(1, last_step - start_step - 1) if metrics_cfg.profile_memory else None
-    peak_tensor_bytes = None
+    peak_tensor_bytes, preempted_at = None, None
     started = time.perf_counter()
-    with garbage_collection_between_steps():
+    step = start_step
+    with garbage_collection_between_steps(), _noting_the_step(lambda: step + 1):
         for step in range(start_step, last_step):
             inputs, targets = batch(data.train, step)
             profiling = profiler is not None and profiler.wants(step)
             if profiling:
                 profiler.begin()
-            run_step = lambda: train_step(ctx, inputs, targets)  # noqa: E731
+            run_step = lambda: train_step(ctx, inputs, targets, stop_requested=bool(stop and stop.requested))  # noqa: E731
             if step == memory_step:
                 live = live_tensor_bytes([*step_state_tensors(ctx.stages.parameters(), ctx.optimizer), inputs, targets])
                 (stats, step_time), growth = peak_growth_during(lambda: timed(run_step, ctx.device), ctx.device)
@@ -94,17 +110,25 @@ def training_loop(
                 logger.scalars(n, {"val/loss": val})
                 if is_logging_rank:
                     print(f"step {n}: validation loss {val:.4f}", flush=True)
-            if checkpointer and checkpointer.due(n, last=n == last_step):
+            if checkpointer and checkpointer.due(n, last=n == last_step or stats.stop):
                 if guard.weights_trustworthy:
                     checkpointer.save(n)
                 elif is_logging_rank:
                     print(f"step {n}: not saving a checkpoint: the loss or gradient norm is not finite", flush=True)
+            if stats.stop:  # every rank saw the same all-reduced flag
+                preempted_at = n
+                if is_logging_rank:
+                    print(f"step {n}: stopping on a preemption signal"
+                          + ("; checkpoint saved, --resume continues" if checkpointer else " (no --checkpoint-dir)"),
+                          flush=True)
+                break
             collect_if_due(n)
 
     steady = throughput.steady_step_time()
     return {
         "start_step": start_step,
-        "last_step": last_step,
+        "last_step": preempted_at or last_step,
+        "preempted_at": preempted_at,
         "checkpoints": checkpointer.saved if checkpointer else [],
         "final_loss": losses[-1],
         "final_val_loss": val_losses[-1][1] if val_losses else None,
