@@ -91,6 +91,7 @@ class CheckpointConfig:
     resume: bool  # continue from the latest complete checkpoint in ``dir``
     resume_from: str | None  # continue from this checkpoint folder
     init_from: str | None  # start from the weights of a single-file export
+    async_write: bool = False  # --async-checkpoint: stage to CPU memory, write in the background
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from runtime.checkpoint.files import read_checkpoint, read_dcp_metadata, verify_
 from runtime.commands.flags import parse_train_config
 from runtime.engine.data import build_data, inputs_and_targets
 from tests.launch import check_clean_failure, python_run, spawn_ranks, torchrun
-from tests.step_hook import after_backward
 
 pytestmark = [
     pytest.mark.slow,  # real multi-process jobs
@@ -56,19 +55,20 @@ def _train(mesh: tuple[int, int, int], logdir: Path, *flags: str) -> tuple[dict,
 @dataclass
 class Runs:
     root: Path
-    a: dict  # 20 steps, uninterrupted; checkpoints at 10 and 20 in root/a
-    b1: dict  # the same job stopped after step 10; checkpoint in root/b
-    b2: dict  # B resumed with --resume for steps 11-20; checkpoint 20 in root/b
+    a: dict  # 20 steps, uninterrupted; checkpoints at 5, 10, 15 and 20 in root/a
+    b1: dict  # the same job with --async-checkpoint stopped after step 10; checkpoints 5, 10 in root/b
+    b2: dict  # B resumed with --resume (and --async-checkpoint) for steps 11-20; checkpoints 15, 20 in root/b
+    b1_output: str
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Runs:
     root = tmp_path_factory.mktemp("resume")
-    ckpt = lambda name: ["--checkpoint-dir", str(root / name), "--checkpoint-every", "10"]  # noqa: E731
+    ckpt = lambda name: ["--checkpoint-dir", str(root / name), "--checkpoint-every", "5", "--keep-checkpoints", "4"]  # noqa: E731
     a, _ = _train((2, 2, 2), root / "log_a", *ckpt("a"))
-    b1, _ = _train((2, 2, 2), root / "log_b1", *ckpt("b"), "--stop-at-step", "10")
-    b2, _ = _train((2, 2, 2), root / "log_b2", *ckpt("b"), "--resume")
-    return Runs(root, a, b1, b2)
+    b1, b1_output = _train((2, 2, 2), root / "log_b1", *ckpt("b"), "--async-checkpoint", "--stop-at-step", "10")
+    b2, _ = _train((2, 2, 2), root / "log_b2", *ckpt("b"), "--async-checkpoint", "--resume")
+    return Runs(root, a, b1, b2, b1_output)
 
 
 def _all_tensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -95,6 +95,19 @@ def test_stopped_and_resumed_run_matches_the_uninterrupted_run(runs):
     for key in sorted(final_a):  # weights and AdamW state, bit for bit
         assert torch.equal(final_a[key], final_b[key]), key
     assert float(final_b["optim.head.weight.step"]) == STEPS
+
+
+def test_background_checkpoints_hold_the_state_of_their_step(runs):
+    """B's checkpoints of steps 5 and 15 were written in the background while the next steps updated the
+    weights in place: they must still equal A's, written in the foreground, bit for bit."""
+    assert "step 5: checkpoint staged in" in runs.b1_output and "writing in the background" in runs.b1_output
+    assert [Path(p).name for p in runs.b1["checkpoints"]] == ["step-000005", "step-000010"]
+    assert set(runs.b1["checkpoint_pauses_s"]) == {"5", "10"}
+    for step in (5, 10, 15):
+        sync, background = (_all_tensors(runs.root / run / f"step-{step:06d}") for run in ("a", "b"))
+        assert set(sync) == set(background)
+        for key in sorted(sync):
+            assert torch.equal(sync[key], background[key]), (step, key)
 
 
 # (dp, pp, mp), extra flags: other shapes, a different number of stages, and activation checkpointing
@@ -215,19 +228,19 @@ def test_resume_passes_over_a_partial_checkpoint_and_allows_a_new_global_batch(r
 FULL_DISK_RANK = 1
 
 
-def _fill_disk_on_second_save(step: int, ctx) -> None:
-    """after_backward hook: from step 4 on, this rank's checkpoint writes fail like a full disk."""
-    import torch.distributed as dist
+def _fill_disk_on_the_save_of_step_4() -> None:
+    """On FULL_DISK_RANK, writing a shard of step 4's checkpoint fails like a full disk (whichever thread
+    writes it: the training thread, or --async-checkpoint's background one)."""
     from torch.distributed.checkpoint.filesystem import FileSystem
 
-    if step != 3 or dist.get_rank() != FULL_DISK_RANK:
+    if int(os.environ["RANK"]) != FULL_DISK_RANK:
         return
     create_stream = FileSystem.create_stream
 
     @contextlib.contextmanager
     def full_disk_stream(self, path, mode):
         with create_stream(self, path, mode) as stream:
-            if "w" in mode and str(path).endswith(".distcp"):
+            if "w" in mode and str(path).endswith(".distcp") and "step-000004" in str(path):
                 stream.write(b"\0" * 64)  # a partial shard, then the disk is full
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
             yield stream
@@ -240,15 +253,16 @@ def _train_and_record(argv, out_dir) -> None:
 
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
-        after_backward(_fill_disk_on_second_save)
+        _fill_disk_on_the_save_of_step_4()
         code = run.main(argv)
     Path(out_dir, f"rank{os.environ['RANK']}.json").write_text(json.dumps({"code": code, "stderr": err.getvalue()}))
 
 
-def test_a_full_disk_stops_training_and_keeps_the_previous_checkpoint(tmp_path):
+@pytest.mark.parametrize("mode", [[], ["--async-checkpoint"]], ids=["foreground", "background"])
+def test_a_full_disk_stops_training_and_keeps_the_previous_checkpoint(tmp_path, mode):
     directory = tmp_path / "ckpt"
     argv = [*_mesh(2, 1, 1), *COMMON, "--steps", "6", "--checkpoint-dir", str(directory), "--checkpoint-every", "2",
-            "--logdir", str(tmp_path / "log")]
+            "--logdir", str(tmp_path / "log"), *mode]
     spawn_ranks(functools.partial(_train_and_record, out_dir=str(tmp_path)), world_size=2, args=(argv,), timeout=240)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert [r["code"] for r in results] == [1, 1], results

@@ -38,6 +38,7 @@ def test_errors_raise_config_error_not_exit():
 @pytest.mark.parametrize("flags,words", [
     (["--resume"], "--resume needs --checkpoint-dir"),
     (["--keep-checkpoints", "2"], "--keep-checkpoints needs --checkpoint-dir"),
+    (["--async-checkpoint"], "--async-checkpoint needs --checkpoint-dir"),
     (["--checkpoint-dir", "c", "--resume", "--init-from", "m.pt"], "--resume and --init-from are mutually exclusive"),
     (["--resume-from", "c/step-000001", "--init-from", "m.pt"], "--resume-from and --init-from are mutually exclusive"),
     (["--steps", "10", "--stop-at-step", "11"], "--stop-at-step 11 must be at most --steps 10"),

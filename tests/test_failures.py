@@ -41,6 +41,24 @@ def test_a_lost_connection_in_the_step_all_reduce_names_the_world():
     assert "in step 13, during the step's all-reduce" in line
 
 
+def test_a_timeout_wrapped_by_the_pipeline_stage_is_still_recognised():
+    # torch.distributed.pipelining's stage_backward re-raises as `RuntimeError(<shapes>) from e`: the
+    # timeout is only in the cause.
+    def stage_backward():
+        try:
+            raise RuntimeError("[gloo] Timed out waiting 30000ms for recv operation to complete")
+        except RuntimeError as e:
+            raise RuntimeError("Failed to run stage backward: Stage output: ...") from e
+
+    try:
+        stage_backward()
+    except RuntimeError as e:
+        e.add_note("step 4")
+        error = e
+    line = describe_peer_failure(error, rank=0, layout=LAYOUT, timeout_s=30)
+    assert line is not None and line.startswith("rank 0: recv timed out after 30 s (--collective-timeout 30) in step 4")
+
+
 def test_other_errors_are_left_alone():
     assert describe_peer_failure(_raised_in("step", "CUDA out of memory"), rank=0, layout=LAYOUT, timeout_s=30) is None
 

@@ -12,16 +12,13 @@ any other: each rank reads exactly the chunks its new shards cover.
                                      divergence-guard state, the run's config
     rng.rank<r>                      each rank's RNG state
 
-Saving is atomic: every rank writes its shard into DIR/.tmp-step-N, rank 0 writes the manifest once
-all are done and publishes the folder by a rename (``checkpoint_files.publish``). Failures on any rank
-are agreed on by all ranks, so every rank raises the same CheckpointError at the same point.
+Writing and publishing a checkpoint is runtime/checkpoint/saving.py. Failures on any rank are agreed on
+by all ranks, so every rank raises the same CheckpointError at the same point.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,7 +27,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.optim.lr_scheduler import LambdaLR
 from torch.optim.optimizer import _get_scalar_dtype
 
@@ -38,15 +35,10 @@ from compiler.parallelize.stages import LocalStages
 from runtime.checkpoint.files import (
     CheckpointError,
     CheckpointInfo,
-    describe_file,
-    publish,
     read_dcp_metadata,
-    step_folder,
-    tmp_folder,
     verify_files,
-    write_manifest,
 )
-from runtime.distributed.collectives import broadcast_object, gather_dicts, gather_lists
+from runtime.distributed.collectives import gather_lists
 from runtime.engine.guards import DivergenceGuard
 
 
@@ -83,7 +75,7 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def _tensor_state(state: TrainState) -> dict:
+def tensor_state(state: TrainState) -> dict:
     """Model and optimizer tensors by original parameter name; DCP reads into / writes from them in place."""
     model, optim = {}, {}
     for name, p in state.params:
@@ -93,7 +85,7 @@ def _tensor_state(state: TrainState) -> dict:
     return {"model": model, "optim": optim}
 
 
-def _train_state_json(state: TrainState, step: int) -> str:
+def train_state_json(state: TrainState, step: int) -> str:
     return json.dumps({
         "step": step,
         "data_position": step,  # batches are a pure function of (seed, step): the position is the step
@@ -104,72 +96,23 @@ def _train_state_json(state: TrainState, step: int) -> str:
     })
 
 
-def _rng_state() -> torch.Tensor:
+def rng_state() -> torch.Tensor:
     return torch.get_rng_state()
 
 
-# --- saving -----------------------------------------------------------------------------------------------
+# --- errors ----------------------------------------------------------------------------------------------
 
-def save_checkpoint(state: TrainState, *, directory: Path, step: int, keep: int) -> Path:
-    """Write the state after ``step`` steps to DIR/step-N, atomically; returns the published folder."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    directory, tmp = Path(directory), tmp_folder(directory, step)
-    _agree(lambda: _fresh_folder(tmp) if rank == 0 else None, what=f"prepare {tmp}")
-    state_dict = {**_tensor_state(state), "train_state": _train_state_json(state, step),
-                  "rng": {f"rank{rank}": _rng_state()}}
-    try:
-        dcp.save(state_dict, storage_writer=FileSystemWriter(tmp, sync_files=True, overwrite=True))
-    except (CheckpointException, OSError) as e:
-        # DCP agrees on failure: every rank gets here, and every rank has stopped writing.
-        if rank == 0:
-            _remove(tmp)
-        raise CheckpointError(f"could not save the checkpoint of step {step} in {directory}: {_failure_summary(e)}; "
-                              f"{_previous(directory)}") from None
-    # Hash the shard files in parallel, each rank a share; rank 0 writes the manifest and publishes.
-    names = sorted(p.name for p in tmp.iterdir()) if rank == 0 else None
-    names = broadcast_object(names)
-    digests = gather_dicts({name: describe_file(tmp / name) for name in names[rank::world]})
-
-    def finish() -> None:
-        write_manifest(tmp, step=step, config=state.config, files=digests)
-        publish(tmp, directory, step, keep=keep)
-
-    try:
-        _agree(finish if rank == 0 else (lambda: None), what=f"publish {tmp}")
-    except CheckpointError as e:
-        if rank == 0:
-            _remove(tmp)
-        raise CheckpointError(f"could not save the checkpoint of step {step}: {e}; {_previous(directory)}") from None
-    return step_folder(directory, step)
-
-
-def _fresh_folder(path: Path) -> None:
-    _remove(path)  # a crashed save of the same step may have left one behind
-    path.mkdir(parents=True)
-
-
-def _remove(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _previous(directory: Path) -> str:
-    marker = directory / "latest"
-    if marker.is_file():
-        return f"the previous checkpoint {directory / marker.read_text().strip()} is intact"
-    return "no earlier checkpoint exists"
-
-
-def _failure_summary(e: BaseException) -> str:
+def failure_summary(e: BaseException) -> str:
     """One line per failed rank from DCP's CheckpointException (its str() is a set of tracebacks)."""
     if isinstance(e, CheckpointException):
         parts = []
         for rank, (exc, _trace) in sorted(e.failures.items()):
-            parts.append(f"rank {rank}: {_one_line(exc)}")
+            parts.append(f"rank {rank}: {one_line(exc)}")
         return "; ".join(parts)
-    return _one_line(e)
+    return one_line(e)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}" if not isinstance(exc, OSError) else str(exc)
 
@@ -185,7 +128,7 @@ class _NamingReader(FileSystemReader):
         except Exception as e:
             files = sorted({self.storage_data[item.storage_index].relative_path for item in plan.items})
             raise CheckpointError(f"cannot read {', '.join(str(Path(self.path) / f) for f in files)}: "
-                                  f"{_one_line(e)}") from e
+                                  f"{one_line(e)}") from e
 
 
 def load_checkpoint(state: TrainState, info: CheckpointInfo) -> int:
@@ -202,11 +145,11 @@ def load_checkpoint(state: TrainState, info: CheckpointInfo) -> int:
 
     saved_keys = set(read_dcp_metadata(info.path).state_dict_metadata)
     rng_key = f"rank{rank}" if f"rng.rank{rank}" in saved_keys else "rank0"
-    state_dict = {**_tensor_state(state), "train_state": "", "rng": {rng_key: torch.empty_like(_rng_state())}}
+    state_dict = {**tensor_state(state), "train_state": "", "rng": {rng_key: torch.empty_like(rng_state())}}
     try:
         dcp.load(state_dict, storage_reader=_NamingReader(info.path))
     except CheckpointException as e:
-        raise CheckpointError(f"checkpoint {info.path} cannot be loaded: {_failure_summary(e)}") from None
+        raise CheckpointError(f"checkpoint {info.path} cannot be loaded: {failure_summary(e)}") from None
     saved = json.loads(state_dict["train_state"])
     _restore_lr_schedule(state.lr_schedule, saved["lr_schedule"])
     if state.scaler.is_enabled() and saved["scaler"]:
@@ -228,38 +171,13 @@ def _restore_lr_schedule(schedule: LambdaLR, saved: dict) -> None:
 
 # --- agreement between ranks ------------------------------------------------------------------------------
 
-def _agree(fn, *, what: str) -> None:
+def agree(fn, *, what: str) -> None:
     """Run ``fn`` on every rank; if it failed anywhere, raise the same CheckpointError everywhere."""
     try:
         fn()
         message = None
     except Exception as e:
-        message = f"rank {dist.get_rank()} could not {what}: {_one_line(e)}"
+        message = f"rank {dist.get_rank()} could not {what}: {one_line(e)}"
     messages = gather_lists([message] if message else [])
     if messages:
         raise CheckpointError(messages[0])
-
-
-# --- when to save -----------------------------------------------------------------------------------------
-
-@dataclass
-class Checkpointer:
-    """Saves on a cadence and at the end of the run; prints where on the logging rank."""
-
-    directory: Path
-    every: int | None
-    keep: int
-    state: TrainState
-    verbose: bool
-    saved: list[str] = field(default_factory=list)
-
-    def due(self, step: int, *, last: bool) -> bool:
-        return last or (self.every is not None and step % self.every == 0)
-
-    def save(self, step: int) -> Path:
-        start = time.perf_counter()
-        path = save_checkpoint(self.state, directory=self.directory, step=step, keep=self.keep)
-        self.saved.append(str(path))
-        if self.verbose:
-            print(f"step {step}: checkpoint saved to {path} ({time.perf_counter() - start:.1f}s)", flush=True)
-        return path

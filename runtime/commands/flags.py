@@ -142,6 +142,9 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
                                             "its own shards); one is always saved at the end of the run")
     g.add_argument("--checkpoint-every", type=int, help="also save a checkpoint every N steps")
     g.add_argument("--keep-checkpoints", type=int, help="keep the newest K complete checkpoints (default: 3)")
+    g.add_argument("--async-checkpoint", action="store_true",
+                   help="copy the state to CPU memory and write it in the background while training goes on "
+                        "(DCP async_save; published at the first step boundary after every rank's write is done)")
     g.add_argument("--resume", action="store_true",
                    help="continue from the latest complete checkpoint in --checkpoint-dir (from scratch if there is none)")
     g.add_argument("--resume-from", metavar="PATH", help="continue from this checkpoint folder, on any mesh")
@@ -282,7 +285,7 @@ def _checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
     """Flag combinations only; whether the folders and files are usable is checked in runtime/checkpoint/files.py."""
     if args.checkpoint_dir is None:
         for flag, value in (("--checkpoint-every", args.checkpoint_every), ("--keep-checkpoints", args.keep_checkpoints),
-                            ("--resume", args.resume or None)):
+                            ("--resume", args.resume or None), ("--async-checkpoint", args.async_checkpoint or None)):
             if value is not None:
                 raise ConfigError(f"{flag} needs --checkpoint-dir DIR (where checkpoints are saved)")
     sources = [flag for flag, value in (("--resume", args.resume), ("--resume-from", args.resume_from),
@@ -290,7 +293,8 @@ def _checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
     if len(sources) > 1:
         raise ConfigError(f"{' and '.join(sources)} are mutually exclusive: start from one checkpoint or export")
     return CheckpointConfig(dir=args.checkpoint_dir, every=args.checkpoint_every, keep=args.keep_checkpoints or 3,
-                            resume=args.resume, resume_from=args.resume_from, init_from=args.init_from)
+                            resume=args.resume, resume_from=args.resume_from, init_from=args.init_from,
+                            async_write=args.async_checkpoint)
 
 
 def _pipeline_config(args: argparse.Namespace, mesh: MeshShape) -> PipelineConfig:

@@ -25,7 +25,8 @@ from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import StagePlan, plan_stages
 from models.gpt import initial_value, parameter_count
 from runtime.checkpoint.files import CheckpointError, StartPoint, resolve_start
-from runtime.checkpoint.state import Checkpointer, TrainState, init_optimizer_state, load_checkpoint
+from runtime.checkpoint.saving import Checkpointer
+from runtime.checkpoint.state import TrainState, init_optimizer_state, load_checkpoint
 from runtime.checkpoint.weights import read_init_weights
 from runtime.commands.flags import build_parser, config_from_args
 from runtime.commands.plan import auto_config
@@ -35,7 +36,7 @@ from runtime.distributed.collectives import all_gather_objects, broadcast_object
 from runtime.distributed.cpu_binding import bind_node_ranks
 from runtime.distributed.failures import PEER_FAILURE_EXIT_CODE, describe_peer_failure
 from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
-from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
+from runtime.distributed.process_group import LaunchEnv, background_group, init_distributed, shutdown_distributed
 from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
 from runtime.engine.data import DataError, DataSources, build_data, replica_rows
 from runtime.engine.guards import DivergenceError, DivergenceGuard
@@ -196,7 +197,9 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     state = TrainState(stages, optimizer, lr_schedule, scaler, guard, config=cfg.to_dict())
     start_step = load_checkpoint(state, start.resume) if start.resume else 0
     checkpointer = (Checkpointer(Path(cfg.checkpoint.dir), cfg.checkpoint.every, cfg.checkpoint.keep, state,
-                                 verbose=env.rank == logging_rank) if cfg.checkpoint.dir else None)
+                                 verbose=env.rank == logging_rank,
+                                 group=background_group(cfg.collective_timeout_s) if cfg.checkpoint.async_write else None)
+                    if cfg.checkpoint.dir else None)
 
     # 7. Metrics, from the last pipeline stage of replica 0, mp rank 0.
     logger = MetricsLogger(cfg.metrics.logdir, enabled=env.rank == logging_rank)
@@ -218,6 +221,13 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
                 checkpointer=checkpointer, profiler=profiler, stop=stop,
             )
     except (CheckpointError, DivergenceError):
+        # Raised on every rank at the same point: a background save of an earlier step can still be published.
+        if checkpointer and checkpointer.pending:
+            try:
+                checkpointer.finish()
+            except CheckpointError as e:
+                if env.rank == 0:
+                    print(f"error: {e}", file=sys.stderr, flush=True)
         logger.close()  # keep the scalars logged up to the failure
         raise
     if profiler:

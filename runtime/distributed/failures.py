@@ -35,7 +35,7 @@ _ACTIVITIES = (
 
 def describe_peer_failure(error: BaseException, *, rank: int, layout: GridLayout, timeout_s: float) -> str | None:
     """The error line for a lost or silent peer, or None if ``error`` is something else."""
-    text = str(error)
+    text = "\n".join(str(e) for e in _chain(error))  # pipelining re-raises a stage's error from it
     timed_out = _TIMEOUT.search(text)
     if not timed_out and not any(s in text for s in _LOST):
         return None
@@ -49,6 +49,15 @@ def describe_peer_failure(error: BaseException, *, rank: int, layout: GridLayout
     else:
         what = "a peer rank closed its connection (it exited or was killed)"
     return f"rank {rank}: {what} in {step}, during {activity}; waiting on {peers}"
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and the errors it was raised from (``__cause__``/``__context__``), outermost first."""
+    chain: list[BaseException] = []
+    while error is not None and error not in chain:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
 
 
 def _peers(rank: int, layout: GridLayout, group: str) -> str:

@@ -63,6 +63,12 @@ def init_distributed(env: LaunchEnv, device, *, timeout_s: float = DEFAULT_COLLE
     dist.init_process_group(backend_for(device), rank=env.rank, world_size=env.world_size, timeout=timeout, **kwargs)
 
 
+def background_group(timeout_s: float) -> dist.ProcessGroup:
+    """A gloo group over every rank for work on a background thread (asynchronous checkpoint writes of
+    CPU copies): its collectives never interleave with the training thread's on the world group."""
+    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+
+
 def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -9,7 +9,7 @@ import contextlib
 import time
 from typing import Callable, Iterator
 
-from runtime.checkpoint.state import Checkpointer
+from runtime.checkpoint.saving import Checkpointer
 from runtime.config import DataConfig, MetricsConfig, OptimConfig
 from runtime.device import peak_memory_bytes
 from runtime.distributed.collectives import all_gather_objects, max_over_ranks
@@ -59,7 +59,7 @@ def training_loop(
     last_step = optim.last_step  # --stop-at-step, else --steps
     # The second step is the first to hold AdamW's state alongside activations and gradients.
     memory_step = start_step + min(1, last_step - start_step - 1) if metrics_cfg.profile_memory else None
-    peak_tensor_bytes, preempted_at = None, None
+    peak_tensor_bytes, preempted_at, peak_by_step = None, None, {}
     started = time.perf_counter()
     step = start_step
     with garbage_collection_between_steps(), _noting_the_step(lambda: step + 1):
@@ -68,7 +68,8 @@ def training_loop(
             profiling = profiler is not None and profiler.wants(step)
             if profiling:
                 profiler.begin()
-            run_step = lambda: train_step(ctx, inputs, targets, stop_requested=bool(stop and stop.requested))  # noqa: E731
+            run_step = lambda: train_step(ctx, inputs, targets, stop_requested=bool(stop and stop.requested),  # noqa: E731
+                                          writing=bool(checkpointer and checkpointer.writing))
             if step == memory_step:
                 live = live_tensor_bytes([*step_state_tensors(ctx.stages.parameters(), ctx.optimizer), inputs, targets])
                 (stats, step_time), growth = peak_growth_during(lambda: timed(run_step, ctx.device), ctx.device)
@@ -91,6 +92,7 @@ def training_loop(
             })
             if n % metrics_cfg.log_every == 0 or n == last_step:
                 peak = max_over_ranks(peak_memory_bytes(ctx.device), ctx.device)
+                peak_by_step[n] = peak
                 logger.scalars(n, {"mem/peak_bytes": peak})
                 if is_logging_rank:
                     recent = throughput.step_times[-metrics_cfg.log_every:]
@@ -110,9 +112,11 @@ def training_loop(
                 logger.scalars(n, {"val/loss": val})
                 if is_logging_rank:
                     print(f"step {n}: validation loss {val:.4f}", flush=True)
+            if checkpointer and checkpointer.pending and not stats.writing:
+                checkpointer.finish()  # every rank's background write is done: publish it
             if checkpointer and checkpointer.due(n, last=n == last_step or stats.stop):
                 if guard.weights_trustworthy:
-                    checkpointer.save(n)
+                    checkpointer.save(n, wait=n == last_step or stats.stop)
                 elif is_logging_rank:
                     print(f"step {n}: not saving a checkpoint: the loss or gradient norm is not finite", flush=True)
             if stats.stop:  # every rank saw the same all-reduced flag
@@ -123,6 +127,8 @@ def training_loop(
                           flush=True)
                 break
             collect_if_due(n)
+        if checkpointer:
+            checkpointer.finish()  # a background save still in flight (the last step's was not trustworthy)
 
     steady = throughput.steady_step_time()
     return {
@@ -130,6 +136,8 @@ def training_loop(
         "last_step": preempted_at or last_step,
         "preempted_at": preempted_at,
         "checkpoints": checkpointer.saved if checkpointer else [],
+        "checkpoint_pauses_s": checkpointer.pauses if checkpointer else {},
+        "peak_bytes_by_step": peak_by_step,
         "final_loss": losses[-1],
         "final_val_loss": val_losses[-1][1] if val_losses else None,
         "losses": losses,

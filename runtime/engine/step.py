@@ -2,7 +2,8 @@
 
 A step on every rank: run the pipeline schedule on this replica's micro-batches (under autocast),
 unscale fp16 gradients (world-wide found-inf vote), one world all-reduce of [grad-norm^2, loss, stop
-requested] (the last one: runtime/engine/preemption.py),
+requested, ranks still writing a background checkpoint] (the last two: runtime/engine/preemption.py,
+runtime/checkpoint/saving.py),
 clip to the global norm, optimizer step (skipped together on fp16 overflow, or on a non-finite loss or
 norm otherwise), scale update, LR step.
 """
@@ -36,6 +37,7 @@ class StepStats:
     skipped: bool  # optimizer step skipped: fp16 overflow, or a non-finite loss / gradient norm
     lr: float
     stop: bool = False  # some rank asked to stop (a preemption signal) before this step's all-reduce
+    writing: bool = False  # some rank was still writing a background checkpoint at this step's all-reduce
 
 
 @dataclass(frozen=True)
@@ -81,31 +83,34 @@ def run_schedule(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, 
     return losses
 
 
-def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *, stop_requested: bool = False) -> StepStats:
+def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *, stop_requested: bool = False,
+               writing: bool = False) -> StepStats:
     scale = ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0
     lr = ctx.optimizer.param_groups[0]["lr"]
     losses = run_schedule(ctx, inputs, targets, train=True)  # forward and backward of every micro-batch
 
     with ctx.recorder.span("optimizer", "optimizer") if ctx.recorder else contextlib.nullcontext():
-        stats = _optimizer_step(ctx, losses, scale=scale, lr=lr, stop_requested=stop_requested)
+        stats = _optimizer_step(ctx, losses, scale=scale, lr=lr, flags=(stop_requested, writing))
     return stats
 
 
 def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: float, lr: float,
-                    stop_requested: bool) -> StepStats:
+                    flags: tuple[bool, bool]) -> StepStats:
     ensure_scale_initialised(ctx.scaler, ctx.device)
     ctx.scaler.unscale_(ctx.optimizer)  # all-reduces found_inf over the world
     params = ctx.stages.parameters()
     # A tied weight's second copy holds the same gradient: the norm counts the weight once.
     distinct = [p for p in params if id(p) not in ctx.tied.duplicates] if ctx.tied else params
     local_loss = loss_value(losses, scale=scale) if losses else torch.zeros((), dtype=torch.float64)
-    stop = torch.tensor(float(stop_requested), dtype=torch.float64, device=ctx.device)
-    packed = torch.stack([local_grad_sq_norm(distinct, plane_size=ctx.plane_size), local_loss.to(ctx.device), stop])
+    # (stop requested, still writing): summed, so > 0 means "on some rank"
+    flag_values = torch.tensor([float(f) for f in flags], dtype=torch.float64, device=ctx.device)
+    packed = torch.cat([torch.stack([local_grad_sq_norm(distinct, plane_size=ctx.plane_size), local_loss.to(ctx.device)]),
+                        flag_values])
     if dist.is_initialized():
         dist.all_reduce(packed)
     grad_norm = float(packed[0].sqrt())
     loss = float(packed[1]) / ctx.loss_copies
-    stop_everywhere = bool(packed[2] > 0)
+    stop_anywhere, writing_anywhere = bool(packed[2] > 0), bool(packed[3] > 0)
     clip_grads_(params, max_norm=ctx.grad_clip, total_norm=grad_norm)
 
     if ctx.scaler.is_enabled():
@@ -120,7 +125,8 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
             ctx.optimizer.step()
     ctx.lr_schedule.step()
     ctx.optimizer.zero_grad(set_to_none=True)
-    return StepStats(loss=loss, grad_norm=grad_norm, loss_scale=scale, skipped=skipped, lr=lr, stop=stop_everywhere)
+    return StepStats(loss=loss, grad_norm=grad_norm, loss_scale=scale, skipped=skipped, lr=lr, stop=stop_anywhere,
+                     writing=writing_anywhere)
 
 
 def evaluate(ctx: StepContext, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
