@@ -69,6 +69,12 @@ def test_results_hold_every_section_and_the_report(study):
     assert zero_bubble["zbv"]["samples_per_sec"] > 0 and zero_bubble["zbv"]["bound"] == pytest.approx(2.0)
     assert "## Zero-bubble V (zbv) against the naive loop, and compiled blocks" in report
     assert any(t["target"].startswith("zbv vs naive") for t in results["targets"])
+    # Checkpoint pauses, foreground and background, timed on the same job; the checkpoints are not kept.
+    pauses = {r["mode"]: r for r in results["checkpointing"]["summary"]["pause"]}
+    assert set(pauses) == {"foreground", "background"}
+    assert all(r["saves"] == 1 and r["pause_mean_s"] > 0 for r in pauses.values())
+    assert all(r["last_mib"] >= r["early_mib"] > 0 for r in results["checkpointing"]["summary"]["steady"])
+    assert "## Checkpoint pauses and steady memory" in report and not list(out.glob("checkpoint_*/checkpoints"))
 
 
 def test_report_embeds_svg_charts_and_runs_land_in_the_hparams_tab(study):

@@ -144,6 +144,7 @@ def training_loop(
         "grad_norms": grad_norms,
         "val_losses": val_losses,
         "step_times": throughput.step_times,
+        "train_time_s": time.perf_counter() - started,  # the loop's wall time: steps, validation, checkpoint pauses
         "step_time_s": steady,
         "samples_per_sec": throughput.samples_per_sec(steady),
         "tokens_per_sec": throughput.tokens_per_sec(steady),

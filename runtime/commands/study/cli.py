@@ -21,12 +21,13 @@ import torch
 
 from runtime.commands.flags import HelpFormatter
 from runtime.commands.launch import RunResult, RunSpec, execute
-from runtime.commands.study import analysis, charts, hparams, plan, report, sharding, zero_bubble
+from runtime.commands.study import analysis, charts, checkpointing, hparams, plan, report, sharding, zero_bubble
 from runtime.commands.study.memory_search import search_max_batch
 from runtime.device import device_description, has_accelerator, select_device
 from runtime.observe.layer_timing import measure_layer_times
 
-SECTIONS = ("throughput", "memory", "scaling", "overhead", "split", "sharding", "replicate", "zero_bubble")
+SECTIONS = ("throughput", "memory", "scaling", "overhead", "split", "sharding", "replicate", "zero_bubble",
+            "checkpointing")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +91,8 @@ def main(argv: list[str]) -> int:
         "zero_bubble": zero_bubble.zero_bubble_specs(settings.zero_bubble_rounds, settings.zero_bubble_model.flags(),
                                                      steps=settings.steps + 1, compiled=settings.zero_bubble_compiled)
         if "zero_bubble" in sections and args.world >= 2 else [],
+        "checkpointing": checkpointing.checkpoint_specs(args.world, settings.checkpoint_bench, out)
+        if "checkpointing" in sections and args.world >= 2 else [],
     }
     runnable = len({plan.run_key(s) for group in specs.values() for s in group if not s.meta.get("skipped")})
     # The search decides; about 3 doublings past the start and log2(1 / resolution) bisections per precision.
@@ -171,6 +174,21 @@ def main(argv: list[str]) -> int:
             f"micro-batches of {zero_bubble.MICRO_BATCH_SIZE}, {settings.steps + 1} steps per run, "
             f"{settings.zero_bubble_rounds} alternated repetitions; samples/s pooled as the median over the steady "
             "steps of every repetition. The bound is the bubble formulas' (compiler/schedules.py).")}
+
+    if specs["checkpointing"]:
+        raw = []
+        for spec in specs["checkpointing"]:
+            raw.append(run(spec, lambda r: f"{r.summary['train_time_s']:.1f} s, pauses "
+                                           + ", ".join(f"{p:.2f}" for p in r.summary["checkpoint_pauses_s"].values())))
+            checkpointing.remove_checkpoints(out, spec)
+        bench = settings.checkpoint_bench
+        results["checkpointing"] = {"runs": raw, "summary": checkpointing.checkpoint_summary(raw), "method": (
+            f"{raw[0]['mesh']} mesh; pause runs: flags {' '.join(bench.model_flags)}, fp32, 4 micro-batches of 1, "
+            f"{bench.steps} steps, a checkpoint every {bench.every} (keep 1), {bench.rounds} alternated repetition(s). "
+            + (f"Steady-memory runs: --model tiny fp16, {bench.steady_steps} steps, background checkpoints every "
+               f"{bench.steady_every}, peak resident memory logged every {bench.steady_every} steps. "
+               if bench.steady_steps else "Peak resident memory from the pause runs. ")
+            + checkpointing.METHOD)}
 
     results["wall_time_s"] = time.monotonic() - t0
     results["targets"] = report.targets(results)  # only those of the sections that ran

@@ -9,6 +9,7 @@ from compiler.precisions import PRECISIONS as PRECISION_REGISTRY
 from models.gpt import GPT2_MLP_RATIO, MODEL_SIZES, GPTConfig
 from runtime.commands.flags import model_flags
 from runtime.commands.launch import RunSpec
+from runtime.commands.study.checkpointing import CheckpointBench
 
 # Schedules of the throughput section: (label, --schedule, virtual stages v).
 THROUGHPUT_SCHEDULES = (
@@ -78,6 +79,10 @@ class StudySettings:
     zero_bubble_compiled: bool = True  # also interleaved v=2 with --compile (the smoke study skips inductor)
     # Schedules of the split section: the looped 1F1B and the V-shaped ZB-V (its own V-aware split).
     split_schedules: tuple[str, ...] = ("1f1b", "zbv")
+    # Checkpoint pauses, foreground and background, and steady memory (study/checkpointing.py).
+    checkpoint_bench: CheckpointBench = CheckpointBench(
+        model_flags=tuple(ModelShape(2, 32, 2, 32).flags()), steps=4, every=2, rounds=1,
+        modes=("foreground", "background"), steady_steps=None)
 
 
 FULL = StudySettings(
@@ -93,6 +98,8 @@ FULL = StudySettings(
     sharding_model=dataclasses.replace(MODEL_SIZES["small"], seq_len=128), sharding_large=True,
     replicate_model=ModelShape(8, 256, 4, 128), replicate_rounds=3,
     zero_bubble_model=ModelShape(8, 256, 4, 128), zero_bubble_rounds=3,
+    checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(8, 512, 8, 32, 8192).flags()), steps=16, every=4,
+                                     rounds=2, modes=("none", "foreground", "background"), steady_steps=300),
 )
 # A smaller model, one repetition, fewer schedules and a coarse memory search: every section in ~10 minutes.
 # Fixed per-action costs dominate this model, so its speed-ups are not the targets' numbers.
@@ -105,6 +112,8 @@ QUICK = StudySettings(
     throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2", "zbv"), scaling_worlds=(1, 2, 4),
     replicate_model=ModelShape(4, 128, 4, 64), replicate_rounds=2,
     zero_bubble_model=ModelShape(8, 128, 8, 64),
+    checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(8, 512, 8, 32, 8192).flags()), steps=12, every=4,
+                                     rounds=1, modes=("none", "foreground", "background"), steady_steps=100),
 )
 # The smallest study that still exercises every section and file (the test suite runs it): the
 # schedules the timelines need, pp=2 and pp=4, meshes up to 2 ranks for scaling, one overhead pair

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.commands.study import charts, sharding, zero_bubble
+from runtime.commands.study import charts, checkpointing, sharding, zero_bubble
 from runtime.observe.profiling import CATEGORIES
 
 TARGETS = (
@@ -182,6 +182,8 @@ def render(results: dict, *, cores: int) -> str:
         lines += sharding.replicate_markdown(results["replicate"])
     if ran(results, "zero_bubble"):
         lines += zero_bubble.zero_bubble_markdown(results["zero_bubble"])
+    if ran(results, "checkpointing"):
+        lines += checkpointing.checkpoint_markdown(results["checkpointing"])
     found = conclusions(results, cores=cores)
     if found:
         lines += ["## Conclusions", ""] + [f"- {c}" for c in found] + [""]
