@@ -9,8 +9,14 @@ from runtime.commands.study import plan
 from runtime.commands.study.checkpointing import checkpoint_specs, checkpoint_summary
 
 
+def test_every_planned_run_is_a_valid_job():
+    for settings in (plan.FULL, plan.QUICK, plan.SMOKE):
+        for spec in checkpoint_specs(8, settings.checkpoint_bench, Path("study")):
+            parse_train_config(spec.args, world_size=spec.nproc)  # raises on an invalid run
+
+
 @pytest.mark.parametrize("world,mesh", [(8, (2, 2, 2)), (4, (1, 2, 2)), (2, (1, 2, 1))])
-def test_every_run_is_a_valid_job_and_only_checkpointing_flags_differ(world, mesh, tmp_path):
+def test_the_mesh_follows_the_world_and_only_checkpointing_flags_differ(world, mesh, tmp_path):
     specs = checkpoint_specs(world, plan.FULL.checkpoint_bench, tmp_path)
     pause = [s for s in specs if s.meta["kind"] == "pause"]
     assert {s.meta["mode"] for s in pause} == {"none", "foreground", "background"} and len(pause) == 6

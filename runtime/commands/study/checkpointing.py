@@ -41,6 +41,7 @@ class CheckpointBench:
     modes: tuple[str, ...]
     steady_steps: int | None  # None: no steady-memory runs (the smoke study)
     steady_every: int = 25
+    max_world: int = 8  # the smoke study times 2 ranks
 
 
 def checkpoint_dir(out: Path, run_name: str) -> Path:
@@ -48,7 +49,7 @@ def checkpoint_dir(out: Path, run_name: str) -> Path:
 
 
 def checkpoint_specs(world: int, bench: CheckpointBench, out: Path) -> list[RunSpec]:
-    dp, pp, mp = MESHES[max(w for w in MESHES if w <= world)]
+    dp, pp, mp = MESHES[max(w for w in MESHES if w <= min(world, bench.max_world))]
     mesh = ["--dp", str(dp), "--pp", str(pp), "--mp", str(mp)]
     nproc = dp * pp * mp
     specs = []

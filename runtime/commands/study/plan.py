@@ -81,8 +81,8 @@ class StudySettings:
     split_schedules: tuple[str, ...] = ("1f1b", "zbv")
     # Checkpoint pauses, foreground and background, and steady memory (study/checkpointing.py).
     checkpoint_bench: CheckpointBench = CheckpointBench(
-        model_flags=tuple(ModelShape(2, 32, 2, 32).flags()), steps=4, every=2, rounds=1,
-        modes=("foreground", "background"), steady_steps=None)
+        model_flags=tuple(ModelShape(4, 32, 2, 32).flags()), steps=4, every=2, rounds=1,
+        modes=("foreground", "background"), steady_steps=None, max_world=2)
 
 
 FULL = StudySettings(
