@@ -55,4 +55,5 @@ def test_the_last_save_is_left_out_and_times_are_against_the_same_repetition():
     assert rows["none"]["pause_mean_s"] is None and rows["none"]["train_time_vs_none"] == 1.0
     # Memory from step 50 (past warm-up allocations) to the last logged step.
     first = next(r for r in s["steady"] if r["name"] == "pause_none_r0")
-    assert (first["early_step"], first["last_step"], first["growth_mib"]) == (50, 300, pytest.approx(1.0))
+    assert (first["early_step"], first["middle_step"], first["last_step"]) == (50, 50, 300)
+    assert first["growth_mib"] == pytest.approx(1.0) and first["second_half_growth_mib"] == pytest.approx(1.0)
