@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from runtime.commands.launch import run_process
+from runtime.commands.train import check_inputs, train
+from runtime.device import configure_cpu_threads, select_device
 from runtime.distributed import spawn
+from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,6 +51,19 @@ def spawn_ranks(fn: Callable[..., Any], *, world_size: int, args: tuple = (), ti
         spawn.spawn_ranks(fn, world_size=world_size, args=args, timeout=timeout)
     except spawn.SpawnError as e:
         raise AssertionError(str(e)) from None
+
+
+def train_each(argvs: list[list[str]]) -> None:
+    """One rank of a spawned job (``spawn_ranks``): join the process group once, then train every argv in
+    turn the way run.py does (a launch of 8 ranks on 2 cores costs more than a tiny model's few steps)."""
+    env = LaunchEnv.from_environ()
+    device = select_device(env.local_rank)
+    configure_cpu_threads(env.local_world_size)
+    init_distributed(env, device)
+    for argv in argvs:
+        cfg, data, start = check_inputs(argv, env)
+        train(cfg, data, start, env=env, device=device)
+    shutdown_distributed()
 
 
 def check_clean_failure(nproc: int, flags: list[str], words: list[str], *, max_seconds: float = 45) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ from compiler.planner.cluster import load_cluster
 from compiler.planner.search import CostTable, estimate
 from runtime.commands.flags import default_config, parse_train_config
 from runtime.config import plan_error
-from tests.launch import torchrun
+from tests.launch import spawn_ranks, train_each
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
 
@@ -41,19 +42,47 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("plan", CASES, ids=[c.describe().replace(" ", "_") for c in CASES])
-def test_memory_model_matches_measured_peak(tmp_path, plan):
+def _flags(plan: Candidate) -> list[str]:
+    return [*MODEL, *plan.flags()]
+
+
+def _case_id(plan: Candidate) -> str:
+    return plan.describe().replace(" ", "_")
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
+    """Case id -> (its logdir, the error of its job or None): one spawned job per world size trains its
+    cases in turn (the peak is measured per step, from that run's own tensors and allocations)."""
+    root = tmp_path_factory.mktemp("memory_model")
+    by_world: dict[int, list[Candidate]] = {}
+    for plan in CASES:
+        by_world.setdefault(plan.dp * plan.pp * plan.mp, []).append(plan)
+    out = {}
+    for world, plans in by_world.items():
+        argvs = [[*_flags(p), "--data", "synthetic", "--steps", "2", "--eval-every", "0", "--eval-batches", "1",
+                  "--peak-tflops", "1", "--profile-memory", "--logdir", str(root / _case_id(p))] for p in plans]
+        try:
+            spawn_ranks(train_each, world_size=world, args=(argvs,), timeout=60 + 90 * len(plans))
+            error = None
+        except AssertionError as e:
+            error = f"the {world}-rank job failed:\n{str(e)[-4000:]}"
+        out.update({_case_id(p): (root / _case_id(p), error) for p in plans})
+    return out
+
+
+@pytest.mark.parametrize("plan", CASES, ids=[_case_id(c) for c in CASES])
+def test_memory_model_matches_measured_peak(measured, plan):
     world = plan.dp * plan.pp * plan.mp
-    flags = [*MODEL, *plan.flags()]
-    result = torchrun([*flags, "--data", "synthetic", "--steps", "2", "--eval-every", "0", "--eval-batches", "1",
-                       "--peak-tflops", "1", "--profile-memory", "--logdir", str(tmp_path)], nproc=world, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    measured = json.loads((tmp_path / "summary.json").read_text())["peak_tensor_bytes"]
+    flags = _flags(plan)
+    logdir, error = measured[_case_id(plan)]
+    assert error is None, error
+    peak = json.loads((logdir / "summary.json").read_text())["peak_tensor_bytes"]
 
     cfg = parse_train_config(flags, world_size=world).model
     cluster = dataclasses.replace(load_cluster("cpu-2core"), memory_per_node=2**40)
     base = default_config(cfg)
     predicted = estimate(plan, cfg=cfg, cluster=cluster, costs=CostTable(cfg), validate=lambda c: plan_error(base, c),
                          model_flops_per_token=training_flops_per_token(cfg)).memory_per_rank
-    print(f"{plan.describe()}: predicted {predicted / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB")
-    assert predicted == pytest.approx(measured, rel=TOLERANCE), f"predicted {predicted / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB"
+    print(f"{plan.describe()}: predicted {predicted / 2**20:.1f} MiB, measured {peak / 2**20:.1f} MiB")
+    assert predicted == pytest.approx(peak, rel=TOLERANCE), f"predicted {predicted / 2**20:.1f} MiB, measured {peak / 2**20:.1f} MiB"

@@ -12,10 +12,7 @@ from torch.distributed.tensor import DTensor
 
 from models.gpt import TIED_WEIGHTS
 from runtime.commands.flags import parse_train_config
-from runtime.commands.train import check_inputs, train
-from runtime.device import configure_cpu_threads, select_device
-from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
-from tests.launch import spawn_ranks
+from tests.launch import spawn_ranks, train_each
 from tests.reference import train_reference
 from tests.step_hook import after_backward
 
@@ -72,19 +69,6 @@ def _case_id(case) -> str:
 CASES_BY_ID = {_case_id(c): c for c in CASES}
 
 
-def _train_cases(argvs: list[list[str]]) -> None:
-    """One rank of a spawned job: join the process group once, then train every case in turn the way
-    run.py does (a launch of 8 ranks on 2 cores costs more than a tiny model's three steps)."""
-    env = LaunchEnv.from_environ()
-    device = select_device(env.local_rank)
-    configure_cpu_threads(env.local_world_size)
-    init_distributed(env, device)
-    for argv in argvs:
-        cfg, data, start = check_inputs(argv, env)
-        train(cfg, data, start, env=env, device=device)
-    shutdown_distributed()
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
     """Case id -> (its logdir, the error of its job or None): one spawned job per world size."""
@@ -97,7 +81,7 @@ def trained(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
     for world, ids in by_world.items():
         argvs = [_args(*CASES_BY_ID[i], root / i) for i in ids]
         try:
-            spawn_ranks(_train_cases, world_size=world, args=(argvs,), timeout=60 + 90 * len(ids))
+            spawn_ranks(train_each, world_size=world, args=(argvs,), timeout=60 + 90 * len(ids))
             error = None
         except AssertionError as e:
             error = f"the {world}-rank job of cases {ids} failed:\n{str(e)[-4000:]}"

@@ -174,8 +174,8 @@ class Checkpointer:
 
     def save(self, step: int, *, wait: bool = False) -> None:
         """Save the state after ``step``; ``wait``: publish it before returning (the run's last save)."""
+        self.finish()  # one save at a time: a write still in flight is waited for (counted as its pause)
         start = time.perf_counter()
-        self.finish()  # one save at a time: a write still in flight is waited for
         self.pending = begin_save(self.state, directory=self.directory, step=step, keep=self.keep, group=self.group)
         self.pauses[step] = time.perf_counter() - start
         if self.group is None or wait:
