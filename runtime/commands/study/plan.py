@@ -112,8 +112,8 @@ QUICK = StudySettings(
     throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2", "zbv"), scaling_worlds=(1, 2, 4),
     replicate_model=ModelShape(4, 128, 4, 64), replicate_rounds=2,
     zero_bubble_model=ModelShape(8, 128, 8, 64),
-    checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(8, 512, 8, 32, 8192).flags()), steps=12, every=4,
-                                     rounds=1, modes=("none", "foreground", "background"), steady_steps=100),
+    checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(4, 256, 4, 32, 4096).flags()), steps=8, every=4,
+                                     rounds=1, modes=("none", "foreground", "background"), steady_steps=None),
 )
 # The smallest study that still exercises every section and file (the test suite runs it): the
 # schedules the timelines need, pp=2 and pp=4, meshes up to 2 ranks for scaling, one overhead pair
