@@ -23,6 +23,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -105,11 +106,8 @@ def finish_save(pending: PendingSave) -> Path:
         share, failure = {}, failure_summary(e)
     reports = all_gather_objects((failure, share))
     failures = [f for f, _ in reports if f]
-    where = f"the checkpoint of step {pending.step} in {pending.directory}"
     if failures:
-        if rank == 0:
-            _remove(pending.tmp)
-        raise CheckpointError(f"could not save {where}: {failures[0]}; {_previous(pending.directory)}")
+        _abandon(pending, failures[0])
     digests = {name: d for _, part in reports for name, d in part.items()}
 
     def manifest_and_publish() -> None:
@@ -119,15 +117,16 @@ def finish_save(pending: PendingSave) -> Path:
     try:
         agree(manifest_and_publish if rank == 0 else (lambda: None), what=f"publish {pending.tmp}")
     except CheckpointError as e:
-        if rank == 0:
-            _remove(pending.tmp)
-        raise CheckpointError(f"could not save {where}: {e}; {_previous(pending.directory)}") from None
+        _abandon(pending, str(e))
     return step_folder(pending.directory, pending.step)
 
 
-def save_checkpoint(state: TrainState, *, directory: Path, step: int, keep: int) -> Path:
-    """Write the state after ``step`` steps to DIR/step-N, atomically; returns the published folder."""
-    return finish_save(begin_save(state, directory=directory, step=step, keep=keep))
+def _abandon(pending: PendingSave, reason: str) -> NoReturn:
+    """Every rank: remove the temporary folder (rank 0) and raise the same error naming what is left."""
+    if dist.get_rank() == 0:
+        _remove(pending.tmp)
+    raise CheckpointError(f"could not save the checkpoint of step {pending.step} in {pending.directory}: {reason}; "
+                          f"{_previous(pending.directory)}")
 
 
 def _fresh_folder(path: Path) -> None:

@@ -23,7 +23,8 @@ _LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 # (function in the traceback, what the rank was doing, whose ranks it waited on)
 _ACTIVITIES = (
-    ("save_checkpoint", "saving a checkpoint", "world"),
+    ("begin_save", "saving a checkpoint", "world"),
+    ("finish_save", "publishing a checkpoint", "world"),
     ("evaluate", "validation through the pipeline", "pp"),
     ("_optimizer_step", "the step's all-reduce of the gradient norm and loss", "world"),
     ("unscale_", "the fp16 overflow vote", "world"),
