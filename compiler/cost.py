@@ -29,7 +29,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from compiler.precisions import PRECISIONS
-from models.gpt import GPT, Block, GPTConfig
+from models import spec_of
+from models.spec import COLWISE, FINAL_NORM, LM_HEAD, ROWWISE, TOKEN_EMBEDDING
 
 
 def _cpu_attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -58,54 +59,67 @@ class LayerCost:
     seconds: float | None = None  # measured forward + backward time, in time mode
 
 
-def layer_costs(cfg: GPTConfig, *, micro_batch_size: int, precision: str = "fp32", mp: int = 1) -> list[LayerCost]:
-    """Costs of [embedding, block 0, ..., block L-1, head], in model order."""
+def layer_costs(cfg, *, micro_batch_size: int, precision: str = "fp32", mp: int = 1) -> list[LayerCost]:
+    """Costs of [embedding, block 0, ..., block L-1, head], in model order, for any registered family."""
+    spec = spec_of(cfg)
     with FakeTensorMode():
-        model = GPT(replace(cfg, n_layers=1))
-        model.layers["0"] = tensor_parallel_shard(model.layers["0"], mp)
+        model = spec.build(replace(cfg, n_layers=1))
+        model.layers["0"] = tensor_parallel_shard(model.layers["0"], spec.block_tp_plan, mp)
         vocabulary_parallel_shard(model, mp)
-        forwards = layer_group_forwards(model, micro_batch_size=micro_batch_size, device=torch.device("cpu"))
-        embed = _profile("embedding", forwards["embedding"], [model.tok_emb, model.pos_emb], precision)
+        forwards = layer_group_forwards(model, seq_len=cfg.seq_len, micro_batch_size=micro_batch_size,
+                                        device=torch.device("cpu"))
+        groups = layer_group_modules(model)
+        embed = _profile("embedding", forwards["embedding"], groups["embedding"], precision)
         blk = _profile("block", forwards["block"], [model.layers["0"]], precision)
-        head = _profile("head", forwards["head"], [model.norm, model.head], precision)
+        head = _profile("head", forwards["head"], groups["head"], precision)
     return [embed, *(replace(blk, name=f"layers.{i}") for i in range(cfg.n_layers)), head]
 
 
-def layer_group_forwards(model: GPT, *, micro_batch_size: int, device: torch.device) -> dict:
+def layer_group_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
+    """The head group (the final norm and the head: what the last stage holds after its blocks) and the
+    embedding group (every other top-level module but the blocks)."""
+    ends = (FINAL_NORM, LM_HEAD)
+    return {"embedding": [m for n, m in model.named_children() if n not in (*ends, "layers")],
+            "head": [m for n, m in model.named_children() if n in ends]}
+
+
+def layer_group_forwards(model: nn.Module, *, seq_len: int, micro_batch_size: int, device: torch.device) -> dict:
     """Forward of each layer group as its pipeline stage runs it, returning what backward starts from.
     The head's includes the loss (the last stage computes it): at a large vocabulary the softmax over
     [micro-batch x seq, vocab] logits is a large share of the head's time but no matmul FLOPs."""
-    seq_len, d_model = model.pos_emb.num_embeddings, model.pos_emb.embedding_dim
-    tokens = torch.randint(0, model.tok_emb.num_embeddings, (micro_batch_size, seq_len), device=device)  # [b, t]
-    hidden = torch.randn(micro_batch_size, seq_len, d_model, device=device, requires_grad=True)  # [b, t, d]
+    table = getattr(model, TOKEN_EMBEDDING)
+    tokens = torch.randint(0, table.num_embeddings, (micro_batch_size, seq_len), device=device)  # [b, t]
+    hidden = torch.randn(micro_batch_size, seq_len, table.embedding_dim, device=device, requires_grad=True)  # [b, t, d]
     return {
-        "embedding": lambda: model.tok_emb(tokens) + model.pos_emb.weight[:seq_len],
+        "embedding": lambda: model.embed(tokens),
         "block": lambda: model.layers["0"](hidden),
-        "head": lambda: F.cross_entropy(model.head(model.norm(hidden)).float().flatten(0, 1), tokens.flatten()),
+        "head": lambda: F.cross_entropy(model.logits(hidden).float().flatten(0, 1), tokens.flatten()),
     }
 
 
-def tensor_parallel_shard(block: Block, mp: int) -> Block:
-    """The part of a block one of ``mp`` tensor-parallel ranks computes (Megatron layout)."""
+def tensor_parallel_shard(block: nn.Module, plan: dict[str, str], mp: int) -> nn.Module:
+    """The part of a block one of ``mp`` tensor-parallel ranks computes, following the family's plan:
+    a column-parallel linear keeps 1/mp of its output features, a row-parallel one 1/mp of its inputs."""
     if mp == 1:
         return block
-    d = block.attn.o.out_features
-    width = block.mlp.up.out_features
-    block.attn.qkv = nn.Linear(d, 3 * d // mp)
-    block.attn.o = nn.Linear(d // mp, d)
-    block.mlp.up = nn.Linear(d, width // mp)
-    block.mlp.down = nn.Linear(width // mp, d)
+    for name, style in plan.items():
+        if style not in (COLWISE, ROWWISE):
+            continue
+        linear = block.get_submodule(name)
+        features = ((linear.in_features, linear.out_features // mp) if style == COLWISE
+                    else (linear.in_features // mp, linear.out_features))
+        block.set_submodule(name, nn.Linear(*features, bias=linear.bias is not None))
     return block
 
 
-def vocabulary_parallel_shard(model: GPT, mp: int) -> None:
+def vocabulary_parallel_shard(model: nn.Module, mp: int) -> None:
     """The rows of the token embedding and of the head one of ``mp`` ranks holds (the largest shard)."""
     if mp == 1:
         return
-    rows = -(-model.tok_emb.num_embeddings // mp)
-    d = model.tok_emb.embedding_dim
-    model.tok_emb = nn.Embedding(rows, d)
-    model.head = nn.Linear(d, rows, bias=model.head.bias is not None)
+    table, head = getattr(model, TOKEN_EMBEDDING), getattr(model, LM_HEAD)
+    rows = -(-table.num_embeddings // mp)
+    setattr(model, TOKEN_EMBEDDING, nn.Embedding(rows, table.embedding_dim))
+    setattr(model, LM_HEAD, nn.Linear(head.in_features, rows, bias=head.bias is not None))
 
 
 def _profile(name: str, forward, modules: list[nn.Module], precision: str) -> LayerCost:

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 from compiler.cost import layer_costs
 from compiler.partition import layer_split, parse_split, rank_costs, stage_costs_with_ends
-from models.gpt import GPTConfig
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,7 @@ class StagePlan:
         return "\n".join(lines)
 
 
-def plan_stages(cfg: GPTConfig, *, n_stages: int, micro_batch_size: int, split: str, precision: str = "fp32",
+def plan_stages(cfg, *, n_stages: int, micro_batch_size: int, split: str, precision: str = "fp32",
                 mp: int = 1, layer_seconds: list[float] | None = None, placement: str = "loop") -> StagePlan:
     """Blocks per stage for ``--split``. ``auto`` balances counted FLOPs, or ``layer_seconds`` (measured
     forward + backward of [embedding, block 0, ..., block L-1, norm + head]) when given."""

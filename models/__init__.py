@@ -1,4 +1,85 @@
-from models.gpt import GPT, MODEL_SIZES, GPTConfig, build_gpt, init_weights, initial_value
-from models.tp_plan import GPT_BLOCK_TP_PLAN
+"""The model families, one registry entry each; everything outside ``models/`` goes through here.
 
-__all__ = ["GPT", "GPTConfig", "MODEL_SIZES", "build_gpt", "init_weights", "initial_value", "GPT_BLOCK_TP_PLAN"]
+Adding a family is one folder exporting a ``ModelSpec`` (models/spec.py) and one entry in ``FAMILIES``.
+A config names its family (``cfg.family``), so ``spec_of(cfg)`` finds everything else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import nn
+
+from models import gpt2
+from models.spec import ModelSpec
+
+FAMILIES: dict[str, ModelSpec] = {spec.family: spec for spec in (gpt2.SPEC,)}
+
+# Every named size of every family: the ``--model`` choices.
+MODEL_NAMES: dict[str, tuple[ModelSpec, Any]] = {
+    name: (spec, cfg) for spec in FAMILIES.values() for name, cfg in spec.sizes.items()}
+assert len(MODEL_NAMES) == sum(len(s.sizes) for s in FAMILIES.values()), "two families name a size alike"
+
+
+def spec_of(cfg: Any) -> ModelSpec:
+    return FAMILIES[cfg.family]
+
+
+def named_config(name: str, **overrides: Any) -> Any:
+    """The config of size ``name`` (a ``--model`` choice) with flag-style overrides (``n_layers=...``)."""
+    spec, base = MODEL_NAMES[name]
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return spec.with_overrides(base, **given) if given else base
+
+
+def config_to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def config_from_dict(d: dict) -> Any:
+    """The inverse of ``config_to_dict`` (checkpoint manifests record it); a dict without a family is GPT-2,
+    as every checkpoint written before families existed."""
+    d = dict(d)
+    spec = FAMILIES[d.pop("family", "gpt2")]
+    return spec.config_from_dict(d) if spec.config_from_dict else spec.config_type(**d)
+
+
+def build_model(cfg: Any, *, seed: int, device: torch.device | str = "cpu") -> nn.Module:
+    """The whole model with its name-seeded initial values (the single-process reference, the plain loop)."""
+    spec = spec_of(cfg)
+    with torch.device(device):
+        model = spec.build(cfg)
+    init_weights(model, seed=seed, cfg=cfg)
+    return model
+
+
+def init_weights(model: nn.Module, *, seed: int, cfg: Any) -> None:
+    """Initialise every parameter of ``model`` (the whole model or a part keeping its names)."""
+    initial_value = spec_of(cfg).initial_value
+    for name, param in model.named_parameters():
+        value = initial_value(name, tuple(param.shape), seed=seed, cfg=cfg)
+        with torch.no_grad():
+            param.copy_(value.to(dtype=param.dtype, device=param.device))
+
+
+def parameter_count(cfg: Any) -> int:
+    """Parameters of the model, a tied weight counted once (GPT-2 small: 124,439,808)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in spec_of(cfg).build(cfg).parameters())
+
+
+def parameter_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
+    """Every parameter name the engine keeps (a tied head copy included) and its shape."""
+    with torch.device("meta"):
+        model = spec_of(cfg).build(cfg, share_tied_weights=False)
+        return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
+
+def flops_per_token(cfg: Any) -> float:
+    return spec_of(cfg).flops_per_token(cfg)
+
+
+__all__ = ["FAMILIES", "MODEL_NAMES", "ModelSpec", "build_model", "config_from_dict", "config_to_dict",
+           "flops_per_token", "init_weights", "named_config", "parameter_count", "parameter_shapes", "spec_of"]

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from compiler.partition import parse_split
 from compiler.planner.candidates import Candidate, meshes
 from compiler.schedules import SCHEDULES
-from models.gpt import GPTConfig
+from models import spec_of
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 
@@ -103,7 +104,7 @@ class GuardConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     model_name: str
-    model: GPTConfig
+    model: Any  # the family's config dataclass (models/: cfg.family names the family)
     mesh: MeshShape
     data_parallel: DataParallelConfig
     pipeline: PipelineConfig
@@ -185,19 +186,11 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
-def _check_model(model: GPTConfig, mesh: MeshShape) -> None:
-    if model.d_model % model.n_heads:
-        raise ConfigError(f"--heads {model.n_heads} must divide --d-model {model.d_model}; "
-                          f"valid --heads values: {_divisors(model.d_model)}")
-    if model.d_model % mesh.mp:
-        raise ConfigError(f"--mp {mesh.mp} must divide --d-model {model.d_model}; "
-                          f"valid --mp values: {_divisors(model.d_model)}")
-    if model.n_heads % mesh.mp:
-        raise ConfigError(f"--mp {mesh.mp} must divide the head count (--heads {model.n_heads}); "
-                          f"valid --mp values: {_divisors(model.n_heads)}")
-    if model.mlp_width % mesh.mp:
-        raise ConfigError(f"--mp {mesh.mp} must divide the MLP width (--mlp-width {model.mlp_width}); "
-                          f"valid --mp values: {_divisors(model.mlp_width)}")
+def _check_model(model: Any, mesh: MeshShape) -> None:
+    """The model family's own checks (heads, kv heads, widths against --mp), one line naming the flag."""
+    problem = spec_of(model).check(model, mesh.mp)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _check_data_parallel(dp: DataParallelConfig, mesh: MeshShape) -> None:
@@ -213,7 +206,7 @@ def _check_data_parallel(dp: DataParallelConfig, mesh: MeshShape) -> None:
                           "them whole; use --dp-shard > 1")
 
 
-def _check_pipeline(pipeline: PipelineConfig, model: GPTConfig, mesh: MeshShape) -> None:
+def _check_pipeline(pipeline: PipelineConfig, model: Any, mesh: MeshShape) -> None:
     v, m, pp, name = pipeline.stages_per_rank, pipeline.microbatches, mesh.pp, pipeline.schedule
     spec = SCHEDULES[name]
     if spec.placement == "v" and pp < 2:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models.gpt import build_gpt
+from models import build_model
 from runtime.config import TrainConfig
 from runtime.engine.data import build_data, inputs_and_targets
 from runtime.engine.optim import build_lr_schedule, build_optimizer
@@ -28,7 +28,7 @@ def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
     torch.manual_seed(cfg.seed)
     data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
                       global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
-    model = build_gpt(cfg.model, seed=cfg.seed)
+    model = build_model(cfg.model, seed=cfg.seed)
     optimizer = build_optimizer(list(model.parameters()), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
     run = ReferenceRun([], [], {})

@@ -99,6 +99,28 @@ def test_imports_only_go_down_the_layers():
     assert not upward, "\n".join(upward)
 
 
+def family_modules(modules) -> set[str]:
+    """The modules of model families (models/<family>/...): everything in models/ but the registry and the
+    spec protocol, which is all the rest of the code may import."""
+    return {m for m in modules if m.startswith("models.") and m not in ("models.spec",)}
+
+
+def test_nothing_outside_models_imports_a_family_module():
+    graph = import_graph()
+    families = family_modules(graph)
+    assert families, "no model family modules found"
+    leaks = [f"{a} imports {b}" for a, targets in graph.items() if not a.startswith("models")
+             for b in sorted(targets & families)]
+    assert not leaks, "import the registry (models) or the protocol (models.spec) instead:\n" + "\n".join(leaks)
+
+
+def test_every_family_folder_is_registered():
+    from models import FAMILIES
+
+    folders = {p.name for p in (ROOT / "models").iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(FAMILIES), "a family is one folder of models/ and one registry entry"
+
+
 def test_no_import_cycles():
     assert cycles(import_graph()) == []
 
@@ -111,7 +133,7 @@ def test_the_checks_see_imports_inside_functions_and_cycles(tmp_path):
     assert imports_of(source, modules) == {"runtime.engine.step", "compiler.partition"}
     # ... and the cycle finder must report a cycle when there is one.
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert layer("runtime.commands.study.cli") > layer("runtime.engine.step") > layer("compiler.cost") > layer("models.gpt")
+    assert layer("runtime.commands.study.cli") > layer("runtime.engine.step") > layer("compiler.cost") > layer("models.spec")
 
 
 def test_modules_stay_small():

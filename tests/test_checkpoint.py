@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from models.gpt import GPT
+from models import spec_of
 from runtime.checkpoint.files import read_checkpoint, read_dcp_metadata, verify_files
 from runtime.commands.flags import parse_train_config
 from runtime.engine.data import build_data, inputs_and_targets
@@ -154,7 +154,7 @@ def test_export_writes_full_tensors_that_start_a_run_on_another_mesh(runs, tmp_p
     result = python_run(["export", "--checkpoint", str(runs.root / "b" / "step-000010"), "--out", str(out)], timeout=120)
     assert result.returncode == 0, result.stderr
     cfg = parse_train_config([*_mesh(1, 2, 1), *COMMON], world_size=2)
-    model = GPT(cfg.model)
+    model = spec_of(cfg.model).build(cfg.model)
     model.load_state_dict(torch.load(out, weights_only=True))  # strict: every name, every shape
 
     # The first step from the export on a 1x2x1 mesh sees exactly these weights: its loss is their loss.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch.distributed.checkpoint as dcp
 
-from models.gpt import MODEL_SIZES, build_gpt
+from models import build_model, named_config
 from runtime.checkpoint.files import (
     CheckpointError,
     PartialCheckpointError,
@@ -33,7 +33,7 @@ from runtime.commands.flags import parse_train_config
 # dcp.save without a process group says so once per save; that is what these tests intend.
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
-TINY = dataclasses.replace(MODEL_SIZES["tiny"], seq_len=32)
+TINY = named_config("tiny", seq_len=32)
 
 
 def _config(*flags) -> dict:
@@ -43,7 +43,7 @@ def _config(*flags) -> dict:
 def _save(directory: Path, step: int, *, keep: int = 3, model=TINY) -> Path:
     """A checkpoint laid out as runtime/checkpoint.py writes one, from a single process."""
     tmp = tmp_folder(directory, step)
-    weights = {name: p.detach() for name, p in build_gpt(model, seed=step).named_parameters(remove_duplicate=False)}
+    weights = {name: p.detach() for name, p in build_model(model, seed=step).named_parameters(remove_duplicate=False)}
     dcp.save({"model": weights}, checkpoint_id=tmp, no_dist=True)
     files = {p.name: describe_file(p) for p in tmp.iterdir()}
     config = _config() if model == TINY else _config("--d-model", str(model.d_model))

@@ -12,14 +12,14 @@ from compiler.parallelize.activation_checkpointing import apply_ac
 from compiler.parallelize.compile import apply_compile
 from compiler.parallelize.tensor_parallel import block_names, restore_linear_modules
 from compiler.trace import trace_pipeline
-from models.gpt import MODEL_SIZES, build_gpt
+from models import build_model, named_config
 
 # More blocks on one stage than dynamo's default recompile limit (8): none may fall back to eager.
-CFG = dataclasses.replace(MODEL_SIZES["tiny"], n_layers=10, d_model=32, n_heads=2, mlp_width=64, tie_embeddings=False)
+CFG = named_config("tiny", n_layers=10, d_model=32, n_heads=2, mlp_width=64, tie_embeddings=False)
 
 
 def _stage(seed: int, tokens: torch.Tensor, *, checkpointed: bool):
-    model = build_gpt(CFG, seed=seed)
+    model = build_model(CFG, seed=seed)
     stage = trace_pipeline(model, example_microbatch=tokens, blocks_per_stage=[CFG.n_layers]).get_stage_module(0)
     restore_linear_modules(stage, model)
     return apply_ac(stage) if checkpointed else stage

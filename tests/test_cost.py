@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from compiler.cost import layer_costs
-from models.gpt import MODEL_SIZES, GPTConfig
+from models import named_config, spec_of
 from runtime.observe.layer_timing import measure_layer_times
 
-CFG = GPTConfig(n_layers=3, d_model=64, n_heads=4, seq_len=32, vocab_size=512, mlp_width=256)
+CFG = named_config("tiny", n_layers=3, d_model=64, n_heads=4, seq_len=32, vocab_size=512, mlp_width=256)
 
 
 def test_block_flops_match_the_matmul_count():
@@ -23,9 +23,7 @@ def test_block_flops_match_the_matmul_count():
 
 
 def _block():
-    from models.gpt import Block
-
-    return Block(CFG)
+    return spec_of(CFG).build(CFG).layers["0"]
 
 
 def test_tensor_parallel_shard_divides_matmul_flops_and_params():
@@ -49,10 +47,10 @@ def test_costs_scale_linearly_with_the_micro_batch():
 
 
 def test_measured_time_mode_times_every_group():
-    costs = measure_layer_times(MODEL_SIZES["tiny"], micro_batch_size=2, precision="fp32", device=torch.device("cpu"),
+    costs = measure_layer_times(named_config("tiny"), micro_batch_size=2, precision="fp32", device=torch.device("cpu"),
                                 repeats=1)
     assert all(c.seconds and c.seconds > 0 for c in costs)
-    assert len(costs) == MODEL_SIZES["tiny"].n_layers + 2  # embedding, blocks, head
+    assert len(costs) == named_config("tiny").n_layers + 2  # embedding, blocks, head
 
 
 def test_measured_time_mode_times_the_head_with_its_loss(monkeypatch):
@@ -66,6 +64,6 @@ def test_measured_time_mode_times_the_head_with_its_loss(monkeypatch):
         return float(len(shapes))
 
     monkeypatch.setattr("runtime.observe.layer_timing._time_fwd_bwd", record_shape)
-    cfg = MODEL_SIZES["tiny"]
+    cfg = named_config("tiny")
     measure_layer_times(cfg, micro_batch_size=2, precision="fp32", device=torch.device("cpu"))
     assert shapes == {0: (2, cfg.seq_len, cfg.d_model), 1: (2, cfg.seq_len, cfg.d_model), 2: ()}

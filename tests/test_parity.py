@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from models.gpt import TIED_WEIGHTS
+from models.spec import TIED_EMBEDDINGS
 from runtime.commands.flags import parse_train_config
 from tests.launch import spawn_ranks, train_each
 from tests.reference import train_reference
@@ -132,7 +132,7 @@ def test_gradients_match_single_process_on_3d_mesh(tmp_path):
     seen: dict[str, torch.Tensor] = {}
     for rank in range(8):
         for name, grad in torch.load(tmp_path / f"grads_rank{rank}.pt").items():
-            name = TIED_WEIGHTS.get(name, name)  # the head's copy of the tied embedding holds its gradient too
+            name = TIED_EMBEDDINGS.get(name, name)  # the head's copy of the tied embedding holds its gradient too
             if name in seen:  # dp and mp peers, and a tied weight's copies, hold the same full gradient
                 torch.testing.assert_close(grad, seen[name], rtol=0, atol=0)
             seen[name] = grad

@@ -20,7 +20,7 @@ from compiler.partition import (
     v_balanced_split,
 )
 from compiler.stage_plan import plan_stages
-from models.gpt import MODEL_SIZES, GPTConfig
+from models import named_config
 
 
 def _brute_force(costs, n_stages):
@@ -110,7 +110,7 @@ def test_v_split_pairs_a_heavy_head_with_a_light_first_stage():
 
 def test_heavy_head_gets_a_stage_of_its_own():
     # Vocabulary 32k at d 256: the head costs about 10 blocks, so at pp = 4 it is best left alone.
-    cfg = GPTConfig(n_layers=8, d_model=256, n_heads=4, seq_len=128, vocab_size=32000, mlp_width=1024)
+    cfg = named_config("tiny", n_layers=8, d_model=256, n_heads=4, seq_len=128, vocab_size=32000, mlp_width=1024)
     plan = plan_stages(cfg, n_stages=4, micro_batch_size=4, split="auto")
     uniform = plan_stages(cfg, n_stages=4, micro_batch_size=4, split="uniform")
     assert plan.blocks_per_stage[-1] == 0 and sum(plan.blocks_per_stage) == 8
@@ -119,7 +119,7 @@ def test_heavy_head_gets_a_stage_of_its_own():
 
 
 def test_costs_count_embedding_and_head():
-    costs = layer_costs(MODEL_SIZES["tiny"], micro_batch_size=2)
+    costs = layer_costs(named_config("tiny"), micro_batch_size=2)
     assert [c.name for c in costs] == ["embedding", "layers.0", "layers.1", "layers.2", "layers.3", "head"]
     flops = [c.flops for c in costs]
     assert stage_costs_with_ends(flops, [2, 2]) == [sum(flops[:3]), sum(flops[3:])]

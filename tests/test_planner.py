@@ -12,12 +12,12 @@ from compiler.planner.cluster import Link, load_cluster, preset_names
 from compiler.planner.memory_model import DataParallelLayout, in_flight_stage_microbatches, weight_memory
 from compiler.planner.search import CostTable, estimate
 from compiler.planner.time_model import all_gather_time, all_reduce_time
-from models.gpt import MODEL_SIZES
+from models import MODEL_NAMES, named_config
 from runtime.commands.flags import default_config
 from runtime.config import plan_error
 from runtime.planning import rank_plans
 
-TINY = default_config(MODEL_SIZES["tiny"])
+TINY = default_config(named_config("tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_presets_load():
 
 def test_gpu_presets_prefer_tensor_cores_and_fit_a_large_model():
     h100 = load_cluster("h100-80gb-x8-nvlink")
-    plans = rank_plans(default_config(MODEL_SIZES["large"]), world=8, global_batch_size=32, cluster=h100,
+    plans = rank_plans(default_config(named_config("large")), world=8, global_batch_size=32, cluster=h100,
                        precisions=("fp32", "bf16"))
     best = plans[0]
     assert best.feasible and best.candidate.precision == "bf16"
@@ -129,7 +129,7 @@ def test_dp_modes_are_planned_and_accepted():
 
 
 def test_vocabulary_parallel_costs_shard_the_embedding_and_head():
-    cfg = MODEL_SIZES["small"]
+    cfg = named_config("small")
     whole, half = (layer_costs(cfg, micro_batch_size=1, mp=mp) for mp in (1, 2))
     rows = -(-cfg.vocab_size // 2)
     assert half[0].params == rows * cfg.d_model + cfg.seq_len * cfg.d_model

@@ -34,11 +34,11 @@ def _build_and_measure(out_dir: str) -> None:
     from compiler.parallelize.stages import StageMeshes, build_local_stages
     from compiler.partition import uniform_split
     from compiler.schedules import SCHEDULES
-    from models.gpt import GPTConfig, initial_value
+    from models import config_from_dict, spec_of
     from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
 
     dist.init_process_group("gloo")
-    cfg = GPTConfig(**MODEL)
+    cfg = config_from_dict(MODEL)
     layout = GridLayout(1, PP, 1)
     mesh = build_mesh("cpu", layout)
     _, pp_rank, _ = layout.coordinates(dist.get_rank())
@@ -48,7 +48,7 @@ def _build_and_measure(out_dir: str) -> None:
         stage_indices=SCHEDULES["1f1b"].stage_indices(pp_rank, pp=PP, stages_per_rank=1), micro_batch_size=1,
         meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout)),
         device=torch.device("cpu"), activation_checkpointing=False, data_parallel=DataParallelOptions(),
-        initial_value=functools.partial(initial_value, seed=0, n_layers=cfg.n_layers, tied=cfg.tie_embeddings))
+        initial_value=functools.partial(spec_of(cfg).initial_value, seed=0, cfg=cfg))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
     held = sum(p.numel() * p.element_size() for p in stages.parameters())
     with open(f"{out_dir}/rank{dist.get_rank()}.json", "w") as f:
@@ -57,10 +57,10 @@ def _build_and_measure(out_dir: str) -> None:
 
 
 def test_a_rank_allocates_its_share_of_the_model_not_the_whole_model(tmp_path):
-    from models.gpt import GPTConfig, parameter_count
+    from models import config_from_dict, parameter_count
 
     spawn_ranks(_build_and_measure, world_size=PP, args=(str(tmp_path),), timeout=300)
-    model_bytes = 4 * parameter_count(GPTConfig(**MODEL))
+    model_bytes = 4 * parameter_count(config_from_dict(MODEL))
     for rank in range(PP):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         # The peak growth covers the stage's parameters (4 blocks, and the embedding or the head's copy

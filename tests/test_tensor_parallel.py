@@ -16,22 +16,21 @@ def _compare_tp_stage_with_dense(out_dir: str) -> None:
 
     from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
     from compiler.trace import trace_pipeline
-    from models.gpt import MODEL_SIZES, build_gpt
-    from models.tp_plan import GPT_BLOCK_TP_PLAN
+    from models import build_model, named_config, spec_of
     from runtime.distributed.mesh import GridLayout, build_mesh
 
     dist.init_process_group("gloo")
     mesh = build_mesh("cpu", GridLayout(1, 1, 2))
-    cfg = MODEL_SIZES["tiny"]
+    cfg = named_config("tiny")
     tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=torch.Generator().manual_seed(0))
     stages = []
     for _ in range(2):  # two identical traces: one gets sharded, one stays dense
-        model = build_gpt(cfg, seed=5)
+        model = build_model(cfg, seed=5)
         stage = trace_pipeline(model, example_microbatch=tokens, blocks_per_stage=[2, 2]).get_stage_module(0)
         restore_linear_modules(stage, model)
         stages.append(stage)
     tp, dense = stages
-    apply_tp(tp, mesh["mp"], block_plan=GPT_BLOCK_TP_PLAN)
+    apply_tp(tp, mesh["mp"], block_plan=spec_of(cfg).block_tp_plan)
     qkv = tp.get_submodule("layers.0.attn.qkv").weight
     assert isinstance(qkv, DTensor) and qkv.to_local().shape == (3 * cfg.d_model // 2, cfg.d_model)
 

@@ -11,7 +11,7 @@ import pytest
 from compiler.planner.cluster import load_cluster
 from compiler.planner.fit import FACTORS, fit_factors
 from compiler.planner.time_model import StepTerms
-from models.gpt import MODEL_SIZES
+from models import MODEL_NAMES, named_config
 from runtime.commands.flags import default_config
 from runtime.planning import rank_plans
 
@@ -65,7 +65,7 @@ def test_step_time_is_the_calibrated_combination_of_its_terms():
     base = load_cluster("cpu-2core")
     cluster = dataclasses.replace(base, compute_scale=1.3, comm_scale=2.5, dp_comm_scale=3.5, action_overhead=0.003,
                                   step_overhead=0.05)
-    for e in rank_plans(default_config(MODEL_SIZES["tiny"]), world=4, global_batch_size=16, cluster=cluster,
+    for e in rank_plans(default_config(named_config("tiny")), world=4, global_batch_size=16, cluster=cluster,
                          precisions=("fp32", "bf16"))[:40]:
         if e.feasible:
             assert e.step_time == pytest.approx(e.terms.combine(cluster), rel=1e-12)
@@ -83,7 +83,7 @@ def test_calibration_plans_are_valid_and_use_models_the_validation_does_not():
     meshes = {(c.dp > 1, c.pp > 1, c.mp > 1) for _, c in runs}
     assert {(True, False, False), (False, True, False), (False, False, True)} <= meshes  # DP, PP and TP alone
     for model, plan in runs:
-        assert model not in MODEL_SIZES.values()  # explicit shapes, none of the named models validation uses
+        assert model not in [c for _, c in MODEL_NAMES.values()]  # explicit shapes, none of the named models validation uses
         terms = predicted_terms(model, plan, cluster)  # raises if the engine would refuse the plan
         assert terms.compute > 0 and terms.actions >= 2
     assert {m for m, _, _ in MODELS} == {"tiny", "small"}

@@ -9,11 +9,11 @@ from torch import nn
 
 from compiler.parallelize.tensor_parallel import restore_linear_modules
 from compiler.trace import trace_pipeline
-from models.gpt import MODEL_SIZES, build_gpt
+from models import MODEL_NAMES, build_model, named_config
 
 # The engine traces a tied model with a weight for each end (they may land on different stages):
 # the split itself is what is tested here.
-UNTIED_TINY = dataclasses.replace(MODEL_SIZES["tiny"], tie_embeddings=False)
+UNTIED_TINY = dataclasses.replace(named_config("tiny"), tie_embeddings=False)
 
 
 def _chain(stages, tokens):
@@ -26,8 +26,8 @@ def _chain(stages, tokens):
 def test_chained_stages_match_forward_and_backward():
     cfg = UNTIED_TINY
     tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=torch.Generator().manual_seed(0))
-    model = build_gpt(cfg, seed=3)
-    reference = build_gpt(cfg, seed=3)
+    model = build_model(cfg, seed=3)
+    reference = build_model(cfg, seed=3)
     pipe = trace_pipeline(model, example_microbatch=tokens, blocks_per_stage=[1, 2, 1])
     stages = [pipe.get_stage_module(i) for i in range(3)]
     for stage in stages:
@@ -53,7 +53,7 @@ def test_chained_stages_match_forward_and_backward():
 def test_embedding_and_head_can_be_stages_of_their_own():
     cfg = UNTIED_TINY
     tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=torch.Generator().manual_seed(1))
-    model, reference = build_gpt(cfg, seed=5), build_gpt(cfg, seed=5)
+    model, reference = build_model(cfg, seed=5), build_model(cfg, seed=5)
     pipe = trace_pipeline(model, example_microbatch=tokens, blocks_per_stage=[0, 4, 0])
     stages = [pipe.get_stage_module(i) for i in range(3)]
     for stage in stages:
@@ -66,7 +66,7 @@ def test_embedding_and_head_can_be_stages_of_their_own():
 
 def test_restored_modules_are_real_linears_sharing_parameters():
     cfg = UNTIED_TINY
-    model = build_gpt(cfg, seed=0)
+    model = build_model(cfg, seed=0)
     pipe = trace_pipeline(model, example_microbatch=torch.zeros(1, cfg.seq_len, dtype=torch.long),
                           blocks_per_stage=[2, 2])
     stage = pipe.get_stage_module(1)
@@ -80,7 +80,7 @@ def test_restored_modules_are_real_linears_sharing_parameters():
 def test_graph_keeps_head_count_symbolic():
     """view(B, T, -1, hd): the traced graph must not bake in n_heads, or TP shards could not run it."""
     cfg = UNTIED_TINY
-    model = build_gpt(cfg, seed=0)
+    model = build_model(cfg, seed=0)
     pipe = trace_pipeline(model, example_microbatch=torch.zeros(2, cfg.seq_len, dtype=torch.long),
                           blocks_per_stage=[4])
     attention_graph = str(pipe.get_stage_module(0).get_submodule("layers.0.attn").graph)

@@ -24,8 +24,7 @@ from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_p
 from compiler.parallelize.materialize import materialize
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
 from compiler.trace import trace_pipeline
-from models.gpt import GPT, TIED_WEIGHTS, GPTConfig
-from models.tp_plan import GPT_BLOCK_TP_PLAN, GPT_VOCAB_TP_PLAN
+from models import spec_of
 
 
 @dataclass
@@ -60,7 +59,7 @@ class StageMeshes:
 
 
 def build_local_stages(
-    cfg: GPTConfig,
+    cfg,
     *,
     blocks_per_stage: list[int],
     stage_indices: list[int],
@@ -78,9 +77,11 @@ def build_local_stages(
     and filled from ``initial_value(model name, full shape)``."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
+    spec = spec_of(cfg)
+    tied = spec.tied_weights if cfg.tie_embeddings else {}
     with torch.device("meta"):
         # A tied head gets a weight of its own: the two copies may live on different stages.
-        model = GPT(cfg, share_tied_weights=False)
+        model = spec.build(cfg, share_tied_weights=False)
         example = torch.zeros(micro_batch_size, cfg.seq_len, dtype=torch.long)
     pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage)
     modules, stages = [], []
@@ -88,9 +89,8 @@ def build_local_stages(
         module = pipe.get_stage_module(index)
         restore_linear_modules(module, model)
         if meshes.mp.size() > 1:
-            apply_tp(module, meshes.mp, block_plan=GPT_BLOCK_TP_PLAN, model_plan=GPT_VOCAB_TP_PLAN)
-        if cfg.tie_embeddings:
-            share_tied_weights(module)
+            apply_tp(module, meshes.mp, block_plan=spec.block_tp_plan, model_plan=spec.model_tp_plan)
+        share_tied_weights(module, tied)
         if activation_checkpointing:
             apply_ac(module)
         if compile_blocks:
@@ -98,21 +98,20 @@ def build_local_stages(
         if meshes.fsdp is not None:
             apply_data_parallel(module, meshes.fsdp, data_parallel)
         materialize(module, device=device, initial_value=initial_value)
-        if cfg.tie_embeddings:
-            # to_empty gives every module a Parameter of its own; point the head at the embedding's (the one
-            # FSDP keeps and re-points both modules to around each forward) again.
-            share_tied_weights(module)
+        # to_empty gives every module a Parameter of its own; point the head at the embedding's (the one
+        # FSDP keeps and re-points both modules to around each forward) again.
+        share_tied_weights(module, tied)
         modules.append(module)
         stages.append(pipe.build_stage(index, device, meshes.pp.get_group()))
     return LocalStages(indices, modules, stages, n_stages)
 
 
-def share_tied_weights(stage_module: nn.Module) -> None:
+def share_tied_weights(stage_module: nn.Module, tied_weights: dict[str, str]) -> None:
     """A stage holding both the embedding and the head (one pipeline stage) uses one Parameter for both,
     as the tied model does: one weight, one gradient. Applied after TP, which shards both alike (vocabulary
     rows), and before FSDP, which then manages the one shared weight."""
     held = dict(stage_module.named_modules())
-    for copy, source in TIED_WEIGHTS.items():
+    for copy, source in tied_weights.items():
         copy_module, _, copy_attr = copy.rpartition(".")
         source_module, _, source_attr = source.rpartition(".")
         if copy_module in held and source_module in held:

@@ -14,7 +14,7 @@ from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from compiler.parallelize.vocab_parallel import VocabParallelEmbedding
-from models.tp_plan import COLWISE, ROWWISE, VOCAB_EMBEDDING, VOCAB_HEAD
+from models.spec import COLWISE, ROWWISE, VOCAB_EMBEDDING, VOCAB_HEAD
 
 _STYLES = {
     COLWISE: ColwiseParallel,

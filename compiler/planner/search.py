@@ -14,7 +14,6 @@ from compiler.planner.memory_model import DataParallelLayout, rank_memory
 from compiler.planner.time_model import StepTerms, TimeEstimate, step_time
 from compiler.precisions import PRECISIONS
 from compiler.schedules import SCHEDULES
-from models.gpt import GPTConfig
 
 # A plan -> the one-line error the engine would print for it, or None if it would run it.
 Validator = Callable[[Candidate], "str | None"]
@@ -44,7 +43,7 @@ class Estimate:
 class CostTable:
     """Layer costs per (precision, mp) at micro-batch 1; FLOPs and activations scale linearly with it."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg):
         self.cfg, self._cache, self._splits = cfg, {}, {}
 
     def split(self, precision: str, mp: int, n_stages: int, placement: str = "loop") -> list[int]:
@@ -63,7 +62,7 @@ class CostTable:
                 for c in self._cache[key]]
 
 
-def estimate(c: Candidate, *, cfg: GPTConfig, cluster: Cluster, costs: CostTable, validate: Validator,
+def estimate(c: Candidate, *, cfg, cluster: Cluster, costs: CostTable, validate: Validator,
              model_flops_per_token: float) -> Estimate:
     world = c.dp * c.pp * c.mp
     error = validate(c)
@@ -104,7 +103,7 @@ def estimate(c: Candidate, *, cfg: GPTConfig, cluster: Cluster, costs: CostTable
     return Estimate(c, True, None, t.step, tokens, mfu, memory, t, tuple(sizes), terms)
 
 
-def _position_params(cfg: GPTConfig, mp: int) -> int:
+def _position_params(cfg, mp: int) -> int:
     """The embedding layer's parameters that are not the token table (the position embedding)."""
     return cfg.seq_len * cfg.d_model
 
@@ -123,7 +122,7 @@ def _stage_layers(layers: list[LayerCost], sizes: list[int]) -> list[list[LayerC
     return out
 
 
-def plan(cfg: GPTConfig, *, world: int, global_batch_size: int, cluster: Cluster, validate: Validator,
+def plan(cfg, *, world: int, global_batch_size: int, cluster: Cluster, validate: Validator,
          precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"),
          activation_checkpointing: tuple[bool, ...] = (False, True)) -> list[Estimate]:
     """Every candidate with its estimate: feasible ones first, fastest first."""

@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.gpt import GPTConfig, parameter_shapes
+from models import config_to_dict, parameter_shapes
 
 MANIFEST = "checkpoint.json"
 MARKER = "latest"
@@ -40,8 +40,8 @@ DCP_METADATA = ".metadata"
 FORMAT = 1
 _STEP_FOLDER = re.compile(r"^step-(\d+)$")
 
-# GPTConfig field -> the flag that sets it, for error messages.
-_MODEL_FLAGS = {"n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "seq_len": "--seq-len",
+# Model config field -> the flag that sets it, for error messages.
+_MODEL_FLAGS = {"family": "--model (family)", "n_kv_heads": "--kv-heads", "n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "seq_len": "--seq-len",
                 "vocab_size": "--vocab-size", "mlp_width": "--mlp-width", "tie_embeddings": "tied embeddings (--untie-embeddings)"}
 
 
@@ -150,9 +150,10 @@ def verify_files(info: CheckpointInfo, names: list[str]) -> list[str]:
     return problems
 
 
-def check_same_model(info: CheckpointInfo, model: GPTConfig) -> None:
+def check_same_model(info: CheckpointInfo, model) -> None:
     """A checkpoint of another model shape is an error naming the differing fields and flags."""
-    saved, ours = info.config.get("model", {}), dataclasses.asdict(model)
+    # Checkpoints written before model families existed hold GPT-2 configs without a family.
+    saved, ours = {"family": "gpt2", **info.config.get("model", {})}, config_to_dict(model)
     diffs = [f"{_MODEL_FLAGS.get(k, k)} {saved.get(k)} in the checkpoint, {ours[k]} in this run"
              for k in ours if saved.get(k) != ours[k]]
     if diffs:
@@ -168,7 +169,7 @@ def check_same_model(info: CheckpointInfo, model: GPTConfig) -> None:
                                   f"needs {expected.get(name, 'no such parameter')}")
 
 
-def expected_parameter_shapes(model: GPTConfig) -> dict[str, tuple[int, ...]]:
+def expected_parameter_shapes(model) -> dict[str, tuple[int, ...]]:
     """Every parameter a checkpoint of ``model`` holds (both copies of a tied weight) and its shape."""
     return parameter_shapes(model)
 
@@ -212,7 +213,7 @@ class StartPoint:
     notes: list[str]  # warnings and information for rank 0 to print
 
 
-def resolve_start(cfg, *, model: GPTConfig, run_config: dict) -> StartPoint:
+def resolve_start(cfg, *, model, run_config: dict) -> StartPoint:
     """Check the checkpoint flags against the filesystem; raise CheckpointError on anything unusable.
 
     ``cfg`` is the run's CheckpointConfig; ``run_config`` its whole config as a dict (what a checkpoint

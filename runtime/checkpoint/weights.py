@@ -1,6 +1,6 @@
 """Single-file weights: what ``run.py export`` writes and ``--init-from`` starts a run from.
 
-The file is a plain ``{name: full tensor}`` state dict that ``models.gpt.GPT(config).load_state_dict``
+The file is a plain ``{name: full tensor}`` state dict that the model's ``load_state_dict``
 accepts, read from a DCP checkpoint in one process (no torchrun), model tensors only.
 """
 
@@ -13,7 +13,6 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from models.gpt import GPTConfig
 from runtime.checkpoint.files import (
     MARKER,
     CheckpointError,
@@ -53,7 +52,7 @@ def load_model_weights(info: CheckpointInfo) -> dict[str, torch.Tensor]:
     return state["model"]
 
 
-def read_init_weights(path: Path, model_cfg: GPTConfig) -> dict[str, torch.Tensor]:
+def read_init_weights(path: Path, model_cfg) -> dict[str, torch.Tensor]:
     """An export's tensors (memory-mapped), checked against this run's model shape."""
     try:
         weights = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -63,7 +62,7 @@ def read_init_weights(path: Path, model_cfg: GPTConfig) -> dict[str, torch.Tenso
     return weights
 
 
-def _check_shapes(weights: dict, path: Path, model_cfg: GPTConfig) -> None:
+def _check_shapes(weights: dict, path: Path, model_cfg) -> None:
     expected = expected_parameter_shapes(model_cfg)
     if not isinstance(weights, dict):
         raise CheckpointError(f"--init-from {path}: holds a {type(weights).__name__}, not a state dict")

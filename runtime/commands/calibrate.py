@@ -29,7 +29,7 @@ import torch.distributed as dist
 from compiler.cost import layer_costs
 from compiler.planner.cluster import CALIBRATED, Cluster, Link, load_cluster
 from compiler.precisions import PRECISIONS
-from models.gpt import GPT2_MLP_RATIO, Block, GPTConfig
+from models import named_config, spec_of
 from runtime.commands.calibrate_engine import calibrate_engine, calibration_runs, refit_engine
 from runtime.device import device_description, has_accelerator
 from runtime.distributed.spawn import SpawnError, spawn_ranks
@@ -40,9 +40,9 @@ SHAPES = ((1, 32, 64, 4), (4, 128, 256, 4))  # (batch, seq, d_model, heads): ove
 
 def block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, repeats: int = 3) -> tuple[float, float]:
     """(median seconds, counted FLOPs) of one block's forward + backward."""
-    cfg = GPTConfig(n_layers=1, d_model=d, n_heads=heads, seq_len=seq, vocab_size=256, mlp_width=GPT2_MLP_RATIO * d)
+    cfg = named_config("tiny", n_layers=1, d_model=d, n_heads=heads, seq_len=seq, vocab_size=256)
     flops = layer_costs(cfg, micro_batch_size=batch, precision=precision)[1].flops
-    block = Block(cfg)
+    block = spec_of(cfg).build(cfg).layers["0"]
     x = torch.randn(batch, seq, d, requires_grad=True)
     times = []
     for i in range(repeats + 1):

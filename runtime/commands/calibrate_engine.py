@@ -24,13 +24,13 @@ from compiler.planner.candidates import Candidate
 from compiler.planner.cluster import Cluster
 from compiler.planner.fit import fit_factors
 from compiler.planner.search import CostTable, estimate
-from models.gpt import GPT2_MLP_RATIO, GPTConfig
+from models import named_config
 from runtime.commands.flags import default_config, model_flags
 from runtime.commands.launch import RunSpec, execute
 from runtime.config import plan_error
 
-LIGHT = GPTConfig(n_layers=4, d_model=128, n_heads=4, seq_len=64, vocab_size=1024, mlp_width=GPT2_MLP_RATIO * 128)
-HEAVY = GPTConfig(n_layers=6, d_model=384, n_heads=6, seq_len=128, vocab_size=8192, mlp_width=GPT2_MLP_RATIO * 384)
+LIGHT = named_config("tiny", n_layers=4, d_model=128, n_heads=4, seq_len=64, vocab_size=1024)
+HEAVY = named_config("tiny", n_layers=6, d_model=384, n_heads=6, seq_len=128, vocab_size=8192)
 # (model flags, plan) on 4 ranks: dp, pp, mp, schedule, v, m, micro-batch, precision, activation checkpointing.
 RUNS_4 = (
     (LIGHT, Candidate(4, 1, 1, "1f1b", 1, 1, 4, "bf16", False)),
@@ -46,14 +46,14 @@ RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-
              "--peak-tflops", "1"]
 
 
-def calibration_runs(world: int) -> list[tuple[GPTConfig, Candidate]]:
+def calibration_runs(world: int) -> list[tuple[object, Candidate]]:
     """The plans to run on ``world`` ranks: the 4-rank set with dp scaled to the world size."""
     if world < 4 or world % 4:
         raise ValueError(f"--engine-world {world}: must be a multiple of 4 (or 0 to skip the engine runs)")
     return [(model, dataclasses.replace(c, dp=c.dp * world // 4)) for model, c in RUNS_4]
 
 
-def predicted_terms(model: GPTConfig, plan: Candidate, cluster: Cluster):
+def predicted_terms(model, plan: Candidate, cluster: Cluster):
     base = default_config(model)
     e = estimate(plan, cfg=model, cluster=cluster, costs=CostTable(model), validate=lambda c: plan_error(base, c),
                  model_flops_per_token=training_flops_per_token(model))

@@ -3,9 +3,9 @@
     python run.py export --checkpoint DIR/step-000020 --out model.pt                 # --init-from takes it
     python run.py export --checkpoint DIR --out gpt2-folder --format gpt2            # GPT2LMHeadModel
 
-``pt`` is a plain ``{name: full tensor}`` state dict that ``models.gpt.GPT(config).load_state_dict``
+``pt`` is a plain ``{name: full tensor}`` state dict that the model's ``load_state_dict``
 accepts. ``gpt2`` is a folder with ``config.json`` and ``pytorch_model.bin`` in Hugging Face's GPT-2
-layout (models/hf_gpt2.py), which ``GPT2LMHeadModel.from_pretrained(folder)`` loads as it is. It runs
+layout (models/gpt2/hf.py), which ``GPT2LMHeadModel.from_pretrained(folder)`` loads as it is. It runs
 in one process (no torchrun) and reads only the model's tensors.
 """
 
@@ -19,15 +19,14 @@ from pathlib import Path
 
 import torch
 
-from models.gpt import GPTConfig
-from models.hf_gpt2 import hf_config, to_hf_gpt2
+from models import config_from_dict, spec_of
 from runtime.checkpoint.files import CheckpointError, verify_files
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run.py export", description="Write a checkpoint's model weights as one file "
-                                "of full tensors ({name: tensor}) that models.gpt.GPT.load_state_dict accepts.")
+                                "of full tensors ({name: tensor}) that the model's load_state_dict accepts.")
     p.add_argument("--checkpoint", required=True,
                    help="a checkpoint folder (DIR/step-N), or a checkpoint directory (its latest complete checkpoint)")
     p.add_argument("--out", required=True, help="the .pt file (--format pt) or the folder (--format gpt2) to write")
@@ -46,8 +45,11 @@ def main(argv: list[str]) -> int:
         weights = load_model_weights(info)
         out = Path(args.out)
         if args.format == "gpt2":
-            cfg = GPTConfig(**info.config["model"])
-            _write_hf_folder(out, to_hf_gpt2(weights, cfg), hf_config(cfg))
+            cfg = config_from_dict(info.config["model"])
+            if cfg.family != "gpt2":
+                raise CheckpointError(f"--format gpt2: {info.path} holds a {cfg.family} model; use --format hf")
+            hf = spec_of(cfg).hf
+            _write_hf_folder(out, hf.to_hf(weights, cfg), hf.config_to_hf(cfg))
         else:
             out.parent.mkdir(parents=True, exist_ok=True)
             _save_atomically(weights, out)

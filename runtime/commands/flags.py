@@ -9,7 +9,7 @@ import time
 
 from compiler.precisions import DEFAULT_PRECISION, PRECISIONS
 from compiler.schedules import DEFAULT_SCHEDULE, SCHEDULES
-from models.gpt import GPT2_MLP_RATIO, MODEL_SIZES, GPTConfig
+from models import FAMILIES, MODEL_NAMES, named_config, spec_of
 from runtime.config import (
     CheckpointConfig,
     ConfigError,
@@ -78,14 +78,18 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
                    help="let the planner choose mesh, schedule, v, micro-batching, activation checkpointing (and "
                         "precision unless --precision is given) for this world size; see `run.py plan`")
     g = p.add_argument_group("model")
-    g.add_argument("--model", choices=tuple(MODEL_SIZES), default="tiny",
-                   help="named size: tiny (tests), small (GPT-2 124M), medium (350M), large (774M)")
+    g.add_argument("--model", choices=tuple(MODEL_NAMES), default="tiny", metavar="NAME",
+                   help="named size of a model family: " + "; ".join(s.description for s in FAMILIES.values()))
     g.add_argument("--layers", type=int, help="override the number of transformer blocks")
     g.add_argument("--d-model", type=int, help="override the hidden width")
     g.add_argument("--heads", type=int, help="override the number of attention heads")
+    g.add_argument("--kv-heads", type=int,
+                   help="override the number of key/value heads (grouped-query attention; llama3 models)")
     g.add_argument("--seq-len", type=int, help="override the sequence length (tokens per sample)")
     g.add_argument("--vocab-size", type=int, help="override the vocabulary size (>= 256 for byte-level text)")
-    g.add_argument("--mlp-width", type=int, help="override the MLP hidden width (default 4 x d-model)")
+    g.add_argument("--mlp-width", type=int,
+                   help="override the MLP hidden width (default: the family's rule, 4 x d-model for GPT-2, "
+                        "Llama's SwiGLU rule)")
     g.add_argument("--untie-embeddings", action="store_true",
                    help="give the LM head its own weight instead of reusing the token embedding (GPT-2 ties them)")
 
@@ -195,7 +199,7 @@ def _positive(name: str, value: int | float | None) -> None:
 def build_config(args: argparse.Namespace, *, world_size: int | None = None, now: float | None = None) -> TrainConfig:
     """The config the flags describe; with ``world_size``, validated for that many processes (without, every
     check that needs no world size). Raises ConfigError."""
-    for flag in ("dp", "pp", "mp", "dp_shard", "layers", "d_model", "heads", "seq_len", "vocab_size", "mlp_width", "stages_per_rank",
+    for flag in ("dp", "pp", "mp", "dp_shard", "layers", "d_model", "heads", "kv_heads", "seq_len", "vocab_size", "mlp_width", "stages_per_rank",
                  "microbatches", "micro_batch_size", "global_batch_size", "steps", "lr", "log_every",
                  "eval_batches", "peak_tflops", "stop_at_step", "checkpoint_every", "keep_checkpoints",
                  "max_bad_steps", "min_loss_scale"):
@@ -251,34 +255,44 @@ def parse_train_config(argv: list[str], *, world_size: int) -> TrainConfig:
     return config_from_args(build_parser().parse_args(argv), world_size=world_size)
 
 
-def model_config(args: argparse.Namespace) -> GPTConfig:
-    base = MODEL_SIZES[args.model]
-    return GPTConfig(
-        n_layers=args.layers or base.n_layers,
-        d_model=args.d_model or base.d_model,
-        n_heads=args.heads or base.n_heads,
-        seq_len=args.seq_len or base.seq_len,
-        vocab_size=args.vocab_size or base.vocab_size,
-        mlp_width=args.mlp_width or GPT2_MLP_RATIO * (args.d_model or base.d_model),
-        tie_embeddings=not args.untie_embeddings,
-    )
+def model_config(args: argparse.Namespace):
+    """The ``--model`` size with the shape flags' overrides (the family's rules fill in the rest)."""
+    try:
+        return named_config(args.model, n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
+                            n_kv_heads=args.kv_heads, seq_len=args.seq_len, vocab_size=args.vocab_size,
+                            mlp_width=args.mlp_width, tie_embeddings=False if args.untie_embeddings else None)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
-def default_config(model: GPTConfig) -> TrainConfig:
+def default_config(model) -> TrainConfig:
     """A run of ``model`` with every other setting at its default: what plans are applied to."""
     return dataclasses.replace(build_config(build_parser().parse_args([]), now=0), model=model, model_name="custom")
 
 
-def named_model(name: str, seq_len: int | None = None) -> GPTConfig:
-    model = MODEL_SIZES[name]
-    return dataclasses.replace(model, seq_len=seq_len) if seq_len else model
+def named_model(name: str, seq_len: int | None = None):
+    return named_config(name, seq_len=seq_len)
 
 
-def model_flags(cfg: GPTConfig) -> list[str]:
-    """Flags that make run.py build exactly ``cfg`` (for launching a run of it)."""
-    return ["--layers", str(cfg.n_layers), "--d-model", str(cfg.d_model), "--heads", str(cfg.n_heads),
-            "--seq-len", str(cfg.seq_len), "--vocab-size", str(cfg.vocab_size), "--mlp-width", str(cfg.mlp_width),
-            *([] if cfg.tie_embeddings else ["--untie-embeddings"])]
+# Config fields the shape flags set; everything else comes from the --model size.
+_SHAPE_FLAGS = {"n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "n_kv_heads": "--kv-heads",
+                "seq_len": "--seq-len", "vocab_size": "--vocab-size", "mlp_width": "--mlp-width"}
+
+
+def model_flags(cfg) -> list[str]:
+    """Flags that make run.py build exactly ``cfg`` (for launching a run of it): a size of its family whose
+    other fields (norms, RoPE, ...) it shares, and every shape flag."""
+    spec = spec_of(cfg)
+    for name, base in spec.sizes.items():
+        flags = ["--model", name]
+        for field, flag in _SHAPE_FLAGS.items():
+            grouped = cfg.n_kv_heads != cfg.n_heads or base.n_kv_heads != base.n_heads
+            if field != "n_kv_heads" or grouped:
+                flags += [flag, str(getattr(cfg, field))]
+        flags += [] if cfg.tie_embeddings else ["--untie-embeddings"]
+        if model_config(build_parser().parse_args(flags)) == cfg:
+            return flags
+    raise ValueError(f"no --model size of the {spec.family} family plus shape flags builds {cfg}")
 
 
 def _checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:

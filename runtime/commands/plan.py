@@ -12,7 +12,7 @@ from collections import Counter
 from compiler.planner.cluster import CALIBRATED, LOCAL_PRESET, Cluster, preset_names, resolve_cluster
 from compiler.planner.search import Estimate
 from compiler.precisions import PRECISIONS
-from models.gpt import MODEL_SIZES
+from models import MODEL_NAMES
 from runtime.commands.flags import (
     AUTO_CHOSEN,
     HelpFormatter,
@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
                     "plan for a world size by predicted step time on a cluster; infeasible plans are listed with "
                     "the reason. Writes every plan to --out.")
     p.add_argument("--world", type=int, required=True, help="number of ranks")
-    p.add_argument("--model", choices=tuple(MODEL_SIZES), default="small", help="named model size (see run.py --help)")
+    p.add_argument("--model", choices=tuple(MODEL_NAMES), default="small", help="named model size (see run.py --help)")
     p.add_argument("--seq-len", type=int, help="override the model's sequence length")
     p.add_argument("--global-batch-size", type=int, default=DEFAULT_GLOBAL_BATCH, help="samples per optimizer step")
     p.add_argument("--cluster", help=f"cluster JSON or preset ({', '.join(preset_names())}); default: the file "

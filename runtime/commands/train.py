@@ -23,7 +23,7 @@ from compiler.partition import rank_costs
 from compiler.precisions import PRECISIONS
 from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import StagePlan, plan_stages
-from models.gpt import initial_value, parameter_count
+from models import parameter_count, spec_of
 from runtime.checkpoint.files import CheckpointError, StartPoint, resolve_start
 from runtime.checkpoint.saving import Checkpointer
 from runtime.checkpoint.state import TrainState, init_optimizer_state, load_checkpoint
@@ -161,8 +161,8 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
                                           param_dtype=PRECISIONS[cfg.precision].autocast_dtype,
                                           reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype)),
         initial_value=_initial_values(cfg, start), compile_blocks=cfg.compile_blocks)
-    tied = (TiedWeights(stages.named_parameters(), layout=layout, rank=env.rank,
-                        first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),
+    tied = (TiedWeights(stages.named_parameters(), tied_weights=spec_of(cfg.model).tied_weights, layout=layout,
+                        rank=env.rank, first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),
                         last_pp=spec.stage_owner(plan.n_stages - 1, pp=cfg.mesh.pp, stages_per_rank=v))
             if cfg.model.tie_embeddings else None)
     replicated = (ReplicatedGradients(stages.parameters(), group=mesh["dp"].get_group(),
@@ -250,8 +250,7 @@ def _initial_values(cfg: TrainConfig, start: StartPoint) -> Callable[[str, tuple
     if start.init_from:
         weights = read_init_weights(start.init_from, cfg.model)  # memory-mapped: read as shards need it
         return lambda name, shape: weights[name]
-    return functools.partial(initial_value, seed=cfg.seed, n_layers=cfg.model.n_layers,
-                             tied=cfg.model.tie_embeddings)
+    return functools.partial(spec_of(cfg.model).initial_value, seed=cfg.seed, cfg=cfg.model)
 
 
 def _reduce_dtype(name: str) -> torch.dtype | None:

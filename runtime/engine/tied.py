@@ -20,7 +20,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from models.gpt import TIED_WEIGHTS
 from runtime.distributed.mesh import GridLayout
 
 
@@ -31,14 +30,15 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
 class TiedWeights:
     """The copies of a tied weight on this rank, and the group of ranks that holds the other copy."""
 
-    def __init__(self, named_parameters: list[tuple[str, nn.Parameter]], *, layout: GridLayout, rank: int,
-                 first_pp: int, last_pp: int):
-        """``first_pp`` / ``last_pp``: the pp ranks holding the first and last stage. Collective: every
-        rank calls it, since every rank creates every pair's process group."""
+    def __init__(self, named_parameters: list[tuple[str, nn.Parameter]], *, tied_weights: dict[str, str],
+                 layout: GridLayout, rank: int, first_pp: int, last_pp: int):
+        """``tied_weights``: {copy: source} names (the model family's). ``first_pp`` / ``last_pp``: the pp
+        ranks holding the first and last stage. Collective: every rank calls it, since every rank creates
+        every pair's process group."""
         names = dict(named_parameters)
         # A stage holding both ends shares one Parameter between them (compiler/parallelize/stages.py):
         # nothing to sum or to discount then.
-        separate = {copy: source for copy, source in TIED_WEIGHTS.items()
+        separate = {copy: source for copy, source in tied_weights.items()
                     if copy not in names or names.get(source) is not names[copy]}
         self.copies = [names[n] for pair in separate.items() for n in pair if n in names]
         self.duplicates = {id(names[copy]) for copy in separate if copy in names}

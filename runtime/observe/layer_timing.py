@@ -14,16 +14,16 @@ import torch
 
 from compiler.cost import LayerCost, layer_costs, layer_group_forwards
 from compiler.precisions import PRECISIONS
-from models.gpt import GPT, GPTConfig
+from models import spec_of
 from runtime.device import synchronize
 
 
-def measure_layer_times(cfg: GPTConfig, *, micro_batch_size: int, precision: str, device: torch.device,
+def measure_layer_times(cfg, *, micro_batch_size: int, precision: str, device: torch.device,
                         repeats: int = 3) -> list[LayerCost]:
     """Like ``layer_costs``, with the median forward + backward time of each group on ``device``."""
     costs = layer_costs(cfg, micro_batch_size=micro_batch_size, precision=precision)
-    model = GPT(replace(cfg, n_layers=1)).to(device)
-    runs = layer_group_forwards(model, micro_batch_size=micro_batch_size, device=device)
+    model = spec_of(cfg).build(replace(cfg, n_layers=1)).to(device)
+    runs = layer_group_forwards(model, seq_len=cfg.seq_len, micro_batch_size=micro_batch_size, device=device)
     seconds = {name: _time_fwd_bwd(fn, precision, device, repeats) for name, fn in runs.items()}
     return [replace(c, seconds=seconds["block" if c.name.startswith("layers.") else c.name]) for c in costs]
 

@@ -219,7 +219,7 @@ def _split_layer_seconds(settings: plan.StudySettings) -> list[float]:
     benchmark's micro-batch, on one thread as a rank runs them: what the stages really cost. The head's
     includes its loss, whose softmax over the vocabulary counts no FLOPs, so this is the cap the report
     sets beside the FLOP-based expectation."""
-    cfg = settings.split_model.gpt_config()
+    cfg = settings.split_model.config()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

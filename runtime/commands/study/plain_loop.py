@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from compiler.precisions import PRECISIONS
-from models.gpt import GPT2_MLP_RATIO, GPTConfig, build_gpt
+from models import build_model, named_config
 from runtime.device import configure_cpu_threads, peak_memory_bytes, select_device, synchronize
 from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
 from runtime.engine.amp import autocast
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None) -> dict:
     distributed = env.world_size > 1
     if distributed:
         init_distributed(env, device)
-    cfg = GPTConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, seq_len=args.seq_len,
-                    vocab_size=args.vocab_size, mlp_width=GPT2_MLP_RATIO * args.d_model)
-    model = build_gpt(cfg, seed=args.seed, device=device)
+    cfg = named_config("tiny", n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, seq_len=args.seq_len,
+                       vocab_size=args.vocab_size)
+    model = build_model(cfg, seed=args.seed, device=device)
     optimizer = build_optimizer(list(model.parameters()), lr=args.lr, weight_decay=0.1)
     if distributed:
         model = DistributedDataParallel(model)

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from compiler.precisions import PRECISIONS as PRECISION_REGISTRY
-from models.gpt import GPT2_MLP_RATIO, MODEL_SIZES, GPTConfig
+from models import named_config
 from runtime.commands.flags import model_flags
 from runtime.commands.launch import RunSpec
 from runtime.commands.study.checkpointing import CheckpointBench
@@ -30,19 +30,21 @@ class ModelShape:
     heads: int
     seq_len: int
     vocab_size: int = 256
+    base: str = "tiny"  # the --model size whose family and rules fill in the rest
+    kv_heads: int | None = None  # grouped-query attention (llama3 sizes)
 
     def flags(self) -> list[str]:
-        return model_flags(self.gpt_config())
+        return model_flags(self.config())
 
     def plain_flags(self) -> list[str]:
         """The same model for the plain PyTorch / DDP loop (runtime/commands/study/plain_loop.py)."""
         return ["--layers", str(self.layers), "--d-model", str(self.d_model), "--heads", str(self.heads),
                 "--seq-len", str(self.seq_len), "--vocab-size", str(self.vocab_size)]
 
-    def gpt_config(self) -> GPTConfig:
-        """The model run.py builds from ``flags()`` (no --mlp-width: GPT-2's width)."""
-        return GPTConfig(n_layers=self.layers, d_model=self.d_model, n_heads=self.heads, seq_len=self.seq_len,
-                         vocab_size=self.vocab_size, mlp_width=GPT2_MLP_RATIO * self.d_model)
+    def config(self):
+        """The model run.py builds from ``flags()`` (no --mlp-width: the family's width rule)."""
+        return named_config(self.base, n_layers=self.layers, d_model=self.d_model, n_heads=self.heads,
+                            n_kv_heads=self.kv_heads, seq_len=self.seq_len, vocab_size=self.vocab_size)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class StudySettings:
     split_microbatches: int | None = None
     split_micro_batch_size: int | None = None
     # Memory per configuration (study/sharding.py) and the replicate-vs-DDP benchmark.
-    sharding_model: GPTConfig = MODEL_SIZES["tiny"]
+    sharding_model: object = named_config("tiny")
     sharding_large: bool = False  # add GPT-2 Large at 2x2x2
     replicate_model: ModelShape = ModelShape(2, 32, 2, 32)
     replicate_rounds: int = 1
@@ -95,7 +97,7 @@ FULL = StudySettings(
     # on 2 cores (head | the rest) as with a core per rank.
     split_model=ModelShape(8, 256, 4, 128, 28672), timeout_s=900, overhead_pairs=3,
     split_microbatches=16, split_micro_batch_size=2,
-    sharding_model=dataclasses.replace(MODEL_SIZES["small"], seq_len=128), sharding_large=True,
+    sharding_model=named_config("small", seq_len=128), sharding_large=True,
     replicate_model=ModelShape(8, 256, 4, 128), replicate_rounds=3,
     zero_bubble_model=ModelShape(8, 256, 4, 128), zero_bubble_rounds=3,
     checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(8, 512, 8, 32, 8192).flags()), steps=16, every=4,

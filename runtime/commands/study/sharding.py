@@ -21,7 +21,6 @@ from compiler.flops import training_flops_per_token
 from compiler.planner.candidates import Candidate
 from compiler.planner.cluster import load_cluster
 from compiler.planner.search import CostTable, estimate
-from models.gpt import GPTConfig
 from runtime.commands.flags import default_config, model_flags, named_model
 from runtime.commands.launch import RunSpec
 from runtime.commands.study.analysis import pooled_samples_per_sec
@@ -105,7 +104,7 @@ MEMORY_METHOD = (
     "v=2, 2 micro-batches per pp rank; the rest 1F1B with 2 micro-batches.")
 
 
-def memory_specs(world: int, model: GPTConfig, *, large: bool, smoke: bool = False) -> list[RunSpec]:
+def memory_specs(world: int, model, *, large: bool, smoke: bool = False) -> list[RunSpec]:
     specs = []
     for row in memory_rows(world, smoke=smoke):
         c = row.candidate()
@@ -122,7 +121,7 @@ def memory_specs(world: int, model: GPTConfig, *, large: bool, smoke: bool = Fal
     return specs
 
 
-def predicted_bytes(row: MemoryRow, model: GPTConfig, microbatches: int | None = None) -> float | None:
+def predicted_bytes(row: MemoryRow, model, microbatches: int | None = None) -> float | None:
     c = row.candidate()
     if microbatches:
         c = dataclasses.replace(c, microbatches=microbatches)
@@ -133,7 +132,7 @@ def predicted_bytes(row: MemoryRow, model: GPTConfig, microbatches: int | None =
     return e.memory_per_rank
 
 
-def memory_table(runs: list[dict], model: GPTConfig) -> list[dict]:
+def memory_table(runs: list[dict], model) -> list[dict]:
     """One row per run with the measured peak, the prediction and the reduction against replication."""
     fields = {f.name for f in dataclasses.fields(MemoryRow)}
     baseline = next((r["summary"]["peak_tensor_bytes"] for r in runs

@@ -1,4 +1,4 @@
-"""The tensor-parallel plan for the GPT, as data (Megatron-LM layout, Shoeybi et al. 2019, sec. 3).
+"""The tensor-parallel plan for GPT-2, as data (Megatron-LM layout, Shoeybi et al. 2019, sec. 3).
 
 Blocks: the column-parallel fused q/k/v projection (its output features grouped per head) and MLP
 up-projection split the output features, so each mp rank holds H/mp complete heads and mlp_width/mp
@@ -13,20 +13,23 @@ computed on those sharded logits (vocabulary-parallel cross-entropy) without gat
 Layer norms and the position embedding stay replicated.
 """
 
-COLWISE = "colwise"
-ROWWISE = "rowwise"
-VOCAB_EMBEDDING = "vocab_embedding"  # rows (vocabulary) sharded, token ids replicated, output all-reduced
-VOCAB_HEAD = "vocab_head"  # output features (vocabulary) sharded, logits left sharded for the loss
+from models.spec import COLWISE, GATHER_SEQUENCE, ROWWISE, ROWWISE_SCATTER, SEQUENCE_NORM
 
-GPT_BLOCK_TP_PLAN: dict[str, str] = {
+BLOCK_TP_PLAN: dict[str, str] = {
     "attn.qkv": COLWISE,
     "attn.o": ROWWISE,
     "mlp.up": COLWISE,
     "mlp.down": ROWWISE,
 }
 
-# Keys are relative to the model (a stage keeps the names of the parts it holds).
-GPT_VOCAB_TP_PLAN: dict[str, str] = {
-    "tok_emb": VOCAB_EMBEDDING,
-    "head": VOCAB_HEAD,
+# --sequence-parallel (Korthikanti et al. 2022, sec. 4.2.2): the layer norms run on (B, T/mp, D) sequence
+# shards; attention and the MLP all-gather the sequence before their column-parallel matrix and
+# reduce-scatter it after their row-parallel one (the all-reduce of the plain plan split in two halves).
+SEQUENCE_PARALLEL_PLAN: dict[str, str] = {
+    "ln1": SEQUENCE_NORM,
+    "attn": GATHER_SEQUENCE,
+    "attn.o": ROWWISE_SCATTER,
+    "ln2": SEQUENCE_NORM,
+    "mlp": GATHER_SEQUENCE,
+    "mlp.down": ROWWISE_SCATTER,
 }

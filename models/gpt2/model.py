@@ -14,11 +14,13 @@ alike and summed in backward (runtime/engine/tied.py), which is what one shared 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from models.spec import TIED_EMBEDDINGS, divisors, name_seeded_normal
 
 # GPT-2's MLP hidden width per unit of d_model: the width whenever none is given.
 GPT2_MLP_RATIO = 4
@@ -33,14 +35,15 @@ class GPTConfig:
     vocab_size: int
     mlp_width: int  # hidden units of the MLP, GPT2_MLP_RATIO * d_model in GPT-2
     tie_embeddings: bool = True  # the LM head reuses the token embedding (GPT-2)
+    family: str = field(default="gpt2", init=False)
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
-
-# The LM head's weight is the token embedding when the model ties them: {copy: source}.
-TIED_WEIGHTS = {"head.weight": "tok_emb.weight"}
+    @property
+    def n_kv_heads(self) -> int:
+        return self.n_heads  # multi-head attention: every query head has its own key and value head
 
 
 # Named sizes. small/medium/large are the GPT-2 shapes (Radford et al. 2019, table 2): 124M, 355M and 774M
@@ -111,65 +114,81 @@ class GPT(nn.Module):
         if cfg.tie_embeddings and share_tied_weights:
             self.head.weight = self.tok_emb.weight  # (V, D) both: an embedding row is an output row
 
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        # tokens: (B, T) int64 -> (B, T, D). The positions' embeddings are the first T rows of the table,
+        # sliced rather than looked up with arange: no tensor is created on a device here, so a graph traced
+        # on the meta device runs on any device unchanged.
+        return self.tok_emb(tokens) + self.pos_emb.weight[: tokens.shape[1]]
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(x))  # (B, T, D) -> (B, T, V)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        # tokens: (B, T) int64 -> logits (B, T, V). The positions' embeddings are the first T rows of the
-        # table, sliced rather than looked up with arange: no tensor is created on a device here, so a graph
-        # traced on the meta device runs on any device unchanged.
-        x = self.tok_emb(tokens) + self.pos_emb.weight[: tokens.shape[1]]  # (B, T, D)
+        x = self.embed(tokens)
         for block in self.layers.values():
             x = block(x)
-        return self.head(self.norm(x))
+        return self.logits(x)
 
 
-def initial_value(name: str, shape: tuple[int, ...], *, seed: int, n_layers: int, tied: bool) -> torch.Tensor:
+def initial_value(name: str, shape: tuple[int, ...], *, seed: int, cfg: GPTConfig) -> torch.Tensor:
     """The initial value of parameter ``name`` (fp32, CPU), from a generator seeded by (seed, name).
 
-    Keying the random stream by name, not by creation order, gives the same weights whether the whole
-    model, one pipeline stage or one shard of a parameter is initialised. A tied copy takes its source's
-    name. Residual projections are scaled by 1/sqrt(2 * n_layers) as in GPT-2.
+    A tied copy takes its source's name. Residual projections are scaled by 1/sqrt(2 * n_layers) as in GPT-2.
     """
-    if tied:
-        name = TIED_WEIGHTS.get(name, name)
+    if cfg.tie_embeddings:
+        name = TIED_EMBEDDINGS.get(name, name)
     if name.endswith("bias"):
         return torch.zeros(shape)
     if ".ln" in name or name.startswith("norm"):
         return torch.ones(shape)
     std = 0.02
     if name.endswith(("attn.o.weight", "mlp.down.weight")):
-        std /= math.sqrt(2 * n_layers)
-    return torch.randn(shape, generator=torch.Generator().manual_seed(_name_seed(seed, name))).mul_(std)
+        std /= math.sqrt(2 * cfg.n_layers)
+    return name_seeded_normal(name, shape, seed=seed, std=std)
 
 
-def init_weights(model: nn.Module, *, seed: int, cfg: GPTConfig) -> None:
-    """Initialise every parameter of ``model`` (the whole GPT or a part keeping its names)."""
-    for name, param in model.named_parameters():
-        value = initial_value(name, tuple(param.shape), seed=seed, n_layers=cfg.n_layers, tied=cfg.tie_embeddings)
-        with torch.no_grad():
-            param.copy_(value.to(dtype=param.dtype, device=param.device))
+def with_overrides(base: GPTConfig, *, n_layers: int | None = None, d_model: int | None = None,
+                   n_heads: int | None = None, n_kv_heads: int | None = None, seq_len: int | None = None,
+                   vocab_size: int | None = None, mlp_width: int | None = None,
+                   tie_embeddings: bool | None = None) -> GPTConfig:
+    """A named size with the flags' overrides; the MLP is GPT2_MLP_RATIO x d_model unless --mlp-width is given."""
+    if n_kv_heads is not None and n_kv_heads != (n_heads or base.n_heads):
+        raise ValueError(f"--kv-heads {n_kv_heads}: GPT-2 models use multi-head attention (one key/value head per "
+                         f"query head); grouped-query attention is the llama3 family's (--model llama3-...)")
+    d = d_model or base.d_model
+    return GPTConfig(n_layers=n_layers or base.n_layers, d_model=d, n_heads=n_heads or base.n_heads,
+                     seq_len=seq_len or base.seq_len, vocab_size=vocab_size or base.vocab_size,
+                     mlp_width=mlp_width or (base.mlp_width if d_model is None else GPT2_MLP_RATIO * d),
+                     tie_embeddings=base.tie_embeddings if tie_embeddings is None else tie_embeddings)
 
 
-def _name_seed(seed: int, name: str) -> int:
-    # A stable (not Python-hash-randomised) 63-bit mix of the seed and the name.
-    h = seed & 0xFFFFFFFF
-    for ch in name.encode():
-        h = (h * 1000003 ^ ch) & 0x7FFFFFFFFFFFFFFF
-    return h
+def check(cfg: GPTConfig, mp: int) -> str | None:
+    """Why ``cfg`` cannot run with ``mp``-way tensor parallelism (one line naming the flag), or None."""
+    if cfg.d_model % cfg.n_heads:
+        return f"--heads {cfg.n_heads} must divide --d-model {cfg.d_model}; valid --heads values: {divisors(cfg.d_model)}"
+    if cfg.d_model % mp:
+        return f"--mp {mp} must divide --d-model {cfg.d_model}; valid --mp values: {divisors(cfg.d_model)}"
+    if cfg.n_heads % mp:
+        return f"--mp {mp} must divide the head count (--heads {cfg.n_heads}); valid --mp values: {divisors(cfg.n_heads)}"
+    if cfg.mlp_width % mp:
+        return (f"--mp {mp} must divide the MLP width (--mlp-width {cfg.mlp_width}); "
+                f"valid --mp values: {divisors(cfg.mlp_width)}")
+    return None
 
 
-def parameter_count(cfg: GPTConfig) -> int:
-    """Parameters of the model, a tied weight counted once (GPT-2 small: 124,439,808)."""
-    with torch.device("meta"):
-        return sum(p.numel() for p in GPT(cfg).parameters())
+def matmul_params(cfg: GPTConfig) -> int:
+    """Parameters that take part in matrix products: blocks (with their norms and biases) and the head."""
+    d, f, V = cfg.d_model, cfg.mlp_width, cfg.vocab_size
+    block = 4 * (d * d + d) + (d * f + f) + (f * d + d) + 4 * d  # attention, MLP, two layer norms
+    return cfg.n_layers * block + 2 * d + d * V  # + final norm + head
 
 
-def parameter_shapes(cfg: GPTConfig) -> dict[str, tuple[int, ...]]:
-    """Every parameter name the engine keeps (a tied head copy included) and its shape."""
-    with torch.device("meta"):
-        return {name: tuple(p.shape) for name, p in GPT(cfg, share_tied_weights=False).named_parameters()}
+def flops_per_token(cfg: GPTConfig) -> float:
+    """Training FLOPs per token, 6N + 12 L T d (PaLM, Chowdhery et al. 2022, appendix B): N counts the
+    matrix-product parameters (not the embedding lookups); the second term is attention's QK^T and AV,
+    forward and backward. Recomputation is not counted: MFU measures useful work."""
+    return 6.0 * matmul_params(cfg) + 12.0 * cfg.n_layers * cfg.seq_len * cfg.d_model
 
 
-def build_gpt(cfg: GPTConfig, *, seed: int, device: torch.device | str = "cpu") -> GPT:
-    with torch.device(device):
-        model = GPT(cfg)
-    init_weights(model, seed=seed, cfg=cfg)
-    return model
+def build(cfg: GPTConfig, *, share_tied_weights: bool = True) -> GPT:
+    return GPT(cfg, share_tied_weights=share_tied_weights)

@@ -11,9 +11,11 @@ Layout differences:
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from models.gpt import GPTConfig
+from models.gpt2.model import GPT2_MLP_RATIO, GPTConfig
 
 _BLOCK = {  # ours (in layers.i) -> GPT-2 (in transformer.h.i), and whether the weight is a Conv1D
     "ln1": ("ln_1", False), "attn.qkv": ("attn.c_attn", True), "attn.o": ("attn.c_proj", True),
@@ -41,27 +43,41 @@ def _block_tensors(cfg: GPTConfig):
                        ours == "attn.qkv")
 
 
-def to_hf_gpt2(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
-    """Our state dict -> a ``GPT2LMHeadModel`` state dict (contiguous tensors)."""
+def to_hf(state: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """Our state dict -> a ``GPT2LMHeadModel`` state dict (contiguous tensors). A tied model has no
+    ``lm_head.weight`` (Hugging Face ties it to ``wte`` on loading and does not save it)."""
     out = {hf: state[ours] for ours, hf in _TOP.items()}
     for ours, hf, transposed, qkv in _block_tensors(cfg):
         t = _qkv_to_hf(state[ours], cfg.n_heads) if qkv else state[ours]
         out[hf] = t.t() if transposed else t
-    out["lm_head.weight"] = state["tok_emb.weight" if cfg.tie_embeddings else "head.weight"]
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = state["head.weight"]
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def from_hf_gpt2(hf: dict[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
-    """A ``GPT2LMHeadModel`` state dict -> ours (the inverse of ``to_hf_gpt2``)."""
-    out = {ours: hf[name] for ours, name in _TOP.items()}
-    for ours, name, transposed, qkv in _block_tensors(cfg):
-        t = hf[name].t() if transposed else hf[name]
-        out[ours] = _qkv_from_hf(t, cfg.n_heads) if qkv else t
-    out["head.weight"] = hf.get("lm_head.weight", hf["transformer.wte.weight"])
-    return {k: v.contiguous() for k, v in out.items()}
+def from_hf(name: str, cfg: GPTConfig) -> tuple[tuple[str, ...], Callable[[torch.Tensor], torch.Tensor]]:
+    """The ``GPT2LMHeadModel`` tensors our parameter ``name`` is made of, and how (the inverse of ``to_hf``)."""
+    for ours, hf in _TOP.items():
+        if name == ours:
+            return (hf,), _same
+    if name == "head.weight":  # a tied model's head is wte; Hugging Face omits lm_head.weight then
+        return ("transformer.wte.weight" if cfg.tie_embeddings else "lm_head.weight",), _same
+    for ours, hf, transposed, qkv in _block_tensors(cfg):
+        if name == ours:
+            return (hf,), lambda t: _from_conv1d(t, transposed=transposed, qkv=qkv, n_heads=cfg.n_heads)
+    raise KeyError(f"{name} is not a parameter of the GPT-2 model")
 
 
-def hf_config(cfg: GPTConfig) -> dict:
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _from_conv1d(t: torch.Tensor, *, transposed: bool, qkv: bool, n_heads: int) -> torch.Tensor:
+    t = t.t() if transposed else t
+    return (_qkv_from_hf(t, n_heads) if qkv else t).contiguous()
+
+
+def config_to_hf(cfg: GPTConfig) -> dict:
     """``config.json`` for ``GPT2LMHeadModel.from_pretrained``: our model has no dropout, GELU's tanh
     approximation ("gelu_new") and LayerNorm eps 1e-5."""
     config = {
@@ -75,3 +91,30 @@ def hf_config(cfg: GPTConfig) -> dict:
     if cfg.vocab_size == 50257:  # GPT-2's BPE: <|endoftext|> is both
         config.update(bos_token_id=50256, eos_token_id=50256)
     return config
+
+
+# Our model: GELU's tanh approximation, LayerNorm eps 1e-5, no dropout, attention scaled by 1/sqrt(hd).
+_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
+
+
+def config_from_hf(config: dict) -> GPTConfig:
+    """A GPT-2 ``config.json`` -> our config; ValueError naming the key for what our model does not compute."""
+    activation = config.get("activation_function", "gelu_new")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation_function {activation!r}: this GPT-2 computes GELU's tanh approximation "
+                         f"({' or '.join(_ACTIVATIONS)})")
+    eps = config.get("layer_norm_epsilon", 1e-5)
+    if abs(eps - 1e-5) > 1e-12:
+        raise ValueError(f"layer_norm_epsilon {eps}: this GPT-2's layer norms use 1e-5")
+    for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        if config.get(key):
+            raise ValueError(f"{key} true: not computed by this GPT-2")
+    try:
+        d = int(config["n_embd"])
+        return GPTConfig(n_layers=int(config["n_layer"]), d_model=d, n_heads=int(config["n_head"]),
+                         seq_len=int(config.get("n_positions", config.get("n_ctx", 1024))),
+                         vocab_size=int(config["vocab_size"]),
+                         mlp_width=int(config.get("n_inner") or GPT2_MLP_RATIO * d),
+                         tie_embeddings=bool(config.get("tie_word_embeddings", True)))
+    except KeyError as e:
+        raise ValueError(f"missing key {e.args[0]!r}") from None

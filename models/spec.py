@@ -1,0 +1,111 @@
+"""The model-spec protocol: everything the compiler, the engine and the tools know about a model family.
+
+A family (GPT-2, Llama 3, ...) is one folder of ``models/`` that exports one ``ModelSpec`` and registers
+it in ``models/__init__.py``; nothing outside ``models/`` imports a family's modules. The spec is a row of
+facts and functions, read by everyone:
+
+- its config dataclass and named sizes (``--model`` choices), and how flag overrides apply to a size;
+- ``build(cfg, share_tied_weights=...)``: the module, on the current default device (the engine builds on
+  the meta device and traces it, so ``forward`` must create no tensor on a device of its own: derive
+  positions from the input with ``*_like``, never ``torch.arange(device=...)``);
+- ``initial_value(name, shape, seed=, cfg=)``: every parameter's initial value as a pure function of
+  (seed, name, shape), so a rank initialises just the shards it holds (``name_seeded_normal``);
+- its tensor-parallel plan as data: styles per block-relative module name, and the embedding and head
+  split over the vocabulary; with ``--sequence-parallel`` the block plan adds the norms' styles;
+- its tied weights ({copy: source}, applied when the config ties embeddings);
+- ``check(cfg, mp)``: why a shape cannot run (one line naming the flag), e.g. ``--mp`` not dividing heads;
+- FLOPs per token (MFU's numerator) and, through ``build``, the per-layer costs the partitioner counts;
+- its Hugging Face adapter (names, transposes or permutations, ``config.json`` both ways).
+
+The module a family builds follows one naming contract, so that splitting, tying and vocabulary
+parallelism are generic: the token embedding is ``tok_emb`` (an ``nn.Embedding``), the blocks live in a
+``ModuleDict`` ``layers`` keyed "0".."L-1", the final norm is ``norm`` and the LM head ``head`` (an
+``nn.Linear``). ``embed(tokens)`` is everything before block 0, ``logits(hidden)`` the final norm and head,
+and ``forward(tokens) == logits(blocks(embed(tokens)))``. Attention reshapes with ``-1`` heads, so a
+tensor-parallel shard holding H/mp heads traces the same graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+# Tensor-parallel styles a plan names (compiler/parallelize/tensor_parallel.py applies them).
+COLWISE = "colwise"  # output features sharded (Megatron's column-parallel linear)
+ROWWISE = "rowwise"  # input features sharded, partial outputs all-reduced (row-parallel linear)
+VOCAB_EMBEDDING = "vocab_embedding"  # rows (vocabulary) sharded, token ids replicated, output all-reduced
+VOCAB_HEAD = "vocab_head"  # output features (vocabulary) sharded, logits left sharded for the loss
+# Sequence parallelism (Korthikanti et al. 2022): the norms run on sequence shards; the attention and MLP
+# gather the sequence before their column-parallel matrices and reduce-scatter after their row-parallel ones.
+SEQUENCE_NORM = "sequence_norm"  # a norm on a (B, T/mp, D) sequence shard
+GATHER_SEQUENCE = "gather_sequence"  # module input: all-gather the sequence shards
+ROWWISE_SCATTER = "rowwise_scatter"  # row-parallel linear whose output is reduce-scattered over the sequence
+
+# The naming contract's fixed names (see the module docstring).
+TOKEN_EMBEDDING = "tok_emb"
+FINAL_NORM = "norm"
+LM_HEAD = "head"
+VOCAB_TP_PLAN: Mapping[str, str] = {TOKEN_EMBEDDING: VOCAB_EMBEDDING, LM_HEAD: VOCAB_HEAD}
+TIED_EMBEDDINGS: Mapping[str, str] = {f"{LM_HEAD}.weight": f"{TOKEN_EMBEDDING}.weight"}
+
+
+@dataclass(frozen=True)
+class HFAdapter:
+    """A family's Hugging Face layout: ``config.json`` and the tensors of ``*ForCausalLM``, both ways.
+
+    ``to_hf`` maps a whole state dict of ours (full tensors; meta tensors give just the names and shapes)
+    to Hugging Face's. ``from_hf(name, cfg)`` says which Hugging Face tensors one of our parameters is made
+    of and how: ``(hf_names, combine)`` with ``combine(*tensors) -> our tensor``, so a loader reads only the
+    tensors of the parameters it holds.
+    """
+
+    architectures: tuple[str, ...]  # config.json "architectures" this family reads; the first is written
+    model_types: tuple[str, ...]  # config.json "model_type" values this family reads
+    config_to_hf: Callable[[Any], dict]
+    config_from_hf: Callable[[dict], Any]  # raises ValueError naming the key on a config it cannot build
+    to_hf: Callable[[Mapping[str, torch.Tensor], Any], dict[str, torch.Tensor]]
+    from_hf: Callable[[str, Any], tuple[tuple[str, ...], Callable[..., torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    family: str  # "gpt2", "llama3": the value of every config's ``family`` field
+    description: str
+    config_type: type
+    sizes: Mapping[str, Any]  # named sizes: ``--model`` choices -> config
+    debug_size: str  # the smallest size, for tests (runs on 8 CPU ranks in seconds)
+    build: Callable[..., nn.Module]  # build(cfg, *, share_tied_weights=True)
+    initial_value: Callable[..., torch.Tensor]  # initial_value(name, shape, *, seed, cfg) -> fp32 CPU tensor
+    with_overrides: Callable[..., Any]  # with_overrides(base_cfg, **fields given by flags) -> cfg
+    check: Callable[[Any, int], str | None]  # check(cfg, mp): why this shape cannot run on mp ranks, or None
+    flops_per_token: Callable[[Any], float]  # training FLOPs per token (6N + attention), for MFU
+    block_tp_plan: Mapping[str, str]  # block-relative module name -> style
+    sequence_parallel_plan: Mapping[str, str]  # replaces / adds block entries under --sequence-parallel
+    hf: HFAdapter
+    model_tp_plan: Mapping[str, str] = field(default_factory=lambda: dict(VOCAB_TP_PLAN))
+    tied_weights: Mapping[str, str] = field(default_factory=lambda: dict(TIED_EMBEDDINGS))
+    config_from_dict: Callable[[dict], Any] | None = None  # default: config_type(**d)
+
+    def block_plan(self, *, sequence_parallel: bool) -> dict[str, str]:
+        return {**self.block_tp_plan, **(self.sequence_parallel_plan if sequence_parallel else {})}
+
+
+def name_seed(seed: int, name: str) -> int:
+    """A stable (not Python-hash-randomised) 63-bit mix of the seed and a parameter name."""
+    h = seed & 0xFFFFFFFF
+    for ch in name.encode():
+        h = (h * 1000003 ^ ch) & 0x7FFFFFFFFFFFFFFF
+    return h
+
+
+def name_seeded_normal(name: str, shape: tuple[int, ...], *, seed: int, std: float) -> torch.Tensor:
+    """N(0, std^2) values drawn from a generator seeded by (seed, name): the same whether the whole model,
+    one pipeline stage or one shard of the parameter is being initialised."""
+    return torch.randn(shape, generator=torch.Generator().manual_seed(name_seed(seed, name))).mul_(std)
+
+
+def divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)

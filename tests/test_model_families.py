@@ -1,0 +1,130 @@
+"""The generic checks every registered model family passes: the naming contract, plans that name real
+modules, tied weights, name-seeded initial values, flag overrides, parameter counts and the Hugging Face
+adapter's round trip. (Parity with one process at one mesh: tests/test_parity.py, a case per family.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from models import FAMILIES, MODEL_NAMES, build_model, config_from_dict, config_to_dict, parameter_count, spec_of
+from models.spec import (
+    COLWISE,
+    GATHER_SEQUENCE,
+    LM_HEAD,
+    ROWWISE,
+    ROWWISE_SCATTER,
+    SEQUENCE_NORM,
+    TOKEN_EMBEDDING,
+    VOCAB_EMBEDDING,
+    VOCAB_HEAD,
+)
+
+SPECS = list(FAMILIES.values())
+LINEAR_STYLES = {COLWISE, ROWWISE, ROWWISE_SCATTER}
+
+
+def _debug(spec, **overrides):
+    base = spec.sizes[spec.debug_size]
+    return spec.with_overrides(base, **overrides) if overrides else base
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+def test_the_model_follows_the_naming_contract(spec):
+    cfg = _debug(spec, seq_len=16)
+    model = build_model(cfg, seed=0)
+    assert isinstance(getattr(model, TOKEN_EMBEDDING), nn.Embedding)
+    assert isinstance(getattr(model, LM_HEAD), nn.Linear)
+    assert list(model.layers.keys()) == [str(i) for i in range(cfg.n_layers)]
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        x = model.embed(tokens)
+        for block in model.layers.values():
+            x = block(x)
+        torch.testing.assert_close(model.logits(x), model(tokens), rtol=0, atol=0)
+    assert model(tokens).shape == (2, cfg.seq_len, cfg.vocab_size)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+def test_every_plan_key_names_a_module_of_the_right_kind(spec):
+    cfg = _debug(spec)
+    model = spec.build(cfg)
+    for block_name, block in model.layers.named_children():
+        for key, style in spec.block_plan(sequence_parallel=True).items():
+            module = block.get_submodule(key)  # raises if the key names nothing
+            if style in LINEAR_STYLES:
+                assert isinstance(module, nn.Linear), f"layers.{block_name}.{key} is {type(module).__name__}"
+            elif style == SEQUENCE_NORM:
+                assert not list(module.children()) and any(True for _ in module.parameters()), f"{key}: a norm"
+            else:
+                assert style == GATHER_SEQUENCE and list(module.children()), f"{key}: a module with children"
+    kinds = {VOCAB_EMBEDDING: nn.Embedding, VOCAB_HEAD: nn.Linear}
+    for key, style in spec.model_tp_plan.items():
+        assert isinstance(model.get_submodule(key), kinds[style]), key
+    # The plain plan is Megatron's: every column-parallel matrix feeds a row-parallel one in the same module.
+    styles = set(spec.block_tp_plan.values())
+    assert styles == {COLWISE, ROWWISE}
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+def test_tied_weights_name_parameters_and_tie_only_when_asked(spec):
+    for tie in (True, False):
+        cfg = _debug(spec, tie_embeddings=tie)
+        model = spec.build(cfg)
+        shared = {n for n, _ in model.named_parameters()}  # a tied copy is not listed twice
+        for copy, source in spec.tied_weights.items():
+            assert source in shared
+            assert (copy in shared) is not tie
+            assert (model.get_parameter(copy) is model.get_parameter(source)) is tie
+        untied = spec.build(cfg, share_tied_weights=False)
+        for copy, source in spec.tied_weights.items():
+            assert untied.get_parameter(copy) is not untied.get_parameter(source)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+def test_initial_values_are_name_seeded_and_tied_copies_start_equal(spec):
+    cfg = _debug(spec)
+    a, b = build_model(cfg, seed=3), build_model(cfg, seed=3)
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(p, q), name
+    # One parameter's value does not depend on which others are built (a stage builds only its own).
+    name, p = next((n, p) for n, p in a.named_parameters() if n.startswith("layers.1.") and p.dim() == 2)
+    assert torch.equal(spec.initial_value(name, tuple(p.shape), seed=3, cfg=cfg), p.detach())
+    assert not torch.equal(spec.initial_value(name, tuple(p.shape), seed=4, cfg=cfg), p.detach())
+    tied = _debug(spec, tie_embeddings=True)
+    for copy, source in spec.tied_weights.items():
+        shape = tuple(spec.build(tied).get_parameter(source).shape)
+        assert torch.equal(spec.initial_value(copy, shape, seed=1, cfg=tied),
+                           spec.initial_value(source, shape, seed=1, cfg=tied))
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+def test_configs_round_trip_through_checkpoint_dicts_and_hf_config(spec):
+    for name, cfg in spec.sizes.items():
+        assert config_from_dict(config_to_dict(cfg)) == cfg, name
+        assert spec.hf.config_from_hf(spec.hf.config_to_hf(cfg)) == cfg, name
+        assert spec.hf.config_to_hf(cfg)["architectures"][0] == spec.hf.architectures[0]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+def test_the_hf_adapter_round_trips_every_parameter(spec):
+    for tie in (True, False):
+        cfg = _debug(spec, tie_embeddings=tie, seq_len=16)
+        model = build_model(cfg, seed=11)
+        state = {n: p.detach() for n, p in model.named_parameters(remove_duplicate=False)}
+        hf = spec.hf.to_hf(state, cfg)
+        for name, tensor in state.items():
+            sources, combine = spec.hf.from_hf(name, cfg)
+            assert set(sources) <= set(hf), f"{name} reads {sources}, not all written"
+            assert torch.equal(combine(*(hf[s] for s in sources)), tensor), name
+        # Meta tensors give the Hugging Face names and shapes without data (a loader's shape check).
+        meta = spec.hf.to_hf({n: t.to("meta") for n, t in state.items()}, cfg)
+        assert {n: t.shape for n, t in meta.items()} == {n: t.shape for n, t in hf.items()}
+
+
+def test_named_sizes_are_unique_and_parameter_counts_are_positive():
+    for name, (spec, cfg) in MODEL_NAMES.items():
+        assert cfg.family == spec.family and spec_of(cfg) is spec, name
+        assert spec.check(cfg, 1) is None, name
+    assert parameter_count(_debug(SPECS[0])) > 0
