@@ -200,7 +200,8 @@ BROKEN = {  # case -> (layout, break it, words the message must hold)
     "truncated shard": ("safetensors-sharded", lambda f: _truncate(f / "model-00003-of-00003.safetensors"),
                         ["model-00003-of-00003.safetensors", "truncated", "'step'"]),
     "unknown dtype": ("safetensors", lambda f: (f / "model.safetensors").write_bytes(
-        (f / "model.safetensors").read_bytes().replace(b'"F16"', b'"X16"')), ["model.safetensors", "'model.norm.weight'", "'X16'"]),
+        (f / "model.safetensors").read_bytes().replace(b'"F16"', b'"X16"')),
+        ["model.safetensors", "'model.norm.weight'", "'X16'"]),
     "truncated bin": ("bin", lambda f: _truncate(f / "pytorch_model.bin", 100), ["pytorch_model.bin", "truncated or corrupt"]),
     "bin of non-tensors": ("bin", lambda f: torch.save({"n_layers": 3}, f / "pytorch_model.bin"),
                            ["pytorch_model.bin", "'n_layers'", "not a tensor"]),
