@@ -117,6 +117,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig
     guard: GuardConfig
     compile_blocks: bool = False  # --compile: torch.compile each transformer block
+    sequence_parallel: bool = False  # --sequence-parallel: norms and residual stream on sequence shards (mp > 1)
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # --collective-timeout: bound on every collective and p2p wait
 
     @property
@@ -156,6 +157,7 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     """Raise ConfigError (one line naming the flag and the valid values) if the engine cannot run ``cfg``."""
     check_world(cfg.mesh, world_size)
     _check_model(cfg.model, cfg.mesh)
+    _check_sequence_parallel(cfg.sequence_parallel, cfg.model.seq_len, cfg.mesh.mp)
     _check_data_parallel(cfg.data_parallel, cfg.mesh)
     _check_pipeline(cfg.pipeline, cfg.model, cfg.mesh)
     _check_compile(cfg.compile_blocks, cfg.pipeline.schedule)
@@ -191,6 +193,17 @@ def _check_model(model: Any, mesh: MeshShape) -> None:
     problem = spec_of(model).check(model, mesh.mp)
     if problem:
         raise ConfigError(problem)
+
+
+def _check_sequence_parallel(enabled: bool, seq_len: int, mp: int) -> None:
+    if not enabled:
+        return
+    if mp == 1:
+        raise ConfigError("--sequence-parallel splits the tensor-parallel ranks' activations over the sequence and "
+                          "needs --mp > 1, got --mp 1")
+    if seq_len % mp:
+        raise ConfigError(f"--sequence-parallel needs --mp {mp} to divide --seq-len {seq_len}; "
+                          f"valid --seq-len values: multiples of {mp}")
 
 
 def _check_data_parallel(dp: DataParallelConfig, mesh: MeshShape) -> None:

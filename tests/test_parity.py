@@ -53,6 +53,9 @@ CASES = [
     (1, 4, 1, "looped-bfs", ["--layers", "8", "--activation-checkpointing"]),
     # Compiled blocks (inductor) under TP and PP.
     (1, 2, 2, "1f1b", ["--compile"]),
+    # Sequence parallelism: norms and residual stream on sequence shards, alone with DP and under PP + AC.
+    (2, 1, 4, "1f1b", ["--sequence-parallel"]),
+    (2, 2, 2, "interleaved-1f1b", ["--sequence-parallel", "--activation-checkpointing"]),
 ]
 
 

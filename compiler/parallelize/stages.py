@@ -70,10 +70,11 @@ def build_local_stages(
     data_parallel: DataParallelOptions,
     initial_value: Callable[[str, tuple[int, ...]], torch.Tensor],
     compile_blocks: bool = False,
+    sequence_parallel: bool = False,
 ) -> LocalStages:
     """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of ``cfg``'s
     model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
-    embedding and head over the vocabulary), checkpointed, compiled (``compile_blocks``), data-parallel,
+    embedding and head over the vocabulary; the norms over the sequence with ``sequence_parallel``), checkpointed, compiled (``compile_blocks``), data-parallel,
     and filled from ``initial_value(model name, full shape)``."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
@@ -89,7 +90,8 @@ def build_local_stages(
         module = pipe.get_stage_module(index)
         restore_linear_modules(module, model)
         if meshes.mp.size() > 1:
-            apply_tp(module, meshes.mp, block_plan=spec.block_tp_plan, model_plan=spec.model_tp_plan)
+            apply_tp(module, meshes.mp, block_plan=spec.block_plan(sequence_parallel=sequence_parallel),
+                     model_plan=spec.model_tp_plan, sequence_parallel=sequence_parallel)
         share_tied_weights(module, tied)
         if activation_checkpointing:
             apply_ac(module)

@@ -11,10 +11,19 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
+from compiler.parallelize.sequence_parallel import GatherSequence, scatter_sequence_at_stage_ends
 from compiler.parallelize.vocab_parallel import VocabParallelEmbedding
-from models.spec import COLWISE, ROWWISE, VOCAB_EMBEDDING, VOCAB_HEAD
+from models.spec import (
+    COLWISE,
+    GATHER_SEQUENCE,
+    ROWWISE,
+    ROWWISE_SCATTER,
+    SEQUENCE_NORM,
+    VOCAB_EMBEDDING,
+    VOCAB_HEAD,
+)
 
 _STYLES = {
     COLWISE: ColwiseParallel,
@@ -22,6 +31,11 @@ _STYLES = {
     VOCAB_EMBEDDING: VocabParallelEmbedding,  # the table's rows (the vocabulary) sharded, token ids replicated
     # Logits [B, T, V/mp] stay sharded on the vocabulary: the loss is vocabulary-parallel.
     VOCAB_HEAD: lambda: ColwiseParallel(output_layouts=Shard(-1)),
+    # Sequence parallelism (compiler/parallelize/sequence_parallel.py): a norm on (B, T/mp, D) shards, the
+    # sequence gathered at the attention's / MLP's input, the row-parallel output reduce-scattered.
+    SEQUENCE_NORM: SequenceParallel,
+    GATHER_SEQUENCE: GatherSequence,
+    ROWWISE_SCATTER: lambda: RowwiseParallel(output_layouts=Shard(1)),
 }
 
 
@@ -61,13 +75,15 @@ def _embedding_like(traced: nn.Module, original: nn.Embedding) -> nn.Embedding:
 def block_names(stage_module: nn.Module) -> list[str]:
     """Names of the transformer blocks ("layers.<i>") that live in this stage."""
     layers = getattr(stage_module, "layers", None)
-    return [f"layers.{key}" for key, _ in layers.named_children()] if layers is not None else []
+    return [f"layers.{key}" for key in sorted((k for k, _ in layers.named_children()), key=int)] if layers is not None else []
 
 
 def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[str, str],
-             model_plan: dict[str, str] | None = None) -> nn.Module:
+             model_plan: dict[str, str] | None = None, sequence_parallel: bool = False) -> nn.Module:
     """Shard every block of the stage over ``mp_mesh`` following ``block_plan``, and the model-level parts
-    of ``model_plan`` the stage holds (the vocabulary-parallel embedding and head), Megatron layout."""
+    of ``model_plan`` the stage holds (the vocabulary-parallel embedding and head), Megatron layout.
+    ``sequence_parallel``: ``block_plan`` includes the sequence-parallel entries, and the stage's run of
+    blocks takes its (B, T, D) input as sequence shards and gives its output back whole."""
     plan = {
         f"{block}.{key}": _STYLES[style]()
         for block in block_names(stage_module)
@@ -77,6 +93,8 @@ def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[s
     plan.update({key: _STYLES[style]() for key, style in (model_plan or {}).items() if key in held})
     if plan:
         parallelize_module(stage_module, mp_mesh, plan)
+    if sequence_parallel:
+        scatter_sequence_at_stage_ends(stage_module, block_names(stage_module), mp_mesh)
     return stage_module
 
 

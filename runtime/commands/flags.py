@@ -130,6 +130,10 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm clip (0 disables)")
     g.add_argument("--activation-checkpointing", action="store_true",
                    help="recompute each transformer block in the backward pass to save activation memory")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="with --mp > 1: run the norms and keep the residual stream on sequence shards (T/mp per "
+                        "rank; Korthikanti et al. 2022), all-gathering before and reduce-scattering after each "
+                        "tensor-parallel region instead of all-reducing")
     g.add_argument("--compile", action="store_true",
                    help="torch.compile each transformer block (after TP and activation checkpointing, before FSDP); "
                         "not with the split-backward schedules (zero-bubble, zbv, dualpipev)")
@@ -231,6 +235,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         checkpoint=_checkpoint_config(args),
         guard=GuardConfig(args.max_bad_steps, args.min_loss_scale),
         compile_blocks=args.compile,
+        sequence_parallel=args.sequence_parallel,
         collective_timeout_s=args.collective_timeout,
     )
     if world_size is not None:
