@@ -20,8 +20,11 @@ from compiler.partition import split_points
 logging.getLogger("torch.distributed.pipelining._IR").setLevel(logging.ERROR)
 
 
-def trace_pipeline(model: nn.Module, *, example_microbatch: torch.Tensor, blocks_per_stage: list[int]) -> Pipe:
+def trace_pipeline(model: nn.Module, *, example_microbatch: torch.Tensor | tuple[torch.Tensor, ...],
+                   blocks_per_stage: list[int]) -> Pipe:
     """Split ``model`` into len(blocks_per_stage) stages; stage s holds blocks_per_stage[s] blocks.
+    ``example_microbatch``: the model's input (tokens), or its inputs (tokens, positions) for packed
+    documents; the positions then travel from stage to stage with the activations (models/spec.py run_blocks).
 
     The embedding lands on stage 0 and the final norm + LM head on the last stage; either stage may
     hold no block (a split before block 0, or before the final norm).
@@ -30,7 +33,8 @@ def trace_pipeline(model: nn.Module, *, example_microbatch: torch.Tensor, blocks
     # A split before block i; before the final norm when the last stage holds only the head.
     split_spec = {(f"layers.{i}" if i < n_blocks else "norm"): SplitPoint.BEGINNING
                   for i in split_points(blocks_per_stage)}
-    pipe = pipeline(model, mb_args=(example_microbatch,), split_spec=split_spec)
+    args = example_microbatch if isinstance(example_microbatch, tuple) else (example_microbatch,)
+    pipe = pipeline(model, mb_args=args, split_spec=split_spec)
     if pipe.num_stages != len(blocks_per_stage):
         raise RuntimeError(f"tracer produced {pipe.num_stages} stages, expected {len(blocks_per_stage)}")
     for stage in range(pipe.num_stages):

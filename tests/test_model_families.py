@@ -128,3 +128,21 @@ def test_named_sizes_are_unique_and_parameter_counts_are_positive():
         assert cfg.family == spec.family and spec_of(cfg) is spec, name
         assert spec.check(cfg, 1) is None, name
     assert parameter_count(_debug(SPECS[0])) > 0
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+def test_packed_documents_attend_only_within_their_document(spec):
+    cfg = _debug(spec, seq_len=16)
+    model = build_model(cfg, seed=5)
+    g = torch.Generator().manual_seed(1)
+    first, second = torch.randint(0, cfg.vocab_size, (1, 6), generator=g), torch.randint(0, cfg.vocab_size, (1, 10), generator=g)
+    packed = torch.cat([first, second], dim=1)  # (1, 16): two documents
+    positions = torch.cat([torch.arange(6), torch.arange(10)]).unsqueeze(0)
+    with torch.no_grad():
+        logits = model(packed, positions)
+        torch.testing.assert_close(logits[:, 6:], model(second), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(logits[:, :6], model(first), rtol=1e-5, atol=1e-5)
+        # One document spanning the window is plain causal attention.
+        whole = torch.arange(16).unsqueeze(0)
+        torch.testing.assert_close(model(packed, whole), model(packed), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(logits[:, 6:], model(packed)[:, 6:], atol=1e-4)  # the mask does something

@@ -71,11 +71,13 @@ def build_local_stages(
     initial_value: Callable[[str, tuple[int, ...]], torch.Tensor],
     compile_blocks: bool = False,
     sequence_parallel: bool = False,
+    document_positions: bool = False,
 ) -> LocalStages:
     """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of ``cfg``'s
     model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
     embedding and head over the vocabulary; the norms over the sequence with ``sequence_parallel``), checkpointed, compiled (``compile_blocks``), data-parallel,
-    and filled from ``initial_value(model name, full shape)``."""
+    and filled from ``initial_value(model name, full shape)``. ``document_positions``: the model takes
+    (tokens, positions) and attends block-causally within packed documents."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
     spec = spec_of(cfg)
@@ -83,7 +85,9 @@ def build_local_stages(
     with torch.device("meta"):
         # A tied head gets a weight of its own: the two copies may live on different stages.
         model = spec.build(cfg, share_tied_weights=False)
-        example = torch.zeros(micro_batch_size, cfg.seq_len, dtype=torch.long)
+        tokens = torch.zeros(micro_batch_size, cfg.seq_len, dtype=torch.long)  # (b, T)
+        # Packed documents: each token's position in its document, (b, T), the model's second input.
+        example = (tokens, torch.zeros_like(tokens)) if document_positions else tokens
     pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage)
     modules, stages = [], []
     for index in indices:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.spec import TIED_EMBEDDINGS, divisors, name_seeded_normal
+from models.spec import TIED_EMBEDDINGS, divisors, document_mask, name_seeded_normal, run_blocks
 
 # GPT-2's MLP hidden width per unit of d_model: the width whenever none is given.
 GPT2_MLP_RATIO = 4
@@ -67,13 +67,17 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.o = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         # x: (B, T, D). The head count is -1, never n_heads: the traced graph keeps the -1, so a
         # tensor-parallel shard holding H/mp heads (qkv: (B, T, 3D/mp)) runs the same graph.
+        # positions (B, T): packed documents, attention block-causal (models/spec.py document_mask).
         B, T, _ = x.shape
         qkv = self.qkv(x).view(B, T, -1, 3, self.head_dim)  # (B, T, H, 3, hd)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each (B, H, T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        if positions is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(positions))
         return self.o(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
 
 
@@ -95,8 +99,8 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), positions)
         return x + self.mlp(self.ln2(x))
 
 
@@ -114,20 +118,20 @@ class GPT(nn.Module):
         if cfg.tie_embeddings and share_tied_weights:
             self.head.weight = self.tok_emb.weight  # (V, D) both: an embedding row is an output row
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         # tokens: (B, T) int64 -> (B, T, D). The positions' embeddings are the first T rows of the table,
         # sliced rather than looked up with arange: no tensor is created on a device here, so a graph traced
-        # on the meta device runs on any device unchanged.
-        return self.tok_emb(tokens) + self.pos_emb.weight[: tokens.shape[1]]
+        # on the meta device runs on any device unchanged. Packed documents give each token's position in
+        # its document instead (B, T).
+        if positions is None:
+            return self.tok_emb(tokens) + self.pos_emb.weight[: tokens.shape[1]]
+        return self.tok_emb(tokens) + F.embedding(positions, self.pos_emb.weight)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(x))  # (B, T, D) -> (B, T, V)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)
-        for block in self.layers.values():
-            x = block(x)
-        return self.logits(x)
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        return self.logits(run_blocks(self.layers, self.embed(tokens, positions), positions))
 
 
 def initial_value(name: str, shape: tuple[int, ...], *, seed: int, cfg: GPTConfig) -> torch.Tensor:

@@ -60,12 +60,14 @@ class StepContext:
     recorder: StepRecorder | None = None  # set when profiling: times the optimizer phase
 
 
-def run_schedule(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *, train: bool) -> list[torch.Tensor]:
+def run_schedule(ctx: StepContext, inputs: torch.Tensor | tuple[torch.Tensor, ...], targets: torch.Tensor, *,
+                 train: bool) -> list[torch.Tensor]:
     """Run one pass of the schedule over this replica's batch (training: forward and backward of every
     micro-batch, tied copies' gradients summed, replicas' gradients averaged where nothing is sharded);
-    returns per-micro-batch losses on the last stage."""
+    returns per-micro-batch losses on the last stage. ``inputs``: tokens (B, T), or (tokens, positions) for
+    packed documents."""
     losses: list[torch.Tensor] = []
-    args = (inputs,) if ctx.stages.has_first else ()
+    args = (inputs if isinstance(inputs, tuple) else (inputs,)) if ctx.stages.has_first else ()
     kwargs = {"target": targets, "losses": losses} if ctx.stages.has_last else {}
     with autocast(ctx.device.type, ctx.precision), vocab_parallel_loss(ctx.vocab_parallel):
         if train:
