@@ -12,10 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from models import gpt2
+from models import gpt2, llama3
 from models.spec import ModelSpec
 
-FAMILIES: dict[str, ModelSpec] = {spec.family: spec for spec in (gpt2.SPEC,)}
+FAMILIES: dict[str, ModelSpec] = {spec.family: spec for spec in (gpt2.SPEC, llama3.SPEC)}
 
 # Every named size of every family: the ``--model`` choices.
 MODEL_NAMES: dict[str, tuple[ModelSpec, Any]] = {
