@@ -23,6 +23,8 @@ COMMON = ["--model", "tiny", "--precision", "fp32", "--steps", str(STEPS), "--mi
           "--seq-len", "32", "--warmup-steps", "1", "--lr", "3e-3", "--log-every", "1", "--eval-every", "0",
           "--eval-batches", "1", "--peak-tflops", "1"]
 
+LLAMA = ["--model", "llama3-debug", "--layers", "4", "--heads", "8", "--kv-heads", "4"]
+
 # (dp, pp, mp, schedule, extra flags): every mesh of the issue, every schedule, activation checkpointing.
 # The default split on 2x2x2 interleaved is covered by the full-gradient test below; here that mesh runs
 # with the embedding and the head alone on stages of their own (what --split auto picks for a heavy head).
@@ -56,6 +58,13 @@ CASES = [
     # Sequence parallelism: norms and residual stream on sequence shards, alone with DP and under PP + AC.
     (2, 1, 4, "1f1b", ["--sequence-parallel"]),
     (2, 2, 2, "interleaved-1f1b", ["--sequence-parallel", "--activation-checkpointing"]),
+    # Llama 3 (RMSNorm, RoPE with llama3 scaling, grouped-query attention 8 heads / 4 kv heads, SwiGLU): the
+    # looped and V placements, sequence parallelism over 4 TP ranks, HSDP and ZeRO-3.
+    (2, 2, 2, "interleaved-1f1b", LLAMA),
+    (2, 2, 2, "zbv", LLAMA),
+    (2, 1, 4, "1f1b", [*LLAMA, "--sequence-parallel"]),
+    (4, 2, 1, "interleaved-1f1b", [*LLAMA, "--dp-shard", "2"]),
+    (2, 2, 2, "1f1b", [*LLAMA, "--reshard-after-forward"]),
 ]
 
 
@@ -66,7 +75,8 @@ def _args(dp, pp, mp, schedule, extra, logdir) -> list[str]:
 
 def _case_id(case) -> str:
     dp, pp, mp, schedule, extra = case
-    return f"{dp}x{pp}x{mp}-{schedule}" + "".join(f"-{x.removeprefix('--').replace(',', '')}" for x in extra)
+    flags = [x for x in extra if x not in LLAMA[2:]]  # the Llama shape flags say nothing the family name does not
+    return f"{dp}x{pp}x{mp}-{schedule}" + "".join(f"-{x.removeprefix('--').replace(',', '')}" for x in flags)
 
 
 CASES_BY_ID = {_case_id(c): c for c in CASES}
