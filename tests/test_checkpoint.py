@@ -148,11 +148,9 @@ def test_checkpoints_move_between_looped_and_v_placements(runs, tmp_path):
 
 
 def test_a_llama_checkpoint_of_2x2x2_resumes_on_1x2x4_exactly(tmp_path):
-    """Llama 3 (GQA, RoPE, RMSNorm, untied head by --untie-embeddings here) through the same names-only
-    checkpoints: 2x2x2 saves at step 3, 1x2x4 (TP over 4 ranks: 2 query heads and 1 kv head each) continues."""
-    llama = ["--model", "llama3-debug", "--layers", "4", "--heads", "8", "--kv-heads", "4", "--steps", "6",
-             "--checkpoint-every", "3"]
-    a, _ = _train((2, 2, 2), tmp_path / "log_a", *llama, "--checkpoint-dir", str(tmp_path / "a"))
+    """Llama 3 (GQA, RoPE, RMSNorm, a tied head) through the same names-only checkpoints: 2x2x2 saves at step 3, 1x2x4 (TP over 4 ranks: 2 query heads and 1 kv head each) continues."""
+    llama = ["--model", "llama3-debug", "--layers", "4", "--heads", "8", "--kv-heads", "4", "--steps", "6"]
+    a, _ = _train((2, 2, 2), tmp_path / "log_a", *llama, "--checkpoint-dir", str(tmp_path / "a"), "--checkpoint-every", "3")
     resumed, output = _train((1, 2, 4), tmp_path / "log_b", *llama, "--schedule", "1f1b",
                              "--resume-from", str(tmp_path / "a" / "step-000003"))
     assert "resharding: saved on (dp, pp, mp) = (2, 2, 2)" in output and resumed["start_step"] == 3
