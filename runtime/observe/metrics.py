@@ -82,7 +82,9 @@ class MetricsLogger:
 
 
 def progress_line(*, step: int, steps: int, loss: float, tokens_per_sec: float, mfu: float, loss_scale: float,
-                  grad_norm: float, seconds_left: float) -> str:
+                  grad_norm: float, seconds_left: float, epochs: list[float] | None = None) -> str:
     eta = datetime.timedelta(seconds=round(max(0.0, seconds_left)))
-    return (f"step {step:>{len(str(steps))}}/{steps} | loss {loss:.4f} | {tokens_per_sec:,.0f} tok/s | "
+    # epochs: of each data source completed so far (none for synthetic data)
+    epoch = (f" | epoch{'s' if len(epochs) > 1 else ''} {'/'.join(f'{e:.2f}' for e in epochs)}" if epochs else "")
+    return (f"step {step:>{len(str(steps))}}/{steps} | loss {loss:.4f}{epoch} | {tokens_per_sec:,.0f} tok/s | "
             f"MFU {100 * mfu:.2f}% | loss scale {loss_scale:g} | grad norm {grad_norm:.3f} | ETA {eta}")
