@@ -56,7 +56,7 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
         description="Train a GPT on a (dp, pp, mp) mesh: traced pipeline stages, DTensor tensor "
         "parallelism, FSDP data parallelism, overlapped pipeline schedules and mixed precision. "
         "Launch with `torchrun --nproc_per_node=N run.py ...`; without torchrun it runs as one process. "
-        "Subcommands: study, plan, calibrate, export (each has --help).",
+        "Subcommands: study, plan, calibrate, export, eval (each has --help).",
         formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("mesh (dp x pp x mp must equal the number of processes)")

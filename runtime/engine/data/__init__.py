@@ -12,11 +12,11 @@
 """
 
 from runtime.engine.data.batches import CorpusBatches, SyntheticBatches, inputs_and_targets, replica_rows
-from runtime.engine.data.build import DataSources, build_data, build_data_from_config, parse_mixture
+from runtime.engine.data.build import DataSources, build_data, build_data_from_config, evaluation_corpus, parse_mixture
 from runtime.engine.data.corpus import DataError, restart_at_window
 from runtime.engine.data.detect import DATA_FORMATS
 from runtime.engine.data.text import BYTE_VOCAB
 from runtime.engine.data.token_files import TOKEN_DTYPES
 
 __all__ = ["BYTE_VOCAB", "DATA_FORMATS", "TOKEN_DTYPES", "CorpusBatches", "DataError", "DataSources", "SyntheticBatches",
-           "build_data", "build_data_from_config", "inputs_and_targets", "parse_mixture", "replica_rows", "restart_at_window"]
+           "build_data", "build_data_from_config", "evaluation_corpus", "inputs_and_targets", "parse_mixture", "replica_rows", "restart_at_window"]

@@ -106,6 +106,21 @@ def build_data_from_config(data: DataConfig, *, vocab_size: int, seq_len: int, g
                       document_mask=data.document_mask)
 
 
+def evaluation_corpus(spec: str, *, vocab_size: int, seq_len: int, token_dtype: str = "uint16",
+                      data_format: str = "auto", cache_dir: Path | None = None) -> tuple[Corpus, bool, str]:
+    """What ``run.py eval --data`` evaluates: the validation split the format names (llm.c ``*_val_*`` shards,
+    nanoGPT ``val.bin``), else every file ``spec`` names, whole. Returns (corpus, byte-level, description)."""
+    if spec == "synthetic" or len(parse_mixture(spec, flag="--data")) > 1:
+        raise DataError(f"--data {spec}: evaluation reads one data set (a file, a folder, a glob or a Megatron pair)")
+    reader = _Reader(vocab_size=vocab_size, seq_len=seq_len, eod_token=None, token_dtype=token_dtype,
+                     data_format=data_format, cache_dir=cache_dir or default_cache_dir(), document_mask=False)
+    src = reader.open(spec, flag="--data")
+    files = src.val or src.train
+    corpus = reader.corpus(reader.spans(src, files, flag="--data"), spec=spec, flag="--data")
+    which = "its validation files" if src.val else "every file"
+    return corpus, src.byte_level, f"{src.describe()}: {which}, {corpus.windows:,} windows of {seq_len} + 1 tokens"
+
+
 def _held_out(spans: list[TokenSpan], *, fraction: float, seq_len: int, spec: str) -> tuple[list[TokenSpan], list[TokenSpan]]:
     total = sum(len(s) for s in spans)
     need = math.ceil((seq_len + 1) / min(fraction, 1 - fraction))
