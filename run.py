@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-from runtime.commands import calibrate, export, plan, train
+from runtime.commands import calibrate, data_benchmark, export, plan, train
 from runtime.commands import eval as eval_command
 from runtime.commands.study import cli as study
 
@@ -21,7 +21,7 @@ from runtime.commands.study import cli as study
 warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*", category=FutureWarning)
 
 SUBCOMMANDS = {"study": study.main, "plan": plan.main, "calibrate": calibrate.main, "export": export.main,
-               "eval": eval_command.main}
+               "eval": eval_command.main, "data-benchmark": data_benchmark.main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -50,7 +50,8 @@ def data_scalars(data: DataSources, steps: int) -> dict[str, float]:
 def data_summary(data: DataSources, steps: int) -> dict:
     """What summary.json says of the data: each source's weight, realised share and epochs."""
     components = data.train.components
-    return {"sources": [{"data": c.name, "weight": float(c.weight), "share": share, "epochs": epochs}
+    return {"sources": [{"data": c.name, "weight": float(c.weight), "share": share, "epochs": epochs,
+                         "windows": c.corpus.windows}
                         for c, share, epochs in zip(components, data.train.shares(steps), data.train.epochs(steps))],
             "byte_level": data.byte_level}
 
