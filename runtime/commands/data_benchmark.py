@@ -11,8 +11,9 @@ Two measurements, written to ``--out`` (results.json) and printed:
 2. **Token-file reading**: a ``--gigabytes`` nanoGPT file of uint16 tokens written to a temporary folder,
    then ``--ranks`` processes that each build the data (the first pays the vocabulary scan, cached for
    the others) and read their rows of ``--steps`` global batches of ``--batch`` x (``--seq-len`` + 1)
-   tokens: tokens per second per rank, and the machine's used memory (MemTotal - MemAvailable, so the
-   page cache the mapped file lives in does not count) before and at its peak, against the file's size.
+   tokens: tokens per second per rank; each reader's private memory growth (RssAnon) and the file pages
+   it maps (RssFile, the page cache every reader shares); and the machine's used memory (MemTotal -
+   MemAvailable: page cache excluded) before the readers start and at its peak, against the file's size.
 
 Timings depend on the machine's load: run it on a quiet machine for numbers to report.
 """
@@ -64,8 +65,11 @@ def main(argv: list[str]) -> int:
           f"({100 * share['loader_share']:.3f}%)")
     print(f"{reading['file_gb']:.2f} GB token file, {reading['ranks']} readers: "
           f"{reading['tokens_per_s_per_rank_median']:,.0f} tokens/s per rank (min "
-          f"{reading['tokens_per_s_per_rank_min']:,.0f}); first scan {reading['first_build_s']:.1f} s; used memory "
-          f"+{reading['used_memory_growth_gb']:.2f} GB (the file x ranks = {reading['file_gb'] * reading['ranks']:.1f} GB)")
+          f"{reading['tokens_per_s_per_rank_min']:,.0f}); first build (scan) {reading['first_build_s']:.1f} s; "
+          f"private memory +{1e3 * reading['private_growth_gb_per_rank_max']:.1f} MB per rank at most, file pages "
+          f"mapped {1e3 * reading['mapped_file_gb_per_rank_max']:.0f} MB (shared); machine used memory "
+          f"+{reading['used_memory_growth_gb']:.2f} GB with the readers' start-up (the file x ranks = "
+          f"{reading['file_gb'] * reading['ranks']:.1f} GB)")
     print(f"wrote {out / 'results.json'}")
     return 0
 
@@ -108,6 +112,9 @@ def token_file_reading(args: argparse.Namespace) -> dict:
         return {"file_gb": path.stat().st_size / 1e9, "ranks": args.ranks, "batch": args.batch, "seq_len": args.seq_len,
                 "steps": args.steps, "tokens_per_s_per_rank_median": statistics.median(rates),
                 "tokens_per_s_per_rank_min": min(rates), "first_build_s": max(r["build_s"] for r in ranks),
+                "private_growth_gb_per_rank_max": max(r["private_growth_bytes"] for r in ranks) / 1e9,
+                "mapped_file_gb_per_rank_max": max(r["mapped_file_bytes"] for r in ranks) / 1e9,
+                # the whole machine, the readers' start-up (torch imported in each) and other load included
                 "used_memory_before_gb": before / 1e9, "used_memory_peak_gb": peak.peak / 1e9,
                 "used_memory_growth_gb": (peak.peak - before) / 1e9}
 
@@ -129,6 +136,7 @@ def _read_rows(path: str, cache: str, out: str, batch: int, seq_len: int, steps:
     """One reader (a DP rank): build the data as training does, then read its rows of ``steps`` batches."""
     rank = int(os.environ["RANK"])
     os.environ["XDG_CACHE_HOME"] = cache
+    private_before, mapped_before = _rss("RssAnon"), _rss("RssFile")
     start = time.perf_counter()
     data = build_data(path, vocab_size=VOCAB, seq_len=seq_len, global_batch_size=batch, seed=1, val_fraction=0.01)
     built = time.perf_counter() - start
@@ -138,7 +146,18 @@ def _read_rows(path: str, cache: str, out: str, batch: int, seq_len: int, steps:
         inputs_and_targets(data.train.rows(step, *rows))
     seconds = time.perf_counter() - start
     tokens = steps * (rows[1] - rows[0]) * (seq_len + 1)
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"tokens_per_s": tokens / seconds, "build_s": built}))
+    Path(out, f"rank{rank}.json").write_text(json.dumps({
+        "tokens_per_s": tokens / seconds, "build_s": built,
+        "private_growth_bytes": _rss("RssAnon") - private_before,  # memory of its own the loader took
+        "mapped_file_bytes": _rss("RssFile") - mapped_before}))  # file pages it touched: the shared page cache
+
+
+def _rss(field: str) -> int:
+    """This process's resident memory of one kind (/proc/self/status), bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return 1024 * int(line.split()[1])
+    return 0
 
 
 def _used_memory() -> int:
