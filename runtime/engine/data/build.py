@@ -63,6 +63,9 @@ def build_data(source: str, *, vocab_size: int, seq_len: int, global_batch_size:
     if source == "synthetic":
         if val_source is not None:
             raise DataError("--val-data needs real --data: synthetic tokens have no held-out text to validate on")
+        if document_mask and eod_token is None:
+            raise DataError("--document-mask with --data synthetic needs --eod-token ID: random tokens have no "
+                            "other document boundaries")
         make = lambda s: SyntheticBatches(vocab_size=vocab_size, seq_len=seq_len, global_batch_size=global_batch_size,  # noqa: E731
                                           seed=s, eod=eod_token)
         return DataSources(make(seed), make(seed + 1), f"synthetic: seeded uniform tokens over {vocab_size}")
