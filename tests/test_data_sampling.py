@@ -115,6 +115,11 @@ def test_positions_restart_after_each_end_of_document_token(tmp_path):
     assert restart_at_window(corpus.positions(1)[None]).tolist() == [[0, 1, 2, 3, 4, 5, 6, 0]]
     # window 2 (tokens 16..23) lies inside the fourth document, which began at token 15
     assert corpus.positions(2).tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    # A batch gives Megatron's window-relative positions (all < T, as a learned position table needs), or the
+    # true offsets on request; window 1 is the only window of the single-row batch at step ``step``.
+    step = next(s for s in range(3) if data._windows(s, 0, 1)[0][1] == 1)
+    assert data.positions(step, 0, 1).tolist() == [[0, 1, 2, 3, 4, 5, 6, 0]]
+    assert data.positions(step, 0, 1, from_document_start=True).tolist() == [[1, 2, 3, 4, 5, 6, 7, 0]]
 
 
 def test_megatron_positions_follow_the_document_index(tmp_path):

@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import torch
 
-from runtime.engine.data.corpus import Corpus, positions_after_eod
+from runtime.engine.data.corpus import Corpus, positions_after_eod, restart_at_window
 from runtime.engine.data.sampling import Interleave, derive, epoch_order
 
 
@@ -50,9 +50,14 @@ class CorpusBatches:
         """Rows [start, stop) of global batch ``step``: int64 (stop - start, T + 1)."""
         return torch.stack([corpus.window(g) for corpus, g in self._windows(step, start, stop)])
 
-    def positions(self, step: int, start: int, stop: int) -> torch.Tensor:
-        """Each input token's position within its document for the same rows: int64 (stop - start, T)."""
-        return torch.stack([corpus.positions(g) for corpus, g in self._windows(step, start, stop)])
+    def positions(self, step: int, start: int, stop: int, *, from_document_start: bool = False) -> torch.Tensor:
+        """Each input token's position within its document for the same rows: int64 (stop - start, T).
+
+        By default a document begun before the window counts from the window's first token (Megatron's
+        ``reset_position_ids``), so every position is < T and fits a learned position table of T rows;
+        ``from_document_start`` counts from the document's true start (for rotary positions)."""
+        true = torch.stack([corpus.positions(g) for corpus, g in self._windows(step, start, stop)])
+        return true if from_document_start else restart_at_window(true)
 
     def sequences(self, steps: int) -> list[int]:
         """Sequences each source has given after ``steps`` global batches."""
@@ -88,7 +93,8 @@ class SyntheticBatches:
             out[i] = torch.randint(0, self.vocab_size, (self.seq_len + 1,), generator=g)
         return out
 
-    def positions(self, step: int, start: int, stop: int) -> torch.Tensor:
+    def positions(self, step: int, start: int, stop: int, *, from_document_start: bool = False) -> torch.Tensor:
+        """As ``CorpusBatches.positions``; a row drawn on its own starts a document, so both counts agree."""
         inputs = self.rows(step, start, stop)[:, :-1]
         if self.eod is None:
             return torch.arange(self.seq_len).expand(stop - start, -1).clone()

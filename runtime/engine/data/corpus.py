@@ -9,9 +9,10 @@ spans (files).
 **Documents.** ``positions`` gives each input token's position within its document: 0 on a document's
 first token. A document ends with its end-of-document token (Megatron's convention: positions restart
 on the token *after* it), or where the Megatron index says; a file's first token starts a document.
-Positions count from the document's true start, also for a window that starts mid-document
-(``restart_at_window`` turns them into Megatron's window-relative ``reset_position_ids``). A corpus
-without document information treats each window as one document.
+Here positions count from the document's true start, also for a window that starts mid-document;
+``restart_at_window`` turns them into Megatron's window-relative ``reset_position_ids`` (what batches
+give by default: every position < T). A corpus without document information treats each window as one
+document.
 """
 
 from __future__ import annotations
