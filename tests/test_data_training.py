@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from models.gpt import GPT, GPTConfig
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
@@ -72,7 +73,8 @@ def formats(workdir) -> dict[str, Path]:
         write_llmc(workdir / "llmc" / f"prog_train_{i:06d}.bin", _flat(_documents(150, 3 + i)))
     write_llmc(workdir / "llmc" / "prog_val_000000.bin", _flat(_documents(40, 5)))
     megatron = write_megatron(workdir / "prog_text_document", _documents(340, 6), "uint16")
-    sources = {"nanogpt": workdir / "nanogpt", "llmc": workdir / "llmc", "megatron": megatron}
+    sources = {"nanogpt": workdir / "nanogpt", "llmc": workdir / "llmc", "megatron": megatron,
+               "mixture": f"0.7:{workdir / 'nanogpt' / 'train.bin'},0.3:{workdir / 'llmc'}"}
     argvs = [[*SMALL, "--steps", "30", "--eval-every", "5", "--eval-batches", "4", "--data", str(path),
               "--logdir", str(workdir / f"log-{fmt}"),
               *(["--checkpoint-dir", str(workdir / "ckpt")] if fmt == "nanogpt" else [])]
@@ -89,6 +91,20 @@ def test_training_on_each_format_lowers_the_validation_loss(formats, fmt):
     assert val[-1] < math.log(256) - 1.0  # well below a uniform guess
     source = summary["data"]["sources"][0]
     assert source["epochs"] == pytest.approx(30 * 8 / source["windows"])
+
+
+def test_a_mixture_reports_its_realised_shares(formats):
+    summary = json.loads((formats["mixture"] / "summary.json").read_text())
+    sources = summary["data"]["sources"]
+    assert [s["weight"] for s in sources] == [0.7, 0.3]
+    assert sum(s["share"] for s in sources) == pytest.approx(1.0)
+    for s in sources:  # 240 sequences: within a sequence or two of the weights
+        assert abs(s["share"] - s["weight"]) <= 2 / 240 and s["epochs"] == pytest.approx(s["share"] * 240 / s["windows"])
+    events = EventAccumulator(str(formats["mixture"]))
+    events.Reload()
+    shares = sorted(tag for tag in events.Tags()["scalars"] if tag.startswith("data/share/"))
+    assert shares == ["data/share/0_train.bin", "data/share/1_llmc"]
+    assert events.Scalars(shares[0])[-1].value == pytest.approx(sources[0]["share"])
 
 
 def _plain_forward_loss(checkpoint: Path, val_bin: Path, seq_len: int) -> float:

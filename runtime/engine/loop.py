@@ -126,7 +126,7 @@ def training_loop(
                                         mfu=throughput.mfu(mean_time), loss_scale=stats.loss_scale,
                                         grad_norm=stats.grad_norm,
                                         seconds_left=elapsed / (n - start_step) * (last_step - n),
-                                        epochs=data.train.epochs(n)), flush=True)
+                                        epochs=data.train.epochs(n), shares=data.train.shares(n)), flush=True)
                 logger.scalars(n, data_scalars(data, n))
             # Raises DivergenceError on every rank alike, before any checkpoint of this step is written.
             guard.observe(n, loss=stats.loss, grad_norm=stats.grad_norm, skipped=stats.skipped,

@@ -83,9 +83,12 @@ class MetricsLogger:
 
 
 def progress_line(*, step: int, steps: int, loss: float, tokens_per_sec: float, mfu: float, loss_scale: float,
-                  grad_norm: float, seconds_left: float, epochs: list[float] | None = None) -> str:
+                  grad_norm: float, seconds_left: float, epochs: list[float] | None = None,
+                  shares: list[float] | None = None) -> str:
     eta = datetime.timedelta(seconds=round(max(0.0, seconds_left)))
-    # epochs: of each data source completed so far (none for synthetic data)
+    # epochs of each data source completed so far (none for synthetic data); a mixture's realised shares
     epoch = (f" | epoch{'s' if len(epochs) > 1 else ''} {'/'.join(f'{e:.2f}' for e in epochs)}" if epochs else "")
+    if shares and len(shares) > 1:
+        epoch += f" | shares {'/'.join(f'{x:.3f}' for x in shares)}"
     return (f"step {step:>{len(str(steps))}}/{steps} | loss {loss:.4f}{epoch} | {tokens_per_sec:,.0f} tok/s | "
             f"MFU {100 * mfu:.2f}% | loss scale {loss_scale:g} | grad norm {grad_norm:.3f} | ETA {eta}")
