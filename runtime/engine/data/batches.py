@@ -80,8 +80,6 @@ class SyntheticBatches:
     """Seeded uniform random tokens, for benchmarks: no file, no tokenisation cost. Row r of batch s is drawn
     from a generator seeded by (seed, s, r), so a rank draws only its own rows."""
 
-    components: list[Component] = []
-
     def __init__(self, *, vocab_size: int, seq_len: int, global_batch_size: int, seed: int, eod: int | None = None):
         self.vocab_size, self.seq_len, self.global_batch_size, self.seed, self.eod = (
             vocab_size, seq_len, global_batch_size, seed, eod)
@@ -99,6 +97,10 @@ class SyntheticBatches:
         if self.eod is None:
             return torch.arange(self.seq_len).expand(stop - start, -1).clone()
         return positions_after_eod(inputs, self.eod)
+
+    @property
+    def components(self) -> list[Component]:
+        return []  # no data source to report epochs or shares of
 
     def sequences(self, steps: int) -> list[int]:
         return []
