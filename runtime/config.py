@@ -69,10 +69,15 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    source: str  # "builtin" | "synthetic" | a path
+    source: str  # "builtin" | "synthetic" | a path | a mixture "0.7:PATH,0.3:PATH"
     val_fraction: float
     eval_every: int  # 0: no validation
     eval_batches: int
+    val_source: str | None = None  # --val-data: a validation set of its own
+    token_dtype: str = "uint16"  # --token-dtype: what a headerless (nanoGPT) .bin holds
+    data_format: str = "auto"  # --data-format: how to read --data / --val-data ("auto": by name and header)
+    eod_token: int | None = None  # --eod-token: the end-of-document token id
+    document_mask: bool = False  # --document-mask: attention and positions restart at each document
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from models import build_model
 from runtime.config import TrainConfig
-from runtime.engine.data import build_data, inputs_and_targets
+from runtime.engine.data import build_data_from_config, inputs_and_targets
 from runtime.engine.optim import build_lr_schedule, build_optimizer
 
 
@@ -26,8 +26,8 @@ class ReferenceRun:
 
 def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
     torch.manual_seed(cfg.seed)
-    data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
-                      global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
+    data = build_data_from_config(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
+                                  global_batch_size=cfg.global_batch_size, seed=cfg.seed)
     model = build_model(cfg.model, seed=cfg.seed)
     optimizer = build_optimizer(list(model.parameters()), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)

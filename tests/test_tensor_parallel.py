@@ -44,10 +44,60 @@ def _compare_tp_stage_with_dense(out_dir: str) -> None:
     for name, p in tp.named_parameters():
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
         torch.testing.assert_close(grad, dense_grads[name].grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    _check_head_logits_are_only_read(mesh, cfg, tokens)
     open(f"{out_dir}/ok{dist.get_rank()}", "w").close()
     dist.destroy_process_group()
+
+
+def _check_head_logits_are_only_read(mesh, cfg, tokens) -> None:
+    """The vocabulary-parallel head's logits are a view (DTensor's ``to_local``): FSDP's view warning is about
+    them. Neither loss function writes them in place, so FSDP's pre-backward hook on them cannot be lost."""
+    from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
+    from compiler.trace import trace_pipeline
+    from models import build_model, spec_of
+    from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy, vocab_parallel_loss
+    from runtime.engine.evaluation import summed_cross_entropy
+
+    model = build_model(cfg, seed=5)
+    head_stage = trace_pipeline(model, example_microbatch=tokens, blocks_per_stage=[2, 2]).get_stage_module(1)
+    restore_linear_modules(head_stage, model)
+    apply_tp(head_stage, mesh["mp"], block_plan=spec_of(cfg).block_tp_plan, model_plan=spec_of(cfg).model_tp_plan)
+    hidden = torch.randn(2, cfg.seq_len, cfg.d_model, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    targets = tokens.roll(-1, dims=1)
+    loss_fns = [scaled_cross_entropy(build_grad_scaler("fp32", "cpu"), microbatches=1, vocab_mesh=mesh["mp"],
+                                     vocab_size=cfg.vocab_size),
+                summed_cross_entropy(vocab_mesh=mesh["mp"], vocab_size=cfg.vocab_size)]
+    for loss_fn in loss_fns:
+        logits = head_stage(hidden)  # (B, T, V / mp) on this rank
+        assert logits._base is not None, "the head's logits are no longer a view: the warning filter can go"
+        version, base_version = logits._version, logits._base._version
+        with vocab_parallel_loss(True):
+            loss = loss_fn(logits, targets)
+            loss.backward()
+        assert (logits._version, logits._base._version) == (version, base_version), "the loss wrote the logits"
+        assert hidden.grad is not None and torch.isfinite(hidden.grad).all()
+        hidden.grad = None
 
 
 def test_tp_stage_equals_dense_twin(tmp_path):
     spawn_ranks(_compare_tp_stage_with_dense, world_size=2, args=(str(tmp_path),), timeout=120)
     assert (tmp_path / "ok0").exists() and (tmp_path / "ok1").exists()
+
+
+def test_only_fsdps_view_warning_about_our_stages_is_silenced():
+    import warnings
+
+    from compiler.parallelize.tensor_parallel import quiet_head_view_warning
+
+    message = ("FSDP2-wrapped module (FSDPGraphModule) returned a view tensor. An in-place op on this view (e.g., "
+               "`x += y`) will silently drop the pre-backward hook and skip the all-gather, which can cause backward "
+               "to fail or produce wrong gradients.")
+    cases = [(message, "torch.distributed.fsdp._fully_shard._fsdp_state", False),  # the one we explain
+             (message, "somewhere.else", True),  # the same words from other code
+             (message.replace("FSDPGraphModule", "Linear"), "torch.distributed.fsdp._fully_shard._fsdp_state", True)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_head_view_warning()
+        for text, module, _ in cases:
+            warnings.warn_explicit(text, UserWarning, filename="x.py", lineno=1, module=module)
+    assert [str(w.message) for w in caught] == [text for text, _, shown in cases if shown]

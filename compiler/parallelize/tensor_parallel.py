@@ -8,6 +8,8 @@ Parameter objects; the parent graph calls its children by name, so the swap is i
 
 from __future__ import annotations
 
+import warnings
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard
@@ -37,6 +39,22 @@ _STYLES = {
     GATHER_SEQUENCE: GatherSequence,
     ROWWISE_SCATTER: lambda: RowwiseParallel(output_layouts=Shard(1)),
 }
+
+# FSDP2 warns when a module it wraps returns a view ("... returned a view tensor. An in-place op on this view
+# ... can cause backward to fail or produce wrong gradients"): an in-place op on the view would drop the
+# pre-backward hook FSDP registers on it. The last stage returns one whenever mp > 1: the vocabulary-parallel
+# head's logits leave DTensor through ``to_local``, which returns ``local.view_as(local)`` (a fresh tensor
+# object for autograd's metadata). Nothing writes them in place: the schedule hands them to the loss
+# function, and ours only read them (tests/test_tensor_parallel.py checks that, and the ZeRO-3 parity case
+# on 2x2x2, which must re-gather the head for backward through that hook, checks that it fires). So this
+# exact warning, from FSDP's module, about our traced stage modules, says nothing here: it is silenced once
+# the head is sharded, and any other view warning still shows.
+_HEAD_VIEW_WARNING = r"FSDP2-wrapped module \(FSDPGraphModule\) returned a view tensor"
+_FSDP_STATE_MODULE = r"torch\.distributed\.fsdp\._fully_shard\._fsdp_state"
+
+
+def quiet_head_view_warning() -> None:
+    warnings.filterwarnings("ignore", message=_HEAD_VIEW_WARNING, category=UserWarning, module=_FSDP_STATE_MODULE)
 
 
 def restore_linear_modules(stage_module: nn.Module, reference: nn.Module) -> list[str]:
@@ -91,6 +109,8 @@ def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[s
     }
     held = dict(stage_module.named_modules())
     plan.update({key: _STYLES[style]() for key, style in (model_plan or {}).items() if key in held})
+    if any((model_plan or {}).get(key) == VOCAB_HEAD for key in plan):
+        quiet_head_view_warning()
     if plan:
         parallelize_module(stage_module, mp_mesh, plan)
     if sequence_parallel:

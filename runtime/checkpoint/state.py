@@ -159,6 +159,21 @@ def load_checkpoint(state: TrainState, info: CheckpointInfo) -> int:
     return int(saved["step"])
 
 
+def load_model_only(stages: LocalStages, info: CheckpointInfo) -> None:
+    """The checkpoint's model weights alone (no optimizer, schedule or RNG), resharded onto ``stages``: what
+    evaluating a checkpoint needs. ``info`` has passed ``read_checkpoint`` on every rank."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    names = sorted(info.files)
+    problems = gather_lists(verify_files(info, names[rank::world]))
+    if problems:
+        raise CheckpointError(problems[0])
+    state_dict = {"model": {name: p.detach() for name, p in stages.named_parameters()}}
+    try:
+        dcp.load(state_dict, storage_reader=_NamingReader(info.path))
+    except CheckpointException as e:
+        raise CheckpointError(f"checkpoint {info.path} cannot be loaded: {failure_summary(e)}") from None
+
+
 def _restore_lr_schedule(schedule: LambdaLR, saved: dict) -> None:
     """Put the schedule at the saved position; the rate is recomputed from this run's flags with the same
     formula LambdaLR.get_lr uses, so an unchanged config continues bit for bit."""

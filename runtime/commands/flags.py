@@ -26,6 +26,7 @@ from runtime.config import (
     validate,
 )
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
+from runtime.engine.data import DATA_FORMATS, TOKEN_DTYPES
 
 # The flags --auto chooses (the planner's plan): giving one with --auto is an error.
 AUTO_CHOSEN = ("--dp", "--pp", "--mp", "--dp-shard", "--reshard-after-forward", "--schedule", "--stages-per-rank",
@@ -55,7 +56,7 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
         description="Train a GPT on a (dp, pp, mp) mesh: traced pipeline stages, DTensor tensor "
         "parallelism, FSDP data parallelism, overlapped pipeline schedules and mixed precision. "
         "Launch with `torchrun --nproc_per_node=N run.py ...`; without torchrun it runs as one process. "
-        "Subcommands: study, plan, calibrate, export (each has --help).",
+        "Subcommands: study, plan, calibrate, export, eval (each has --help).",
         formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("mesh (dp x pp x mp must equal the number of processes)")
@@ -167,7 +168,24 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g = p.add_argument_group("data")
     g.add_argument("--data", default="builtin",
                    help="builtin (Python's bundled documentation text, byte-level), synthetic (seeded random "
-                        "tokens), or a path to a UTF-8 text file or a folder of them")
+                        "tokens), a UTF-8 .txt file or a folder of them (byte-level), a nanoGPT .bin of token ids "
+                        "(--token-dtype), llm.c shards (a .bin file, a folder or a quoted glob; *_val_* shards "
+                        "validate), a Megatron NAME.bin/NAME.idx pair (the prefix or either file), or a mixture "
+                        "by token share: 0.7:PATH_A,0.3:PATH_B")
+    g.add_argument("--val-data", metavar="PATH",
+                   help="a validation set of its own, of any --data kind (default: llm.c *_val_* shards, nanoGPT "
+                        "val.bin beside train.bin, else the last --val-fraction of the tokens)")
+    g.add_argument("--data-format", choices=DATA_FORMATS, default="auto",
+                   help="how to read --data and --val-data; auto decides by the name and the header (.txt text, "
+                        ".bin token ids) and refuses to guess otherwise")
+    g.add_argument("--token-dtype", choices=tuple(TOKEN_DTYPES), default="uint16",
+                   help="the token ids' type in a headerless nanoGPT .bin (llm.c and Megatron files say theirs)")
+    g.add_argument("--eod-token", type=int, metavar="ID",
+                   help="the end-of-document token id (e.g. 50256, GPT-2's <|endoftext|>): positions within "
+                        "documents restart after it")
+    g.add_argument("--document-mask", action="store_true",
+                   help="restart attention and positions at each document: needs --eod-token or a Megatron "
+                        "document index")
     g.add_argument("--val-fraction", type=float, default=0.1, help="fraction of the tokens held out for validation")
     g.add_argument("--eval-every", type=int, default=50, help="validation loss every N steps and at the end; 0 = no validation")
     g.add_argument("--eval-batches", type=int, default=2, help="global batches per validation")
@@ -228,7 +246,9 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         precision=args.precision,
         optim=OptimConfig(args.steps, args.lr, args.warmup_steps, args.weight_decay, args.grad_clip,
                           args.stop_at_step),
-        data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches),
+        data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches, val_source=args.val_data,
+                        token_dtype=args.token_dtype, data_format=args.data_format, eod_token=args.eod_token,
+                        document_mask=args.document_mask),
         metrics=MetricsConfig(args.logdir or "", args.log_every, args.peak_tflops, args.profile, args.profile_memory),
         seed=args.seed,
         activation_checkpointing=args.activation_checkpointing,
@@ -238,6 +258,9 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         sequence_parallel=args.sequence_parallel,
         collective_timeout_s=args.collective_timeout,
     )
+    vocab_size = cfg.model.vocab_size
+    if args.eod_token is not None and not 0 <= args.eod_token < vocab_size:
+        raise ConfigError(f"--eod-token {args.eod_token} must be a token id in [0, {vocab_size}) (--vocab-size {vocab_size})")
     if world_size is not None:
         validate(cfg, world_size=world_size)
     return cfg if args.logdir else with_default_logdir(cfg, now=now)

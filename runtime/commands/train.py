@@ -38,7 +38,7 @@ from runtime.distributed.failures import PEER_FAILURE_EXIT_CODE, describe_peer_f
 from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
 from runtime.distributed.process_group import LaunchEnv, background_group, init_distributed, shutdown_distributed
 from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
-from runtime.engine.data import DataError, DataSources, build_data, replica_rows
+from runtime.engine.data import DataError, DataSources, build_data_from_config, replica_rows
 from runtime.engine.guards import DivergenceError, DivergenceGuard
 from runtime.engine.loop import training_loop
 from runtime.engine.optim import build_lr_schedule, build_optimizer
@@ -119,8 +119,8 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
                   f"{best.memory_per_rank / 2**30:.2f} GiB/rank)", flush=True)
     else:
         cfg = config_from_args(args, world_size=env.world_size)
-    data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
-                      global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
+    data = build_data_from_config(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
+                                  global_batch_size=cfg.global_batch_size, seed=cfg.seed)
     start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
     if start.init_from:
         read_init_weights(start.init_from, cfg.model)

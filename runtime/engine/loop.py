@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import Callable, Iterator
 
 from runtime.checkpoint.saving import Checkpointer
@@ -14,6 +15,7 @@ from runtime.config import DataConfig, MetricsConfig, OptimConfig
 from runtime.device import peak_memory_bytes
 from runtime.distributed.collectives import all_gather_objects, max_over_ranks
 from runtime.engine.data import DataSources, inputs_and_targets
+from runtime.engine.evaluation import language_model_metrics
 from runtime.engine.gc_control import collect_if_due, garbage_collection_between_steps
 from runtime.engine.guards import DivergenceGuard
 from runtime.engine.preemption import StopRequest
@@ -31,6 +33,27 @@ def _noting_the_step(current: Callable[[], int]) -> Iterator[None]:
     except RuntimeError as e:
         e.add_note(f"step {current()}")
         raise
+
+
+def data_scalars(data: DataSources, steps: int) -> dict[str, float]:
+    """Epochs completed (``data/epoch``) and, for a mixture, each source's epochs and realised share."""
+    epochs, shares = data.train.epochs(steps), data.train.shares(steps)
+    if len(epochs) <= 1:
+        return {"data/epoch": epochs[0]} if epochs else {}
+    out = {"data/epoch": min(epochs)}
+    for k, (name, e, share) in enumerate(zip(data.names, epochs, shares)):
+        tag = f"{k}_{Path(name).name}"
+        out.update({f"data/epoch/{tag}": e, f"data/share/{tag}": share})
+    return out
+
+
+def data_summary(data: DataSources, steps: int) -> dict:
+    """What summary.json says of the data: each source's weight, realised share and epochs."""
+    components = data.train.components
+    return {"sources": [{"data": c.name, "weight": float(c.weight), "share": share, "epochs": epochs,
+                         "windows": c.corpus.windows}
+                        for c, share, epochs in zip(components, data.train.shares(steps), data.train.epochs(steps))],
+            "byte_level": data.byte_level}
 
 
 def training_loop(
@@ -102,16 +125,20 @@ def training_loop(
                                         tokens_per_sec=throughput.tokens_per_sec(mean_time),
                                         mfu=throughput.mfu(mean_time), loss_scale=stats.loss_scale,
                                         grad_norm=stats.grad_norm,
-                                        seconds_left=elapsed / (n - start_step) * (last_step - n)), flush=True)
+                                        seconds_left=elapsed / (n - start_step) * (last_step - n),
+                                        epochs=data.train.epochs(n), shares=data.train.shares(n)), flush=True)
+                logger.scalars(n, data_scalars(data, n))
             # Raises DivergenceError on every rank alike, before any checkpoint of this step is written.
             guard.observe(n, loss=stats.loss, grad_norm=stats.grad_norm, skipped=stats.skipped,
                           loss_scale=ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0)
             if data_cfg.eval_every and (n % data_cfg.eval_every == 0 or n == last_step):
                 val = evaluate(ctx, val_batches)
                 val_losses.append((n, val))
-                logger.scalars(n, {"val/loss": val})
+                val_metrics = language_model_metrics(val, byte_level=data.byte_level)
+                logger.scalars(n, {f"val/{k}": v for k, v in val_metrics.items()})
                 if is_logging_rank:
-                    print(f"step {n}: validation loss {val:.4f}", flush=True)
+                    print(f"step {n}: validation " + " | ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in val_metrics.items()),
+                          flush=True)
             if checkpointer and checkpointer.pending and not stats.writing:
                 checkpointer.finish()  # every rank's background write is done: publish it
             if checkpointer and checkpointer.due(n, last=n == last_step or stats.stop):
@@ -140,6 +167,8 @@ def training_loop(
         "peak_bytes_by_step": peak_by_step,
         "final_loss": losses[-1],
         "final_val_loss": val_losses[-1][1] if val_losses else None,
+        "final_val": language_model_metrics(val_losses[-1][1], byte_level=data.byte_level) if val_losses else None,
+        "data": data_summary(data, preempted_at or last_step),
         "losses": losses,
         "grad_norms": grad_norms,
         "val_losses": val_losses,

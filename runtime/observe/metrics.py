@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 SCALAR_TAGS = (
     "train/loss", "train/lr", "train/grad_norm", "train/loss_scale", "train/skipped_steps", "val/loss",
+    "val/perplexity", "data/epoch",
     "perf/step_time_s", "perf/samples_per_sec", "perf/tokens_per_sec", "perf/mfu", "mem/peak_bytes",
 )
 
@@ -82,7 +83,12 @@ class MetricsLogger:
 
 
 def progress_line(*, step: int, steps: int, loss: float, tokens_per_sec: float, mfu: float, loss_scale: float,
-                  grad_norm: float, seconds_left: float) -> str:
+                  grad_norm: float, seconds_left: float, epochs: list[float] | None = None,
+                  shares: list[float] | None = None) -> str:
     eta = datetime.timedelta(seconds=round(max(0.0, seconds_left)))
-    return (f"step {step:>{len(str(steps))}}/{steps} | loss {loss:.4f} | {tokens_per_sec:,.0f} tok/s | "
+    # epochs of each data source completed so far (none for synthetic data); a mixture's realised shares
+    epoch = (f" | epoch{'s' if len(epochs) > 1 else ''} {'/'.join(f'{e:.2f}' for e in epochs)}" if epochs else "")
+    if shares and len(shares) > 1:
+        epoch += f" | shares {'/'.join(f'{x:.3f}' for x in shares)}"
+    return (f"step {step:>{len(str(steps))}}/{steps} | loss {loss:.4f}{epoch} | {tokens_per_sec:,.0f} tok/s | "
             f"MFU {100 * mfu:.2f}% | loss scale {loss_scale:g} | grad norm {grad_norm:.3f} | ETA {eta}")

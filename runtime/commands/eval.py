@@ -1,0 +1,156 @@
+"""``python run.py eval``: the loss and perplexity of a checkpoint (or an export) over a whole validation set.
+
+    python run.py eval --checkpoint ckpt --data fineweb10B/                     # its *_val_* shards
+    python run.py eval --init-from model.pt --model small --data val.bin        # an export: give its model flags
+    torchrun --nproc_per_node=8 run.py eval --checkpoint ckpt --data val.bin --dp 2 --pp 2 --mp 2
+
+Every window of the data set is evaluated once (the format's validation split when it names one:
+llm.c ``*_val_*`` shards, nanoGPT ``val.bin``; else every file), forward only, through the same stages
+and schedule as training, on any mesh; the result is one JSON line: loss, perplexity, bits per byte
+for byte-level text, tokens and windows. The flags are training's (mesh, micro-batching, precision,
+data format); ``--precision`` defaults to fp32 here. A checkpoint brings its own model shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from compiler.parallelize.data_parallel import DataParallelOptions
+from compiler.parallelize.stages import StageMeshes, build_local_stages
+from compiler.precisions import PRECISIONS
+from compiler.schedules import SCHEDULES, build_schedule
+from compiler.stage_plan import plan_stages
+from models import config_from_dict, spec_of
+from runtime.checkpoint.files import CheckpointError, CheckpointInfo
+from runtime.checkpoint.state import load_model_only
+from runtime.checkpoint.weights import read_init_weights, resolve_checkpoint
+from runtime.commands.flags import build_parser as train_parser
+from runtime.commands.flags import config_from_args
+from runtime.config import ConfigError, TrainConfig, validate
+from runtime.device import configure_cpu_threads, select_device
+from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
+from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
+from runtime.engine.data import DataError, evaluation_corpus, replica_rows
+from runtime.engine.data.corpus import Corpus
+from runtime.engine.evaluation import Evaluation, evaluate_windows, summed_cross_entropy
+from runtime.engine.step import StepContext
+
+InputError = (ConfigError, DataError, CheckpointError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = train_parser("run.py eval")
+    p.description = ("Evaluate a checkpoint or an export over every window of a validation set: one JSON line "
+                     "with loss, perplexity and tokens. Takes training's flags (mesh, batch, precision, data).")
+    p.add_argument("--checkpoint", metavar="DIR",
+                   help="a checkpoint folder (DIR/step-N) or a checkpoint directory (its latest complete checkpoint)")
+    p.set_defaults(precision="fp32", peak_tflops=1.0)
+    return p
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalInputs:
+    cfg: TrainConfig
+    corpus: Corpus
+    byte_level: bool
+    description: str
+    checkpoint: CheckpointInfo | None  # else the weights come from --init-from
+    weights: dict[str, torch.Tensor] | None
+
+
+def check_inputs(argv: list[str], env: LaunchEnv) -> EvalInputs:
+    """Every input checked on every rank before any process group (one-line errors, as training's)."""
+    args = build_parser().parse_args(argv)
+    if (args.checkpoint is None) == (args.init_from is None):
+        raise ConfigError("run.py eval needs exactly one of --checkpoint DIR and --init-from FILE")
+    cfg = config_from_args(args, world_size=env.world_size)
+    checkpoint, weights = None, None
+    if args.checkpoint:
+        checkpoint = resolve_checkpoint(Path(args.checkpoint))
+        cfg = dataclasses.replace(cfg, model=config_from_dict(checkpoint.config["model"]))  # the checkpoint's shape
+        validate(cfg, world_size=env.world_size)
+    else:
+        weights = read_init_weights(Path(args.init_from), cfg.model)
+    corpus, byte_level, description = evaluation_corpus(
+        cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
+        token_dtype=cfg.data.token_dtype, data_format=cfg.data.data_format)
+    return EvalInputs(cfg, corpus, byte_level, description, checkpoint, weights)
+
+
+def main(argv: list[str]) -> int:
+    env = LaunchEnv.from_environ()
+    try:
+        inputs = check_inputs(argv, env)
+    except InputError as e:
+        if env.rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(20)  # let rank 0 print before torchrun tears the job down (as training does)
+        return 2
+    device = select_device(env.local_rank)
+    if device.type == "cpu":
+        configure_cpu_threads(env.local_world_size)
+    init_distributed(env, device, timeout_s=inputs.cfg.collective_timeout_s)
+    try:
+        result = evaluate(inputs, env=env, device=device)
+    except CheckpointError as e:
+        if env.rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        shutdown_distributed()
+        return 1
+    if env.rank == 0:
+        report = {"loss": result.loss, "perplexity": result.perplexity, "tokens": result.tokens,
+                  "windows": result.windows, "data": inputs.description,
+                  "weights": str(inputs.checkpoint.path) if inputs.checkpoint else inputs.cfg.checkpoint.init_from,
+                  "step": inputs.checkpoint.step if inputs.checkpoint else None,
+                  "mesh": dataclasses.asdict(inputs.cfg.mesh)}
+        if result.bits_per_byte is not None:
+            report["bits_per_byte"] = result.bits_per_byte
+        print(json.dumps(report), flush=True)
+    shutdown_distributed()
+    return 0
+
+
+def evaluate(inputs: EvalInputs, *, env: LaunchEnv, device: torch.device) -> Evaluation:
+    """Build this rank's stages as training does (forward only), load the weights, run every window."""
+    cfg = inputs.cfg
+    layout = GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, cfg.data_parallel.shard)
+    mesh = build_mesh(device.type, layout)
+    dp_rank, pp_rank, _ = layout.coordinates(env.rank)
+    spec = SCHEDULES[cfg.pipeline.schedule]
+    v = cfg.pipeline.stages_per_rank
+    # The counted-FLOPs split: the same on every rank without a broadcast, and any split gives the same losses.
+    plan = plan_stages(cfg.model, n_stages=cfg.mesh.pp * v, micro_batch_size=cfg.pipeline.micro_batch_size,
+                       split=cfg.pipeline.split, precision=cfg.precision, mp=cfg.mesh.mp, layer_seconds=None,
+                       placement=spec.placement)
+    weights = inputs.weights
+    values = ((lambda name, shape: weights[name]) if weights is not None else
+              lambda name, shape: spec_of(cfg.model).initial_value(name, shape, seed=cfg.seed, cfg=cfg.model))
+    stages = build_local_stages(
+        cfg.model, blocks_per_stage=plan.blocks_per_stage,
+        stage_indices=spec.stage_indices(pp_rank, pp=cfg.mesh.pp, stages_per_rank=v),
+        micro_batch_size=cfg.pipeline.micro_batch_size, device=device, activation_checkpointing=False,
+        meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout)),
+        data_parallel=DataParallelOptions(zero3=cfg.data_parallel.reshard_after_forward,
+                                          param_dtype=PRECISIONS[cfg.precision].autocast_dtype, reduce_dtype=None),
+        initial_value=values)
+    if inputs.checkpoint is not None:
+        load_model_only(stages, inputs.checkpoint)
+    vocab_parallel = cfg.mesh.mp > 1
+    schedule = build_schedule(cfg.pipeline.schedule, stages.stages, n_microbatches=cfg.pipeline.microbatches,
+                              loss_fn=summed_cross_entropy(vocab_mesh=mesh["mp"] if vocab_parallel else None,
+                                                           vocab_size=cfg.model.vocab_size))
+    ctx = StepContext(schedule=schedule, stages=stages, optimizer=None, lr_schedule=None, scaler=None, device=device,
+                      precision=cfg.precision, grad_clip=0.0, loss_copies=cfg.mesh.mp,
+                      plane_size=cfg.mesh.dp * cfg.mesh.mp, vocab_parallel=vocab_parallel)
+    with torch.no_grad():
+        return evaluate_windows(ctx, inputs.corpus, global_batch_size=cfg.global_batch_size,
+                                replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
+                                loss_copies=cfg.mesh.mp, byte_level=inputs.byte_level)

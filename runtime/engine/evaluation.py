@@ -1,0 +1,82 @@
+"""Language-model evaluation: loss -> perplexity (and bits per byte), and a whole validation set, every window once.
+
+Perplexity is exp of the mean next-token loss in nats. For byte-level text a token is one UTF-8 byte,
+so bits per byte is the loss / ln 2 (the unit compression benchmarks and nanoGPT's character models use).
+
+``evaluate_windows`` runs every window of a corpus exactly once through the same pipeline as training
+(forward only). Batches keep the traced micro-batch shape, so the last one is filled with repeated
+windows whose targets are ignored; the schedule's loss function sums token losses (``summed_cross_entropy``),
+so the mean is over exactly the corpus's N x T predicted tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from einops import rearrange
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
+
+from runtime.engine.data import inputs_and_targets
+from runtime.engine.data.corpus import Corpus
+from runtime.engine.step import StepContext, run_schedule
+
+IGNORE_INDEX = -100  # F.cross_entropy's default: targets that add nothing to the loss
+
+
+def language_model_metrics(loss: float, *, byte_level: bool) -> dict[str, float]:
+    """{"loss", "perplexity"} and, for byte-level tokens, "bits_per_byte"."""
+    metrics = {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}  # exp(709) overflows a float
+    if byte_level:
+        metrics["bits_per_byte"] = loss / math.log(2)
+    return metrics
+
+
+def summed_cross_entropy(*, vocab_mesh: DeviceMesh | None, vocab_size: int):
+    """The schedule's loss function for evaluation: the *sum* of one micro-batch's token losses, skipping
+    ``IGNORE_INDEX`` targets; on vocabulary-sharded logits (mp > 1) through ``loss_parallel`` as in training."""
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = rearrange(logits.float(), "b t v -> (b t) v")
+        targets = rearrange(targets, "b t -> (b t)")
+        if vocab_mesh is None:
+            return F.cross_entropy(logits, targets, reduction="sum", ignore_index=IGNORE_INDEX)
+        sharded = DTensor.from_local(logits, vocab_mesh, [Shard(1)], run_check=False,
+                                     shape=(logits.shape[0], vocab_size), stride=(vocab_size, 1))
+        return F.cross_entropy(sharded, targets, reduction="sum", ignore_index=IGNORE_INDEX).to_local()
+
+    return loss_fn
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    loss: float  # mean next-token loss over every predicted token, nats
+    perplexity: float
+    bits_per_byte: float | None  # byte-level tokens only
+    tokens: int  # predicted tokens: windows x T
+    windows: int
+
+
+def evaluate_windows(ctx: StepContext, corpus: Corpus, *, global_batch_size: int, replica_rows: tuple[int, int],
+                     loss_copies: int, byte_level: bool) -> Evaluation:
+    """Every window of ``corpus`` once, in file order; this replica reads rows ``replica_rows`` of each batch.
+    ``loss_copies``: ranks reporting the same replica's sum (its mp last-stage ranks)."""
+    n, (start, stop) = corpus.windows, replica_rows
+    total = torch.zeros((), dtype=torch.float64, device=ctx.device)
+    for first in range(0, n, global_batch_size):
+        windows = range(first + start, first + stop)
+        inputs, targets = inputs_and_targets(torch.stack([corpus.window(g if g < n else 0) for g in windows]))
+        targets[torch.tensor([g >= n for g in windows])] = IGNORE_INDEX  # padding rows of the last batch
+        losses = run_schedule(ctx, inputs.to(ctx.device), targets.to(ctx.device), train=False)
+        if losses:
+            total += torch.stack(losses).detach().double().sum().to(ctx.device)
+    if dist.is_initialized():
+        dist.all_reduce(total)
+    tokens = n * corpus.seq_len
+    loss = float(total) / loss_copies / tokens
+    metrics = language_model_metrics(loss, byte_level=byte_level)
+    return Evaluation(loss, metrics["perplexity"], metrics.get("bits_per_byte"), tokens, n)
