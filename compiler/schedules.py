@@ -29,6 +29,8 @@ stage-micro-batches (one micro-batch's activations of one of the rank's v stages
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -44,7 +46,7 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
-from compiler.naive_schedule import ScheduleNaive
+from compiler.naive_schedule import ScheduleNaive, forward_only_pass
 from compiler.partition import placement_stages
 
 
@@ -218,3 +220,11 @@ def build_schedule(name: str, stages: list[PipelineStage], *, n_microbatches: in
     if len(stages) != 1:
         raise ValueError(f"--schedule {name} runs one stage per rank, got {len(stages)}")
     return spec.torch_class(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
+
+
+
+def evaluation_pass(name: str, schedule) -> contextlib.AbstractContextManager:
+    """Around ``schedule.eval()``: torch's V-shaped schedules keep their backward actions in ``eval()`` and
+    fail on them, so on the V placement validation runs a forward-only action list (naive_schedule.py)."""
+    spec = SCHEDULES[name]
+    return forward_only_pass(schedule, placement=spec.placement) if spec.placement == "v" else contextlib.nullcontext()

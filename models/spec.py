@@ -111,9 +111,11 @@ def run_blocks(layers: nn.ModuleDict, x: torch.Tensor, positions: torch.Tensor |
     positions travel from stage to stage with the activations (a pipeline stage other than the first
     cannot read the model's inputs)."""
     for block in layers.values():
-        if positions is not None:
+        if positions is None:
+            x = block(x)  # the traced graph without documents calls each block with one input
+        else:
             positions = positions.clone()
-        x = block(x, positions)
+            x = block(x, positions)
     return x
 
 

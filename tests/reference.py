@@ -34,7 +34,8 @@ def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
     run = ReferenceRun([], [], {})
     for step in range(steps):
         inputs, targets = inputs_and_targets(data.train.rows(step, 0, cfg.global_batch_size))
-        logits = model(inputs)
+        positions = data.train.positions(step, 0, cfg.global_batch_size) if cfg.data.document_mask else None
+        logits = model(inputs, positions)
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         loss.backward()
         if step == 0:

@@ -24,6 +24,7 @@ COMMON = ["--model", "tiny", "--precision", "fp32", "--steps", str(STEPS), "--mi
           "--eval-batches", "1", "--peak-tflops", "1"]
 
 LLAMA = ["--model", "llama3-debug", "--layers", "4", "--heads", "8", "--kv-heads", "4"]
+DOCUMENTS = ["--document-mask", "--eod-token", "10"]
 
 # (dp, pp, mp, schedule, extra flags): every mesh of the issue, every schedule, activation checkpointing.
 # The default split on 2x2x2 interleaved is covered by the full-gradient test below; here that mesh runs
@@ -65,6 +66,14 @@ CASES = [
     (2, 1, 4, "1f1b", [*LLAMA, "--sequence-parallel"]),
     (4, 2, 1, "interleaved-1f1b", [*LLAMA, "--dp-shard", "2"]),
     (2, 2, 2, "1f1b", [*LLAMA, "--reshard-after-forward"]),
+    # Packed documents (newline-separated in the built-in text): block-causal attention, positions restarted.
+    (2, 2, 2, "interleaved-1f1b", DOCUMENTS),
+    (2, 1, 4, "1f1b", DOCUMENTS),
+    (2, 2, 2, "zbv", [*LLAMA, *DOCUMENTS]),
+    # Validation through the V placements (a forward-only action list: torch's V schedules cannot eval()).
+    (1, 2, 1, "zbv", ["--eval-every", "3"]),
+    (1, 2, 1, "dualpipev", ["--eval-every", "3"]),
+    (1, 2, 1, "1f1b", ["--eval-every", "3"]),
 ]
 
 
@@ -75,7 +84,7 @@ def _args(dp, pp, mp, schedule, extra, logdir) -> list[str]:
 
 def _case_id(case) -> str:
     dp, pp, mp, schedule, extra = case
-    flags = [x for x in extra if x not in LLAMA[2:]]  # the Llama shape flags say nothing the family name does not
+    flags = [x for x in extra if x not in LLAMA[2:] and x != "10"]  # the Llama shape flags say nothing the family name does not
     return f"{dp}x{pp}x{mp}-{schedule}" + "".join(f"-{x.removeprefix('--').replace(',', '')}" for x in flags)
 
 
@@ -152,3 +161,15 @@ def test_gradients_match_single_process_on_3d_mesh(tmp_path):
     assert set(seen) == set(reference), "every parameter lives on exactly one stage"
     for name, want in reference.items():
         torch.testing.assert_close(seen[name], want, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_validation_is_the_same_through_every_placement(trained):
+    """The V schedules validate through a forward-only pass; the looped 1F1B through torch's eval(): the same
+    weights (parity above) must give the same validation loss."""
+    values = {}
+    for schedule in ("zbv", "dualpipev", "1f1b"):
+        logdir, error = trained[_case_id((1, 2, 1, schedule, ["--eval-every", "3"]))]
+        assert error is None, error
+        values[schedule] = json.loads((logdir / "summary.json").read_text())["final_val_loss"]
+    assert values["zbv"] == pytest.approx(values["1f1b"], rel=1e-5)
+    assert values["dualpipev"] == pytest.approx(values["1f1b"], rel=1e-5)

@@ -79,3 +79,27 @@ def test_new_schedule_bubbles():
     assert bubble_fraction("looped-bfs", p=4, m=8, v=2) == bubble_fraction("interleaved-1f1b", p=4, m=8, v=2)
     assert bubble_fraction("zbv", p=2, m=8, v=2) == 0.0 == bubble_fraction("dualpipev", p=2, m=8, v=2)
     assert ideal_speedup_over_naive("zbv", p=2, m=8, v=2) == pytest.approx(2.0)
+
+
+def test_the_forward_only_pass_runs_every_stage_once_per_microbatch_and_pairs_its_messages():
+    from compiler.naive_schedule import forward_only_actions
+    from torch.distributed.pipelining.schedules import _ComputationType as C
+
+    for placement, v in (("v", 2), ("loop", 2), ("loop", 1)):
+        for pp in (2, 3, 4):
+            order = forward_only_actions(pp=pp, stages_per_rank=v, n_microbatches=3, placement=placement)
+            forwards = sorted((a.stage_index, a.microbatch_index) for acts in order.values() for a in acts
+                              if a.computation_type == C.FORWARD)
+            assert forwards == [(s, mb) for s in range(pp * v) for mb in range(3)]
+            sends = sorted((a.stage_index + 1, a.microbatch_index) for acts in order.values() for a in acts
+                           if a.computation_type == C.SEND_F)
+            recvs = sorted((a.stage_index, a.microbatch_index) for acts in order.values() for a in acts
+                           if a.computation_type == C.RECV_F)
+            assert sends == recvs  # every message sent is received, by the next stage
+            for acts in order.values():  # a stage receives before it computes and computes before it sends
+                seen = [(a.computation_type, a.stage_index, a.microbatch_index) for a in acts]
+                for kind, s, mb in seen:
+                    if kind == C.RECV_F:
+                        assert seen.index((kind, s, mb)) < seen.index((C.FORWARD, s, mb))
+                    if kind == C.SEND_F:
+                        assert seen.index((C.FORWARD, s, mb)) < seen.index((kind, s, mb))

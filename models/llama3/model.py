@@ -25,7 +25,7 @@ from torch import nn
 
 from models.llama3.config import LlamaConfig
 from models.llama3.rope import Rope, apply_rotary, rotary_cos_sin
-from models.spec import TIED_EMBEDDINGS, name_seeded_normal
+from models.spec import TIED_EMBEDDINGS, document_mask, name_seeded_normal, run_blocks
 
 
 class RMSNorm(nn.Module):
@@ -55,16 +55,6 @@ def repeat_kv(x: torch.Tensor, group: int) -> torch.Tensor:
     if group == 1:
         return x
     return x.unsqueeze(3).expand(-1, -1, -1, group, -1).flatten(2, 3)
-
-
-def document_mask(positions: torch.Tensor) -> torch.Tensor:
-    """(B, T) positions within documents -> (B, 1, T, T) bool, True where query i may attend to key j: the
-    same document (a new one starts at each position 0) and j <= i."""
-    document = (positions == 0).cumsum(1)  # (B, T): tokens before the first 0 are document 0
-    order = torch.ones_like(positions).cumsum(1)  # (B, T): 1..T, the token's index in the sequence
-    same_document = document[:, :, None] == document[:, None, :]
-    causal = order[:, :, None] >= order[:, None, :]
-    return (same_document & causal)[:, None]
 
 
 class Attention(nn.Module):
@@ -149,10 +139,7 @@ class Llama(nn.Module):
         return self.head(self.norm(x))  # (B, T, D) -> (B, T, V)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.embed(tokens, positions)
-        for block in self.layers.values():
-            x = block(x) if positions is None else block(x, positions)
-        return self.logits(x)
+        return self.logits(run_blocks(self.layers, self.embed(tokens, positions), positions))
 
 
 def initial_value(name: str, shape: tuple[int, ...], *, seed: int, cfg: LlamaConfig) -> torch.Tensor:

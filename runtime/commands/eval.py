@@ -80,7 +80,8 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> EvalInputs:
         weights = read_init_weights(Path(args.init_from), cfg.model)
     corpus, byte_level, description = evaluation_corpus(
         cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
-        token_dtype=cfg.data.token_dtype, data_format=cfg.data.data_format)
+        token_dtype=cfg.data.token_dtype, data_format=cfg.data.data_format, eod_token=cfg.data.eod_token,
+        document_mask=cfg.data.document_mask)
     return EvalInputs(cfg, corpus, byte_level, description, checkpoint, weights)
 
 
@@ -140,17 +141,19 @@ def evaluate(inputs: EvalInputs, *, env: LaunchEnv, device: torch.device) -> Eva
         meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout)),
         data_parallel=DataParallelOptions(zero3=cfg.data_parallel.reshard_after_forward,
                                           param_dtype=PRECISIONS[cfg.precision].autocast_dtype, reduce_dtype=None),
-        initial_value=values)
+        initial_value=values, document_positions=cfg.data.document_mask)
     if inputs.checkpoint is not None:
         load_model_only(stages, inputs.checkpoint)
     vocab_parallel = cfg.mesh.mp > 1
     schedule = build_schedule(cfg.pipeline.schedule, stages.stages, n_microbatches=cfg.pipeline.microbatches,
                               loss_fn=summed_cross_entropy(vocab_mesh=mesh["mp"] if vocab_parallel else None,
                                                            vocab_size=cfg.model.vocab_size))
-    ctx = StepContext(schedule=schedule, stages=stages, optimizer=None, lr_schedule=None, scaler=None, device=device,
+    ctx = StepContext(schedule=schedule, schedule_name=cfg.pipeline.schedule, stages=stages, optimizer=None,
+                      lr_schedule=None, scaler=None, device=device,
                       precision=cfg.precision, grad_clip=0.0, loss_copies=cfg.mesh.mp,
                       plane_size=cfg.mesh.dp * cfg.mesh.mp, vocab_parallel=vocab_parallel)
     with torch.no_grad():
         return evaluate_windows(ctx, inputs.corpus, global_batch_size=cfg.global_batch_size,
                                 replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
-                                loss_copies=cfg.mesh.mp, byte_level=inputs.byte_level)
+                                loss_copies=cfg.mesh.mp, byte_level=inputs.byte_level,
+                                document_mask=cfg.data.document_mask)

@@ -161,7 +161,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
                                           param_dtype=PRECISIONS[cfg.precision].autocast_dtype,
                                           reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype)),
         initial_value=_initial_values(cfg, start), compile_blocks=cfg.compile_blocks,
-        sequence_parallel=cfg.sequence_parallel)
+        sequence_parallel=cfg.sequence_parallel, document_positions=cfg.data.document_mask)
     tied = (TiedWeights(stages.named_parameters(), tied_weights=spec_of(cfg.model).tied_weights, layout=layout,
                         rank=env.rank, first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),
                         last_pp=spec.stage_owner(plan.n_stages - 1, pp=cfg.mesh.pp, stages_per_rank=v))
@@ -184,7 +184,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     profiler = (Profiler(rank=env.rank, stages=stages.stages, schedule=schedule,
                          steps=profiled_steps(cfg.optim.last_step)) if cfg.metrics.profile else None)
     ctx = StepContext(
-        schedule=schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
+        schedule=schedule, schedule_name=cfg.pipeline.schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
         device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
         loss_copies=cfg.mesh.dp * cfg.mesh.mp, plane_size=cfg.mesh.dp * cfg.mesh.mp,
         tied=tied, replicated=replicated, vocab_parallel=vocab_parallel, recorder=profiler.recorder if profiler else None,

@@ -75,6 +75,8 @@ def training_loop(
 ) -> dict:
     def batch(source, step):
         inputs, targets = inputs_and_targets(source.rows(step, *replica_rows))
+        if data_cfg.document_mask:  # packed documents: the model also takes each token's position in its document
+            return (inputs.to(ctx.device), source.positions(step, *replica_rows).to(ctx.device)), targets.to(ctx.device)
         return inputs.to(ctx.device), targets.to(ctx.device)
 
     val_batches = [batch(data.val, i) for i in range(data_cfg.eval_batches)] if data_cfg.eval_every else []

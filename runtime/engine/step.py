@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from compiler.parallelize.stages import LocalStages
+from compiler.schedules import evaluation_pass
 from runtime.device import synchronize
 from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value, vocab_parallel_loss
 from runtime.engine.grad_clip import clip_grads_, local_grad_sq_norm
@@ -45,6 +46,7 @@ class StepContext:
     """What a step needs besides its data; built once."""
 
     schedule: object
+    schedule_name: str  # its --schedule name (compiler/schedules.py), for the evaluation pass
     stages: LocalStages
     optimizer: torch.optim.Optimizer
     lr_schedule: torch.optim.lr_scheduler.LRScheduler
@@ -74,7 +76,7 @@ def run_schedule(ctx: StepContext, inputs: torch.Tensor | tuple[torch.Tensor, ..
             # return_outputs=False: do not keep and concatenate every micro-batch's logits (B, T, V).
             ctx.schedule.step(*args, return_outputs=False, **kwargs)
         else:
-            with torch.no_grad():
+            with torch.no_grad(), evaluation_pass(ctx.schedule_name, ctx.schedule):
                 ctx.schedule.eval(*args, **kwargs)
     if train:
         with ctx.recorder.span("dp_comm", "gradient all-reduce") if ctx.recorder else contextlib.nullcontext():

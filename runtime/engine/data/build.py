@@ -110,13 +110,14 @@ def build_data_from_config(data: DataConfig, *, vocab_size: int, seq_len: int, g
 
 
 def evaluation_corpus(spec: str, *, vocab_size: int, seq_len: int, token_dtype: str = "uint16",
-                      data_format: str = "auto", cache_dir: Path | None = None) -> tuple[Corpus, bool, str]:
+                      data_format: str = "auto", cache_dir: Path | None = None, eod_token: int | None = None,
+                      document_mask: bool = False) -> tuple[Corpus, bool, str]:
     """What ``run.py eval --data`` evaluates: the validation split the format names (llm.c ``*_val_*`` shards,
     nanoGPT ``val.bin``), else every file ``spec`` names, whole. Returns (corpus, byte-level, description)."""
     if spec == "synthetic" or len(parse_mixture(spec, flag="--data")) > 1:
         raise DataError(f"--data {spec}: evaluation reads one data set (a file, a folder, a glob or a Megatron pair)")
-    reader = _Reader(vocab_size=vocab_size, seq_len=seq_len, eod_token=None, token_dtype=token_dtype,
-                     data_format=data_format, cache_dir=cache_dir or default_cache_dir(), document_mask=False)
+    reader = _Reader(vocab_size=vocab_size, seq_len=seq_len, eod_token=eod_token, token_dtype=token_dtype,
+                     data_format=data_format, cache_dir=cache_dir or default_cache_dir(), document_mask=document_mask)
     src = reader.open(spec, flag="--data")
     files = src.val or src.train
     corpus = reader.corpus(reader.spans(src, files, flag="--data"), spec=spec, flag="--data")
