@@ -69,8 +69,11 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
         for p in group["params"]:
             state = optimizer.state[p]
             if not state:
-                # As torch.optim.adam._init_group does with capturable and fused off.
-                state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
+                # As torch.optim.adam._init_group does: a fused (or capturable) step counter lives on the
+                # parameter's device, where the fused kernel reads it.
+                on_device = group.get("fused") or group.get("capturable")
+                state["step"] = torch.zeros((), dtype=_get_scalar_dtype(is_fused=bool(group.get("fused"))),
+                                            device=p.device if on_device else "cpu")
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
