@@ -161,7 +161,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
                                           param_dtype=PRECISIONS[cfg.precision].autocast_dtype,
                                           reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype)),
         initial_value=_initial_values(cfg, start), compile_blocks=cfg.compile_blocks)
-    tied = (TiedWeights(stages.named_parameters(), layout=layout, rank=env.rank,
+    tied = (TiedWeights(stages.named_parameters(), pp_group=mesh["pp"].get_group(), pp_rank=pp_rank,
                         first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),
                         last_pp=spec.stage_owner(plan.n_stages - 1, pp=cfg.mesh.pp, stages_per_rank=v))
             if cfg.model.tie_embeddings else None)
