@@ -35,6 +35,7 @@ from compiler.parallelize.stages import LocalStages
 from runtime.checkpoint.files import (
     CheckpointError,
     CheckpointInfo,
+    dcp_index,
     read_dcp_metadata,
     verify_files,
 )
@@ -146,8 +147,8 @@ def load_checkpoint(state: TrainState, info: CheckpointInfo) -> int:
     if problems:
         raise CheckpointError(problems[0])
 
-    saved_keys = set(read_dcp_metadata(info.path).state_dict_metadata)
-    rng_key = f"rank{rank}" if f"rng.rank{rank}" in saved_keys else "rank0"
+    rng_ranks = (info.index or dcp_index(read_dcp_metadata(info.path)))["rng_ranks"]
+    rng_key = f"rank{rank}" if rank < rng_ranks else "rank0"  # a rank the saving run did not have: rank 0's
     state_dict = {**tensor_state(state), "train_state": "", "rng": {rng_key: torch.empty_like(rng_state())}}
     try:
         dcp.load(state_dict, storage_reader=_NamingReader(info.path))
