@@ -168,7 +168,8 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     replicated = (ReplicatedGradients(stages.parameters(), group=mesh["dp"].get_group(),
                                       reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype),
                                       accumulations=cfg.pipeline.microbatches,
-                                      deferred={id(p) for p in tied.copies} if tied else set())
+                                      deferred={id(p) for p in tied.copies} if tied else set(),
+                                      stages=stages.stages)
                   if cfg.mesh.dp > 1 and cfg.data_parallel.shard == 1 else None)
 
     # 5. Schedule, mixed precision, optimizer.
