@@ -160,7 +160,8 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
         data_parallel=DataParallelOptions(zero3=cfg.data_parallel.reshard_after_forward,
                                           param_dtype=PRECISIONS[cfg.precision].autocast_dtype,
                                           reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype)),
-        initial_value=_initial_values(cfg, start), compile_blocks=cfg.compile_blocks)
+        initial_value=_initial_values(cfg, start), compile_blocks=cfg.compile_blocks,
+        message_dtype=PRECISIONS[cfg.precision].autocast_dtype)
     tied = (TiedWeights(stages.named_parameters(), pp_group=mesh["pp"].get_group(), pp_rank=pp_rank,
                         first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),
                         last_pp=spec.stage_owner(plan.n_stages - 1, pp=cfg.mesh.pp, stages_per_rank=v))
