@@ -79,18 +79,38 @@ def test_a_file_written_out_of_order_gets_no_digest_and_is_hashed_from_disk(tmp_
     assert fs.digests == {"sequential": {"bytes": 6, "sha256": hashlib.sha256(b"abcdef").hexdigest()}}
 
 
-def test_the_cached_stager_reuses_its_buffers_and_carries_each_save(monkeypatch):
-    """The accelerator's stager (page-locked, allocated once); pinning itself needs an accelerator, so here
-    it is the identity: what is checked is that the second save reuses the first one's buffers with the
-    second save's values, strings included (the step's JSON)."""
-    from runtime.checkpoint.writer import build_stager
-
-    assert build_stager(torch.device("cpu")) is None  # the CPU keeps the writer's own staging
-    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
-    stager = build_stager(torch.device("cuda"))
-    first = stager.stage({"w": torch.ones(3), "train_state": '{"step": 1}', "rng": {"rank0": torch.tensor([1, 2])}})
+def _stage_twice(stager) -> tuple[dict, dict, bool]:
+    """Two saves of the same weights (as the engine's: the same parameters, updated in place), a new step's
+    JSON and a new RNG state."""
+    weights = torch.ones(3)
+    first = stager.stage({"w": weights, "train_state": '{"step": 1}', "rng": {"rank0": torch.tensor([1, 2])}})
     buffer = first["w"].data_ptr()
-    second = stager.stage({"w": torch.full((3,), 2.0), "train_state": '{"step": 2}', "rng": {"rank0": torch.tensor([3, 4])}})
-    assert second["w"].data_ptr() == buffer
+    weights.fill_(2.0)
+    second = stager.stage({"w": weights, "train_state": '{"step": 2}', "rng": {"rank0": torch.tensor([3, 4])}})
     assert second["w"].tolist() == [2.0, 2.0, 2.0] and second["train_state"] == '{"step": 2}'
     assert second["rng"]["rank0"].tolist() == [3, 4]
+    weights.add_(1.0)  # training goes on: the staged copy is a snapshot
+    assert second["w"].tolist() == [2.0, 2.0, 2.0]
+    return first, second, second["w"].data_ptr() == buffer
+
+
+def test_the_accelerator_stager_reuses_page_locked_buffers(monkeypatch):
+    """Pinning needs an accelerator, so here it is the identity: what is checked is that the second save
+    reuses the first one's buffers with the second save's values, strings included (the step's JSON)."""
+    from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+    from runtime.checkpoint.writer import build_stager
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a, **k: self)
+    stager = build_stager(torch.device("cuda"))
+    assert isinstance(stager, BlockingAsyncStager) and stager.cache_staged_state_dict
+    *_, reused = _stage_twice(stager)
+    assert reused
+
+
+def test_the_cpu_stager_snapshots_each_save_without_pinning():
+    from runtime.checkpoint.writer import build_stager
+
+    *_, reused = _stage_twice(build_stager(torch.device("cpu")))
+    if torch.torch_version.TorchVersion(torch.__version__) >= "2.13":
+        assert reused  # DefaultStager keeps its buffers between saves from torch 2.13 (2.11 frees them)

@@ -7,12 +7,12 @@ hashes the bytes of the files it writes while it writes them (DCP writes a file 
 writes were not strictly sequential (a seek) gets no digest and is hashed from disk instead
 (``runtime/checkpoint/saving.py``), so a change in how DCP writes can cost time, never a wrong digest.
 
-Background saves first copy the state to host memory (DCP's staging). On an accelerator that copy goes
-to page-locked buffers allocated once and reused by every save (``BlockingAsyncStager``'s cache): a
-device-to-host copy from pageable memory is staged by the driver, and fresh buffers are allocated and
-faulted in on every save. On the CPU torch offers no cached stager that does not pin (its cache pins,
-which needs an accelerator; ``DefaultStager`` drops its buffers after each save), so the writer's own
-staging, into fresh memory, stays.
+Background saves first copy the state to host memory (DCP's staging; the writer's own staging allocates
+fresh pageable buffers every save, faulted in page by page). On an accelerator the copy goes to
+page-locked buffers allocated once and reused by every save (``BlockingAsyncStager``'s cache, on torch
+2.11 and 2.13): from pageable memory the driver stages a device-to-host copy itself. On the CPU that cache
+cannot be used (it pins, which needs an accelerator); ``DefaultStager`` without pinning keeps its buffers
+from one save to the next on torch 2.13 (2.11 drops them after each save: fresh buffers, as before).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Iterator
 
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
-from torch.distributed.checkpoint.staging import AsyncStager, BlockingAsyncStager
+from torch.distributed.checkpoint.staging import AsyncStager, BlockingAsyncStager, DefaultStager, StagingOptions
 
 
 class _HashingStream:
@@ -123,9 +123,11 @@ class CheckpointWriter(FileSystemWriter):
         self.metadata = metadata
 
 
-def build_stager(device: torch.device) -> AsyncStager | None:
-    """The stager background saves copy the state with: page-locked buffers allocated once (reused by every
-    save: one save is in flight at a time) on an accelerator; None on the CPU (the writer's own staging)."""
+def build_stager(device: torch.device) -> AsyncStager:
+    """The stager background saves copy the state with, kept for the run: its buffers are reused by every save
+    (one save is in flight at a time, so the previous write has read them). Synchronous: the copy is the
+    pause training sees, and the weights change again right after it."""
     if device.type == "cpu":
-        return None
+        return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                            use_async_staging=False, use_non_blocking_copy=False))
     return BlockingAsyncStager(cache_staged_state_dict=True)
