@@ -11,8 +11,9 @@ temporary folder and raises the same CheckpointError on every rank; the previous
 ``--async-checkpoint`` (a ``group`` given): DCP's ``async_save`` copies the state to host memory (the pause
 training sees; into buffers reused by every save, page-locked on an accelerator: runtime/checkpoint/writer.py),
 then writes it on a background thread, over a process group of its own so its collectives never interleave
-with training's. Ranks learn that every rank's write is done through the step's all-reduce (``Checkpointer.writing``), and finish at that step boundary; a save that is due while
-the previous one is still writing, the last step's and a preemption's wait for it first.
+with training's. Ranks learn that every rank's write is done through the step's all-reduce
+(``Checkpointer.writing``), and finish at that step boundary; a save that is due while the previous one is
+still writing, the last step's and a preemption's wait for it first.
 """
 
 from __future__ import annotations
