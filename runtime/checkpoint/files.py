@@ -332,15 +332,16 @@ def publish(tmp: Path, directory: Path, step: int) -> Path:
 def prune(directory: Path, *, keep: int, protect: Path) -> threading.Thread:
     """Delete all but the newest ``keep`` published checkpoints, and abandoned temporary folders, in the
     background: each is first renamed to ``.deleting-...`` (atomic and instant: no reader sees a half-deleted
-    checkpoint, and a deletion cut short is finished by the next prune), then removed by the returned thread,
-    so no rank waits for a large checkpoint's files to be unlinked. Python waits for the thread at exit."""
+    checkpoint), then removed by the returned thread, so no rank waits for a large checkpoint's files to be
+    unlinked. The thread does not hold up the process's exit (a preempted run leaves promptly); a deletion
+    it cut short is finished by the next prune."""
     doomed = [step_folder(directory, step) for step in published_steps(directory)[:-keep]]
     for folder in [f for f in doomed if f != protect] + list(directory.glob(".tmp-step-*")):
         with contextlib.suppress(OSError):
             os.rename(folder, directory / f"{_DELETING}{folder.name.lstrip('.')}")
     leftovers = list(directory.glob(f"{_DELETING}*"))
     thread = threading.Thread(target=lambda: [shutil.rmtree(f, ignore_errors=True) for f in leftovers],
-                              name="checkpoint-prune")
+                              name="checkpoint-prune", daemon=True)
     thread.start()
     return thread
 
