@@ -7,6 +7,7 @@ torchrun with checkpoints written by real ranks.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -19,9 +20,12 @@ from runtime.checkpoint.files import (
     PartialCheckpointError,
     check_same_model,
     check_writable_dir,
+    dcp_index,
     describe_file,
     find_latest,
+    prune,
     publish,
+    published_steps,
     read_checkpoint,
     resume_notes,
     tmp_folder,
@@ -40,15 +44,18 @@ def _config(*flags) -> dict:
     return parse_train_config(["--seq-len", "32", *flags], world_size=1).to_dict()
 
 
-def _save(directory: Path, step: int, *, keep: int = 3, model=TINY) -> Path:
-    """A checkpoint laid out as runtime/checkpoint.py writes one, from a single process."""
+def _save(directory: Path, step: int, *, keep: int = 3, model=TINY, indexed: bool = True) -> Path:
+    """A checkpoint laid out as runtime/checkpoint/saving.py writes one, from a single process; ``indexed``:
+    with the manifest's index of DCP's metadata (without: as checkpoints written before the index)."""
     tmp = tmp_folder(directory, step)
     weights = {name: p.detach() for name, p in build_model(model, seed=step).named_parameters(remove_duplicate=False)}
-    dcp.save({"model": weights}, checkpoint_id=tmp, no_dist=True)
+    metadata = dcp.save({"model": weights}, checkpoint_id=tmp, no_dist=True)
     files = {p.name: describe_file(p) for p in tmp.iterdir()}
     config = _config() if model == TINY else _config("--d-model", str(model.d_model))
-    write_manifest(tmp, step=step, config=config, files=files)
-    return publish(tmp, directory, step, keep=keep)
+    write_manifest(tmp, step=step, config=config, files=files, index=dcp_index(metadata) if indexed else None)
+    final = publish(tmp, directory, step)
+    prune(directory, keep=keep, protect=final).join()
+    return final
 
 
 def _shard(folder: Path) -> Path:
@@ -112,11 +119,38 @@ def test_a_checkpoint_of_another_model_shape_is_foreign(tmp_path):
         check_same_model(read_checkpoint(folder), TINY)
 
 
-def test_tensor_shapes_are_checked_even_if_the_manifest_matches(tmp_path):
-    folder = _save(tmp_path, 10, model=dataclasses.replace(TINY, vocab_size=300))
+@pytest.mark.parametrize("indexed", [True, False], ids=["index", "metadata"])
+def test_tensor_shapes_are_checked_even_if_the_manifest_matches(tmp_path, indexed):
+    folder = _save(tmp_path, 10, model=dataclasses.replace(TINY, vocab_size=300), indexed=indexed)
     info = dataclasses.replace(read_checkpoint(folder), config=_config())
     with pytest.raises(CheckpointError, match=r"parameter head.weight has shape \(300, 64\)"):
         check_same_model(info, TINY)
+
+
+def test_the_checks_before_the_process_group_read_only_the_manifest(tmp_path, monkeypatch):
+    """Every rank runs them: DCP's .metadata (which grows with the number of tensor chunks) is not unpickled;
+    its index in the manifest answers for it. A checkpoint without the index still reads its .metadata."""
+    import runtime.checkpoint.files as files_module
+
+    indexed, old = _save(tmp_path / "new", 10), _save(tmp_path / "old", 10, indexed=False)
+    reads = []
+    real = files_module.read_dcp_metadata
+    monkeypatch.setattr(files_module, "read_dcp_metadata", lambda path: reads.append(Path(path)) or real(path))
+    check_same_model(read_checkpoint(indexed), TINY)
+    assert reads == []
+    check_same_model(read_checkpoint(old), TINY)
+    assert set(reads) == {old}
+    assert read_checkpoint(old).index is None and read_checkpoint(indexed).index == dcp_index(real(indexed))
+
+
+def test_an_index_that_does_not_fit_the_shards_is_corrupt(tmp_path):
+    folder = _save(tmp_path, 10)
+    manifest = json.loads((folder / "checkpoint.json").read_text())
+    shard = next(iter(manifest["dcp_index"]["extents"]))
+    manifest["dcp_index"]["extents"][shard] = manifest["files"][shard]["bytes"] + 1
+    (folder / "checkpoint.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match=f"{folder / shard} holds .* bytes, .*needs"):
+        read_checkpoint(folder)
 
 
 def test_resume_passes_over_a_partial_newest_checkpoint(tmp_path):
@@ -143,6 +177,25 @@ def test_publishing_keeps_the_newest_k_and_removes_abandoned_saves(tmp_path):
     tmp_folder(tmp_path, 8).mkdir()  # a crashed save
     _save(tmp_path, 10, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-000006", "step-000010"]
+
+
+def test_pruning_hides_old_checkpoints_at_once_and_deletes_them_in_the_background(tmp_path, monkeypatch):
+    """The caller (rank 0, after every rank agreed on the publish) returns before any file is unlinked;
+    readers never see the doomed checkpoints again, and a deletion cut short is finished by the next prune."""
+    import shutil
+    import threading
+
+    for step in (2, 4):
+        _save(tmp_path, step)
+    release, real_rmtree = threading.Event(), shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", lambda path, **kw: release.wait(30) and real_rmtree(path, **kw))
+    deleting = prune(tmp_path, keep=1, protect=tmp_path / "step-000004")
+    assert deleting.is_alive()  # still waiting to unlink
+    assert published_steps(tmp_path) == [4] and find_latest(tmp_path)[0].step == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".deleting-step-000002", "latest", "step-000004"]
+    release.set()
+    deleting.join(timeout=30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-000004"]
 
 
 def test_publishing_over_an_existing_step_replaces_it(tmp_path):

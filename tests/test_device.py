@@ -41,3 +41,27 @@ def _resident_after_free(mode: str) -> float:
 def test_compact_heap_returns_freed_tensors_to_the_kernel():
     assert _resident_after_free("default") > 200  # glibc's heap keeps the freed blocks resident
     assert _resident_after_free("compact") < 20  # only the one kept tensor (5 MiB) stays
+
+
+def test_batches_stay_as_they_are_on_the_cpu():
+    import torch
+
+    from runtime.device import host_to_device
+
+    batch = torch.arange(12).view(3, 4)
+    assert host_to_device(batch, torch.device("cpu")) is batch  # no copy, no page-locking
+
+
+@pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs CUDA")
+def test_batches_reach_cuda_through_page_locked_memory(monkeypatch):
+    import torch
+
+    from runtime.device import host_to_device
+
+    pinned = []
+    real = torch.Tensor.pin_memory
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, *a: pinned.append(out := real(self, *a)) or out)
+    batch = torch.arange(12).view(3, 4)
+    moved = host_to_device(batch, torch.device("cuda", 0))
+    assert moved.is_cuda and len(pinned) == 1 and pinned[0].is_pinned()
+    torch.testing.assert_close(moved.cpu(), batch)

@@ -22,3 +22,55 @@ def test_weight_decay_only_on_matrices():
     decays = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
     assert decays == {id(w): 0.5, id(b): 0.0}
     assert not math.isnan(opt.defaults["lr"])
+
+
+@pytest.fixture
+def one_rank_meshes():
+    """A one-process gloo world and a (dp, mp) = (1, 1) mesh: DTensors on 1-D and 2-D meshes, in this process."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "mp"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_multi_tensor_adamw_over_plain_and_dtensor_parameters(one_rank_meshes):
+    """A TP stage's mix (plain norms, DTensor weights on the mp mesh and, under FSDP, on the (dp, mp) and dp
+    meshes) takes the multi-tensor kernels, each group of one kind, and updates exactly like the
+    per-parameter loop (foreach=False)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    mesh = one_rank_meshes
+    torch.manual_seed(0)
+    values = [torch.randn(4, 3), torch.randn(3), torch.randn(5, 3), torch.randn(5), torch.randn(2, 2)]
+    layouts = [(mesh["mp"], [Shard(0)]), None, (mesh, [Shard(0), Shard(1)]), (mesh, [Shard(0), Replicate()]),
+               (mesh["dp"], [Shard(0)])]
+
+    def parameters() -> list[torch.nn.Parameter]:
+        params = []
+        for value, layout in zip(values, layouts):
+            p = torch.nn.Parameter(value.clone() if layout is None else distribute_tensor(value.clone(), *layout))
+            p.grad = torch.ones_like(p) * 0.5 if layout is None else distribute_tensor(torch.full(value.shape, 0.5), *layout)
+            params.append(p)
+        return params
+
+    multi, loop = parameters(), parameters()
+    opt = build_optimizer(multi, lr=0.1, weight_decay=0.5)
+    assert opt.defaults["foreach"] is True
+    for group in opt.param_groups:
+        kinds = {(type(p), p.device_mesh if isinstance(p, DTensor) else None) for p in group["params"]}
+        assert len(kinds) == 1, f"a group mixes {kinds}"
+        assert group["weight_decay"] == (0.5 if group["params"][0].ndim >= 2 else 0.0)
+    assert sorted(id(p) for g in opt.param_groups for p in g["params"]) == sorted(id(p) for p in multi)
+    reference = torch.optim.AdamW([{"params": [p for p in loop if p.ndim >= 2], "weight_decay": 0.5},
+                                   {"params": [p for p in loop if p.ndim < 2], "weight_decay": 0.0}],
+                                  lr=0.1, betas=(0.9, 0.95), foreach=False)
+    for _ in range(2):
+        opt.step()
+        reference.step()
+    for got, want in zip(multi, loop):
+        full = lambda t: t.full_tensor() if isinstance(t, DTensor) else t  # noqa: E731
+        torch.testing.assert_close(full(got.detach()), full(want.detach()), rtol=1e-6, atol=1e-7)

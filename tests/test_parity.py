@@ -68,7 +68,7 @@ CASES = [
     (2, 2, 2, "1f1b", [*LLAMA, "--reshard-after-forward"]),
     # Packed documents (newline-separated in the built-in text): block-causal attention, positions restarted.
     (2, 2, 2, "interleaved-1f1b", DOCUMENTS),
-    (2, 1, 4, "1f1b", DOCUMENTS),
+    (2, 1, 4, "1f1b", [*DOCUMENTS, "--sequence-parallel"]),
     (2, 2, 2, "zbv", [*LLAMA, *DOCUMENTS]),
     # Validation through the V placements (a forward-only action list: torch's V schedules cannot eval()).
     (1, 2, 1, "zbv", ["--eval-every", "3"]),

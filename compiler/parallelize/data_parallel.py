@@ -51,10 +51,9 @@ def apply_data_parallel(stage_module: nn.Module, dp_mesh: DeviceMesh, options: D
     policy = MixedPrecisionPolicy(param_dtype=options.param_dtype, reduce_dtype=reduce_dtype)
     for name in block_names(stage_module):
         fully_shard(stage_module.get_submodule(name), mesh=dp_mesh, mp_policy=policy, reshard_after_forward=options.zero3)
-    # The stage's output goes back to fp32: the pipeline sends activations in the dtype the graph was traced
-    # in (the next stage's receive buffers are fp32), and the last stage's logits feed an fp32 loss.
-    root = MixedPrecisionPolicy(param_dtype=options.param_dtype, reduce_dtype=reduce_dtype, output_dtype=torch.float32)
-    fully_shard(stage_module, mesh=dp_mesh, mp_policy=root, reshard_after_forward=options.zero3)
+    # The stage's outputs stay in the compute dtype: the dtype the pipeline sends them in (and the last stage's
+    # fp32 logits) is compiler/parallelize/message_dtype.py's.
+    fully_shard(stage_module, mesh=dp_mesh, mp_policy=policy, reshard_after_forward=options.zero3)
     if options.zero3:
         _sync_every_microbatch(stage_module)
     return stage_module

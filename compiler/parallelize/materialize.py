@@ -3,8 +3,9 @@
 The model is built, traced, tensor-parallelised and FSDP-sharded on the meta device, so start-up
 memory is this rank's share of the model, not the whole model. Then each parameter gets storage for
 its local shard (``to_empty``) and its value: the full tensor ``initial_value(name, shape)`` computes
-(the same on every rank: name-seeded, or read from an export), cut to the shard this rank holds. One
-full parameter exists at a time, so the transient cost is the largest parameter, not the model.
+on the CPU (the same on every rank: name-seeded, or read from an export), cut there to the shard this
+rank holds; only the shard goes to the device. One full parameter exists at a time, in host memory, so
+the transient cost is the largest parameter, not the model.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def materialize(stage_module: nn.Module, *, device: torch.device,
     stage_module.to_empty(device=device)
     with torch.no_grad():
         for name, param in stage_module.named_parameters():
-            full = initial_value(original_name(name), tuple(param.shape)).to(device=device, dtype=param.dtype)
+            # Cut the shard where the full value is computed (CPU), then move only the shard: copy_ converts
+            # device and dtype, so a rank's transfer is its share, not the whole tensor.
+            full = initial_value(original_name(name), tuple(param.shape))
             local_shard(param).copy_(shard_of(full, like=param))
     return stage_module
 

@@ -33,16 +33,23 @@ def _sequence_shards(x: torch.Tensor, mesh: DeviceMesh) -> DTensor:
     return x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
 
 
+def _on_hidden_states(args: tuple, fn) -> tuple:
+    """``fn`` applied to the hidden states among a module's inputs, the other inputs (integer positions of
+    packed documents) as they are. Traced modules do not keep the Python argument order (a block may take
+    (positions, x)), so the hidden states are told by their floating-point dtype, not their place."""
+    return tuple(fn(a) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
 class GatherSequence(ParallelStyle):
-    """The module's first input arrives as sequence shards (B, T/mp, D) and is all-gathered to a Replicate
+    """The module's hidden states arrive as sequence shards (B, T/mp, D) and are all-gathered to a Replicate
     DTensor (B, T, D) that its column-parallel linears consume directly: in backward their partial input
     gradients are summed as DTensors and reduce-scattered once, here. Other inputs (positions) pass as they are.
     """
 
     def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
         def gather(_module: nn.Module, args: tuple):
-            x = _sequence_shards(args[0], device_mesh).redistribute(device_mesh, [Replicate()])
-            return (x, *args[1:])
+            return _on_hidden_states(
+                args, lambda x: _sequence_shards(x, device_mesh).redistribute(device_mesh, [Replicate()]))
 
         module.register_forward_pre_hook(gather)
         return module
@@ -55,8 +62,8 @@ def scatter_sequence_at_stage_ends(stage_module: nn.Module, blocks: list[str], m
         return
 
     def keep_own_shard(_module: nn.Module, args: tuple):
-        x = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)
-        return (x.redistribute(mesh, [Shard(1)]).to_local(), *args[1:])  # (B, T/mp, D)
+        return _on_hidden_states(args, lambda x: DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+                                 .redistribute(mesh, [Shard(1)]).to_local())  # (B, T/mp, D)
 
     def gather_whole(_module: nn.Module, _args: tuple, out: torch.Tensor) -> torch.Tensor:
         return _sequence_shards(out, mesh).redistribute(mesh, [Replicate()]).to_local()  # (B, T, D)

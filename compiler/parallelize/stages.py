@@ -22,6 +22,7 @@ from compiler.parallelize.activation_checkpointing import apply_ac, original_nam
 from compiler.parallelize.compile import apply_compile
 from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel
 from compiler.parallelize.materialize import materialize
+from compiler.parallelize.message_dtype import apply_message_dtype
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
 from compiler.trace import trace_pipeline
 from models import spec_of
@@ -72,12 +73,15 @@ def build_local_stages(
     compile_blocks: bool = False,
     sequence_parallel: bool = False,
     document_positions: bool = False,
+    message_dtype: torch.dtype | None = None,
 ) -> LocalStages:
     """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of ``cfg``'s
     model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
-    embedding and head over the vocabulary; the norms over the sequence with ``sequence_parallel``), checkpointed, compiled (``compile_blocks``), data-parallel,
-    and filled from ``initial_value(model name, full shape)``. ``document_positions``: the model takes
-    (tokens, positions) and attends block-causally within packed documents."""
+    embedding and head over the vocabulary; the norms over the sequence with ``sequence_parallel``),
+    checkpointed, compiled (``compile_blocks``), data-parallel, and filled from ``initial_value(model name,
+    full shape)``. ``document_positions``: the model takes (tokens, positions) and attends block-causally
+    within packed documents. Activations and their gradients cross stages in ``message_dtype`` (the
+    autocast dtype; None: fp32, the traced dtype)."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
     spec = spec_of(cfg)
@@ -107,6 +111,10 @@ def build_local_stages(
         # to_empty gives every module a Parameter of its own; point the head at the embedding's (the one
         # FSDP keeps and re-points both modules to around each forward) again.
         share_tied_weights(module, tied)
+        fsdp_dtype = data_parallel.param_dtype if meshes.fsdp is not None else None
+        if message_dtype is not None or fsdp_dtype is not None:  # else every stage computes and sends fp32
+            apply_message_dtype(module, message_dtype or torch.float32, compute=fsdp_dtype or torch.float32,
+                                receives=index > 0, sends=index < n_stages - 1)
         modules.append(module)
         stages.append(pipe.build_stage(index, device, meshes.pp.get_group()))
     return LocalStages(indices, modules, stages, n_stages)

@@ -10,8 +10,15 @@ A checkpoint directory looks like::
     DIR/step-000020/
         .metadata               DCP's index of every tensor chunk (written by rank 0 once all ranks are done)
         __0_0.distcp ...        one shard file per rank
-        checkpoint.json         our manifest: step, config, mesh, and every file's size and sha256
+        checkpoint.json         our manifest: step, config, mesh, every file's size and sha256, and an
+                                index of .metadata (each shard file's extent, each parameter's shape)
     DIR/.tmp-step-000030/       a save in progress, or one that crashed: never read
+    DIR/.deleting-step-000005/  an old checkpoint being deleted in the background: never read
+
+The checks made before any process group exists read only the manifest (every rank reads it): DCP's
+``.metadata`` grows with the number of tensor chunks, and N ranks unpickling it at start-up is N times
+the work; it is read once the ranks can share the work, by DCP's load (after the hash check).
+Checkpoints written before the index existed fall back to reading ``.metadata``.
 
 A folder is *partial* (a crash during the save) if it was never published or lacks ``.metadata`` or
 ``checkpoint.json``; ``--resume`` passes over it to the previous complete one. It is *corrupt* if a
@@ -21,6 +28,7 @@ error naming the file. It is *foreign* if it holds a different model: an error n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -29,6 +37,7 @@ import pickle
 import re
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +48,7 @@ MARKER = "latest"
 DCP_METADATA = ".metadata"
 FORMAT = 1
 _STEP_FOLDER = re.compile(r"^step-(\d+)$")
+_DELETING = ".deleting-"
 
 # Model config field -> the flag that sets it, for error messages.
 _MODEL_FLAGS = {"family": "--model (family)", "n_kv_heads": "--kv-heads", "n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "seq_len": "--seq-len",
@@ -59,6 +69,7 @@ class CheckpointInfo:
     step: int  # optimizer steps completed when it was saved
     config: dict  # TrainConfig.to_dict() of the run that saved it
     files: dict[str, dict]  # file name -> {"bytes": int, "sha256": str}
+    index: dict | None = None  # dcp_index() of its .metadata; None in checkpoints older than the index
 
 
 def step_folder(directory: Path, step: int) -> Path:
@@ -98,7 +109,7 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
     manifest_path = path / MANIFEST
     try:
         manifest = json.loads(manifest_path.read_text())
-        step, config, files = int(manifest["step"]), manifest["config"], manifest["files"]
+        step, config, files, index = int(manifest["step"]), manifest["config"], manifest["files"], manifest.get("dcp_index")
         if manifest.get("format") != FORMAT:
             raise ValueError(f"format {manifest.get('format')!r}, expected {FORMAT}")
     except (ValueError, KeyError, TypeError) as e:
@@ -112,7 +123,7 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
             problem = "truncated" if size < expected["bytes"] else "longer than written"
             raise CheckpointError(f"checkpoint {path} is corrupted: {file} is {problem} "
                                   f"({size:,} bytes, the manifest says {expected['bytes']:,})")
-    extents = _dcp_extents(path)
+    extents = index["extents"] if index else dcp_index(read_dcp_metadata(path))["extents"]
     for name, needed in sorted(extents.items()):
         if name not in files:
             raise CheckpointError(f"checkpoint {path} is corrupted: {path / DCP_METADATA} refers to {name}, "
@@ -120,7 +131,7 @@ def read_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
         if files[name]["bytes"] < needed:
             raise CheckpointError(f"checkpoint {path} is corrupted: {path / name} holds {files[name]['bytes']:,} "
                                   f"bytes, {path / DCP_METADATA} needs {needed:,}")
-    return CheckpointInfo(path, step, config, files)
+    return CheckpointInfo(path, step, config, files, index)
 
 
 def read_dcp_metadata(path: Path):
@@ -132,12 +143,16 @@ def read_dcp_metadata(path: Path):
         raise CheckpointError(f"checkpoint {path} is corrupted: cannot read {file} ({type(e).__name__}: {e})") from None
 
 
-def _dcp_extents(path: Path) -> dict[str, int]:
-    """Bytes each shard file must hold: the end of the last item DCP's metadata places in it."""
+def dcp_index(metadata) -> dict:
+    """What the checks before any process group need from DCP's metadata, small enough for the manifest:
+    the bytes each shard file must hold (the end of the last item placed in it), every model parameter's
+    shape, and how many ranks saved an RNG state."""
     extents: dict[str, int] = {}
-    for info in read_dcp_metadata(path).storage_data.values():
+    for info in metadata.storage_data.values():
         extents[info.relative_path] = max(extents.get(info.relative_path, 0), info.offset + info.length)
-    return extents
+    keys = metadata.state_dict_metadata
+    shapes = {k.removeprefix("model."): list(md.size) for k, md in keys.items() if k.startswith("model.")}
+    return {"extents": extents, "shapes": shapes, "rng_ranks": sum(k.startswith("rng.rank") for k in keys)}
 
 
 def verify_files(info: CheckpointInfo, names: list[str]) -> list[str]:
@@ -160,8 +175,8 @@ def check_same_model(info: CheckpointInfo, model) -> None:
         raise CheckpointError(f"checkpoint {info.path} holds a different model shape: " + "; ".join(diffs))
     # The manifest could match while the tensors do not (an edited or mixed-up folder): check them too.
     expected = expected_parameter_shapes(model)
-    saved_shapes = {k.removeprefix("model."): tuple(md.size)
-                    for k, md in read_dcp_metadata(info.path).state_dict_metadata.items() if k.startswith("model.")}
+    index = info.index or dcp_index(read_dcp_metadata(info.path))
+    saved_shapes = {name: tuple(shape) for name, shape in index["shapes"].items()}
     for name in sorted(set(expected) | set(saved_shapes)):
         if expected.get(name) != saved_shapes.get(name):
             raise CheckpointError(f"checkpoint {info.path} does not fit this model: parameter {name} has shape "
@@ -287,13 +302,16 @@ def check_writable_dir(directory: Path) -> None:
         raise CheckpointError(f"--checkpoint-dir {directory}: cannot write there ({e.strerror or e})") from None
 
 
-def write_manifest(folder: Path, *, step: int, config: dict, files: dict[str, dict]) -> None:
+def write_manifest(folder: Path, *, step: int, config: dict, files: dict[str, dict], index: dict | None = None) -> None:
+    """``index``: dcp_index() of the folder's .metadata (optional: readers fall back to the file)."""
     manifest = {"format": FORMAT, "step": step, "config": config, "files": files}
+    if index is not None:
+        manifest["dcp_index"] = index
     _write_durably(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
 
 
-def publish(tmp: Path, directory: Path, step: int, *, keep: int) -> Path:
-    """Rename a finished ``.tmp-step-N`` folder to ``step-N``, point the marker at it, prune old ones.
+def publish(tmp: Path, directory: Path, step: int) -> Path:
+    """Rename a finished ``.tmp-step-N`` folder to ``step-N`` and point the marker at it.
 
     Called on one rank after every rank's shards and the manifest are on disk. A rename within one
     folder is atomic: readers see the whole checkpoint or none of it.
@@ -309,18 +327,24 @@ def publish(tmp: Path, directory: Path, step: int, *, keep: int) -> Path:
         os.rename(tmp, final)
     _fsync_dir(directory)
     _write_durably(directory / MARKER, final.name + "\n")
-    prune(directory, keep=keep, protect=final)
     return final
 
 
-def prune(directory: Path, *, keep: int, protect: Path) -> None:
-    """Delete all but the newest ``keep`` published checkpoints, and abandoned temporary folders."""
-    for step in published_steps(directory)[:-keep]:
-        folder = step_folder(directory, step)
-        if folder != protect:
-            shutil.rmtree(folder, ignore_errors=True)
-    for stale in directory.glob(".tmp-step-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+def prune(directory: Path, *, keep: int, protect: Path) -> threading.Thread:
+    """Delete all but the newest ``keep`` published checkpoints, and abandoned temporary folders, in the
+    background: each is first renamed to ``.deleting-...`` (atomic and instant: no reader sees a half-deleted
+    checkpoint), then removed by the returned thread, so no rank waits for a large checkpoint's files to be
+    unlinked. The thread does not hold up the process's exit (a preempted run leaves promptly); a deletion
+    it cut short is finished by the next prune."""
+    doomed = [step_folder(directory, step) for step in published_steps(directory)[:-keep]]
+    for folder in [f for f in doomed if f != protect] + list(directory.glob(".tmp-step-*")):
+        with contextlib.suppress(OSError):
+            os.rename(folder, directory / f"{_DELETING}{folder.name.lstrip('.')}")
+    leftovers = list(directory.glob(f"{_DELETING}*"))
+    thread = threading.Thread(target=lambda: [shutil.rmtree(f, ignore_errors=True) for f in leftovers],
+                              name="checkpoint-prune", daemon=True)
+    thread.start()
+    return thread
 
 
 def _write_durably(path: Path, text: str) -> None:

@@ -1,24 +1,24 @@
 """Writing a checkpoint: in the foreground, or in the background while training goes on.
 
 A save has two halves. ``begin_save``: rank 0 prepares DIR/.tmp-step-N, every rank hands DCP its state
-(runtime/checkpoint/state.py) and, once its shard and DCP's metadata are written, hashes its share of the
-folder's files. ``finish_save``: every rank reports success or its error, rank 0 writes the manifest and
-publishes the folder by a rename (runtime/checkpoint/files.py ``publish``). A failure anywhere removes the
+(runtime/checkpoint/state.py), hashing the files it writes as it writes them (runtime/checkpoint/writer.py).
+``finish_save``: every rank reports success or its error with its files' digests, rank 0 writes the
+manifest (with an index of DCP's metadata, for the checks before a resumed run's process group exists) and
+publishes the folder by a rename (runtime/checkpoint/files.py ``publish``); then, with no rank waiting for it,
+it deletes the checkpoints past ``--keep-checkpoints`` in the background. A failure anywhere removes the
 temporary folder and raises the same CheckpointError on every rank; the previous checkpoint is untouched.
 
-``--async-checkpoint`` (a ``group`` given): DCP's ``async_save`` copies the state to CPU memory (the pause
-training sees), then writes it and hashes on a background thread, over a process group of its own so its
-collectives never interleave with training's. Ranks learn that every rank's write is done through the
-step's all-reduce (``Checkpointer.writing``), and finish at that step boundary; a save that is due while
-the previous one is still writing, the last step's and a preemption's wait for it first.
+``--async-checkpoint`` (a ``group`` given): DCP's ``async_save`` copies the state to host memory (the pause
+training sees; into buffers reused by every save, page-locked on an accelerator: runtime/checkpoint/writer.py),
+then writes it on a background thread, over a process group of its own so its collectives never interleave
+with training's. Ranks learn that every rank's write is done through the step's all-reduce
+(``Checkpointer.writing``), and finish at that step boundary; a save that is due while the previous one is
+still writing, the last step's and a preemption's wait for it first.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -28,23 +28,21 @@ from typing import NoReturn
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.staging import AsyncStager
 
-from runtime.checkpoint.files import CheckpointError, describe_file, publish, step_folder, tmp_folder, write_manifest
+from runtime.checkpoint.files import (
+    CheckpointError,
+    dcp_index,
+    describe_file,
+    prune,
+    publish,
+    step_folder,
+    tmp_folder,
+    write_manifest,
+)
 from runtime.checkpoint.state import TrainState, agree, failure_summary, rng_state, tensor_state, train_state_json
+from runtime.checkpoint.writer import CheckpointWriter, build_stager
 from runtime.distributed.collectives import all_gather_objects
-
-
-class _BackgroundWriter(FileSystemWriter):
-    """A FileSystemWriter that lowers the priority of the thread DCP writes on (nice 19, this thread only:
-    on Linux a thread is a task of its own), so the write takes cores the training ranks leave idle
-    (waiting on a peer, the pipeline bubble) rather than slowing their steps."""
-
-    def set_up_storage_writer(self, *args, **kwargs):  # DCP's first call on the writing thread
-        if hasattr(os, "setpriority"):
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-        return super().set_up_storage_writer(*args, **kwargs)
 
 
 @dataclass
@@ -56,30 +54,32 @@ class PendingSave:
     tmp: Path
     keep: int
     config: dict
-    digests: Future  # this rank's share of {file name: {"bytes", "sha256"}}, once every shard is written
+    digests: Future  # {"files": {name: {"bytes", "sha256"}} this rank wrote, "index": dcp_index or None}
     began: float = field(default_factory=time.perf_counter)
 
     def written(self) -> bool:
         return self.digests.done()
 
 
-def begin_save(state: TrainState, *, directory: Path, step: int, keep: int, group: dist.ProcessGroup | None = None) -> PendingSave:
+def begin_save(state: TrainState, *, directory: Path, step: int, keep: int, group: dist.ProcessGroup | None = None,
+               stager: AsyncStager | None = None) -> PendingSave:
     """Start saving the state after ``step`` steps. Without ``group`` the shards are written when this
-    returns; with one, DCP has staged a CPU copy and writes it in the background."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    returns; with one, DCP has staged a host copy (with ``stager``, else the writer's own staging) and
+    writes it in the background."""
+    rank = dist.get_rank()
     directory, tmp = Path(directory), tmp_folder(directory, step)
     agree(lambda: _fresh_folder(tmp) if rank == 0 else None, what=f"prepare {tmp}")
     state_dict = {**tensor_state(state), "train_state": train_state_json(state, step), "rng": {f"rank{rank}": rng_state()}}
-    writer = (FileSystemWriter if group is None else _BackgroundWriter)(tmp, sync_files=True, overwrite=True)
+    writer = CheckpointWriter(tmp, background=group is not None)
     digests: Future = Future()
 
     def hash_share(written: Future) -> None:
-        # Once DCP returns on any rank, every shard and .metadata are on disk (DCP gathers all ranks'
-        # write results before rank 0 writes the metadata): every rank lists the same files.
+        # The digests of what this rank wrote, computed as it wrote; the rank that wrote .metadata (after
+        # every rank's shards) also indexes it for the manifest.
         try:
             written.result()
-            names = sorted(p.name for p in tmp.iterdir())
-            digests.set_result({name: describe_file(tmp / name) for name in names[rank::world]})
+            index = dcp_index(writer.metadata) if writer.metadata is not None else None
+            digests.set_result({"files": writer.digests, "index": index})
         except BaseException as e:  # handed to finish_save, which agrees on it with the other ranks
             digests.set_exception(e)
 
@@ -92,7 +92,8 @@ def begin_save(state: TrainState, *, directory: Path, step: int, keep: int, grou
             written.set_exception(e)
         hash_share(written)
     else:
-        dcp.async_save(state_dict, storage_writer=writer, process_group=group).add_done_callback(hash_share)
+        dcp.async_save(state_dict, storage_writer=writer, process_group=group,
+                       async_stager=stager).add_done_callback(hash_share)
     return PendingSave(step, directory, tmp, keep, state.config, digests)
 
 
@@ -103,22 +104,28 @@ def finish_save(pending: PendingSave) -> Path:
     try:
         share, failure = pending.digests.result(), None
     except (CheckpointException, OSError) as e:
-        share, failure = {}, failure_summary(e)
+        share, failure = {"files": {}, "index": None}, failure_summary(e)
     reports = all_gather_objects((failure, share))
     failures = [f for f, _ in reports if f]
     if failures:
         _abandon(pending, failures[0])
-    digests = {name: d for _, part in reports for name, d in part.items()}
+    digests = {name: d for _, part in reports for name, d in part["files"].items()}
+    index = next((part["index"] for _, part in reports if part["index"] is not None), None)
 
     def manifest_and_publish() -> None:
-        write_manifest(pending.tmp, step=pending.step, config=pending.config, files=digests)
-        publish(pending.tmp, pending.directory, pending.step, keep=pending.keep)
+        # A file no rank hashed while writing it (see runtime/checkpoint/writer.py) is read back here.
+        files = {p.name: digests.get(p.name) or describe_file(p) for p in sorted(pending.tmp.iterdir())}
+        write_manifest(pending.tmp, step=pending.step, config=pending.config, files=files, index=index)
+        publish(pending.tmp, pending.directory, pending.step)
 
     try:
         agree(manifest_and_publish if rank == 0 else (lambda: None), what=f"publish {pending.tmp}")
     except CheckpointError as e:
         _abandon(pending, str(e))
-    return step_folder(pending.directory, pending.step)
+    final = step_folder(pending.directory, pending.step)
+    if rank == 0:  # after the agreement: no rank waits for old checkpoints' files to be unlinked
+        prune(pending.directory, keep=pending.keep, protect=final)
+    return final
 
 
 def _abandon(pending: PendingSave, reason: str) -> NoReturn:
@@ -162,6 +169,11 @@ class Checkpointer:
     saved: list[str] = field(default_factory=list)
     pauses: dict[int, float] = field(default_factory=dict)
     pending: PendingSave | None = None
+    stager: AsyncStager | None = field(init=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.group is not None and self.state.params:
+            self.stager = build_stager(self.state.params[0][1].device)
 
     def due(self, step: int, *, last: bool) -> bool:
         return last or (self.every is not None and step % self.every == 0)
@@ -175,7 +187,8 @@ class Checkpointer:
         """Save the state after ``step``; ``wait``: publish it before returning (the run's last save)."""
         self.finish()  # one save at a time: a write still in flight is waited for (counted as its pause)
         start = time.perf_counter()
-        self.pending = begin_save(self.state, directory=self.directory, step=step, keep=self.keep, group=self.group)
+        self.pending = begin_save(self.state, directory=self.directory, step=step, keep=self.keep, group=self.group,
+                                  stager=self.stager)
         self.pauses[step] = time.perf_counter() - start
         if self.group is None or wait:
             self.finish(waited=True)

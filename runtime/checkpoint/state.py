@@ -35,6 +35,7 @@ from compiler.parallelize.stages import LocalStages
 from runtime.checkpoint.files import (
     CheckpointError,
     CheckpointInfo,
+    dcp_index,
     read_dcp_metadata,
     verify_files,
 )
@@ -69,8 +70,11 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
         for p in group["params"]:
             state = optimizer.state[p]
             if not state:
-                # As torch.optim.adam._init_group does with capturable and fused off.
-                state["step"] = torch.tensor(0.0, dtype=_get_scalar_dtype())
+                # As torch.optim.adam._init_group does: a fused (or capturable) step counter lives on the
+                # parameter's device, where the fused kernel reads it.
+                on_device = group.get("fused") or group.get("capturable")
+                state["step"] = torch.zeros((), dtype=_get_scalar_dtype(is_fused=bool(group.get("fused"))),
+                                            device=p.device if on_device else "cpu")
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
@@ -143,8 +147,8 @@ def load_checkpoint(state: TrainState, info: CheckpointInfo) -> int:
     if problems:
         raise CheckpointError(problems[0])
 
-    saved_keys = set(read_dcp_metadata(info.path).state_dict_metadata)
-    rng_key = f"rank{rank}" if f"rng.rank{rank}" in saved_keys else "rank0"
+    rng_ranks = (info.index or dcp_index(read_dcp_metadata(info.path)))["rng_ranks"]
+    rng_key = f"rank{rank}" if rank < rng_ranks else "rank0"  # a rank the saving run did not have: rank 0's
     state_dict = {**tensor_state(state), "train_state": "", "rng": {rng_key: torch.empty_like(rng_state())}}
     try:
         dcp.load(state_dict, storage_reader=_NamingReader(info.path))

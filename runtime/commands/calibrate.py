@@ -33,6 +33,7 @@ from models import named_config, spec_of
 from runtime.commands.calibrate_engine import calibrate_engine, calibration_runs, refit_engine
 from runtime.device import device_description, has_accelerator
 from runtime.distributed.spawn import SpawnError, spawn_ranks
+from runtime.engine.optim import build_optimizer
 from runtime.observe.peak_flops import best_matmul_flops
 
 SHAPES = ((1, 32, 64, 4), (4, 128, 256, 4))  # (batch, seq, d_model, heads): overhead-bound, compute-bound
@@ -103,7 +104,7 @@ def _adamw_rate() -> float:
     params = [torch.nn.Parameter(torch.randn(1024, 1024)) for _ in range(4)]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW(params, foreach=False)
+    opt = build_optimizer(params, lr=1e-3, weight_decay=0.1)  # the engine's AdamW kernels
     opt.step()
     start = time.perf_counter()
     for _ in range(5):

@@ -161,15 +161,18 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
                                           param_dtype=PRECISIONS[cfg.precision].autocast_dtype,
                                           reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype)),
         initial_value=_initial_values(cfg, start), compile_blocks=cfg.compile_blocks,
-        sequence_parallel=cfg.sequence_parallel, document_positions=cfg.data.document_mask)
-    tied = (TiedWeights(stages.named_parameters(), tied_weights=spec_of(cfg.model).tied_weights, layout=layout,
-                        rank=env.rank, first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),
+        sequence_parallel=cfg.sequence_parallel, document_positions=cfg.data.document_mask,
+        message_dtype=PRECISIONS[cfg.precision].autocast_dtype)
+    tied = (TiedWeights(stages.named_parameters(), tied_weights=spec_of(cfg.model).tied_weights,
+                        pp_group=mesh["pp"].get_group(), pp_rank=pp_rank,
+                        first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),
                         last_pp=spec.stage_owner(plan.n_stages - 1, pp=cfg.mesh.pp, stages_per_rank=v))
             if cfg.model.tie_embeddings else None)
     replicated = (ReplicatedGradients(stages.parameters(), group=mesh["dp"].get_group(),
                                       reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype),
                                       accumulations=cfg.pipeline.microbatches,
-                                      deferred={id(p) for p in tied.copies} if tied else set())
+                                      deferred={id(p) for p in tied.copies} if tied else set(),
+                                      stages=stages.stages)
                   if cfg.mesh.dp > 1 and cfg.data_parallel.shard == 1 else None)
 
     # 5. Schedule, mixed precision, optimizer.

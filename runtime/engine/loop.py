@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 from runtime.checkpoint.saving import Checkpointer
 from runtime.config import DataConfig, MetricsConfig, OptimConfig
-from runtime.device import peak_memory_bytes
+from runtime.device import host_to_device, peak_memory_bytes
 from runtime.distributed.collectives import all_gather_objects, max_over_ranks
 from runtime.engine.data import DataSources, inputs_and_targets
 from runtime.engine.evaluation import language_model_metrics
@@ -76,8 +76,9 @@ def training_loop(
     def batch(source, step):
         inputs, targets = inputs_and_targets(source.rows(step, *replica_rows))
         if data_cfg.document_mask:  # packed documents: the model also takes each token's position in its document
-            return (inputs.to(ctx.device), source.positions(step, *replica_rows).to(ctx.device)), targets.to(ctx.device)
-        return inputs.to(ctx.device), targets.to(ctx.device)
+            positions = host_to_device(source.positions(step, *replica_rows), ctx.device)
+            return (host_to_device(inputs, ctx.device), positions), host_to_device(targets, ctx.device)
+        return host_to_device(inputs, ctx.device), host_to_device(targets, ctx.device)
 
     val_batches = [batch(data.val, i) for i in range(data_cfg.eval_batches)] if data_cfg.eval_every else []
     losses, grad_norms, val_losses, skipped = [], [], [], 0

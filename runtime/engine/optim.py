@@ -6,16 +6,37 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 
 def build_optimizer(params: list[nn.Parameter], *, lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """Weight decay on matrices only; biases, norms stay undecayed (as in GPT-2 / nanoGPT)."""
+    """Weight decay on matrices only; biases, norms stay undecayed (as in GPT-2 / nanoGPT).
+
+    The update runs as multi-tensor kernels: ``fused`` (one kernel per group) where every parameter is on
+    CUDA, ``foreach`` elsewhere; a per-parameter loop costs ~10 kernel launches per parameter. Those
+    kernels take one list of tensors of one kind: all plain, or all DTensors (on a mesh that DTensor's
+    foreach and fused strategies resolve per list). A stage under TP mixes plain tensors (layer norms,
+    the position embedding) with DTensors on the mp mesh, or, under FSDP too, DTensors on the dp mesh
+    with DTensors on the (dp, mp) mesh; so each kind gets a parameter group of its own, with the same
+    settings (``layout_groups``). The update of every parameter is the same as in one group.
+    """
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    # foreach=False: a rank's parameters mix plain tensors and DTensors on different sub-meshes,
-    # which the multi-tensor kernels cannot group.
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), foreach=False)
+    groups = [{"params": group, "weight_decay": wd}
+              for members, wd in ((decay, weight_decay), (no_decay, 0.0))
+              for group in layout_groups(members)]
+    on_cuda = bool(params) and all(p.device.type == "cuda" for p in params)
+    kernels = {"fused": True} if on_cuda else {"foreach": True}
+    return torch.optim.AdamW(groups or [{"params": []}], lr=lr, betas=(0.9, 0.95), **kernels)
+
+
+def layout_groups(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+    """``params`` split by kind, in first-seen order: plain tensors together, DTensors by device mesh."""
+    groups: dict[object, list[nn.Parameter]] = {}
+    for p in params:
+        key = ("dtensor", p.device_mesh) if isinstance(p, DTensor) else ("plain", p.device)
+        groups.setdefault(key, []).append(p)
+    return list(groups.values())
 
 
 def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int, min_ratio: float = 0.1) -> float:
