@@ -9,8 +9,11 @@ import pytest
 from compiler.cost import layer_costs
 from compiler.planner.candidates import Candidate, candidates, meshes
 from compiler.planner.cluster import Link, load_cluster, preset_names
+from compiler.planner.gpu_cluster import GpuCluster
+from compiler.planner.gpu_search import search
 from compiler.planner.memory_model import DataParallelLayout, in_flight_stage_microbatches, weight_memory
 from compiler.planner.search import CostTable, estimate
+from compiler.planner.shape import DecoderShape
 from compiler.planner.time_model import all_gather_time, all_reduce_time
 from models.gpt import MODEL_SIZES
 from runtime.commands.flags import default_config
@@ -83,18 +86,18 @@ def test_in_flight_micro_batches_per_schedule():
 
 def test_presets_load():
     names = preset_names()
-    assert {"cpu-2core", "a100-40gb-x4-nvlink", "h100-80gb-x8-nvlink", "h100-80gb-4x8-ib"} <= set(names)
+    assert {"cpu-2core", "a100-80gb", "h100-80gb", "h100-80gb-4x8-ib"} <= set(names)
     for name in names:
         cluster = load_cluster(name)
-        assert set(cluster.flops) == {"fp32", "bf16", "fp16"} and cluster.source
+        flops = cluster.peak_flops if isinstance(cluster, GpuCluster) else cluster.flops
+        assert set(flops) == {"fp32", "bf16", "fp16"} and cluster.source
 
 
 def test_gpu_presets_prefer_tensor_cores_and_fit_a_large_model():
-    h100 = load_cluster("h100-80gb-x8-nvlink")
-    plans = rank_plans(default_config(MODEL_SIZES["large"]), world=8, global_batch_size=32, cluster=h100,
-                       precisions=("fp32", "bf16"))
-    best = plans[0]
-    assert best.feasible and best.candidate.precision == "bf16"
+    h100 = load_cluster("h100-80gb")
+    result = search(DecoderShape.from_config(MODEL_SIZES["large"]), world=8, global_batch_size=32, cluster=h100,
+                    precisions=("fp32", "bf16"))
+    assert result.best.fits and result.best.candidate.precision == "bf16"
 
 
 def test_rescaled_cluster_scales_every_predicted_step_time(cpu):

@@ -69,26 +69,10 @@ def estimate(c: Candidate, *, cfg: GPTConfig, cluster: Cluster, costs: CostTable
     error = validate(c)
     if error:
         return Estimate(c, False, error)
-    layers = costs.layers(c.precision, c.mp, c.micro_batch_size)
-    n_stages = c.pp * c.stages_per_rank
-    spec = SCHEDULES[c.schedule]
-    sizes = costs.split(c.precision, c.mp, n_stages, spec.placement)
-    stage_layers = _stage_layers(layers, sizes)
+    sizes = costs.split(c.precision, c.mp, c.pp * c.stages_per_rank, SCHEDULES[c.schedule].placement)
     ranks_per_node = min(cluster.ranks_per_node, world)
     budget = cluster.memory_per_rank(ranks_per_node)
-    dtype = PRECISIONS[c.precision].autocast_dtype
-    layout = DataParallelLayout(c.dp, c.shard, c.reshard_after_forward, dtype.itemsize if dtype else 4)
-    per_rank, peaks = [], []
-    for r in range(c.pp):
-        held = sorted(spec.stage_indices(r, pp=c.pp, stages_per_rank=c.stages_per_rank))
-        mine = [layer for s in held for layer in stage_layers[s]]
-        if cfg.tie_embeddings and mine[0].name == "embedding" and mine[-1].name == "head":
-            mine[-1] = replace(mine[-1], params=mine[-1].params - mine[0].params + _position_params(cfg, c.mp))
-        mem = rank_memory(mine, schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank, layout=layout, rank=r,
-                          activation_checkpointing=c.activation_checkpointing, micro_batch_size=c.micro_batch_size,
-                          seq_len=cfg.seq_len, d_model=cfg.d_model, mp=c.mp)
-        per_rank.append(mine)
-        peaks.append(mem.total)
+    per_rank, peaks = rank_layers_and_memory(c, cfg=cfg, costs=costs)
     memory = max(peaks)
     if memory > budget:
         return Estimate(c, False, f"out of memory: needs {memory / 2**30:.2f} GiB per rank, has {budget / 2**30:.2f} GiB",
@@ -102,6 +86,27 @@ def estimate(c: Candidate, *, cfg: GPTConfig, cluster: Cluster, costs: CostTable
     peak = cluster.notes.get("peak_flops", {}).get(c.precision, cluster.flops[c.precision])
     mfu = tokens * model_flops_per_token / (units * peak)
     return Estimate(c, True, None, t.step, tokens, mfu, memory, t, tuple(sizes), terms)
+
+
+def rank_layers_and_memory(c: Candidate, *, cfg: GPTConfig, costs: CostTable) -> tuple[list[list[LayerCost]], list[float]]:
+    """Per pp rank: the layers it holds (its v stages, per mp shard) and its predicted peak tensor bytes."""
+    layers = costs.layers(c.precision, c.mp, c.micro_batch_size)
+    spec = SCHEDULES[c.schedule]
+    stage_layers = _stage_layers(layers, costs.split(c.precision, c.mp, c.pp * c.stages_per_rank, spec.placement))
+    dtype = PRECISIONS[c.precision].autocast_dtype
+    layout = DataParallelLayout(c.dp, c.shard, c.reshard_after_forward, dtype.itemsize if dtype else 4)
+    per_rank, peaks = [], []
+    for r in range(c.pp):
+        held = sorted(spec.stage_indices(r, pp=c.pp, stages_per_rank=c.stages_per_rank))
+        mine = [layer for s in held for layer in stage_layers[s]]
+        if cfg.tie_embeddings and mine[0].name == "embedding" and mine[-1].name == "head":
+            mine[-1] = replace(mine[-1], params=mine[-1].params - mine[0].params + _position_params(cfg, c.mp))
+        mem = rank_memory(mine, schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank, layout=layout, rank=r,
+                          activation_checkpointing=c.activation_checkpointing, micro_batch_size=c.micro_batch_size,
+                          seq_len=cfg.seq_len, d_model=cfg.d_model, mp=c.mp)
+        per_rank.append(mine)
+        peaks.append(mem.total)
+    return per_rank, peaks
 
 
 def _position_params(cfg: GPTConfig, mp: int) -> int:

@@ -1,0 +1,216 @@
+"""A decoder's shape as the planner prices it, in closed form: no module is built, so a 405B shape costs
+what a 124M one does.
+
+``DecoderShape`` is the planner's own description of a decoder-only transformer (GPT-2: GELU MLP,
+LayerNorm, biases, learned positions; Llama 3: grouped-query attention, SwiGLU, RMSNorm, no biases,
+RoPE). ``analytic_layer_costs`` gives what compiler/cost.py counts for the engine's model (FLOPs with
+FlopCounterMode, parameters, the bytes autograd saves), per TP shard, from formulas; the engine's own
+split and the CPU planner keep counting (tests/test_shape.py checks the two agree).
+
+FLOPs (the FlopCounterMode convention): a matrix product of [M, K] x [K, N] is 2MNK forward and 4MNK
+backward; attention's two products QK^T and AV are 4 T^2 (H hd) per sequence forward without a causal
+discount, and torch counts its backward as 5 products (2.5x forward).
+
+Saved activations per token of one block and TP shard (elements x bytes; a = bytes of the autocast
+dtype or 4 in fp32, r = 4 the fp32 residual stream; t = mp), from the ops autograd records:
+- each norm saves its fp32 input (LayerNorm) or its input and normalised input (RMSNorm): d r or 2 d r;
+- the norm's output, cast to the compute dtype by autocast once per projection that reads it (once in
+  fp32, where no cast happens): the fused q/k/v projection reads the first, the MLP's up (and for
+  SwiGLU its gate) the second;
+- the fused q/k/v output (H + 2 KV) hd / t (q, k, v are views of it); RoPE adds the rotated q and k
+  ((H + KV) hd / t) that attention then saves; attention's output H hd / t and its log-sum-exp (H / t
+  fp32 values); the output projection reads attention's output in place;
+- GELU MLP: the up projection's output (GELU's input) and GELU's output, 2 f / t; SwiGLU: the gate's
+  output (SiLU's input), SiLU's output and the up projection's output (the product's inputs) and the
+  product (the down projection's input), 4 f / t.
+The LM head saves the final norm's input and output and the fp32 log-softmax of its V / t logits (the
+loss runs on sharded logits); the embedding saves the token ids (8 bytes each).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.cost import LayerCost
+from compiler.precisions import PRECISIONS
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    layers: int
+    d_model: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    mlp_width: int
+    mlp: str  # "gelu" (up, GELU, down) | "swiglu" (down(silu(gate x) * up x))
+    seq_len: int
+    vocab_size: int
+    tied: bool  # the LM head is the token embedding
+    biases: bool  # linear layers and norms carry biases (GPT-2) or not (Llama)
+    norm: str  # "layernorm" | "rmsnorm"
+    positions: str = "learned"  # "learned" (a [T, d] table, GPT-2) | "rope" (no parameters)
+
+    @staticmethod
+    def from_config(cfg) -> "DecoderShape":
+        """From any model config, duck-typed: GPT configs (n_layers, d_model, n_heads, seq_len, vocab_size,
+        mlp_width, tie_embeddings) are GELU + LayerNorm + biases + learned positions; a config with
+        ``n_kv_heads`` is Llama-like: SwiGLU, RMSNorm, no biases, RoPE."""
+        llama = getattr(cfg, "n_kv_heads", None) is not None
+        heads = cfg.n_heads
+        return DecoderShape(
+            layers=cfg.n_layers, d_model=cfg.d_model, heads=heads, kv_heads=getattr(cfg, "n_kv_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.d_model // heads, mlp_width=cfg.mlp_width,
+            mlp="swiglu" if llama else "gelu", seq_len=cfg.seq_len, vocab_size=cfg.vocab_size,
+            tied=getattr(cfg, "tie_embeddings", True), biases=not llama, norm="rmsnorm" if llama else "layernorm",
+            positions="rope" if llama else "learned")
+
+    @staticmethod
+    def from_flags(*, layers: int, d_model: int, heads: int, seq_len: int, vocab_size: int, kv_heads: int | None = None,
+                   mlp_width: int | None = None, mlp: str = "gelu", tied: bool | None = None) -> "DecoderShape":
+        """``run.py plan --layers --d-model --heads [--kv-heads] [--mlp-width] [--mlp] --seq-len --vocab-size``:
+        GELU shapes are GPT-2-like (width 4d), SwiGLU shapes Llama-like (width from Llama's rule, 8d/3
+        rounded up to a multiple of 256)."""
+        if mlp not in ("gelu", "swiglu"):
+            raise ValueError(f"--mlp must be gelu or swiglu, got {mlp}")
+        llama = mlp == "swiglu"
+        width = mlp_width or default_mlp_width(mlp, d_model)
+        return DecoderShape(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads or heads,
+                            head_dim=d_model // heads, mlp_width=width, mlp=mlp, seq_len=seq_len, vocab_size=vocab_size,
+                            tied=(not llama) if tied is None else tied, biases=not llama,
+                            norm="rmsnorm" if llama else "layernorm", positions="rope" if llama else "learned")
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    def shard_error(self, mp: int) -> str | None:
+        """Why ``mp`` tensor-parallel ranks cannot split this shape (heads, kv heads, MLP), or None."""
+        for name, n in (("--heads", self.heads), ("--kv-heads", self.kv_heads), ("--mlp-width", self.mlp_width)):
+            if n % mp:
+                return f"--mp {mp} must divide {name} {n}"
+        return None
+
+
+def default_mlp_width(mlp: str, d_model: int) -> int:
+    """GPT-2's 4 d; for SwiGLU Llama's rule without a multiplier: 2/3 of 4 d, rounded up to 256."""
+    return -(-8 * d_model // 3 // 256) * 256 if mlp == "swiglu" else 4 * d_model
+
+
+def _norm_params(shape: DecoderShape) -> int:
+    return 2 * shape.d_model if shape.norm == "layernorm" and shape.biases else shape.d_model
+
+
+def _block_matrices(shape: DecoderShape, mp: int) -> dict[str, tuple[int, int]]:
+    """(input, output) features of each linear layer of a block, on one TP shard (Megatron layout)."""
+    d, f, t = shape.d_model, shape.mlp_width, mp
+    mats = {"qkv": (d, (shape.q_width + 2 * shape.kv_width) // t), "o": (shape.q_width // t, d), "down": (f // t, d)}
+    if shape.mlp == "swiglu":
+        mats.update(gate=(d, f // t), up=(d, f // t))
+    else:
+        mats["up"] = (d, f // t)
+    return mats
+
+
+def block_params(shape: DecoderShape, mp: int = 1) -> int:
+    """Parameters of one block held by one TP rank; row-parallel biases and the norms are replicated."""
+    mats = _block_matrices(shape, mp)
+    weights = sum(i * o for i, o in mats.values())
+    biases = sum(o for _, o in mats.values()) if shape.biases else 0
+    return weights + biases + 2 * _norm_params(shape)
+
+
+def embedding_params(shape: DecoderShape, mp: int = 1) -> int:
+    rows = -(-shape.vocab_size // mp)
+    return rows * shape.d_model + (shape.seq_len * shape.d_model if shape.positions == "learned" else 0)
+
+
+def head_params(shape: DecoderShape, mp: int = 1) -> int:
+    """The final norm and the LM head's rows on one TP rank (a tied head's weight counted here too)."""
+    return _norm_params(shape) + -(-shape.vocab_size // mp) * shape.d_model
+
+
+def parameter_count(shape: DecoderShape) -> int:
+    """Every distinct parameter (a tied head counted once)."""
+    head = head_params(shape) - (shape.vocab_size * shape.d_model if shape.tied else 0)
+    return embedding_params(shape) + shape.layers * block_params(shape) + head
+
+
+def matmul_params(shape: DecoderShape) -> int:
+    """N of MFU's 6N: blocks, final norm and head, not the embedding lookups (compiler/flops.py's count)."""
+    return shape.layers * block_params(shape) + head_params(shape)
+
+
+def model_flops_per_token(shape: DecoderShape) -> float:
+    """PaLM's count (Chowdhery et al. 2022, appendix B): 6N + 12 L T (H hd), no recompute."""
+    return 6.0 * matmul_params(shape) + 12.0 * shape.layers * shape.seq_len * shape.q_width
+
+
+def hardware_flops_per_token(shape: DecoderShape, *, activation_checkpointing: bool) -> float:
+    """Megatron's count (Narayanan et al. 2021, sec. 5.1): with full recompute the blocks run forward
+    twice, 8N + 16 L T (H hd) for them; the head 6 N_head. For GPT shapes this is their
+    96 B s l h^2 (1 + s / 6h + V / 16lh) per B s tokens (up to biases and norms)."""
+    passes = 4 if activation_checkpointing else 3
+    blocks = shape.layers * block_params(shape)
+    return 2 * passes * blocks + 6 * head_params(shape) + 4 * passes * shape.layers * shape.seq_len * shape.q_width
+
+
+def block_forward_flops(shape: DecoderShape, *, micro_batch_size: int, mp: int = 1) -> tuple[float, float]:
+    """(matmul, attention) forward FLOPs of one block for one micro-batch on one TP rank."""
+    tokens = micro_batch_size * shape.seq_len
+    matmul = 2.0 * tokens * sum(i * o for i, o in _block_matrices(shape, mp).values())
+    attention = 4.0 * tokens * shape.seq_len * shape.q_width / mp
+    return matmul, attention
+
+
+def block_activation_bytes(shape: DecoderShape, *, micro_batch_size: int, precision: str, mp: int = 1,
+                           sequence_parallel: bool = False) -> int:
+    """Bytes autograd saves in one block for one micro-batch on one TP rank (the module docstring).
+    With sequence parallelism the norms and their outputs hold T / mp tokens (Korthikanti et al. 2022)."""
+    a = PRECISIONS[precision].dtype.itemsize
+    autocast = PRECISIONS[precision].autocast_dtype is not None
+    d, f, t = shape.d_model, shape.mlp_width, mp
+    replicated = t if sequence_parallel else 1
+    norm_input = _norm_saved(shape)
+    mlp_readers = 2 if shape.mlp == "swiglu" and autocast else 1
+    per_token = 2 * norm_input + (1 + mlp_readers) * d * a  # two norms and their cast outputs
+    per_token /= replicated
+    qkv = (shape.q_width + 2 * shape.kv_width) // t
+    rope = (shape.q_width + shape.kv_width) // t if shape.positions == "rope" else 0
+    per_token += (qkv + rope + shape.q_width // t) * a + shape.heads // t * 4
+    per_token += (4 if shape.mlp == "swiglu" else 2) * f // t * a
+    return int(per_token * micro_batch_size * shape.seq_len)
+
+
+def _norm_saved(shape: DecoderShape) -> int:
+    """Bytes one norm saves per token: its fp32 input (and RMSNorm its normalised input), and its
+    statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms), fp32."""
+    if shape.norm == "rmsnorm":
+        return 2 * shape.d_model * 4 + 4
+    return shape.d_model * 4 + 8
+
+
+def analytic_layer_costs(shape: DecoderShape, *, micro_batch_size: int, precision: str = "fp32",
+                         mp: int = 1) -> list[LayerCost]:
+    """[embedding, block 0, ..., block L-1, head] as compiler/cost.py's ``layer_costs`` reports them."""
+    b, T, d = micro_batch_size, shape.seq_len, shape.d_model
+    a = PRECISIONS[precision].dtype.itemsize
+    autocast = PRECISIONS[precision].autocast_dtype is not None
+    tokens = b * T
+    matmul, attention = block_forward_flops(shape, micro_batch_size=b, mp=mp)
+    block_matrix_weights = sum(i * o for i, o in _block_matrices(shape, mp).values())
+    block_copies = (block_matrix_weights + (sum(o for _, o in _block_matrices(shape, mp).values())
+                                            if shape.biases else 0)) * a if autocast else 0
+    block = LayerCost("block", 3 * matmul + 3.5 * attention, block_params(shape, mp),
+                      block_activation_bytes(shape, micro_batch_size=b, precision=precision, mp=mp), block_copies)
+    rows = -(-shape.vocab_size // mp)
+    embed = LayerCost("embedding", 0.0, embedding_params(shape, mp), 8 * tokens)
+    norm_saved = _norm_saved(shape) + d * (a if autocast else 4)
+    head = LayerCost("head", 6.0 * tokens * d * rows, head_params(shape, mp),
+                     tokens * (norm_saved + 4 * rows + 8), rows * d * a if autocast else 0)
+    return [embed, *(LayerCost(f"layers.{i}", block.flops, block.params, block.activation_bytes,
+                               block.weight_copy_bytes) for i in range(shape.layers)), head]

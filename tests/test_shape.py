@@ -1,0 +1,124 @@
+"""The planner's closed-form shape costs against what torch counts: compiler/cost.py on the engine's GPT,
+and FlopCounterMode / autograd's saved tensors on a hand-written GQA + SwiGLU + RMSNorm + RoPE block."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from compiler.cost import _profile, layer_costs
+from compiler.flops import training_flops_per_token
+from compiler.planner.shape import (
+    DecoderShape,
+    analytic_layer_costs,
+    block_params,
+    hardware_flops_per_token,
+    model_flops_per_token,
+    parameter_count,
+)
+from models.gpt import GPT, MODEL_SIZES, GPTConfig
+
+TABLE1 = Path(__file__).resolve().parents[2] / "shared" / "published" / "megatron_sc21_table1.json"
+
+GPT_SHAPES = [GPTConfig(2, 64, 4, 32, 256, 256), GPTConfig(2, 96, 6, 48, 500, 384, tie_embeddings=False),
+              MODEL_SIZES["small"]]
+
+
+@pytest.mark.parametrize("cfg", GPT_SHAPES, ids=lambda c: f"d{c.d_model}")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("mp", [1, 2])
+def test_analytic_costs_equal_the_engines_counted_costs(cfg, precision, mp):
+    counted = layer_costs(cfg, micro_batch_size=3, precision=precision, mp=mp)
+    analytic = analytic_layer_costs(DecoderShape.from_config(cfg), micro_batch_size=3, precision=precision, mp=mp)
+    assert [c.name for c in analytic] == [c.name for c in counted]
+    for a, c in zip(analytic, counted):
+        assert a.flops == c.flops and a.params == c.params, a.name
+        assert a.activation_bytes == pytest.approx(c.activation_bytes, rel=1e-3), a.name
+        # Autocast's weight copies: every matrix and bias (counted: one d-sized bias or the norm's less or more).
+        assert a.weight_copy_bytes == pytest.approx(c.weight_copy_bytes, rel=0.04), a.name
+
+
+def test_parameter_and_model_flop_counts_match_the_engine():
+    for cfg in GPT_SHAPES:
+        shape = DecoderShape.from_config(cfg)
+        assert parameter_count(shape) == sum(p.numel() for p in GPT(cfg).parameters())
+        assert model_flops_per_token(shape) == training_flops_per_token(cfg)
+
+
+def test_hardware_flops_are_megatrons_table1_formula():
+    """96 B s l h^2 (1 + s/6h + V/16lh) per B s tokens, up to biases and norms (< 0.1%)."""
+    data = json.loads(TABLE1.read_text())
+    s, vocab = data["setup"]["seq_len"], data["setup"]["vocab"]
+    for row in data["rows"]:
+        _, heads, h, layers, *_ = row
+        shape = DecoderShape.from_flags(layers=layers, d_model=h, heads=heads, seq_len=s, vocab_size=vocab)
+        paper = 96 * s * layers * h**2 * (1 + s / (6 * h) + vocab / (16 * layers * h)) / s
+        assert hardware_flops_per_token(shape, activation_checkpointing=True) == pytest.approx(paper, rel=1e-3)
+
+
+class LlamaBlock(nn.Module):
+    """GQA attention with a fused q/k/v projection and rotate-half RoPE, SwiGLU, RMSNorm, no biases: the
+    layout shape.py prices (written here independently of it)."""
+
+    def __init__(self, d: int, heads: int, kv_heads: int, width: int, seq: int):
+        super().__init__()
+        self.hd, self.heads, self.kv = d // heads, heads, kv_heads
+        self.norm1, self.norm2 = nn.RMSNorm(d), nn.RMSNorm(d)
+        self.qkv = nn.Linear(d, (heads + 2 * kv_heads) * self.hd, bias=False)
+        self.o = nn.Linear(heads * self.hd, d, bias=False)
+        self.gate, self.up = nn.Linear(d, width, bias=False), nn.Linear(d, width, bias=False)
+        self.down = nn.Linear(width, d, bias=False)
+        angles = torch.outer(torch.arange(seq).float(), 1e4 ** (-torch.arange(0, self.hd, 2).float() / self.hd))
+        self.register_buffer("cos", torch.cat([angles.cos()] * 2, -1))
+        self.register_buffer("sin", torch.cat([angles.sin()] * 2, -1))
+
+    def rope(self, x):
+        half = x.shape[-1] // 2
+        return x * self.cos + torch.cat([-x[..., half:], x[..., :half]], -1) * self.sin
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split([self.heads * self.hd, self.kv * self.hd, self.kv * self.hd], -1)
+        q = self.rope(q.view(B, T, self.heads, self.hd).transpose(1, 2))  # (B, H, T, hd)
+        k = self.rope(k.view(B, T, self.kv, self.hd).transpose(1, 2))  # (B, KV, T, hd)
+        v = v.view(B, T, self.kv, self.hd).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, H, T, hd)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, -1))
+        h = self.norm2(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_gqa_swiglu_formulas_against_a_counted_block(precision):
+    shape = DecoderShape.from_flags(layers=1, d_model=64, heads=8, kv_heads=2, mlp_width=160, mlp="swiglu",
+                                    seq_len=32, vocab_size=256)
+    b = 2
+    with FakeTensorMode():
+        block = LlamaBlock(64, 8, 2, 160, 32)
+        x = torch.randn(b, 32, 64, requires_grad=True)
+        counted = _profile("block", lambda: block(x), [block], precision)
+    analytic = analytic_layer_costs(shape, micro_batch_size=b, precision=precision)[1]
+    assert counted.params == analytic.params == block_params(shape)
+    # GQA's attention FLOPs are the query heads'; torch counts SDPA with kv heads expanded the same way.
+    assert analytic.flops == pytest.approx(counted.flops, rel=1e-9)
+    assert analytic.activation_bytes == pytest.approx(counted.activation_bytes, rel=0.02)
+
+
+def test_shapes_from_any_config_duck_typed():
+    gpt = DecoderShape.from_config(MODEL_SIZES["small"])
+    assert (gpt.mlp, gpt.norm, gpt.biases, gpt.kv_heads, gpt.tied) == ("gelu", "layernorm", True, 12, True)
+    llama_8b = SimpleNamespace(n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, seq_len=8192, vocab_size=128256,
+                               mlp_width=14336, tie_embeddings=False)
+    shape = DecoderShape.from_config(llama_8b)
+    assert (shape.mlp, shape.norm, shape.biases, shape.kv_heads, shape.head_dim) == ("swiglu", "rmsnorm", False, 8, 128)
+    # Meta's Llama 3 8B: 8.03B parameters (embedding 525M, head 525M, 32 blocks of 218M).
+    assert parameter_count(shape) == pytest.approx(8.03e9, rel=0.002)
+    assert DecoderShape.from_flags(layers=126, d_model=16384, heads=128, kv_heads=8, mlp_width=53248, mlp="swiglu",
+                                   seq_len=8192, vocab_size=128256).shard_error(16) == "--mp 16 must divide --kv-heads 8"
