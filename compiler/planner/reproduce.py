@@ -112,9 +112,8 @@ def why_different(published: GpuEstimate | None, best: GpuEstimate | None) -> st
              for part in ("compute", "bubble", "tp", "pp", "dp_exposed", "optimizer")}
     top = sorted((g, part) for part, g in gains.items() if g > 0)[::-1][:2]
     saved = ", ".join(f"{part} -{g:.2f} s" for g, part in top)
-    speedup = published.step_time / best.step_time
     return (f"{', '.join(changes)} ({dp_mode(b)}, micro-batch {b.micro_batch_size}, v {b.stages_per_rank}): "
-            f"{speedup:.2f}x ({saved}; {best.memory_bytes / 2**30:.0f} GiB per GPU)")
+            f"{saved} per step; {best.memory_bytes / 2**30:.0f} GiB per GPU")
 
 
 def summary(results: list[RowResult]) -> dict:

@@ -44,8 +44,10 @@ class Estimate:
 class CostTable:
     """Layer costs per (precision, mp) at micro-batch 1; FLOPs and activations scale linearly with it."""
 
-    def __init__(self, cfg: GPTConfig):
-        self.cfg, self._cache, self._splits = cfg, {}, {}
+    def __init__(self, cfg: GPTConfig, count: Callable[..., list[LayerCost]] = layer_costs):
+        """``count``: compiler/cost.py's ``layer_costs`` (counted on the model), or a function with its
+        signature (compiler/planner/shape.py's closed forms, equal on GPT shapes, no tracing)."""
+        self.cfg, self._count, self._cache, self._splits = cfg, count, {}, {}
 
     def split(self, precision: str, mp: int, n_stages: int, placement: str = "loop") -> list[int]:
         """The FLOP-balanced split; costs scale with the micro-batch, so the split does not depend on it."""
@@ -58,7 +60,7 @@ class CostTable:
     def layers(self, precision: str, mp: int, micro_batch_size: int) -> list[LayerCost]:
         key = (precision, mp)
         if key not in self._cache:
-            self._cache[key] = layer_costs(self.cfg, micro_batch_size=1, precision=precision, mp=mp)
+            self._cache[key] = self._count(self.cfg, micro_batch_size=1, precision=precision, mp=mp)
         return [replace(c, flops=c.flops * micro_batch_size, activation_bytes=c.activation_bytes * micro_batch_size)
                 for c in self._cache[key]]
 

@@ -71,7 +71,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         "(~30 s) and rescale the calibration by their speed now (runtime/commands/speed_probe.py)")
     p.add_argument("--precisions", help="comma-separated precisions to consider (default: fp32,bf16,fp16 on CPU, "
                                         "bf16 on GPU clusters)")
-    p.add_argument("--top", type=int, default=15, help="rows of the ranked table")
+    p.add_argument("--top", type=int, help="rows of the ranked table (default 15 on CPU, 5 on GPU clusters)")
     p.add_argument("--out", default="plan.json", help="CPU: where to write every plan with its estimate")
     p.add_argument("--validate", action="store_true",
                    help="run every feasible mesh of the tiny and small models on this machine and compare "
@@ -133,7 +133,7 @@ def cpu_main(args: argparse.Namespace, cluster: Cluster) -> int:
     estimates = rank_plans(default_config(model), world=args.world, global_batch_size=args.global_batch_size,
                            cluster=cluster, precisions=precisions)
     print(f"cluster: {cluster.name} ({cluster.source or 'preset'})")
-    print(format_table(estimates, args.top))
+    print(format_table(estimates, args.top or 15))
     priced = None
     if constraints != Constraints():
         matching = [e for e in estimates if constraints.admits(e.candidate)]

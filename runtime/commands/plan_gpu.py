@@ -132,7 +132,7 @@ def main(args: argparse.Namespace, cluster: GpuCluster) -> int:
           f"({cluster.source or 'preset'})")
     print(f"model: {describe_shape(shape)}; global batch {args.global_batch_size} sequences")
     start = time.perf_counter()
-    result: SearchResult = search(shape, keep=args.top, **common)
+    result: SearchResult = search(shape, keep=args.top or 5, **common)
     seconds = time.perf_counter() - start
     if result.best is None:
         print(f"no plan fits: {result.reasons()}")

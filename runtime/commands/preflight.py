@@ -30,6 +30,7 @@ from compiler.planner.candidates import Candidate
 from compiler.planner.cluster import LOCAL_PRESET, Cluster, load_cluster
 from compiler.planner.gpu_cluster import GpuCluster
 from compiler.planner.search import CostTable, rank_layers_and_memory
+from compiler.planner.shape import DecoderShape, analytic_layer_costs
 from runtime.config import ConfigError, TrainConfig, plan_error
 from runtime.planning import rank_plans
 
@@ -57,6 +58,12 @@ def node_ram(meminfo: str | Path = "/proc/meminfo") -> NodeMemory | None:
         if rest.strip().endswith("kB"):
             values[key] = int(rest.split()[0]) * 1024
     return NodeMemory(values["MemTotal"], values.get("MemAvailable")) if "MemTotal" in values else None
+
+
+def _analytic(model, **kwargs):
+    """Layer costs in closed form (compiler/planner/shape.py): what cost.py counts, without tracing (seconds
+    on every rank before the run starts)."""
+    return analytic_layer_costs(DecoderShape.from_config(model), **kwargs)
 
 
 def node_memory(local_rank: int) -> NodeMemory | None:
@@ -133,7 +140,7 @@ def check_memory(cfg: TrainConfig, *, world: int, node_ranks: list[int], memory:
     a warning line when it fits the budget but not what is free now; None otherwise."""
     if memory is None or plan_error(cfg, candidate_of(cfg)):
         return None  # unknown memory, or a configuration the validation rejects anyway
-    costs = CostTable(cfg.model)
+    costs = CostTable(cfg.model, count=_analytic)
     need = predicted_bytes(cfg, node_ranks=node_ranks, memory=memory, costs=costs)
     budget = _budget(memory)
     where = (f"per GPU (tensors + {GPU_RESERVED / GIB:.0f} GiB of CUDA context and buffers) of {memory.total / GIB:.1f} GiB"

@@ -122,17 +122,17 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
                   f"{best.memory_per_rank / 2**30:.2f} GiB/rank)", flush=True)
     else:
         cfg = config_from_args(args, world_size=env.world_size)
+    data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
+                      global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
+    start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
+    if start.init_from:
+        read_init_weights(start.init_from, cfg.model)
     if not args.skip_memory_check:
         # Before anything is built: a configuration predicted to overflow the node stops here, naming what fits.
         warning = check_memory(cfg, world=env.world_size, memory=node_memory(env.local_rank),
                                node_ranks=node_ranks(rank=env.rank, local_world_size=env.local_world_size))
         if warning and env.rank == 0:
             print(warning, flush=True)
-    data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
-                      global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
-    start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
-    if start.init_from:
-        read_init_weights(start.init_from, cfg.model)
     return cfg, data, start
 
 
