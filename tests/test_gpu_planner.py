@@ -15,7 +15,7 @@ import torch
 from compiler.partition import balanced_split
 from compiler.planner.candidates import Constraints
 from compiler.planner.cluster import load_cluster, preset_for_device, resolve_cluster
-from compiler.planner.gpu_cluster import GpuCluster, gpu_cluster_from_dict
+from compiler.planner.gpu_cluster import GemmEfficiency, GpuCluster, gpu_cluster_from_dict
 from compiler.planner.gpu_search import search
 from compiler.planner.reproduce import load_table, price_published, reproduce
 from compiler.planner.shape import DecoderShape
@@ -49,6 +49,14 @@ def test_cluster_files_need_the_required_keys_and_take_documented_defaults(tmp_p
     assert isinstance(loaded, GpuCluster) and loaded.gemm.max_efficiency == 0.5 and loaded.gemm.k_half == 128
     assert loaded.world_error(16) is None and "exceeds" in loaded.world_error(24)
     assert "multiple" in gpu_cluster_from_dict(NODE, default_name="x").world_error(12)
+
+
+def test_the_gemm_curve_is_fitted_back_from_measured_points():
+    truth = GemmEfficiency(max_efficiency=0.74, k_half=96)
+    fitted = GemmEfficiency.fit([(k, truth.efficiency(k)) for k in (64, 128, 512, 4096, 16384)])
+    assert fitted.max_efficiency == pytest.approx(0.74) and fitted.k_half == pytest.approx(96)
+    with pytest.raises(ValueError, match="two or more"):
+        GemmEfficiency.fit([(128, 0.5), (128, 0.6)])
 
 
 def test_a_cuda_machine_defaults_to_its_gpus_preset(monkeypatch):

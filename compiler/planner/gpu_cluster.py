@@ -28,11 +28,23 @@ class GemmEfficiency:
     of prologue (filling the shared-memory pipeline) and epilogue (writing the tile). Table 1 barely
     constrains it (fits with k_half from 0 to 600 erred alike). ``max_efficiency`` is fitted to Table 1
     (compiler/planner/reproduce.py); these defaults are the A100 fit, used when a file has no ``gemm``."""
-    max_efficiency: float = 0.68
+    max_efficiency: float = 0.681
     k_half: float = 128.0
 
     def efficiency(self, k: float) -> float:
         return self.max_efficiency * k / (k + self.k_half)
+
+    @staticmethod
+    def fit(points: list[tuple[float, float]]) -> "GemmEfficiency":
+        """The curve through measured (K, achieved fraction of peak) points, e.g. GEMMs timed on a lent GPU:
+        1 / e = 1 / max + (k_half / max) / K is a line in 1 / K, fitted by least squares."""
+        if len({k for k, _ in points}) < 2:
+            raise ValueError("fitting the GEMM efficiency needs measurements at two or more reduction lengths")
+        xs, ys = [1 / k for k, _ in points], [1 / e for _, e in points]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        intercept = my - slope * mx
+        return GemmEfficiency(max_efficiency=1 / intercept, k_half=slope / intercept)
 
 
 @dataclass(frozen=True)
