@@ -96,7 +96,7 @@ def describe_estimate(e: GpuEstimate) -> str:
     b = e.breakdown
     fits = "" if e.fits else "  DOES NOT FIT"
     return (f"{e.candidate.describe()}: {e.step_time:.3f} s/step, {e.model_tflops_per_gpu:.1f} model TFLOP/s per GPU "
-            f"(MFU {100 * e.mfu:.1f}%), {e.hardware_tflops_per_gpu:.1f} with recompute, "
+            f"(MFU {100 * e.mfu:.1f}%), {e.hardware_tflops_per_gpu:.1f} counting recompute, "
             f"{e.memory_bytes / 2**30:.1f} GiB per GPU{fits}\n"
             f"      compute {b.compute:.3f} s, bubble {b.bubble:.3f}, TP {b.tp:.3f}, PP {b.pp:.3f}, "
             f"DP exposed {b.dp_exposed:.3f}, optimizer {b.optimizer:.3f}")
