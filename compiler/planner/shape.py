@@ -12,14 +12,18 @@ backward; attention's two products QK^T and AV are 4 T^2 (H hd) per sequence for
 discount, and torch counts its backward as 5 products (2.5x forward).
 
 Saved activations per token of one block and TP shard (elements x bytes; a = bytes of the autocast
-dtype or 4 in fp32, r = 4 the fp32 residual stream; t = mp), from the ops autograd records:
-- each norm saves its fp32 input (LayerNorm) or its input and normalised input (RMSNorm): d r or 2 d r;
+dtype or 4 in fp32; t = mp), from the ops autograd records in the engine's two layouts:
+- each norm saves its fp32 input, LayerNorm its mean and 1/std, RMSNorm (models/llama3's: fp32 math)
+  also its normalised input and two per-token scalars: 4 d + 8 or 8 d + 8 bytes;
 - the norm's output, cast to the compute dtype by autocast once per projection that reads it (once in
-  fp32, where no cast happens): the fused q/k/v projection reads the first, the MLP's up (and for
-  SwiGLU its gate) the second;
-- the fused q/k/v output (H + 2 KV) hd / t (q, k, v are views of it); RoPE adds the rotated q and k
-  ((H + KV) hd / t) that attention then saves; attention's output H hd / t and its log-sum-exp (H / t
-  fp32 values); the output projection reads attention's output in place;
+  fp32, where no cast happens): GPT's fused q/k/v reads the first (1), Llama's separate q, k and v (3);
+  the MLP's up (and SwiGLU's gate: 2) the second;
+- GPT: the fused q/k/v output (H + 2 KV) hd / t (q, k, v are views of it), attention's output and
+  log-sum-exp (H / t fp32); the output projection reads attention's output in place;
+- Llama: attention saves the rotated q, and k and v repeated to the query heads (``repeat_kv`` copies
+  them, except with one kv head per rank or none shared, where they stay kv-sized: rotated k and the
+  v projection's output), its output and log-sum-exp; RoPE's cos and sin ([T, hd] each, compute dtype)
+  once per micro-batch, not per sequence;
 - GELU MLP: the up projection's output (GELU's input) and GELU's output, 2 f / t; SwiGLU: the gate's
   output (SiLU's input), SiLU's output and the up projection's output (the product's inputs) and the
   product (the down projection's input), 4 f / t.
@@ -50,6 +54,7 @@ class DecoderShape:
     biases: bool  # linear layers and norms carry biases (GPT-2) or not (Llama)
     norm: str  # "layernorm" | "rmsnorm"
     positions: str = "learned"  # "learned" (a [T, d] table, GPT-2) | "rope" (no parameters)
+    fused_qkv: bool = True  # one q/k/v projection (GPT-2) or three (Llama)
 
     @staticmethod
     def from_config(cfg) -> "DecoderShape":
@@ -63,7 +68,7 @@ class DecoderShape:
             head_dim=getattr(cfg, "head_dim", None) or cfg.d_model // heads, mlp_width=cfg.mlp_width,
             mlp="swiglu" if llama else "gelu", seq_len=cfg.seq_len, vocab_size=cfg.vocab_size,
             tied=getattr(cfg, "tie_embeddings", True), biases=not llama, norm="rmsnorm" if llama else "layernorm",
-            positions="rope" if llama else "learned")
+            positions="rope" if llama else "learned", fused_qkv=not llama)
 
     @staticmethod
     def from_flags(*, layers: int, d_model: int, heads: int, seq_len: int, vocab_size: int, kv_heads: int | None = None,
@@ -78,7 +83,8 @@ class DecoderShape:
         return DecoderShape(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads or heads,
                             head_dim=d_model // heads, mlp_width=width, mlp=mlp, seq_len=seq_len, vocab_size=vocab_size,
                             tied=(not llama) if tied is None else tied, biases=not llama,
-                            norm="rmsnorm" if llama else "layernorm", positions="rope" if llama else "learned")
+                            norm="rmsnorm" if llama else "layernorm", positions="rope" if llama else "learned",
+                            fused_qkv=not llama)
 
     @property
     def q_width(self) -> int:
@@ -108,7 +114,11 @@ def _norm_params(shape: DecoderShape) -> int:
 def _block_matrices(shape: DecoderShape, mp: int) -> dict[str, tuple[int, int]]:
     """(input, output) features of each linear layer of a block, on one TP shard (Megatron layout)."""
     d, f, t = shape.d_model, shape.mlp_width, mp
-    mats = {"qkv": (d, (shape.q_width + 2 * shape.kv_width) // t), "o": (shape.q_width // t, d), "down": (f // t, d)}
+    if shape.fused_qkv:
+        mats = {"qkv": (d, (shape.q_width + 2 * shape.kv_width) // t)}
+    else:
+        mats = {"q": (d, shape.q_width // t), "k": (d, shape.kv_width // t), "v": (d, shape.kv_width // t)}
+    mats.update(o=(shape.q_width // t, d), down=(f // t, d))
     if shape.mlp == "swiglu":
         mats.update(gate=(d, f // t), up=(d, f // t))
     else:
@@ -173,24 +183,29 @@ def block_activation_bytes(shape: DecoderShape, *, micro_batch_size: int, precis
     With sequence parallelism the norms and their outputs hold T / mp tokens (Korthikanti et al. 2022)."""
     a = PRECISIONS[precision].dtype.itemsize
     autocast = PRECISIONS[precision].autocast_dtype is not None
-    d, f, t = shape.d_model, shape.mlp_width, mp
-    replicated = t if sequence_parallel else 1
-    norm_input = _norm_saved(shape)
+    d, f, t, hd = shape.d_model, shape.mlp_width, mp, shape.head_dim
+    attention_readers = 1 if shape.fused_qkv or not autocast else 3
     mlp_readers = 2 if shape.mlp == "swiglu" and autocast else 1
-    per_token = 2 * norm_input + (1 + mlp_readers) * d * a  # two norms and their cast outputs
-    per_token /= replicated
-    qkv = (shape.q_width + 2 * shape.kv_width) // t
-    rope = (shape.q_width + shape.kv_width) // t if shape.positions == "rope" else 0
-    per_token += (qkv + rope + shape.q_width // t) * a + shape.heads // t * 4
-    per_token += (4 if shape.mlp == "swiglu" else 2) * f // t * a
-    return int(per_token * micro_batch_size * shape.seq_len)
+    per_token = 2 * _norm_saved(shape) + (attention_readers + mlp_readers) * d * a  # two norms and their outputs
+    per_token /= t if sequence_parallel else 1
+    heads, kv_heads = shape.heads // t, max(1, shape.kv_heads // t)
+    if shape.fused_qkv:
+        qkv = (heads + 2 * kv_heads) * hd
+        rotated = (heads + kv_heads) * hd if shape.positions == "rope" else 0
+        per_token += (qkv + rotated + heads * hd) * a
+    else:
+        copied = shape.heads > shape.kv_heads and kv_heads > 1  # repeat_kv's expand + flatten is a view otherwise
+        per_token += (heads + 2 * (heads if copied else kv_heads) + heads) * hd * a
+    per_token += heads * 4 + (4 if shape.mlp == "swiglu" else 2) * f // t * a
+    rope_tables = 2 * shape.seq_len * hd * a if shape.positions == "rope" else 0  # cos and sin, per micro-batch
+    return int(per_token * micro_batch_size * shape.seq_len + rope_tables)
 
 
 def _norm_saved(shape: DecoderShape) -> int:
-    """Bytes one norm saves per token: its fp32 input (and RMSNorm its normalised input), and its
-    statistics (LayerNorm: mean and 1/std; RMSNorm: 1/rms), fp32."""
+    """Bytes one norm saves per token: its fp32 input (and RMSNorm its normalised input), and two fp32
+    statistics (LayerNorm: mean and 1/std; RMSNorm: the norm and 1/rms)."""
     if shape.norm == "rmsnorm":
-        return 2 * shape.d_model * 4 + 4
+        return 2 * shape.d_model * 4 + 8
     return shape.d_model * 4 + 8
 
 
