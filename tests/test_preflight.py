@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 
+from runtime.commands import train
 from runtime.commands.flags import parse_train_config
 from runtime.commands.preflight import GIB, NodeMemory, check_memory, node_ram, node_ranks
 from runtime.config import ConfigError
+from runtime.distributed.process_group import LaunchEnv
 
 # README, "GPT-2 Large (774M) on 8 CPU ranks", without its three memory flags.
 LARGE = ["--dp", "2", "--pp", "2", "--mp", "2", "--model", "large", "--seq-len", "256", "--precision", "bf16",
@@ -66,3 +68,14 @@ def test_meminfo_and_node_ranks(tmp_path):
     assert ram.total == 24683656 * 1024 and ram.available == 23051388 * 1024 and not ram.per_device
     assert node_ram(tmp_path / "missing") is None
     assert node_ranks(rank=11, local_world_size=8) == list(range(8, 16))
+
+
+def test_train_checks_memory_before_any_process_group(monkeypatch):
+    """runtime/commands/train.py's check_inputs, as each of the 8 ranks runs it: refused in well under the
+    issue's 3 minutes (the model is priced in closed form), unless --skip-memory-check."""
+    monkeypatch.setattr(train, "node_memory", lambda local_rank: THIS_MACHINE)
+    env = LaunchEnv(rank=3, world_size=8, local_rank=3, local_world_size=8)
+    with pytest.raises(ConfigError, match="--reshard-after-forward --activation-checkpointing --compact-cpu-memory"):
+        train.check_inputs(LARGE, env)
+    cfg, _, _ = train.check_inputs([*LARGE, "--skip-memory-check"], env)
+    assert cfg.mesh.world_size == 8
