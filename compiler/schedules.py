@@ -7,7 +7,8 @@ Bubble fractions (idle time / total time with p ranks, m micro-batches, v stages
 - naive stop-and-wait: only one stage works at a time, so (p - 1) / p;
 - GPipe and 1F1B (PipeDream-Flush, Narayanan et al. 2021): (p - 1) / (m + p - 1);
 - interleaved 1F1B with v virtual stages per rank (Narayanan et al. 2021, sec. 2.2):
-  (p - 1) / (v * m + p - 1), i.e. the bubble shrinks by a factor v;
+  (p - 1) / (v * m + p - 1), i.e. the bubble shrinks by a factor v (for m >= p; with fewer micro-batches
+  each loop through the ranks waits for the ring, see ``_interleaved``);
 - zero-bubble (Qi et al. 2024) splits backward into input- and weight-gradient passes and fills the
   bubble with the weight passes; with equal F, B and W times its ideal bubble tends to zero. So do its
   V-shaped variant ZB-V (Qi et al. 2024 sec. 6: (p-1)(F+B-2W) of idle time per rank, 0 when F = B = W)
@@ -59,7 +60,10 @@ def _fill_drain(p: int, m: int, v: int) -> float:
 
 
 def _interleaved(p: int, m: int, v: int) -> float:
-    return (p - 1) / (v * m + p - 1)
+    # (p - 1) / (v m + p - 1) when m >= p. With fewer micro-batches than ranks a loop through the p ranks
+    # takes p stage-times however few micro-batches fill it: rank 0 ends its last chunk after
+    # (v - 1) max(m, p) + m of them and the last rank p - 1 later, so of that span v m are busy.
+    return 1 - v * m / ((v - 1) * max(m, p) + m + p - 1)
 
 
 def _ideal_zero(p: int, m: int, v: int) -> float:

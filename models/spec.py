@@ -15,6 +15,7 @@ facts and functions, read by everyone:
 - its tied weights ({copy: source}, applied when the config ties embeddings);
 - ``check(cfg, mp)``: why a shape cannot run (one line naming the flag), e.g. ``--mp`` not dividing heads;
 - FLOPs per token (MFU's numerator) and, through ``build``, the per-layer costs the partitioner counts;
+  its ``Architecture`` (MLP kind, norm, positions, biases) for the planner's closed-form pricing at scale;
 - its Hugging Face adapter (names, transposes or permutations, ``config.json`` both ways).
 
 The module a family builds follows one naming contract, so that splitting, tying and vocabulary
@@ -53,6 +54,18 @@ TIED_EMBEDDINGS: Mapping[str, str] = {f"{LM_HEAD}.weight": f"{TOKEN_EMBEDDING}.w
 
 
 @dataclass(frozen=True)
+class Architecture:
+    """What a family's block is made of, for pricing shapes in closed form without building them
+    (compiler/planner/shape.py)."""
+
+    mlp: str  # "gelu" (two matrices) or "swiglu" (gate, up, down)
+    norm: str  # "layernorm" (weight and bias) or "rmsnorm" (weight)
+    positions: str  # "learned" (a table of seq_len rows) or "rope"
+    biases: bool  # the linear layers have biases
+    fused_qkv: bool  # one q/k/v projection
+
+
+@dataclass(frozen=True)
 class HFAdapter:
     """A family's Hugging Face layout: ``config.json`` and the tensors of ``*ForCausalLM``, both ways.
 
@@ -85,6 +98,7 @@ class ModelSpec:
     block_tp_plan: Mapping[str, str]  # block-relative module name -> style
     sequence_parallel_plan: Mapping[str, str]  # replaces / adds block entries under --sequence-parallel
     hf: HFAdapter
+    architecture: Architecture
     model_tp_plan: Mapping[str, str] = field(default_factory=lambda: dict(VOCAB_TP_PLAN))
     tied_weights: Mapping[str, str] = field(default_factory=lambda: dict(TIED_EMBEDDINGS))
     config_from_dict: Callable[[dict], Any] | None = None  # default: config_type(**d)

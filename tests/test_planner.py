@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from compiler.cost import layer_costs
 from compiler.planner.candidates import Candidate, candidates, meshes
-from compiler.planner.cluster import Link, load_cluster, preset_names
+from compiler.planner.cluster import PRESET_DIR, Link, load_cluster, preset_names
+from compiler.planner.gpu_cluster import GpuCluster
+from compiler.planner.gpu_search import search
 from compiler.planner.memory_model import DataParallelLayout, in_flight_stage_microbatches, weight_memory
 from compiler.planner.search import CostTable, estimate
+from compiler.planner.shape import DecoderShape
 from compiler.planner.time_model import all_gather_time, all_reduce_time
 from models import MODEL_NAMES, named_config
+from runtime.commands import plan as plan_command
 from runtime.commands.flags import default_config
 from runtime.config import plan_error
 from runtime.planning import rank_plans
@@ -83,18 +88,18 @@ def test_in_flight_micro_batches_per_schedule():
 
 def test_presets_load():
     names = preset_names()
-    assert {"cpu-2core", "a100-40gb-x4-nvlink", "h100-80gb-x8-nvlink", "h100-80gb-4x8-ib"} <= set(names)
+    assert {"cpu-2core", "a100-80gb", "h100-80gb", "h100-80gb-4x8-ib"} <= set(names)
     for name in names:
         cluster = load_cluster(name)
-        assert set(cluster.flops) == {"fp32", "bf16", "fp16"} and cluster.source
+        flops = cluster.peak_flops if isinstance(cluster, GpuCluster) else cluster.flops
+        assert set(flops) == {"fp32", "bf16", "fp16"} and cluster.source
 
 
 def test_gpu_presets_prefer_tensor_cores_and_fit_a_large_model():
-    h100 = load_cluster("h100-80gb-x8-nvlink")
-    plans = rank_plans(default_config(named_config("large")), world=8, global_batch_size=32, cluster=h100,
-                       precisions=("fp32", "bf16"))
-    best = plans[0]
-    assert best.feasible and best.candidate.precision == "bf16"
+    h100 = load_cluster("h100-80gb")
+    result = search(DecoderShape.from_config(named_config("large")), world=8, global_batch_size=32, cluster=h100,
+                    precisions=("fp32", "bf16"))
+    assert result.best.fits and result.best.candidate.precision == "bf16"
 
 
 def test_rescaled_cluster_scales_every_predicted_step_time(cpu):
@@ -160,3 +165,18 @@ def test_every_schedule_is_searched_and_v_placements_price_both_ends_on_rank_zer
     costs = CostTable(heavy)
     looped, v = costs.split("fp32", 1, 4, "loop"), costs.split("fp32", 1, 4, "v")
     assert v[0] + v[3] < v[1] + v[2] and v != looped
+
+
+def test_cpu_plan_json_has_the_gpu_plans_keys_and_prices_a_given_plan(tmp_path):
+    cluster = tmp_path / "cluster.json"  # a file of its own: planning for that machine, no CPU identity check
+    cluster.write_text((PRESET_DIR / "cpu-2core.json").read_text())
+    out = tmp_path / "best.json"
+    argv = ["--world", "4", "--model", "tiny", "--cluster", str(cluster), "--precisions", "fp32", "--global-batch-size",
+            "16", "--dp", "2", "--pp", "2", "--mp", "1", "--out", str(tmp_path / "all.json"), "--json", str(out)]
+    assert plan_command.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert set(data) == {"best", "priced", "considered"} and data["considered"] > 10
+    assert set(data["best"]) == set(data["priced"]) and "hardware_tflops_per_gpu" in data["best"]
+    assert (data["priced"]["dp"], data["priced"]["pp"], data["priced"]["mp"]) == (2, 2, 1)
+    assert data["best"]["step_time_s"] <= data["priced"]["step_time_s"]
+    assert sum(data["best"]["breakdown"].values()) == pytest.approx(data["best"]["step_time_s"])

@@ -80,3 +80,34 @@ def candidates(world: int, *, global_batch_size: int, precisions: tuple[str, ...
                             out.append(Candidate(dp, pp, mp, schedule, v, per_replica // mbs, mbs, precision, ac,
                                                  dp_shard=shard, reshard_after_forward=zero3))
     return out
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What the user fixed (``run.py plan --dp --pp --mp ...``); None leaves it to the search."""
+    dp: int | None = None
+    pp: int | None = None
+    mp: int | None = None
+    micro_batch_size: int | None = None
+    schedule: str | tuple[str, ...] | None = None  # one schedule, or any of several
+    stages_per_rank: int | None = None
+    activation_checkpointing: bool | None = None
+    dp_mode: str | None = None  # "none" | "fsdp" | "zero3" | "replicate" | "hsdp:N" (compiler/planner/candidates.dp_mode)
+
+    def admits(self, c: Candidate) -> bool:
+        if self.schedule is not None and c.schedule not in ((self.schedule,) if isinstance(self.schedule, str)
+                                                            else self.schedule):
+            return False
+        return all(want is None or want == got for want, got in (
+            (self.dp, c.dp), (self.pp, c.pp), (self.mp, c.mp), (self.micro_batch_size, c.micro_batch_size),
+            (self.stages_per_rank, c.stages_per_rank),
+            (self.activation_checkpointing, c.activation_checkpointing), (self.dp_mode, dp_mode(c))))
+
+
+def dp_mode(c: Candidate) -> str:
+    """The DP mode's name in plans and flags: none, fsdp, zero3, replicate or hsdp:N."""
+    if c.dp == 1:
+        return "none"
+    if c.shard == c.dp:
+        return "zero3" if c.reshard_after_forward else "fsdp"
+    return "replicate" if c.shard == 1 else f"hsdp:{c.shard}"

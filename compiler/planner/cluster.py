@@ -1,7 +1,9 @@
 """A cluster description the planner reasons about: devices, their speed and memory, and links.
 
-Clusters are small JSON files users edit (presets in compiler/clusters/). ``python run.py calibrate``
-measures this machine and writes one.
+Clusters are small JSON files users edit (presets in compiler/clusters/). Two kinds: a CPU machine as
+``python run.py calibrate`` measures it (``Cluster``: fitted rates and engine factors), and a GPU node
+kind from datasheets (``GpuCluster``, compiler/planner/gpu_cluster.py; its file format is in
+compiler/README.md). ``load_cluster`` tells them apart by the GPU format's ``devices_per_node``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,10 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+
+import torch
+
+from compiler.planner.gpu_cluster import GpuCluster, gpu_cluster_from_dict, is_gpu_cluster_file
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "clusters"
 # Where `run.py calibrate` writes this machine's measurement, and the preset used when there is none
@@ -79,7 +85,7 @@ class Cluster:
         return Cluster(**d)
 
 
-def load_cluster(path_or_name: str) -> Cluster:
+def load_cluster(path_or_name: str) -> Cluster | GpuCluster:
     """A JSON file path, or the name of a preset in compiler/clusters/ (without .json)."""
     path = Path(path_or_name)
     if not path.exists():
@@ -87,13 +93,40 @@ def load_cluster(path_or_name: str) -> Cluster:
     if not path.exists():
         names = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.json")))
         raise ValueError(f"--cluster {path_or_name}: no such file or preset (presets: {names})")
-    return Cluster.from_dict(json.loads(path.read_text()))
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--cluster {path_or_name}: not JSON ({e})") from None
+    if is_gpu_cluster_file(data):
+        return gpu_cluster_from_dict(data, default_name=path.stem)
+    return Cluster.from_dict(data)
 
 
-def resolve_cluster(name: str | None) -> Cluster:
-    """``--cluster``: a file or preset; by default this machine's calibration, else the local preset."""
+# CUDA device names (torch.cuda.get_device_name) -> the preset of their node kind. SXM parts only: a PCIe
+# card has another peak, memory bandwidth and no NVSwitch, and would be priced wrong by these presets.
+DEVICE_PRESETS = (
+    (("H100", "80GB", "HBM3"), "h100-80gb"),  # "NVIDIA H100 80GB HBM3" (SXM5)
+    (("A100", "SXM4", "80GB"), "a100-80gb"),  # "NVIDIA A100-SXM4-80GB"
+)
+
+
+def preset_for_device(device_name: str) -> str | None:
+    """The preset for a CUDA device name, or None when none matches it."""
+    return next((preset for words, preset in DEVICE_PRESETS if all(w in device_name for w in words)), None)
+
+
+def resolve_cluster(name: str | None) -> Cluster | GpuCluster:
+    """``--cluster``: a file or preset. By default, on a CUDA machine the preset of its GPU; otherwise this
+    machine's calibration, else the local preset."""
     if name:
         return load_cluster(name)
+    if torch.cuda.is_available():
+        device = torch.cuda.get_device_name()
+        preset = preset_for_device(device)
+        if preset is None:
+            raise ValueError(f"no cluster preset matches this machine's GPU ({device}); pass --cluster FILE.json "
+                             f"(the format is in compiler/README.md; presets: {', '.join(preset_names())})")
+        return load_cluster(preset)
     return load_cluster(str(CALIBRATED) if CALIBRATED.exists() else LOCAL_PRESET)
 
 

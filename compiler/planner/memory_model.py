@@ -77,22 +77,41 @@ def weight_memory(params: int, largest_unit: int, layout: DataParallelLayout) ->
     return shards + params * (layout.gather_bytes + 4)
 
 
-def rank_memory(layers: list[LayerCost], *, schedule: str, p: int, m: int, v: int, layout: DataParallelLayout,
-                rank: int, activation_checkpointing: bool, micro_batch_size: int, seq_len: int, d_model: int,
-                mp: int = 1) -> MemoryEstimate:
-    """Memory of pp rank ``rank`` holding ``layers`` (already per mp shard) across its v stages."""
-    params = sum(c.params for c in layers)
-    weights = weight_memory(params, max(c.params for c in layers), layout)
+@dataclass(frozen=True)
+class HeldLayers:
+    """What a rank's layers add up to, all the memory model needs of them (per mp shard)."""
+    params: int
+    largest_params: int  # the largest FSDP unit's parameters (a block, or the embedding / head)
+    activation_bytes: float  # summed over the layers, one micro-batch
+    largest_activation_bytes: float  # the layer recomputed at once under activation checkpointing
+    weight_copy_bytes: float
+    layers: int
+    blocks: int
+
+    @staticmethod
+    def of(layers: list[LayerCost]) -> "HeldLayers":
+        return HeldLayers(sum(c.params for c in layers), max(c.params for c in layers),
+                          sum(c.activation_bytes for c in layers), max(c.activation_bytes for c in layers),
+                          sum(c.weight_copy_bytes for c in layers), len(layers),
+                          sum(1 for c in layers if c.name.startswith("layers.")))
+
+
+def rank_memory(layers: list[LayerCost] | HeldLayers, *, schedule: str, p: int, m: int, v: int,
+                layout: DataParallelLayout, rank: int, activation_checkpointing: bool, micro_batch_size: int,
+                seq_len: int, d_model: int, mp: int = 1, input_shards: int = 1) -> MemoryEstimate:
+    """Memory of pp rank ``rank`` holding ``layers`` (already per mp shard) across its v stages.
+    ``input_shards``: ranks a block's input is split over (mp under sequence parallelism)."""
+    held = layers if isinstance(layers, HeldLayers) else HeldLayers.of(layers)
+    weights = weight_memory(held.params, held.largest_params, layout)
     in_flight = in_flight_stage_microbatches(schedule, p=p, m=m, v=v, rank=rank)
-    per_stage_microbatch = sum(c.activation_bytes for c in layers) / v
+    per_stage_microbatch = held.activation_bytes / v
     if activation_checkpointing:
-        block_input = micro_batch_size * seq_len * d_model * 4
-        per_stage_microbatch = block_input * len(layers) / v
-        recompute = max(c.activation_bytes for c in layers)
+        block_input = micro_batch_size * seq_len * d_model * 4 / input_shards
+        per_stage_microbatch = block_input * held.layers / v
+        recompute = held.largest_activation_bytes
     else:
         recompute = 0.0
     if mp > 1 and not activation_checkpointing:
-        blocks = sum(1 for c in layers if c.name.startswith("layers."))
-        per_stage_microbatch += TP_BUFFERS_PER_BLOCK * blocks / v * micro_batch_size * seq_len * d_model * 4
-    copies = 0 if layout.fsdp else sum(c.weight_copy_bytes for c in layers)
+        per_stage_microbatch += TP_BUFFERS_PER_BLOCK * held.blocks / v * micro_batch_size * seq_len * d_model * 4
+    copies = 0 if layout.fsdp else held.weight_copy_bytes
     return MemoryEstimate(weights, in_flight * per_stage_microbatch + recompute, copies)

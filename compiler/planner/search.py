@@ -43,8 +43,10 @@ class Estimate:
 class CostTable:
     """Layer costs per (precision, mp) at micro-batch 1; FLOPs and activations scale linearly with it."""
 
-    def __init__(self, cfg):
-        self.cfg, self._cache, self._splits = cfg, {}, {}
+    def __init__(self, cfg, count: Callable[..., list[LayerCost]] = layer_costs):
+        """``count``: compiler/cost.py's ``layer_costs`` (counted on the model), or a function with its
+        signature (compiler/planner/shape.py's closed forms, equal on GPT shapes, no tracing)."""
+        self.cfg, self._count, self._cache, self._splits = cfg, count, {}, {}
 
     def split(self, precision: str, mp: int, n_stages: int, placement: str = "loop") -> list[int]:
         """The FLOP-balanced split; costs scale with the micro-batch, so the split does not depend on it."""
@@ -57,7 +59,7 @@ class CostTable:
     def layers(self, precision: str, mp: int, micro_batch_size: int) -> list[LayerCost]:
         key = (precision, mp)
         if key not in self._cache:
-            self._cache[key] = layer_costs(self.cfg, micro_batch_size=1, precision=precision, mp=mp)
+            self._cache[key] = self._count(self.cfg, micro_batch_size=1, precision=precision, mp=mp)
         return [replace(c, flops=c.flops * micro_batch_size, activation_bytes=c.activation_bytes * micro_batch_size)
                 for c in self._cache[key]]
 
@@ -68,26 +70,10 @@ def estimate(c: Candidate, *, cfg, cluster: Cluster, costs: CostTable, validate:
     error = validate(c)
     if error:
         return Estimate(c, False, error)
-    layers = costs.layers(c.precision, c.mp, c.micro_batch_size)
-    n_stages = c.pp * c.stages_per_rank
-    spec = SCHEDULES[c.schedule]
-    sizes = costs.split(c.precision, c.mp, n_stages, spec.placement)
-    stage_layers = _stage_layers(layers, sizes)
+    sizes = costs.split(c.precision, c.mp, c.pp * c.stages_per_rank, SCHEDULES[c.schedule].placement)
     ranks_per_node = min(cluster.ranks_per_node, world)
     budget = cluster.memory_per_rank(ranks_per_node)
-    dtype = PRECISIONS[c.precision].autocast_dtype
-    layout = DataParallelLayout(c.dp, c.shard, c.reshard_after_forward, dtype.itemsize if dtype else 4)
-    per_rank, peaks = [], []
-    for r in range(c.pp):
-        held = sorted(spec.stage_indices(r, pp=c.pp, stages_per_rank=c.stages_per_rank))
-        mine = [layer for s in held for layer in stage_layers[s]]
-        if cfg.tie_embeddings and mine[0].name == "embedding" and mine[-1].name == "head":
-            mine[-1] = replace(mine[-1], params=mine[-1].params - mine[0].params + _position_params(cfg, c.mp))
-        mem = rank_memory(mine, schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank, layout=layout, rank=r,
-                          activation_checkpointing=c.activation_checkpointing, micro_batch_size=c.micro_batch_size,
-                          seq_len=cfg.seq_len, d_model=cfg.d_model, mp=c.mp)
-        per_rank.append(mine)
-        peaks.append(mem.total)
+    per_rank, peaks = rank_layers_and_memory(c, cfg=cfg, costs=costs)
     memory = max(peaks)
     if memory > budget:
         return Estimate(c, False, f"out of memory: needs {memory / 2**30:.2f} GiB per rank, has {budget / 2**30:.2f} GiB",
@@ -101,6 +87,27 @@ def estimate(c: Candidate, *, cfg, cluster: Cluster, costs: CostTable, validate:
     peak = cluster.notes.get("peak_flops", {}).get(c.precision, cluster.flops[c.precision])
     mfu = tokens * model_flops_per_token / (units * peak)
     return Estimate(c, True, None, t.step, tokens, mfu, memory, t, tuple(sizes), terms)
+
+
+def rank_layers_and_memory(c: Candidate, *, cfg, costs: CostTable) -> tuple[list[list[LayerCost]], list[float]]:
+    """Per pp rank: the layers it holds (its v stages, per mp shard) and its predicted peak tensor bytes."""
+    layers = costs.layers(c.precision, c.mp, c.micro_batch_size)
+    spec = SCHEDULES[c.schedule]
+    stage_layers = _stage_layers(layers, costs.split(c.precision, c.mp, c.pp * c.stages_per_rank, spec.placement))
+    dtype = PRECISIONS[c.precision].autocast_dtype
+    layout = DataParallelLayout(c.dp, c.shard, c.reshard_after_forward, dtype.itemsize if dtype else 4)
+    per_rank, peaks = [], []
+    for r in range(c.pp):
+        held = sorted(spec.stage_indices(r, pp=c.pp, stages_per_rank=c.stages_per_rank))
+        mine = [layer for s in held for layer in stage_layers[s]]
+        if cfg.tie_embeddings and mine[0].name == "embedding" and mine[-1].name == "head":
+            mine[-1] = replace(mine[-1], params=mine[-1].params - mine[0].params + _position_params(cfg, c.mp))
+        mem = rank_memory(mine, schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank, layout=layout, rank=r,
+                          activation_checkpointing=c.activation_checkpointing, micro_batch_size=c.micro_batch_size,
+                          seq_len=cfg.seq_len, d_model=cfg.d_model, mp=c.mp)
+        per_rank.append(mine)
+        peaks.append(mem.total)
+    return per_rank, peaks
 
 
 def _position_params(cfg, mp: int) -> int:

@@ -1,7 +1,7 @@
 """The GPT-2 family (Radford et al. 2019): learned positions, LayerNorm, GELU MLP, biases, tied embeddings."""
 
 from models.gpt2 import hf, model, tp_plan
-from models.spec import HFAdapter, ModelSpec
+from models.spec import Architecture, HFAdapter, ModelSpec
 
 SPEC = ModelSpec(
     family="gpt2",
@@ -16,6 +16,7 @@ SPEC = ModelSpec(
     flops_per_token=model.flops_per_token,
     block_tp_plan=tp_plan.BLOCK_TP_PLAN,
     sequence_parallel_plan=tp_plan.SEQUENCE_PARALLEL_PLAN,
+    architecture=Architecture(mlp="gelu", norm="layernorm", positions="learned", biases=True, fused_qkv=True),
     hf=HFAdapter(architectures=("GPT2LMHeadModel",), model_types=("gpt2",), config_to_hf=hf.config_to_hf,
                  config_from_hf=hf.config_from_hf, to_hf=hf.to_hf, from_hf=hf.from_hf),
 )

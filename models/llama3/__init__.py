@@ -2,7 +2,7 @@
 scaling, SwiGLU MLP, no biases; embeddings tied in the 1B and 3B sizes."""
 
 from models.llama3 import config, hf, model, tp_plan
-from models.spec import HFAdapter, ModelSpec
+from models.spec import Architecture, HFAdapter, ModelSpec
 
 SPEC = ModelSpec(
     family="llama3",
@@ -18,6 +18,7 @@ SPEC = ModelSpec(
     flops_per_token=config.flops_per_token,
     block_tp_plan=tp_plan.BLOCK_TP_PLAN,
     sequence_parallel_plan=tp_plan.SEQUENCE_PARALLEL_PLAN,
+    architecture=Architecture(mlp="swiglu", norm="rmsnorm", positions="rope", biases=False, fused_qkv=False),
     hf=HFAdapter(architectures=("LlamaForCausalLM",), model_types=("llama",), config_to_hf=hf.config_to_hf,
                  config_from_hf=hf.config_from_hf, to_hf=hf.to_hf, from_hf=hf.from_hf),
 )

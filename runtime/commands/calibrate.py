@@ -34,6 +34,7 @@ from runtime.commands.calibrate_engine import calibrate_engine, calibration_runs
 from runtime.device import device_description, has_accelerator
 from runtime.distributed.spawn import SpawnError, spawn_ranks
 from runtime.engine.optim import build_optimizer
+from runtime.observe.cpu_identity import cpu_identity
 from runtime.observe.peak_flops import best_matmul_flops
 
 SHAPES = ((1, 32, 64, 4), (4, 128, 256, 4))  # (batch, seq, d_model, heads): overhead-bound, compute-bound
@@ -140,7 +141,8 @@ def build_cluster(results: list[dict], *, name: str, cores: int, ranks_per_node:
                "block_points": {p: results[0]["block"][p]["points"] for p in PRECISIONS},
                "flops_meaning": "achieved FLOP/s of one unit on transformer-block forward+backward (fitted); "
                                 "peak_flops: best dense matmul (F.linear) rate, used for MFU",
-               "memory": "80% of physical RAM, shared by the node's ranks"},
+               "memory": "80% of physical RAM, shared by the node's ranks",
+               "cpu_identity": cpu_identity()},
     )
 
 

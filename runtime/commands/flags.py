@@ -120,6 +120,9 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
                         "back when freed (mallopt M_MMAP_THRESHOLD), so a rank's resident memory follows its live "
                         "tensors instead of the heap's high-water mark; about 10-20%% slower steps (page faults); "
                         "for when memory, not speed, is the limit")
+    g.add_argument("--skip-memory-check", action="store_true",
+                   help="start even when the planner's memory model predicts the node's RAM (CPU) or a GPU's memory "
+                        "would overflow (by default such a run stops before building anything, naming flags that fit)")
 
     g = p.add_argument_group("precision and optimisation")
     g.add_argument("--precision", choices=tuple(PRECISIONS), default=DEFAULT_PRECISION,

@@ -30,6 +30,7 @@ from runtime.checkpoint.state import TrainState, init_optimizer_state, load_chec
 from runtime.checkpoint.weights import read_init_weights
 from runtime.commands.flags import build_parser, config_from_args
 from runtime.commands.plan import auto_config
+from runtime.commands.preflight import check_memory, node_memory, node_ranks
 from runtime.config import ConfigError, TrainConfig
 from runtime.device import compact_cpu_heap, configure_cpu_threads, device_description, select_device
 from runtime.distributed.collectives import all_gather_objects, broadcast_object
@@ -113,8 +114,10 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
     Raises one of ``InputError`` with a one-line message naming the flag and the valid values."""
     args = build_parser().parse_args(argv)
     if args.auto:
-        cfg, best = auto_config(args, argv, world=env.world_size)
+        cfg, best, notes = auto_config(args, argv, world=env.world_size)
         if env.rank == 0:
+            for note in notes:
+                print(note, flush=True)
             print(f"auto plan: {best.candidate.describe()} (predicted {best.step_time:.3f} s/step, "
                   f"{best.memory_per_rank / 2**30:.2f} GiB/rank)", flush=True)
     else:
@@ -124,6 +127,12 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
     start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
     if start.init_from:
         read_init_weights(start.init_from, cfg.model)
+    if not args.skip_memory_check:
+        # Before anything is built: a configuration predicted to overflow the node stops here, naming what fits.
+        warning = check_memory(cfg, world=env.world_size, memory=node_memory(env.local_rank),
+                               node_ranks=node_ranks(rank=env.rank, local_world_size=env.local_world_size))
+        if warning and env.rank == 0:
+            print(warning, flush=True)
     return cfg, data, start
 
 

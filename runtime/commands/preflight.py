@@ -1,0 +1,162 @@
+"""Memory preflight: before any process group, price the run's own configuration with the planner's
+memory model and refuse one that would overflow the node, naming the flags (or the plan) that fit.
+
+CPU: the node's ranks share its RAM. Each rank's resident memory is its tensors (the memory model,
+compiler/planner/memory_model.py, per pp rank) plus what is not a tensor: the interpreter, torch and
+its libraries, gloo's buffers, the allocator. That part is calibrated from the README's GPT-2 Large
+runs at 2x2x2 (sequence 256, bf16, micro-batch 1, 4 micro-batches) on this 23.5 GiB machine:
+- ZeRO-3 + AC + --compact-cpu-memory: 19.1 GiB used (2.4-2.6 GiB resident per rank) where the memory
+  model gives 15.9 GiB of tensors for the 8 ranks: (19.1 - 15.9) / 8 = 0.40 GiB per rank;
+- ZeRO-3 alone: 21.0 GiB used; the model, 18.4 + 8 x 0.40 = 21.6 GiB (3% high);
+- the default (FSDP, no AC): OOM-killed at 23.5 GiB in step 1; the model, 24.9 + 3.2 = 28.1 GiB.
+``--compact-cpu-memory`` makes resident memory follow live tensors (runtime/device.py), which is what
+the model prices; without it freed holes may stay resident (18.8 vs 13.0 GB measured on GPT-2 Large
+layers), which these runs did not show, so it is not charged, but it is suggested with any fix.
+The budget is 90% of MemTotal (page cache, other processes and the model's few percent); a prediction
+above what is free now (MemAvailable) but within the budget is a warning, not an error.
+
+GPU: each rank has its device; its fullest pp rank's tensors plus the cluster model's reserve (CUDA
+context, NCCL buffers, fragmentation: compiler/planner/gpu_cluster.py) must fit the device's memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from compiler.planner.candidates import Candidate
+from compiler.planner.cluster import LOCAL_PRESET, Cluster, load_cluster
+from compiler.planner.gpu_cluster import GpuCluster
+from compiler.planner.search import CostTable, rank_layers_and_memory
+from compiler.planner.shape import DecoderShape, analytic_layer_costs
+from runtime.config import ConfigError, TrainConfig, plan_error
+from runtime.planning import rank_plans
+
+GIB = 2**30
+CPU_RANK_OVERHEAD = 0.40 * GIB  # resident bytes per rank beyond its tensors (module docstring)
+RAM_BUDGET = 0.90  # of MemTotal
+GPU_RESERVED = GpuCluster("", 1, 1.0, {}, 1.0, 1.0).reserved_gib * GIB
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeMemory:
+    total: float  # bytes of RAM (CPU) or of one device (GPU)
+    available: float | None = None  # RAM free now (MemAvailable); None on GPU
+    per_device: bool = False  # GPU: every rank has ``total`` of its own
+
+
+def node_ram(meminfo: str | Path = "/proc/meminfo") -> NodeMemory | None:
+    """MemTotal and MemAvailable, or None where /proc/meminfo does not exist."""
+    path = Path(meminfo)
+    if not path.exists():
+        return None
+    values = {}
+    for line in path.read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if rest.strip().endswith("kB"):
+            values[key] = int(rest.split()[0]) * 1024
+    return NodeMemory(values["MemTotal"], values.get("MemAvailable")) if "MemTotal" in values else None
+
+
+def _analytic(model, **kwargs):
+    """Layer costs in closed form (compiler/planner/shape.py): what cost.py counts, without tracing (seconds
+    on every rank before the run starts)."""
+    return analytic_layer_costs(DecoderShape.from_config(model), **kwargs)
+
+
+def node_memory(local_rank: int) -> NodeMemory | None:
+    """This rank's device memory on CUDA, else the node's RAM."""
+    if torch.cuda.is_available():
+        index = local_rank % torch.cuda.device_count()
+        return NodeMemory(float(torch.cuda.get_device_properties(index).total_memory), per_device=True)
+    return node_ram()
+
+
+def node_ranks(*, rank: int, local_world_size: int) -> list[int]:
+    """The global ranks on this rank's node (torchrun numbers a node's ranks consecutively)."""
+    first = rank // local_world_size * local_world_size
+    return list(range(first, first + local_world_size))
+
+
+def candidate_of(cfg: TrainConfig) -> Candidate:
+    """The run's configuration as a plan the memory model prices."""
+    shard = None if cfg.data_parallel.shard == cfg.mesh.dp else cfg.data_parallel.shard
+    p = cfg.pipeline
+    return Candidate(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, p.schedule, p.stages_per_rank, p.microbatches,
+                     p.micro_batch_size, cfg.precision, cfg.activation_checkpointing, dp_shard=shard,
+                     reshard_after_forward=cfg.data_parallel.reshard_after_forward)
+
+
+def predicted_bytes(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory, costs: CostTable) -> float:
+    """CPU: the node's ranks' tensors and runtime together; GPU: the fullest rank's tensors and reserve."""
+    c = candidate_of(cfg)
+    _, peaks = rank_layers_and_memory(c, cfg=cfg.model, costs=costs)
+    if memory.per_device:
+        return max(peaks) + GPU_RESERVED
+    return sum(peaks[(rank // c.mp) % c.pp] + CPU_RANK_OVERHEAD for rank in node_ranks)
+
+
+def _budget(memory: NodeMemory) -> float:
+    return memory.total if memory.per_device else RAM_BUDGET * memory.total
+
+
+def _fix(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory, costs: CostTable) -> tuple[str, float] | None:
+    """The cheapest memory flags that make ``cfg`` fit: (flags, predicted bytes), or None."""
+    options = [("--activation-checkpointing",)]
+    if cfg.mesh.dp > 1 and cfg.data_parallel.shard > 1:
+        options += [("--reshard-after-forward",), ("--reshard-after-forward", "--activation-checkpointing")]
+    for flags in options:
+        trial = dataclasses.replace(
+            cfg, activation_checkpointing=cfg.activation_checkpointing or "--activation-checkpointing" in flags,
+            data_parallel=dataclasses.replace(cfg.data_parallel, reshard_after_forward=(
+                cfg.data_parallel.reshard_after_forward or "--reshard-after-forward" in flags)))
+        if trial == cfg:
+            continue
+        bytes_ = predicted_bytes(trial, node_ranks=node_ranks, memory=memory, costs=costs)
+        if bytes_ <= _budget(memory):
+            extra = () if memory.per_device or cfg.pipeline.compact_cpu_memory else ("--compact-cpu-memory",)
+            return " ".join(flags + extra), bytes_
+    return None
+
+
+def _fitting_plan(cfg: TrainConfig, *, world: int, node_ranks: list[int], memory: NodeMemory) -> str | None:
+    """Flags of the planner's best plan for this world within the budget (CPU), or None."""
+    if memory.per_device:
+        return None
+    base = load_cluster(LOCAL_PRESET)
+    cluster: Cluster = dataclasses.replace(
+        base, ranks_per_node=len(node_ranks),
+        memory_per_node=max(0.0, _budget(memory) - len(node_ranks) * CPU_RANK_OVERHEAD))
+    plans = rank_plans(cfg, world=world, global_batch_size=cfg.global_batch_size, cluster=cluster,
+                       precisions=(cfg.precision,))
+    best = next((e for e in plans if e.feasible), None)
+    return " ".join(best.candidate.flags()) if best else None
+
+
+def check_memory(cfg: TrainConfig, *, world: int, node_ranks: list[int], memory: NodeMemory | None) -> str | None:
+    """Raise ConfigError when ``cfg`` is predicted to overflow the node's memory, naming what fits; return
+    a warning line when it fits the budget but not what is free now; None otherwise."""
+    if memory is None or plan_error(cfg, candidate_of(cfg)):
+        return None  # unknown memory, or a configuration the validation rejects anyway
+    costs = CostTable(cfg.model, count=_analytic)
+    need = predicted_bytes(cfg, node_ranks=node_ranks, memory=memory, costs=costs)
+    budget = _budget(memory)
+    where = (f"per GPU (tensors + {GPU_RESERVED / GIB:.0f} GiB of CUDA context and buffers) of {memory.total / GIB:.1f} GiB"
+             if memory.per_device else
+             f"for the {len(node_ranks)} ranks on this node (tensors + {CPU_RANK_OVERHEAD / GIB:.2f} GiB of runtime "
+             f"per rank) of {budget / GIB:.1f} GiB (90% of {memory.total / GIB:.1f} GiB RAM)")
+    if need > budget:
+        fix = _fix(cfg, node_ranks=node_ranks, memory=memory, costs=costs)
+        if fix:
+            advice = f"add {fix[0]} (predicted {fix[1] / GIB:.1f} GiB)"
+        else:
+            plan = _fitting_plan(cfg, world=world, node_ranks=node_ranks, memory=memory)
+            advice = f"a plan that fits: {plan}" if plan else "no plan of this model fits; use more nodes or a smaller model"
+        raise ConfigError(f"predicted memory {need / GIB:.1f} GiB {where} would not fit; {advice} "
+                          f"(or --skip-memory-check)")
+    if memory.available is not None and need > memory.available:
+        return (f"warning: predicted memory {need / GIB:.1f} GiB {where}, but only {memory.available / GIB:.1f} GiB "
+                f"is free now")
+    return None
