@@ -139,14 +139,15 @@ def default_stages_per_rank(schedule: str, pp: int) -> int:
 
 def apply_plan(cfg: TrainConfig, plan: Candidate) -> TrainConfig:
     """``cfg`` trained with a planner's plan: its mesh, data-parallel sharding, schedule, v, micro-batching,
-    precision and AC."""
+    precision, AC and sequence parallelism."""
     pipeline = dataclasses.replace(cfg.pipeline, schedule=plan.schedule, stages_per_rank=plan.stages_per_rank,
                                    microbatches=plan.microbatches, micro_batch_size=plan.micro_batch_size)
     data_parallel = dataclasses.replace(cfg.data_parallel, shard=plan.shard,
                                         reshard_after_forward=plan.reshard_after_forward)
     return dataclasses.replace(cfg, mesh=MeshShape(plan.dp, plan.pp, plan.mp), pipeline=pipeline,
                                data_parallel=data_parallel, precision=plan.precision,
-                               activation_checkpointing=plan.activation_checkpointing)
+                               activation_checkpointing=plan.activation_checkpointing,
+                               sequence_parallel=plan.sequence_parallel)
 
 
 def plan_error(cfg: TrainConfig, plan: Candidate) -> str | None:

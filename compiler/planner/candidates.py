@@ -24,6 +24,7 @@ class Candidate:
     activation_checkpointing: bool
     dp_shard: int | None = None  # ranks a parameter is sharded over (None: dp, FSDP; 1: replicate; else HSDP)
     reshard_after_forward: bool = False  # ZeRO-3: gather parameters again for every micro-batch's backward
+    sequence_parallel: bool = False  # norms and residual stream on sequence shards (mp > 1)
 
     @property
     def shard(self) -> int:
@@ -36,6 +37,7 @@ class Candidate:
                  "--micro-batch-size", str(self.micro_batch_size), "--precision", self.precision]
         flags += ["--dp-shard", str(self.dp_shard)] if self.dp_shard is not None else []
         flags += ["--reshard-after-forward"] if self.reshard_after_forward else []
+        flags += ["--sequence-parallel"] if self.sequence_parallel else []
         return flags + (["--activation-checkpointing"] if self.activation_checkpointing else [])
 
     def describe(self) -> str:
@@ -44,6 +46,7 @@ class Candidate:
         if self.dp > 1 and self.shard != self.dp:
             dp_mode = " replicate" if self.shard == 1 else f" hsdp={self.shard}"
         dp_mode += " zero3" if self.reshard_after_forward else ""
+        dp_mode += " +SP" if self.sequence_parallel else ""
         return (f"{self.dp}x{self.pp}x{self.mp} {self.schedule} v={self.stages_per_rank} "
                 f"m={self.microbatches} mbs={self.micro_batch_size} {self.precision}{ac}{dp_mode}")
 

@@ -51,6 +51,7 @@ def in_flight_stage_microbatches(schedule: str, *, p: int, m: int, v: int, rank:
     return SCHEDULES[schedule].stage_microbatches_in_flight(p=p, m=m, v=v, rank=rank)
 
 
+NORMS_PER_BLOCK = 2  # pre-norm blocks (GPT-2, Llama): one norm before attention, one before the MLP
 TP_BUFFERS_PER_BLOCK = 2  # full [B, T, d] fp32 buffers per block and in-flight micro-batch when mp > 1 (measured)
 
 
@@ -98,9 +99,13 @@ class HeldLayers:
 
 def rank_memory(layers: list[LayerCost] | HeldLayers, *, schedule: str, p: int, m: int, v: int,
                 layout: DataParallelLayout, rank: int, activation_checkpointing: bool, micro_batch_size: int,
-                seq_len: int, d_model: int, mp: int = 1, input_shards: int = 1) -> MemoryEstimate:
+                seq_len: int, d_model: int, mp: int = 1, input_shards: int = 1, sequence_parallel: bool = False,
+                activation_itemsize: int = 4) -> MemoryEstimate:
     """Memory of pp rank ``rank`` holding ``layers`` (already per mp shard) across its v stages.
-    ``input_shards``: ranks a block's input is split over (mp under sequence parallelism)."""
+    ``input_shards``: ranks a block's input is split over (mp under sequence parallelism).
+    ``sequence_parallel`` (the engine's, without AC): each block's two norm inputs, the (B, T, D) activations
+    the norms save in ``activation_itemsize`` bytes, are kept as T/mp sequence shards (compiler/parallelize/
+    sequence_parallel.py); the gathered inputs of the column-parallel matrices stay whole, as DTensor saves them."""
     held = layers if isinstance(layers, HeldLayers) else HeldLayers.of(layers)
     weights = weight_memory(held.params, held.largest_params, layout)
     in_flight = in_flight_stage_microbatches(schedule, p=p, m=m, v=v, rank=rank)
@@ -113,5 +118,8 @@ def rank_memory(layers: list[LayerCost] | HeldLayers, *, schedule: str, p: int, 
         recompute = 0.0
     if mp > 1 and not activation_checkpointing:
         per_stage_microbatch += TP_BUFFERS_PER_BLOCK * held.blocks / v * micro_batch_size * seq_len * d_model * 4
+        if sequence_parallel:
+            norm_inputs = NORMS_PER_BLOCK * micro_batch_size * seq_len * d_model * activation_itemsize
+            per_stage_microbatch -= held.blocks / v * norm_inputs * (1 - 1 / mp)
     copies = 0 if layout.fsdp else held.weight_copy_bytes
     return MemoryEstimate(weights, in_flight * per_stage_microbatch + recompute, copies)

@@ -104,7 +104,9 @@ def rank_layers_and_memory(c: Candidate, *, cfg, costs: CostTable) -> tuple[list
             mine[-1] = replace(mine[-1], params=mine[-1].params - mine[0].params + _position_params(cfg, c.mp))
         mem = rank_memory(mine, schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank, layout=layout, rank=r,
                           activation_checkpointing=c.activation_checkpointing, micro_batch_size=c.micro_batch_size,
-                          seq_len=cfg.seq_len, d_model=cfg.d_model, mp=c.mp)
+                          seq_len=cfg.seq_len, d_model=cfg.d_model, mp=c.mp,
+                          sequence_parallel=c.sequence_parallel,
+                          activation_itemsize=layout.gather_bytes if layout.fsdp else 4)
         per_rank.append(mine)
         peaks.append(mem.total)
     return per_rank, peaks

@@ -21,6 +21,7 @@ from compiler.flops import training_flops_per_token
 from compiler.planner.candidates import Candidate
 from compiler.planner.cluster import load_cluster
 from compiler.planner.search import CostTable, estimate
+from models import named_config
 from runtime.commands.flags import default_config, model_flags, named_model
 from runtime.commands.launch import RunSpec
 from runtime.commands.study.analysis import pooled_samples_per_sec
@@ -40,11 +41,13 @@ class MemoryRow:
     precision: str = "bf16"
     activation_checkpointing: bool = False
     micro_batch_size: int = 2
+    sequence_parallel: bool = False
 
     def candidate(self) -> Candidate:
         schedule, v = ("interleaved-1f1b", 2) if self.pp > 1 else ("1f1b", 1)
         return Candidate(self.dp, self.pp, self.mp, schedule, v, 2 * self.pp, self.micro_batch_size, self.precision,
-                         self.activation_checkpointing, dp_shard=self.dp_shard, reshard_after_forward=self.zero3)
+                         self.activation_checkpointing, dp_shard=self.dp_shard, reshard_after_forward=self.zero3,
+                         sequence_parallel=self.sequence_parallel)
 
 
 REPLICATION = "replicate (DDP layout)"
@@ -56,6 +59,8 @@ ROWS_8 = (
     MemoryRow("HSDP (shard 4, replicate 2)", 8, 1, 1, dp_shard=4),
     MemoryRow("ZeRO-3", 8, 1, 1, zero3=True),
     MemoryRow("TP", 1, 1, 2),
+    MemoryRow("TP", 1, 1, 4),
+    MemoryRow("TP + SP", 1, 1, 4, sequence_parallel=True),
     MemoryRow("DP x TP", 4, 1, 2),
     MemoryRow("DP x PP", 4, 2, 1),
     MemoryRow("2x2x2", 2, 2, 2),
@@ -80,6 +85,12 @@ ROWS_SMOKE = (MemoryRow(REPLICATION, 2, 1, 1, dp_shard=1), MemoryRow("ZeRO-3", 2
 LARGE_MODEL = named_model("large", 256)
 LARGE = MemoryRow("GPT-2 Large 2x2x2, ZeRO-3 + AC", 2, 2, 2, zero3=True, activation_checkpointing=True,
                   micro_batch_size=1)
+# A Llama 3 shape of GPT-2 small's width and depth (GQA with 4 kv heads, SwiGLU by Meta's rule, RMSNorm, RoPE).
+LLAMA_MODEL = named_config("llama3-debug", n_layers=12, d_model=768, n_heads=12, n_kv_heads=4, seq_len=128,
+                           vocab_size=32000)
+LLAMA_ROWS = (MemoryRow("Llama 3 shape 2x2x2", 2, 2, 2), MemoryRow("Llama 3 shape 2x2x2 + SP", 2, 2, 2, sequence_parallel=True))
+# Rows of other models than the section's: run meta "model" -> (config, name in the table).
+OTHER_MODELS = {"large": (LARGE_MODEL, "GPT-2 Large"), "llama": (LLAMA_MODEL, "Llama 3 shape, 12 x d 768, kv 4")}
 
 
 def memory_rows(world: int, *, smoke: bool = False) -> tuple[MemoryRow, ...]:
@@ -118,6 +129,12 @@ def memory_specs(world: int, model, *, large: bool, smoke: bool = False) -> list
         args = [*model_flags(LARGE_MODEL), *c.flags(), "--compact-cpu-memory", *_common(3, profile_memory=False)]
         specs.append(RunSpec("sharding_gpt2_large", 8, args, meta={"section": "sharding", **dataclasses.asdict(LARGE),
                                                                     "model": "large"}))
+    if world >= 8 and not smoke:
+        for row in LLAMA_ROWS:
+            c = row.candidate()
+            name = f"sharding_llama_{c.describe()}".replace(" ", "_").replace("=", "")
+            specs.append(RunSpec(name, 8, [*model_flags(LLAMA_MODEL), *c.flags(), *_common(3)],
+                                 meta={"section": "sharding", **dataclasses.asdict(row), "model": "llama"}))
     return specs
 
 
@@ -140,8 +157,7 @@ def memory_table(runs: list[dict], model) -> list[dict]:
     table = []
     for r in runs:
         row = MemoryRow(**{k: r[k] for k in fields})
-        shape = LARGE_MODEL if r.get("model") == "large" else model
-        name = "GPT-2 Large" if r.get("model") == "large" else f"{model.n_layers} x d {model.d_model}"
+        shape, name = OTHER_MODELS.get(r.get("model"), (model, f"{model.n_layers} x d {model.d_model}"))
         out = {**dataclasses.asdict(row), "model": f"{name}, T {shape.seq_len}", "ok": r["ok"], "error": r.get("error"),
                "predicted_bytes": predicted_bytes(row, shape, 4 if r.get("model") == "large" else None)}
         if r["ok"]:
