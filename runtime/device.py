@@ -81,8 +81,8 @@ def peak_memory_bytes(device: torch.device) -> int:
     """Peak memory of this rank.
 
     Accelerator: ``max_memory_allocated`` (tensor memory the caching allocator handed out).
-    CPU: the peak resident set size of the process (``getrusage`` ru_maxrss), a real measurement
-    that also includes the interpreter, libraries and allocator slack.
+    CPU: the peak resident set size of the process (Linux: VmHWM; elsewhere ``getrusage`` ru_maxrss), a
+    real measurement that also includes the interpreter, libraries and allocator slack.
     """
     if device.type != "cpu":
         return int(torch.accelerator.max_memory_allocated(device))
@@ -97,6 +97,16 @@ def current_memory_bytes(device: torch.device) -> int:
 
 
 def _max_rss_bytes() -> int:
+    # Not ru_maxrss on Linux: the kernel carries the parent's RSS at fork into the child's ru_maxrss across
+    # exec, so a rank spawned by a large process (a test runner, a notebook) would report the parent's size.
+    # VmHWM is the high-water mark of this process's own address space.
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(rss if platform.system() == "Darwin" else rss * 1024)  # Linux reports KiB
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 
 import pytest
 
@@ -35,6 +34,7 @@ def _build_and_measure(out_dir: str) -> None:
     from compiler.partition import uniform_split
     from compiler.schedules import SCHEDULES
     from models import config_from_dict, spec_of
+    from runtime.device import peak_memory_bytes
     from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
 
     dist.init_process_group("gloo")
@@ -49,7 +49,7 @@ def _build_and_measure(out_dir: str) -> None:
         meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout)),
         device=torch.device("cpu"), activation_checkpointing=False, data_parallel=DataParallelOptions(),
         initial_value=functools.partial(spec_of(cfg).initial_value, seed=0, cfg=cfg))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    peak = peak_memory_bytes(torch.device("cpu"))  # this process's own high-water mark, not its parent's
     held = sum(p.numel() * p.element_size() for p in stages.parameters())
     with open(f"{out_dir}/rank{dist.get_rank()}.json", "w") as f:
         json.dump({"growth": peak - before, "held": held}, f)
