@@ -25,7 +25,9 @@ def materialize(stage_module: nn.Module, *, device: torch.device,
     stage_module.to_empty(device=device)
     with torch.no_grad():
         for name, param in stage_module.named_parameters():
-            full = initial_value(original_name(name), tuple(param.shape)).to(device=device, dtype=param.dtype)
+            # The shard, not the full tensor, is converted and moved: a value read from a file in another
+            # dtype (a bf16 Hugging Face folder) costs the rank its shard in fp32, not the whole tensor.
+            full = initial_value(original_name(name), tuple(param.shape))
             local_shard(param).copy_(shard_of(full, like=param))
     return stage_module
 

@@ -27,6 +27,8 @@ from models import parameter_count, spec_of
 from runtime.checkpoint.files import CheckpointError, StartPoint, resolve_start
 from runtime.checkpoint.saving import Checkpointer
 from runtime.checkpoint.state import TrainState, init_optimizer_state, load_checkpoint
+from runtime.checkpoint.hf_weights import check_weights, read_hf_model
+from runtime.checkpoint.hf_weights import initial_values as hf_initial_values
 from runtime.checkpoint.weights import read_init_weights
 from runtime.commands.flags import build_parser, config_from_args
 from runtime.commands.plan import auto_config
@@ -122,7 +124,10 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
     data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
                       global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
     start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
-    if start.init_from:
+    if start.init_from and start.init_from.is_dir():  # a Hugging Face folder: headers and shapes, no tensor data
+        note = check_weights(read_hf_model(start.init_from)).note()
+        start.notes.extend([note] if note else [])
+    elif start.init_from:
         read_init_weights(start.init_from, cfg.model)
     return cfg, data, start
 
@@ -247,7 +252,10 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
 
 
 def _initial_values(cfg: TrainConfig, start: StartPoint) -> Callable[[str, tuple[int, ...]], torch.Tensor]:
-    """Each parameter's full initial value by name: from ``--init-from``'s export, or name-seeded."""
+    """Each parameter's full initial value by name: from ``--init-from``'s Hugging Face folder (read lazily,
+    only the tensors of this rank's parameters) or export, or name-seeded."""
+    if start.init_from and start.init_from.is_dir():
+        return hf_initial_values(check_weights(read_hf_model(start.init_from)), cfg.model)
     if start.init_from:
         weights = read_init_weights(start.init_from, cfg.model)  # memory-mapped: read as shards need it
         return lambda name, shape: weights[name]
