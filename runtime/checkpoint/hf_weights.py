@@ -80,8 +80,11 @@ def run_model_config(hf: HFModel, *, model_name: str | None, overrides: Mapping[
     """The folder's model with the shape flags given: each must agree with the folder, except ``--seq-len``,
     which may be up to the folder's position limit. ``overrides``: config field -> flag value (None: not given)."""
     cfg, where = hf.config, hf.path / CONFIG_FILE
-    if model_name is not None:
-        named = named_config(model_name)
+    if model_name is not None:  # with the shape flags, as without a folder
+        try:
+            named = named_config(model_name, **{k: v for k, v in overrides.items() if k != "seq_len"})
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if named.family != cfg.family:
             raise ConfigError(f"--model {model_name} is a {named.family} model; --init-from {hf.path} holds a "
                               f"{cfg.family} model (its {CONFIG_FILE} sets the model: drop --model)")
