@@ -75,9 +75,9 @@ def gpt2_config(*, n_layer=4, n_embd=64, n_head=4, n_positions=32, vocab_size=25
 
 
 def llama_config(*, generation: int, layers=4, hidden=64, heads=4, kv_heads=2, head_dim=None, inner=192,
-                 positions=128, tied=True, llama3_scaling=True) -> dict:
+                 positions=128, tied=True, llama3_scaling=True, vocab_size=256) -> dict:
     """config.json of transformers 4.x (rope_theta + rope_scaling) or 5.x (rope_parameters, head_dim)."""
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256,
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab_size,
               "hidden_size": hidden, "intermediate_size": inner, "num_hidden_layers": layers,
               "num_attention_heads": heads, "num_key_value_heads": kv_heads, "hidden_act": "silu",
               "max_position_embeddings": positions, "rms_norm_eps": 1e-5, "attention_bias": False,
@@ -104,16 +104,18 @@ def reference_config_4x(config: dict) -> dict:
     return {**config, "rope_theta": theta, "rope_scaling": params if params.get("rope_type") != "default" else None}
 
 
-def random_values(name: str, shape: list[int], *, seed: int) -> list[float]:
-    """Seeded by (seed, name): norm weights near 1, biases small, the rest N(0, 0.3^2) (large enough that
-    greedy decoding of a random model does not settle on one token at once)."""
+def random_values(name: str, shape: list[int], *, seed: int, std: tuple[float, float] = (0.3, 0.3)) -> list[float]:
+    """Seeded by (seed, name): norm weights near 1, biases small, embeddings N(0, std[0]^2), the other matrices
+    N(0, std[1]^2). At GPT-2's initial 0.02, greedy decoding of a random model repeats one token; (0.3, 0.3)
+    varies for Llama, (1.0, 0.05) for an untied GPT-2."""
     rng = random.Random(f"{seed}:{name}")
     n = torch.Size(shape).numel()
     if name.endswith("bias"):
         return [rng.gauss(0, 0.1) for _ in range(n)]
     if name.endswith(("norm.weight", "ln_1.weight", "ln_2.weight", "ln_f.weight")):
         return [1.0 + rng.gauss(0, 0.1) for _ in range(n)]
-    return [rng.gauss(0, 0.3) for _ in range(n)]
+    embedding = name.endswith(("wte.weight", "wpe.weight", "embed_tokens.weight"))
+    return [rng.gauss(0, std[0] if embedding else std[1]) for _ in range(n)]
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,8 @@ class Folder:
 
 
 def write_folder(path: Path, config: dict, *, seed: int = 0, dtype: str = "F32", shards: int = 1,
-                 extra: dict[str, list[int]] | None = None, drop_prefix: bool = False) -> Folder:
+                 extra: dict[str, list[int]] | None = None, drop_prefix: bool = False,
+                 std: tuple[float, float] = (0.3, 0.3)) -> Folder:
     """config.json and the family's tensors as ``model.safetensors`` or ``shards`` files plus the index.
     ``extra``: more tensors to write (e.g. GPT-2's old attention-mask buffers); ``drop_prefix``: names without
     their first component, as a base model (GPT2Model) saves them."""
@@ -134,7 +137,7 @@ def write_folder(path: Path, config: dict, *, seed: int = 0, dtype: str = "F32",
     tensors = {}
     for name, shape in shapes.items():
         stored = name.split(".", 1)[1] if drop_prefix and not name.startswith("lm_head") else name
-        tensors[stored] = (dtype, shape, pack(dtype, random_values(name, shape, seed=seed)))
+        tensors[stored] = (dtype, shape, pack(dtype, random_values(name, shape, seed=seed, std=std)))
     (path / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if shards == 1:
         write_safetensors(path / "model.safetensors", tensors, metadata={"format": "pt"})
