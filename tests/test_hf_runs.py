@@ -80,10 +80,27 @@ def runs(tmp_path_factory) -> dict[str, Run]:
             argvs.append(_argv(folder, flags, root / name, mesh))
             seq_len = int(flags[flags.index("--seq-len") + 1]) if "--seq-len" in flags else config["n_positions"]
             out[name] = Run(folder, {}, root / name / "ckpt", global_batch, seq_len)
+        if world == 1:
+            # A restart with the same command line plus --resume: the folder gives the model (no flag could:
+            # its RoPE scaling has an original context of 16), the checkpoint the weights; one more step.
+            first = argvs[list(cases).index(RESUMED)]
+            argvs.append([*first, "--resume", "--steps", "2", "--logdir", str(root / "resumed")])
         spawn_ranks(functools.partial(train_each), world_size=world, args=(argvs,), timeout=600)
     for name, run in out.items():
         run.summary = json.loads((root / name / "log" / "summary.json").read_text())
+    out["resumed"] = Run(out[RESUMED].folder, json.loads((root / "resumed" / "summary.json").read_text()),
+                         out[RESUMED].checkpoint, 4, 32)
     return out
+
+
+RESUMED = "llama-4x-tied"
+
+
+def test_resume_with_init_from_continues_the_checkpoint_of_the_folders_model(runs):
+    resumed = runs["resumed"].summary
+    assert resumed["start_step"] == 1 and len(resumed["losses"]) == 1
+    assert resumed["config"]["model"] == runs[RESUMED].summary["config"]["model"]
+    assert (runs[RESUMED].checkpoint / "latest").read_text().strip() == "step-000002"
 
 
 @pytest.mark.parametrize("name", [*ONE_RANK, *EIGHT_RANKS])

@@ -246,6 +246,9 @@ def resolve_start(cfg, *, model, run_config: dict) -> StartPoint:
         if not init_from.exists():
             raise CheckpointError(f"--init-from {init_from}: no such file or folder (a single-file export of "
                                   f"`run.py export`, or a Hugging Face model folder)")
+        if info is not None:  # a restart: the checkpoint's weights, not the starting ones
+            notes.append(f"--init-from {init_from}: its weights are not read, the run continues from {info.path}")
+            init_from = None
     return StartPoint(info, init_from, notes)
 
 

@@ -165,7 +165,8 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
                    help="start from these weights, on any mesh: a single-file export (`run.py export`), or a Hugging "
                         "Face model folder (config.json + safetensors or pytorch_model.bin; GPT-2 or Llama), whose "
                         "config.json sets the model: shape flags may be given only if they agree, --seq-len may be "
-                        "shorter than the folder's positions")
+                        "shorter than the folder's positions. With --resume, a checkpoint (when there is one) gives "
+                        "the weights instead")
     g.add_argument("--max-bad-steps", type=int, default=5,
                    help="stop after K consecutive steps with a non-finite loss or gradient norm (fp32/bf16), or "
                         "after more than K consecutive skipped steps (fp16)")
@@ -325,10 +326,10 @@ def _checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
                             ("--resume", args.resume or None), ("--async-checkpoint", args.async_checkpoint or None)):
             if value is not None:
                 raise ConfigError(f"{flag} needs --checkpoint-dir DIR (where checkpoints are saved)")
-    sources = [flag for flag, value in (("--resume", args.resume), ("--resume-from", args.resume_from),
-                                        ("--init-from", args.init_from)) if value]
-    if len(sources) > 1:
-        raise ConfigError(f"{' and '.join(sources)} are mutually exclusive: start from one checkpoint or export")
+    if args.resume and args.resume_from:
+        raise ConfigError("--resume and --resume-from are mutually exclusive: continue from one checkpoint")
+    # --init-from may come with either: a checkpoint, when there is one, gives the weights (a folder still gives
+    # the model), so one command line serves the first start and every restart.
     return CheckpointConfig(dir=args.checkpoint_dir, every=args.checkpoint_every, keep=args.keep_checkpoints or 3,
                             resume=args.resume, resume_from=args.resume_from, init_from=args.init_from,
                             async_write=args.async_checkpoint)
