@@ -158,3 +158,15 @@ def test_generate_from_a_checkpoint_gives_the_reference_models_greedy_tokens(run
                                 torch.tensor([list(b"Hi")]), new)[0].tolist()
     assert result["new_ids"] == want and len(set(want)) > 5
     assert result["text"] == bytes(want).decode("utf-8", errors="replace")
+
+
+def test_export_gpt2_still_writes_pytorch_model_bin_and_refuses_llama(runs, tmp_path, capsys):
+    out = tmp_path / "bin"
+    assert export.main(["--checkpoint", str(runs["gpt2-tied"].checkpoint), "--out", str(out), "--format", "gpt2"]) == 0
+    state = torch.load(out / "pytorch_model.bin", weights_only=True)
+    folder = read_folder(runs["gpt2-tied"].folder.path)
+    assert state.keys() == folder.keys() and all(torch.equal(state[k], folder[k]) for k in folder)
+    capsys.readouterr()
+    assert export.main(["--checkpoint", str(runs["llama-4x-tied"].checkpoint), "--out", str(tmp_path / "x"),
+                        "--format", "gpt2"]) == 2
+    assert "holds a llama3 model; use --format hf" in capsys.readouterr().err

@@ -11,6 +11,7 @@ from pathlib import Path
 from compiler.precisions import DEFAULT_PRECISION, PRECISIONS
 from compiler.schedules import DEFAULT_SCHEDULE, SCHEDULES
 from models import FAMILIES, MODEL_NAMES, named_config, spec_of
+from runtime.checkpoint.hf_weights import read_hf_model, run_model_config, run_name
 from runtime.config import (
     CheckpointConfig,
     ConfigError,
@@ -26,7 +27,6 @@ from runtime.config import (
     default_stages_per_rank,
     validate,
 )
-from runtime.checkpoint.hf_weights import read_hf_model, run_model_config, run_name
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 DEFAULT_MODEL = "tiny"

@@ -25,10 +25,10 @@ from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import StagePlan, plan_stages
 from models import parameter_count, spec_of
 from runtime.checkpoint.files import CheckpointError, StartPoint, resolve_start
-from runtime.checkpoint.saving import Checkpointer
-from runtime.checkpoint.state import TrainState, init_optimizer_state, load_checkpoint
 from runtime.checkpoint.hf_weights import check_weights, read_hf_model
 from runtime.checkpoint.hf_weights import initial_values as hf_initial_values
+from runtime.checkpoint.saving import Checkpointer
+from runtime.checkpoint.state import TrainState, init_optimizer_state, load_checkpoint
 from runtime.checkpoint.weights import read_init_weights
 from runtime.commands.flags import build_parser, config_from_args
 from runtime.commands.plan import auto_config
