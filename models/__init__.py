@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 from models import gpt2, llama3
+from models.generation import generate
+from models.kv_cache import KVCache
 from models.spec import ModelSpec
 
 FAMILIES: dict[str, ModelSpec] = {spec.family: spec for spec in (gpt2.SPEC, llama3.SPEC)}
@@ -81,5 +83,6 @@ def flops_per_token(cfg: Any) -> float:
     return spec_of(cfg).flops_per_token(cfg)
 
 
-__all__ = ["FAMILIES", "MODEL_NAMES", "ModelSpec", "build_model", "config_from_dict", "config_to_dict",
-           "flops_per_token", "init_weights", "named_config", "parameter_count", "parameter_shapes", "spec_of"]
+__all__ = ["FAMILIES", "KVCache", "MODEL_NAMES", "ModelSpec", "build_model", "config_from_dict", "config_to_dict",
+           "flops_per_token", "generate", "init_weights", "named_config", "parameter_count", "parameter_shapes",
+           "spec_of"]

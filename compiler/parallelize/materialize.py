@@ -27,7 +27,8 @@ def materialize(stage_module: nn.Module, *, device: torch.device,
     with torch.no_grad():
         for name, param in stage_module.named_parameters():
             # Cut the shard where the full value is computed (CPU), then move only the shard: copy_ converts
-            # device and dtype, so a rank's transfer is its share, not the whole tensor.
+            # device and dtype, so a rank's transfer is its share, not the whole tensor (a bf16 Hugging Face
+            # folder costs the rank its shard in fp32, never the whole tensor).
             full = initial_value(original_name(name), tuple(param.shape))
             local_shard(param).copy_(shard_of(full, like=param))
     return stage_module

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.kv_cache import KVCache, LayerCache
 from models.spec import TIED_EMBEDDINGS, divisors, document_mask, name_seeded_normal, run_blocks
 
 # GPT-2's MLP hidden width per unit of d_model: the width whenever none is given.
@@ -67,14 +68,20 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.o = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: LayerCache | None = None) -> torch.Tensor:
         # x: (B, T, D). The head count is -1, never n_heads: the traced graph keeps the -1, so a
         # tensor-parallel shard holding H/mp heads (qkv: (B, T, 3D/mp)) runs the same graph.
         # positions (B, T): packed documents, attention block-causal (models/spec.py document_mask).
+        # cache: decoding (models/kv_cache.py); x holds the new tokens only.
         B, T, _ = x.shape
         qkv = self.qkv(x).view(B, T, -1, 3, self.head_dim)  # (B, T, H, 3, hd)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each (B, H, T, hd)
-        if positions is None:
+        if cache is not None:
+            mask = cache.mask(T, x.device)
+            k, v = cache.update(k, v)  # (B, H, cached + T, hd)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        elif positions is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(positions))
@@ -99,8 +106,10 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), positions)
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + (self.attn(h, positions) if cache is None else self.attn(h, cache=cache))
         return x + self.mlp(self.ln2(x))
 
 
@@ -130,8 +139,20 @@ class GPT(nn.Module):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(x))  # (B, T, D) -> (B, T, V)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        if cache is not None:
+            return self.decode(tokens, cache)
         return self.logits(run_blocks(self.layers, self.embed(tokens, positions), positions))
+
+    def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """(B, t) new tokens after the cache's positions -> their logits (B, t, V). Each token's learned
+        position is its place after the cached ones (the first new one's is cache.length)."""
+        x = self.embed(tokens, cache.positions(tokens))
+        for i, block in enumerate(self.layers.values()):
+            x = block(x, cache=cache.layer(i))
+        cache.advance(tokens.shape[1])
+        return self.logits(x)
 
 
 def initial_value(name: str, shape: tuple[int, ...], *, seed: int, cfg: GPTConfig) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.kv_cache import KVCache, LayerCache
 from models.llama3.config import LlamaConfig
 from models.llama3.rope import Rope, apply_rotary, rotary_cos_sin
 from models.spec import TIED_EMBEDDINGS, document_mask, name_seeded_normal, run_blocks
@@ -71,12 +72,15 @@ class Attention(nn.Module):
         self.v = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
         self.o = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: LayerCache | None = None) -> torch.Tensor:
         # x: (B, T, D). Head counts are -1, never n_heads / n_kv_heads (see the module docstring).
         B, T, _ = x.shape
         q = self.q(x).view(B, T, -1, self.head_dim)  # (B, T, H, hd)
         k = self.k(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, hd)
         v = self.v(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, hd)
+        if cache is not None:
+            return self._decode(q, k, v, positions, cache)
         cos, sin = rotary_cos_sin(q, positions, self.rope)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k, v = repeat_kv(k, self.group), repeat_kv(v, self.group)  # (B, T, H, hd)
@@ -86,6 +90,21 @@ class Attention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(positions))
         return self.o(y.transpose(1, 2).reshape(B, T, -1))  # (B, H, T, hd) -> (B, T, H*hd) -> (B, T, D)
+
+    def _decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                cache: LayerCache) -> torch.Tensor:
+        """Attention of T new tokens at ``positions`` (B, T) (their places after the cached ones) over every
+        cached key and value: q, k rotated at those positions, k and v cached with their Hkv heads and
+        repeated for the query heads afterwards (models/kv_cache.py)."""
+        B, T = q.shape[:2]
+        cos, sin = rotary_cos_sin(q, positions, self.rope)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        mask = cache.mask(T, q.device)
+        k, v = cache.update(k.transpose(1, 2), v.transpose(1, 2))  # (B, Hkv, cached + T, hd)
+        # repeat_interleave on the head dimension: key/value head h serves query heads h*g .. h*g+g-1 (repeat_kv)
+        k, v = k.repeat_interleave(self.group, dim=1), v.repeat_interleave(self.group, dim=1)  # (B, H, S, hd)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask)  # (B, H, T, hd)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(nn.Module):
@@ -109,11 +128,15 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: LayerCache | None = None) -> torch.Tensor:
         # Pre-norm residual blocks. The attention is called with positions only when there are some, so that
         # the traced graph (and any input hook on it) sees the one input it has today.
         h = self.attn_norm(x)
-        x = x + (self.attn(h) if positions is None else self.attn(h, positions))
+        if cache is not None:
+            x = x + self.attn(h, positions, cache=cache)
+        else:
+            x = x + (self.attn(h) if positions is None else self.attn(h, positions))
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -138,8 +161,21 @@ class Llama(nn.Module):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(x))  # (B, T, D) -> (B, T, V)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        if cache is not None:
+            return self.decode(tokens, cache)
         return self.logits(run_blocks(self.layers, self.embed(tokens, positions), positions))
+
+    def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """(B, t) new tokens after the cache's positions -> their logits (B, t, V). RoPE rotates each at its
+        place after the cached ones (the first new one's is cache.length)."""
+        positions = cache.positions(tokens)
+        x = self.tok_emb(tokens)
+        for i, block in enumerate(self.layers.values()):
+            x = block(x, positions, cache=cache.layer(i))
+        cache.advance(tokens.shape[1])
+        return self.logits(x)
 
 
 def initial_value(name: str, shape: tuple[int, ...], *, seed: int, cfg: LlamaConfig) -> torch.Tensor:

@@ -258,8 +258,12 @@ def resolve_start(cfg, *, model, run_config: dict) -> StartPoint:
     init_from = None
     if cfg.init_from:
         init_from = Path(cfg.init_from)
-        if not init_from.is_file():
-            raise CheckpointError(f"--init-from {init_from}: no such file (write one with `run.py export`)")
+        if not init_from.exists():
+            raise CheckpointError(f"--init-from {init_from}: no such file or folder (a single-file export of "
+                                  f"`run.py export`, or a Hugging Face model folder)")
+        if info is not None:  # a restart: the checkpoint's weights, not the starting ones
+            notes.append(f"--init-from {init_from}: its weights are not read, the run continues from {info.path}")
+            init_from = None
     return StartPoint(info, init_from, notes)
 
 

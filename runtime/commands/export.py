@@ -1,12 +1,15 @@
-"""``python run.py export``: a checkpoint's model weights as one file, or as a Hugging Face GPT-2 folder.
+"""``python run.py export``: a checkpoint's model weights as one file, or as a Hugging Face model folder.
 
     python run.py export --checkpoint DIR/step-000020 --out model.pt                 # --init-from takes it
-    python run.py export --checkpoint DIR --out gpt2-folder --format gpt2            # GPT2LMHeadModel
+    python run.py export --checkpoint DIR --out folder --format hf                   # GPT2LMHeadModel / LlamaForCausalLM
+    python run.py export --checkpoint DIR --out gpt2-folder --format gpt2            # GPT-2 as pytorch_model.bin
 
-``pt`` is a plain ``{name: full tensor}`` state dict that the model's ``load_state_dict``
-accepts. ``gpt2`` is a folder with ``config.json`` and ``pytorch_model.bin`` in Hugging Face's GPT-2
-layout (models/gpt2/hf.py), which ``GPT2LMHeadModel.from_pretrained(folder)`` loads as it is. It runs
-in one process (no torchrun) and reads only the model's tensors.
+``pt`` is a plain ``{name: full tensor}`` state dict that the model's ``load_state_dict`` accepts. ``hf``
+is a folder with ``config.json`` and ``model.safetensors`` (or shards past ``--max-shard-size`` and their
+index) in the family's Hugging Face layout (models/<family>/hf.py: GPT-2's Conv1D transposes and fused
+q/k/v, Llama's names; a tied head is not saved), which ``from_pretrained(folder)`` loads as it is and
+``--init-from`` and ``run.py generate`` read. ``gpt2`` writes GPT-2 the older way, ``config.json`` and
+``pytorch_model.bin``. It runs in one process (no torchrun) and reads only the model's tensors.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -21,6 +25,7 @@ import torch
 
 from models import config_from_dict, spec_of
 from runtime.checkpoint.files import CheckpointError, verify_files
+from runtime.checkpoint.hf_folder import write_hf_folder
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
 
 
@@ -29,14 +34,38 @@ def build_parser() -> argparse.ArgumentParser:
                                 "of full tensors ({name: tensor}) that the model's load_state_dict accepts.")
     p.add_argument("--checkpoint", required=True,
                    help="a checkpoint folder (DIR/step-N), or a checkpoint directory (its latest complete checkpoint)")
-    p.add_argument("--out", required=True, help="the .pt file (--format pt) or the folder (--format gpt2) to write")
-    p.add_argument("--format", choices=("pt", "gpt2"), default="pt",
-                   help="pt: {name: tensor} for --init-from; gpt2: Hugging Face GPT2LMHeadModel folder")
+    p.add_argument("--out", required=True, help="the .pt file (--format pt) or the folder (hf, gpt2) to write")
+    p.add_argument("--format", choices=("pt", "hf", "gpt2"), default="pt",
+                   help="pt: {name: tensor} for --init-from; hf: a Hugging Face folder (config.json + safetensors) of "
+                        "either family; gpt2: a Hugging Face GPT2LMHeadModel folder with pytorch_model.bin")
+    p.add_argument("--max-shard-size", default="5GB",
+                   help="--format hf: past this many bytes of tensors, shards plus model.safetensors.index.json "
+                        "(e.g. 500MB, 2GiB; kB/MB/GB are powers of 10 as in transformers)")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32",
+                   help="--format hf: the tensors' dtype (the checkpoint's weights are fp32)")
     return p
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'5GB' -> 5 * 10**9, '10MiB' -> 10 * 2**20, '1000' -> 1000 (bytes); ValueError otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS or float(match.group(1)) * _UNITS[match.group(2).lower()] < 1:
+        raise ValueError(f"--max-shard-size {text!r}: give a positive size such as 5GB, 500MB or 2GiB")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        max_shard_bytes = parse_size(args.max_shard_size)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         info = resolve_checkpoint(Path(args.checkpoint))
         problems = verify_files(info, sorted(info.files))
@@ -44,7 +73,13 @@ def main(argv: list[str]) -> int:
             raise CheckpointError(problems[0])
         weights = load_model_weights(info)
         out = Path(args.out)
-        if args.format == "gpt2":
+        if args.format == "hf":
+            cfg = config_from_dict(info.config["model"])
+            hf = spec_of(cfg).hf
+            tensors = {name: t.to(DTYPES[args.dtype]) for name, t in hf.to_hf(weights, cfg).items()}
+            config = {**hf.config_to_hf(cfg), "torch_dtype": str(DTYPES[args.dtype]).removeprefix("torch.")}
+            written = write_hf_folder(out, tensors, config, max_shard_bytes=max_shard_bytes)
+        elif args.format == "gpt2":
             cfg = config_from_dict(info.config["model"])
             if cfg.family != "gpt2":
                 raise CheckpointError(f"--format gpt2: {info.path} holds a {cfg.family} model; use --format hf")
@@ -57,7 +92,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     n = sum(t.numel() for t in weights.values())
-    print(f"wrote {out} ({args.format}): {len(weights)} tensors, {n:,} parameters, from {info.path} "
+    files = f" in {', '.join(written.files)}" if args.format == "hf" else ""
+    print(f"wrote {out} ({args.format}{files}): {len(weights)} tensors, {n:,} parameters, from {info.path} "
           f"(step {info.step})")
     return 0
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from pathlib import Path
 
 from compiler.precisions import DEFAULT_PRECISION, PRECISIONS
 from compiler.schedules import DEFAULT_SCHEDULE, SCHEDULES
 from models import FAMILIES, MODEL_NAMES, named_config, spec_of
+from runtime.checkpoint.hf_weights import read_hf_model, run_model_config, run_name
 from runtime.config import (
     CheckpointConfig,
     ConfigError,
@@ -27,6 +29,8 @@ from runtime.config import (
 )
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 from runtime.engine.data import DATA_FORMATS, TOKEN_DTYPES
+
+DEFAULT_MODEL = "tiny"
 
 # The flags --auto chooses (the planner's plan): giving one with --auto is an error.
 AUTO_CHOSEN = ("--dp", "--pp", "--mp", "--dp-shard", "--reshard-after-forward", "--schedule", "--stages-per-rank",
@@ -56,7 +60,7 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
         description="Train a GPT on a (dp, pp, mp) mesh: traced pipeline stages, DTensor tensor "
         "parallelism, FSDP data parallelism, overlapped pipeline schedules and mixed precision. "
         "Launch with `torchrun --nproc_per_node=N run.py ...`; without torchrun it runs as one process. "
-        "Subcommands: study, plan, calibrate, export, eval (each has --help).",
+        "Subcommands: study, plan, calibrate, export, eval, generate, data-benchmark (each has --help).",
         formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("mesh (dp x pp x mp must equal the number of processes)")
@@ -79,8 +83,9 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
                    help="let the planner choose mesh, schedule, v, micro-batching, activation checkpointing (and "
                         "precision unless --precision is given) for this world size; see `run.py plan`")
     g = p.add_argument_group("model")
-    g.add_argument("--model", choices=tuple(MODEL_NAMES), default="tiny", metavar="NAME",
-                   help="named size of a model family: " + "; ".join(s.description for s in FAMILIES.values()))
+    g.add_argument("--model", choices=tuple(MODEL_NAMES), metavar="NAME",
+                   help=f"named size of a model family (default: {DEFAULT_MODEL}; with --init-from FOLDER, the folder's "
+                        "model): " + "; ".join(s.description for s in FAMILIES.values()))
     g.add_argument("--layers", type=int, help="override the number of transformer blocks")
     g.add_argument("--d-model", type=int, help="override the hidden width")
     g.add_argument("--heads", type=int, help="override the number of attention heads")
@@ -160,8 +165,12 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--resume", action="store_true",
                    help="continue from the latest complete checkpoint in --checkpoint-dir (from scratch if there is none)")
     g.add_argument("--resume-from", metavar="PATH", help="continue from this checkpoint folder, on any mesh")
-    g.add_argument("--init-from", metavar="FILE",
-                   help="start from the weights of a single-file export (`run.py export`), on any mesh")
+    g.add_argument("--init-from", metavar="PATH",
+                   help="start from these weights, on any mesh: a single-file export (`run.py export`), or a Hugging "
+                        "Face model folder (config.json + safetensors or pytorch_model.bin; GPT-2 or Llama), whose "
+                        "config.json sets the model: shape flags may be given only if they agree, --seq-len may be "
+                        "shorter than the folder's positions. With --resume, a checkpoint (when there is one) gives "
+                        "the weights instead")
     g.add_argument("--max-bad-steps", type=int, default=5,
                    help="stop after K consecutive steps with a non-finite loss or gradient norm (fp32/bf16), or "
                         "after more than K consecutive skipped steps (fp16)")
@@ -241,7 +250,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
     if world_size is not None:
         check_world(mesh, world_size)
     cfg = TrainConfig(
-        model_name=args.model,
+        model_name=args.model or (run_name(args.init_from) if _init_folder(args) else DEFAULT_MODEL),
         model=model_config(args),
         mesh=mesh,
         data_parallel=DataParallelConfig(args.dp_shard or args.dp, args.reshard_after_forward, args.reduce_dtype),
@@ -287,13 +296,23 @@ def parse_train_config(argv: list[str], *, world_size: int) -> TrainConfig:
 
 
 def model_config(args: argparse.Namespace):
-    """The ``--model`` size with the shape flags' overrides (the family's rules fill in the rest)."""
+    """The ``--model`` size with the shape flags' overrides (the family's rules fill in the rest); with
+    ``--init-from FOLDER``, the folder's model, the flags checked against it (runtime/checkpoint/hf_weights.py)."""
+    overrides = dict(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, n_kv_heads=args.kv_heads,
+                     seq_len=args.seq_len, vocab_size=args.vocab_size, mlp_width=args.mlp_width)
+    if _init_folder(args):
+        return run_model_config(read_hf_model(args.init_from), model_name=args.model, overrides=overrides,
+                                untie=args.untie_embeddings)
     try:
-        return named_config(args.model, n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
-                            n_kv_heads=args.kv_heads, seq_len=args.seq_len, vocab_size=args.vocab_size,
-                            mlp_width=args.mlp_width, tie_embeddings=False if args.untie_embeddings else None)
+        return named_config(args.model or DEFAULT_MODEL, **overrides,
+                            tie_embeddings=False if args.untie_embeddings else None)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+
+
+def _init_folder(args: argparse.Namespace) -> bool:
+    """--init-from names a folder (a Hugging Face model), not a single-file export."""
+    return bool(args.init_from) and Path(args.init_from).is_dir()
 
 
 def default_config(model) -> TrainConfig:
@@ -333,10 +352,10 @@ def _checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
                             ("--resume", args.resume or None), ("--async-checkpoint", args.async_checkpoint or None)):
             if value is not None:
                 raise ConfigError(f"{flag} needs --checkpoint-dir DIR (where checkpoints are saved)")
-    sources = [flag for flag, value in (("--resume", args.resume), ("--resume-from", args.resume_from),
-                                        ("--init-from", args.init_from)) if value]
-    if len(sources) > 1:
-        raise ConfigError(f"{' and '.join(sources)} are mutually exclusive: start from one checkpoint or export")
+    if args.resume and args.resume_from:
+        raise ConfigError("--resume and --resume-from are mutually exclusive: continue from one checkpoint")
+    # --init-from may come with either: a checkpoint, when there is one, gives the weights (a folder still gives
+    # the model), so one command line serves the first start and every restart.
     return CheckpointConfig(dir=args.checkpoint_dir, every=args.checkpoint_every, keep=args.keep_checkpoints or 3,
                             resume=args.resume, resume_from=args.resume_from, init_from=args.init_from,
                             async_write=args.async_checkpoint)

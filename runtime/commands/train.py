@@ -25,6 +25,8 @@ from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import StagePlan, plan_stages
 from models import parameter_count, spec_of
 from runtime.checkpoint.files import CheckpointError, StartPoint, resolve_start
+from runtime.checkpoint.hf_weights import check_weights, read_hf_model
+from runtime.checkpoint.hf_weights import initial_values as hf_initial_values
 from runtime.checkpoint.saving import Checkpointer
 from runtime.checkpoint.state import TrainState, init_optimizer_state, load_checkpoint
 from runtime.checkpoint.weights import read_init_weights
@@ -125,7 +127,10 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
     data = build_data_from_config(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
                                   global_batch_size=cfg.global_batch_size, seed=cfg.seed)
     start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
-    if start.init_from:
+    if start.init_from and start.init_from.is_dir():  # a Hugging Face folder: headers and shapes, no tensor data
+        note = check_weights(read_hf_model(start.init_from)).note()
+        start.notes.extend([note] if note else [])
+    elif start.init_from:
         read_init_weights(start.init_from, cfg.model)
     if not args.skip_memory_check:
         # Before anything is built: a configuration predicted to overflow the node stops here, naming what fits.
@@ -259,7 +264,10 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
 
 
 def _initial_values(cfg: TrainConfig, start: StartPoint) -> Callable[[str, tuple[int, ...]], torch.Tensor]:
-    """Each parameter's full initial value by name: from ``--init-from``'s export, or name-seeded."""
+    """Each parameter's full initial value by name: from ``--init-from``'s Hugging Face folder (read lazily,
+    only the tensors of this rank's parameters) or export, or name-seeded."""
+    if start.init_from and start.init_from.is_dir():
+        return hf_initial_values(check_weights(read_hf_model(start.init_from)), cfg.model)
     if start.init_from:
         weights = read_init_weights(start.init_from, cfg.model)  # memory-mapped: read as shards need it
         return lambda name, shape: weights[name]

@@ -1,0 +1,68 @@
+"""Past keys and values for decoding: run the prompt once, then one new token per forward.
+
+``model(tokens, cache=cache)`` runs the new tokens (B, t) at positions ``cache.length .. cache.length + t - 1``:
+every attention layer appends its new keys and values to the cache and attends to all of them, and the model
+then advances the cache by t. Keys are cached after RoPE (each rotated at its own position, so they never
+change later) and before grouped-query attention repeats them (n_kv_heads heads, not n_heads), as Hugging
+Face's and Meta's caches do. Buffers are allocated once, for ``capacity`` positions, on the first update.
+
+Nothing here is traced: the engine traces ``forward(tokens)`` (cache None), which never reaches this code.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, n_layers: int, capacity: int):
+        self.capacity = capacity  # positions the buffers hold: prompt + new tokens
+        self.length = 0  # positions cached so far (the position of the next token)
+        self._keys: list[torch.Tensor | None] = [None] * n_layers  # each (B, Hkv, capacity, hd)
+        self._values: list[torch.Tensor | None] = [None] * n_layers
+
+    def positions(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, t) absolute positions of the new tokens (B, t): length .. length + t - 1."""
+        batch, t = tokens.shape
+        if self.length + t > self.capacity:
+            raise ValueError(f"the cache holds {self.capacity} positions; {self.length} are used, {t} more asked for")
+        return torch.arange(self.length, self.length + t, device=tokens.device).expand(batch, t)
+
+    def layer(self, index: int) -> LayerCache:
+        return LayerCache(self, index)
+
+    def advance(self, t: int) -> None:
+        """After every layer has stored the t new positions (the model calls this once per forward)."""
+        self.length += t
+
+    def _update(self, index: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._keys[index] is None:
+            batch, heads, _, head_dim = k.shape
+            self._keys[index] = k.new_empty(batch, heads, self.capacity, head_dim)
+            self._values[index] = v.new_empty(batch, heads, self.capacity, head_dim)
+        end = self.length + k.shape[2]
+        keys, values = self._keys[index], self._values[index]
+        keys[:, :, self.length:end] = k
+        values[:, :, self.length:end] = v
+        return keys[:, :, :end], values[:, :, :end]
+
+
+class LayerCache:
+    """One attention layer's part of a ``KVCache``."""
+
+    def __init__(self, cache: KVCache, index: int):
+        self.cache = cache
+        self.index = index
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """New keys and values (B, Hkv, t, hd) -> every position's so far (B, Hkv, length + t, hd)."""
+        return self.cache._update(self.index, k, v)
+
+    def mask(self, t: int, device: torch.device) -> torch.Tensor | None:
+        """The attention mask of t new queries over length + t keys, (t, length + t) bool (True: attend):
+        query i (position length + i) sees keys 0 .. length + i. None for a single query, which sees every key.
+        (``is_causal`` would not do: for t < keys, scaled_dot_product_attention aligns it top-left.)"""
+        if t == 1:
+            return None
+        length = self.cache.length
+        return torch.ones(t, length + t, dtype=torch.bool, device=device).tril(diagonal=length)

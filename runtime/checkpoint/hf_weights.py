@@ -1,0 +1,197 @@
+"""A Hugging Face model folder as a run's starting point (``--init-from FOLDER``) and as generate's model.
+
+The folder's ``config.json`` names the family (``architectures``, else ``model_type``, against each
+family's Hugging Face adapter, models/spec.py) and the shape (the family's ``config_from_hf``), so no
+``--model`` or shape flag is needed. Shape flags may be given if they agree; ``--seq-len`` may train on
+fewer positions than the folder's (GPT-2: the first rows of its learned position table), never more.
+
+Everything is checked before any process group exists, from the headers alone (``check_weights``): each
+tensor our parameters are made of (``to_hf`` applied to meta tensors of our parameter shapes gives their
+Hugging Face names and shapes) must be there, with that shape and a floating-point dtype. A folder saved
+from the base model (``GPT2Model``, ``LlamaModel``: names without ``transformer.`` / ``model.``) reads too;
+tensors the model does not use (GPT-2's old ``attn.bias`` masks, a tied model's saved ``lm_head``) are
+passed over with a note.
+
+``initial_values`` is the engine's source of starting values: for one of our parameters it reads the
+Hugging Face tensors ``from_hf`` names (memory-mapped: only pages touched are read) and combines them
+(transposes, q/k/v regrouping); materialising a shard then copies just that shard, in fp32. So a rank
+reads only the tensors of its own stages and holds at most one full tensor beyond its shards at a time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from models import FAMILIES, ModelSpec, named_config, parameter_shapes
+from runtime.checkpoint.hf_folder import CONFIG_FILE, HFFolder, read_config
+from runtime.checkpoint.safetensors import TensorFileError
+from runtime.config import ConfigError
+
+# Config fields the shape flags set, and the flag (what the user typed) for messages.
+SHAPE_FLAGS = {"n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "n_kv_heads": "--kv-heads",
+               "seq_len": "--seq-len", "vocab_size": "--vocab-size", "mlp_width": "--mlp-width"}
+_SHOWN = 3  # unused tensor names listed in a note
+
+
+@dataclass(frozen=True)
+class HFModel:
+    path: Path
+    spec: ModelSpec
+    config: Any  # the model its config.json describes; seq_len: the family's default training length
+
+
+def read_hf_model(path: str | Path) -> HFModel:
+    """The family and model config of a Hugging Face folder (reads config.json only)."""
+    path = Path(path)
+    config = read_config(path)
+    spec = family_of(config, path / CONFIG_FILE)
+    try:
+        cfg = spec.hf.config_from_hf(config)
+    except ValueError as e:
+        raise TensorFileError(f"{path / CONFIG_FILE}: {e}") from None
+    return HFModel(path=path, spec=spec, config=cfg)
+
+
+def family_of(config: dict, where: Path) -> ModelSpec:
+    """The family whose adapter reads ``architectures`` (or, when a config lists none, ``model_type``)."""
+    architectures = config.get("architectures") or []
+    model_type = config.get("model_type")
+    for spec in FAMILIES.values():
+        if (set(architectures) & set(spec.hf.architectures)) if architectures else model_type in spec.hf.model_types:
+            return spec
+    known = "; ".join(f"{', '.join(s.hf.architectures)} (model_type {', '.join(s.hf.model_types)})"
+                      for s in FAMILIES.values())
+    what = f"architectures {architectures}" if architectures else f"model_type {model_type!r}"
+    raise TensorFileError(f"{where}: {what} is not a model this engine reads (it reads {known})")
+
+
+def position_limit(cfg: Any) -> int:
+    """Positions a model can take: GPT-2's learned table (seq_len rows), Llama's published context."""
+    return getattr(cfg, "max_position_embeddings", cfg.seq_len)
+
+
+def run_model_config(hf: HFModel, *, model_name: str | None, overrides: Mapping[str, int | None],
+                     untie: bool) -> Any:
+    """The folder's model with the shape flags given: each must agree with the folder, except ``--seq-len``,
+    which may be up to the folder's position limit. ``overrides``: config field -> flag value (None: not given)."""
+    cfg, where = hf.config, hf.path / CONFIG_FILE
+    if model_name is not None:  # with the shape flags, as without a folder
+        try:
+            named = named_config(model_name, **{k: v for k, v in overrides.items() if k != "seq_len"})
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if named.family != cfg.family:
+            raise ConfigError(f"--model {model_name} is a {named.family} model; --init-from {hf.path} holds a "
+                              f"{cfg.family} model (its {CONFIG_FILE} sets the model: drop --model)")
+        differ = [f"{field} {getattr(cfg, field)} there, {getattr(named, field)} in --model {model_name}"
+                  for field in (*SHAPE_FLAGS, "tie_embeddings") if field != "seq_len"
+                  and getattr(named, field) != getattr(cfg, field)]
+        if differ:
+            raise ConfigError(f"--model {model_name} does not fit --init-from {hf.path} ({'; '.join(differ)}); "
+                              f"drop --model: {where} sets the model")
+    for field, value in overrides.items():
+        if value is None or field == "seq_len" or value == getattr(cfg, field):
+            continue
+        raise ConfigError(f"{SHAPE_FLAGS[field]} {value}: --init-from {hf.path} has {field} {getattr(cfg, field)} "
+                          f"({where} sets the shape; drop {SHAPE_FLAGS[field]})")
+    if untie and cfg.tie_embeddings:
+        raise ConfigError(f"--untie-embeddings: --init-from {hf.path} ties its embeddings (no lm_head to start "
+                          f"the head from); drop --untie-embeddings")
+    seq_len = overrides.get("seq_len")
+    if seq_len is None or seq_len == cfg.seq_len:
+        return cfg
+    if seq_len > position_limit(cfg):
+        raise ConfigError(f"--seq-len {seq_len}: --init-from {hf.path} has {position_limit(cfg)} positions "
+                          f"({where}); valid --seq-len values: 1 to {position_limit(cfg)}")
+    return hf.spec.with_overrides(cfg, seq_len=seq_len)
+
+
+def run_name(path: str | Path) -> str:
+    """A name for the run's log folder: the model folder's, in safe characters."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", Path(path).resolve().name) or "hf"
+
+
+@dataclass(frozen=True)
+class HFWeights:
+    """A folder whose tensors were checked against a model: ``names`` maps each Hugging Face name the model
+    needs (``to_hf``'s) to the folder's own name for it."""
+
+    model: HFModel
+    folder: HFFolder
+    names: dict[str, str]
+    unused: tuple[str, ...]  # tensors of the folder no parameter is made of
+
+    def note(self) -> str | None:
+        if not self.unused:
+            return None
+        shown = ", ".join(self.unused[:_SHOWN]) + (", ..." if len(self.unused) > _SHOWN else "")
+        return f"--init-from {self.model.path}: passing over {len(self.unused)} tensors the model does not use ({shown})"
+
+
+def check_weights(hf: HFModel) -> HFWeights:
+    """Open the folder (headers only) and check every tensor the model needs: present, of the shape
+    ``to_hf`` gives for our parameter shapes, floating point. TensorFileError naming the file and tensor."""
+    folder = HFFolder.open(hf.path)
+    meta = {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(hf.config).items()}
+    expected = {name: tuple(t.shape) for name, t in hf.spec.hf.to_hf(meta, hf.config).items()}
+    names = {}
+    for name, shape in expected.items():
+        found = _find(folder, name)
+        if found is None:
+            raise TensorFileError(f"{folder.weights}: no tensor {name!r}, which this {hf.config.family} model needs "
+                                  f"(the folder holds {len(folder.names())} tensors; {hf.path / CONFIG_FILE} "
+                                  f"describes the model)")
+        info = folder.info(found)
+        if info.shape != shape:
+            raise TensorFileError(f"{info.file}: tensor {found!r} has shape {list(info.shape)}, {hf.path / CONFIG_FILE} "
+                                  f"makes it {list(shape)}")
+        if not info.dtype.is_floating_point:
+            raise TensorFileError(f"{info.file}: tensor {found!r} is {str(info.dtype).removeprefix('torch.')}, "
+                                  f"not a floating-point type")
+        names[name] = found
+    used = set(names.values())
+    return HFWeights(model=hf, folder=folder, names=names, unused=tuple(n for n in folder.names() if n not in used))
+
+
+def _find(folder: HFFolder, name: str) -> str | None:
+    """``name`` in the folder, or without its first component: a folder saved from the base model
+    (transformers' ``base_model_prefix``, e.g. ``wte.weight`` for ``transformer.wte.weight``)."""
+    if name in folder:
+        return name
+    base = name.split(".", 1)[-1]
+    return base if "." in name and base in folder else None
+
+
+def initial_values(weights: HFWeights, run_cfg: Any) -> Callable[[str, tuple[int, ...]], torch.Tensor]:
+    """Each of our parameters' full value by name, read lazily from the folder (see the module docstring).
+    The value keeps the folder's dtype; the shard it is cut into converts it (fp32 parameters)."""
+    spec, cfg = weights.model.spec, weights.model.config
+
+    def value(name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        hf_names, combine = spec.hf.from_hf(name, cfg)
+        full = combine(*(weights.folder.read(weights.names[n]) for n in hf_names))
+        if tuple(full.shape) != tuple(shape):
+            full = _shorter_positions(full, shape, name=name, folder_cfg=cfg, run_cfg=run_cfg)
+        return full
+
+    return value
+
+
+def _shorter_positions(full: torch.Tensor, shape: tuple[int, ...], *, name: str, folder_cfg: Any,
+                       run_cfg: Any) -> torch.Tensor:
+    """A parameter whose size follows the training length (GPT-2's position table) trained on fewer
+    positions than the folder holds: its first rows."""
+    if run_cfg.seq_len < folder_cfg.seq_len and full.shape[1:] == shape[1:] and full.shape[0] == folder_cfg.seq_len:
+        return full[: shape[0]]
+    raise TensorFileError(f"{name}: the folder gives shape {list(full.shape)}, the model needs {list(shape)}")
+
+
+def read_state_dict(weights: HFWeights, run_cfg: Any) -> dict[str, torch.Tensor]:
+    """Every parameter of ``run_cfg``'s model (both copies of a tied weight), fp32, for one process."""
+    value = initial_values(weights, run_cfg)
+    return {name: value(name, shape).float() for name, shape in parameter_shapes(run_cfg).items()}

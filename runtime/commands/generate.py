@@ -1,0 +1,172 @@
+"""``python run.py generate``: continue a prompt with a trained or pretrained model, in one process.
+
+    python run.py generate --checkpoint ckpt --prompt "The Python " --max-new-tokens 80
+    python run.py generate --init-from gpt2-folder --prompt-ids 464,11361,3303 --max-new-tokens 20 --temperature 0
+
+The model comes from a checkpoint (its latest complete one, or a ``step-N`` folder; read whole in this
+process, like ``export``) or a Hugging Face folder of either family (``--init-from``, as training reads
+it). The prompt runs once, then each new token is one forward of one position over a KV cache
+(models/generation.py). ``--temperature 0`` is greedy; otherwise tokens are drawn from the softmax of
+logits / temperature over the ``--top-k`` most likely, with ``--seed``.
+
+Byte-level models (a vocabulary of 256: the UTF-8 bytes of the text are the tokens, as the built-in data
+is) take ``--prompt TEXT`` and print text (invalid UTF-8 shown as U+FFFD). Other vocabularies take and
+give token ids: turning text into ids and back needs the model's tokenizer, which is not a dependency
+of this engine. The last line printed is one JSON object: ``prompt_ids``, ``new_ids`` and, for
+byte-level models, ``text`` (the new tokens decoded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from models import config_from_dict, generate, spec_of
+from runtime.checkpoint.files import CheckpointError, verify_files
+from runtime.checkpoint.hf_weights import check_weights, position_limit, read_hf_model, read_state_dict
+from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
+from runtime.commands.flags import HelpFormatter
+from runtime.config import ConfigError
+from runtime.device import select_device
+
+BYTE_VOCABULARY = 256
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise ConfigError(f"{message} (see run.py generate --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="run.py generate", formatter_class=HelpFormatter, description=(
+        "Continue a prompt with a trained (--checkpoint) or pretrained (--init-from) model, in one process, with a "
+        "KV cache. Byte-level models (vocabulary 256) read and print text; others read and print token ids: "
+        "turning ids into text needs the model's own tokenizer, which this engine does not depend on "
+        "(e.g. tokenizer.decode(json.loads(last_line)['new_ids'])). The last line printed is JSON: prompt_ids, "
+        "new_ids and, for byte-level models, text (the new tokens decoded)."))
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", metavar="DIR",
+                        help="a checkpoint folder (DIR/step-N) or a checkpoint directory (its latest complete one)")
+    source.add_argument("--init-from", metavar="FOLDER", help="a Hugging Face model folder (GPT-2 or Llama)")
+    prompt = p.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", metavar="TEXT", help="text, for byte-level models (its UTF-8 bytes are the tokens)")
+    prompt.add_argument("--prompt-ids", metavar="IDS",
+                        help="comma-separated token ids, e.g. 464,11361 (from the model's tokenizer)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (argmax)")
+    p.add_argument("--top-k", type=int, help="sample among the K most likely tokens only (default: all of them)")
+    p.add_argument("--seed", type=int, default=1234, help="seed of the sampling")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        _check_numbers(args)
+        source = model_source(args)
+        prompt = prompt_ids(args, vocab_size=source.config.vocab_size)
+        _check_length(len(prompt), args.max_new_tokens, limit=position_limit(source.config))
+        state = source.read()
+    except (ConfigError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    cfg, device = source.config, select_device(0)
+    model = build(cfg, state).to(device)
+    print(f"{cfg.family} model, {sum(p.numel() for p in model.parameters()):,} parameters, from {source}; "
+          f"{len(prompt)} prompt tokens, on {device}", file=sys.stderr, flush=True)
+    generator = torch.Generator(device=device).manual_seed(args.seed)
+    start = time.perf_counter()
+    new = generate(model, torch.tensor([prompt], device=device), n_layers=cfg.n_layers,
+                   max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   generator=generator)[0].tolist()
+    seconds = time.perf_counter() - start
+    print(f"{len(new)} tokens in {seconds:.2f} s ({len(new) / seconds:.1f} tokens/s)", file=sys.stderr)
+    result: dict[str, Any] = {"prompt_ids": prompt, "new_ids": new}
+    if cfg.vocab_size == BYTE_VOCABULARY:
+        result["text"] = bytes(new).decode("utf-8", errors="replace")
+        print(bytes(prompt + new).decode("utf-8", errors="replace"))
+    else:
+        print(" ".join(str(i) for i in new))
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    if args.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0 (0: greedy), got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ConfigError(f"--top-k must be at least 1, got {args.top_k}")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    config: Any
+    description: str
+    read: Callable[[], dict[str, torch.Tensor]]  # every parameter's full tensor by name (both copies of a tied one)
+
+    def __str__(self) -> str:
+        return self.description
+
+
+def model_source(args: argparse.Namespace) -> ModelSource:
+    """The model's config and a way to read its weights, checked (files, headers, shapes) but not yet read."""
+    if args.checkpoint:
+        info = resolve_checkpoint(Path(args.checkpoint))
+        problems = verify_files(info, sorted(info.files))
+        if problems:
+            raise CheckpointError(problems[0])
+        return ModelSource(config_from_dict(info.config["model"]), f"{info.path} (step {info.step})",
+                           lambda: load_model_weights(info))
+    folder = Path(args.init_from)
+    if not folder.is_dir():
+        raise CheckpointError(f"--init-from {folder}: not a folder; generate reads a Hugging Face model folder "
+                              f"(`run.py export --format hf` writes one) or a checkpoint (--checkpoint)")
+    weights = check_weights(read_hf_model(folder))
+    cfg = weights.model.config
+    return ModelSource(cfg, str(folder), lambda: read_state_dict(weights, cfg))
+
+
+def build(cfg: Any, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The model holding ``state`` (no initialisation of its own): built on the meta device, the tensors
+    assigned. A tied head gets its own copy of the embedding (both names are in ``state``)."""
+    with torch.device("meta"):
+        model = spec_of(cfg).build(cfg, share_tied_weights=False)
+    model.load_state_dict({name: t.float() for name, t in state.items()}, assign=True)
+    return model.eval()
+
+
+def prompt_ids(args: argparse.Namespace, *, vocab_size: int) -> list[int]:
+    if args.prompt is not None:
+        if vocab_size != BYTE_VOCABULARY:
+            raise ConfigError(f"--prompt: this model's vocabulary has {vocab_size} tokens, not the {BYTE_VOCABULARY} "
+                              f"bytes of UTF-8 text; give token ids from its tokenizer with --prompt-ids")
+        ids = list(args.prompt.encode("utf-8"))
+        if not ids:
+            raise ConfigError("--prompt is empty: give at least one character")
+        return ids
+    try:
+        ids = [int(x) for x in args.prompt_ids.split(",")]
+    except ValueError:
+        raise ConfigError(f"--prompt-ids {args.prompt_ids!r}: give comma-separated integers, e.g. 464,11361") from None
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ConfigError(f"--prompt-ids: token id {bad[0]} is outside this model's vocabulary (0 to {vocab_size - 1})")
+    return ids
+
+
+def _check_length(prompt: int, new: int, *, limit: int) -> None:
+    """The prompt and every new token but the last (never fed back) must fit the model's positions."""
+    if prompt > limit:
+        raise ConfigError(f"the prompt has {prompt} tokens; this model takes at most {limit} positions")
+    if prompt + new - 1 > limit:
+        raise ConfigError(f"--max-new-tokens {new}: the prompt's {prompt} tokens and {new} new ones need "
+                          f"{prompt + new - 1} positions, this model has {limit}; at most {limit - prompt + 1} new tokens")
