@@ -117,6 +117,7 @@ class TrainConfig:
     guard: GuardConfig
     compile_blocks: bool = False  # --compile: torch.compile each transformer block
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # --collective-timeout: bound on every collective and p2p wait
+    device: str = "cpu"  # --device, resolved: "cpu" (gloo) or the accelerator's type ("cuda": NCCL)
 
     @property
     def global_batch_size(self) -> int:

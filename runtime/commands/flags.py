@@ -25,6 +25,7 @@ from runtime.config import (
     default_stages_per_rank,
     validate,
 )
+from runtime.device import DEVICE_CHOICES, resolve_device_type
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 # The flags --auto chooses (the planner's plan): giving one with --auto is an error.
@@ -62,6 +63,9 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--dp", type=int, default=1, help="data-parallel degree (FSDP replicas)")
     g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (ranks per pipeline)")
     g.add_argument("--mp", type=int, default=1, help="model (tensor) parallel degree")
+    p.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
+                   help="where the ranks compute: cuda (one GPU per rank, NCCL), cpu (gloo, also on a GPU machine), "
+                        "auto = the accelerator when there is one, else the CPU")
     g = p.add_argument_group("data parallelism")
     g.add_argument("--dp-shard", type=int,
                    help="ranks a parameter is sharded over, a divisor of --dp (default --dp: FSDP); 1 = replicate "
@@ -228,6 +232,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         guard=GuardConfig(args.max_bad_steps, args.min_loss_scale),
         compile_blocks=args.compile,
         collective_timeout_s=args.collective_timeout,
+        device=resolve_device_type(args.device),
     )
     if world_size is not None:
         validate(cfg, world_size=world_size)

@@ -31,7 +31,14 @@ from runtime.checkpoint.weights import read_init_weights
 from runtime.commands.flags import build_parser, config_from_args
 from runtime.commands.plan import auto_config
 from runtime.config import ConfigError, TrainConfig
-from runtime.device import compact_cpu_heap, configure_cpu_threads, device_description, select_device
+from runtime.device import (
+    compact_cpu_heap,
+    configure_cpu_threads,
+    device_count,
+    device_description,
+    device_shortage,
+    select_device,
+)
 from runtime.distributed.collectives import all_gather_objects, broadcast_object
 from runtime.distributed.cpu_binding import bind_node_ranks
 from runtime.distributed.failures import PEER_FAILURE_EXIT_CODE, describe_peer_failure
@@ -81,7 +88,7 @@ def main(argv: list[str]) -> int:
         return 0
 
     # 2. Device and process group.
-    device = select_device(env.local_rank)
+    device = select_device(env.local_rank, cfg.device)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
         if cfg.pipeline.compact_cpu_memory and not compact_cpu_heap() and env.rank == 0:
@@ -119,6 +126,9 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
                   f"{best.memory_per_rank / 2**30:.2f} GiB/rank)", flush=True)
     else:
         cfg = config_from_args(args, world_size=env.world_size)
+    shortage = device_shortage(cfg.device, local_world_size=env.local_world_size, available=device_count(cfg.device))
+    if shortage:
+        raise ConfigError(shortage)
     data = build_data(cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
                       global_batch_size=cfg.global_batch_size, seed=cfg.seed, val_fraction=cfg.data.val_fraction)
     start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
