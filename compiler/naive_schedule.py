@@ -11,26 +11,26 @@ from __future__ import annotations
 from typing import Callable
 
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
+
+from compiler.torch_compat import Action, ComputationType, PipelineScheduleRuntime, set_pipeline_order
 
 
-class ScheduleNaive(_PipelineScheduleRuntime):
+class ScheduleNaive(PipelineScheduleRuntime):
     def __init__(self, stages: list[PipelineStage], n_microbatches: int, loss_fn: Callable | None = None,
                  scale_grads: bool = True):
         super().__init__(stages=stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
         n_stages = stages[0].num_stages
         pp = stages[0].group_size
-        self.pipeline_order = {
+        set_pipeline_order(self, {
             rank: naive_rank_actions(rank, pp=pp, n_stages=n_stages, n_microbatches=n_microbatches)
             for rank in range(pp)
-        }
-        self._prepare_schedule_with_comms(self.pipeline_order)
+        })
 
 
-def naive_rank_actions(rank: int, *, pp: int, n_stages: int, n_microbatches: int) -> list[_Action | None]:
+def naive_rank_actions(rank: int, *, pp: int, n_stages: int, n_microbatches: int) -> list[Action | None]:
     local = [s for s in range(n_stages) if s % pp == rank]
-    actions: list[_Action | None] = []
+    actions: list[Action | None] = []
     for mb in range(n_microbatches):
-        actions += [_Action(s, _ComputationType.FORWARD, mb) for s in local]
-        actions += [_Action(s, _ComputationType.FULL_BACKWARD, mb) for s in reversed(local)]
+        actions += [Action(s, ComputationType.FORWARD, mb) for s in local]
+        actions += [Action(s, ComputationType.FULL_BACKWARD, mb) for s in reversed(local)]
     return actions

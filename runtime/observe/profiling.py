@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from compiler.torch_compat import FUNCTIONAL_WAIT, P2P_BATCH, REDISTRIBUTE, SCHEDULE_LOSS, FSDPParamGroup
+
 CATEGORIES = ("forward", "backward", "pp_send_recv", "idle", "tp_comm", "dp_comm", "optimizer", "other")
 
 
@@ -126,10 +128,6 @@ class _TimedWork:
 def install_hooks(recorder: StepRecorder, stages: list, schedule) -> _Patches:
     """Instrument this rank's PipelineStages, loss, pipeline p2p, DTensor and FSDP collectives."""
     import torch.distributed as dist
-    import torch.distributed._functional_collectives as funcol
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-    from torch.distributed.pipelining import schedules
-    from torch.distributed.tensor import _api, _dispatch, _redistribute
 
     patches = _Patches()
 
@@ -148,7 +146,7 @@ def install_hooks(recorder: StepRecorder, stages: list, schedule) -> _Patches:
         patches.wrap(stage, "backward_weight_one_chunk", _stage_hook(recorder, "backward", "W", s))
 
     # The schedule computes the loss outside the last stage's forward; it is forward work too.
-    patches.wrap(schedule, "_compute_loss", timed("forward", lambda *a, **k: "loss"))
+    patches.wrap(schedule, SCHEDULE_LOSS, timed("forward", lambda *a, **k: "loss"))
 
     def batch_p2p(fn):
         def wrapper(p2p_ops, desc=None):
@@ -160,10 +158,10 @@ def install_hooks(recorder: StepRecorder, stages: list, schedule) -> _Patches:
                     for w, op in zip(works, p2p_ops)]
         return wrapper
 
-    patches.wrap(schedules, "_batch_p2p", batch_p2p)
-    for module in (_redistribute, _dispatch, _api):
-        patches.wrap(module, "redistribute_local_tensor", timed("tp_comm", lambda *a, **k: "redistribute"))
-    patches.wrap(funcol, "wait_tensor", timed("tp_comm", lambda *a, **k: "collective wait"))
+    patches.wrap(*P2P_BATCH, batch_p2p)
+    for owner, name in REDISTRIBUTE:
+        patches.wrap(owner, name, timed("tp_comm", lambda *a, **k: "redistribute"))
+    patches.wrap(*FUNCTIONAL_WAIT, timed("tp_comm", lambda *a, **k: "collective wait"))
     patches.wrap(FSDPParamGroup, "unshard", timed("dp_comm", lambda *a, **k: "all-gather"))
     patches.wrap(FSDPParamGroup, "wait_for_unshard", timed("dp_comm", lambda *a, **k: "all-gather wait"))
     patches.wrap(FSDPParamGroup, "post_backward", timed("dp_comm", lambda *a, **k: "reduce-scatter"))
