@@ -43,7 +43,13 @@ from runtime.distributed.collectives import all_gather_objects, broadcast_object
 from runtime.distributed.cpu_binding import bind_node_ranks
 from runtime.distributed.failures import PEER_FAILURE_EXIT_CODE, describe_peer_failure
 from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
-from runtime.distributed.process_group import LaunchEnv, background_group, init_distributed, shutdown_distributed
+from runtime.distributed.process_group import (
+    LaunchEnv,
+    background_group,
+    collective_timeout,
+    init_distributed,
+    shutdown_distributed,
+)
 from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
 from runtime.engine.data import DataError, DataSources, build_data, replica_rows
 from runtime.engine.guards import DivergenceError, DivergenceGuard
@@ -141,7 +147,8 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     torch.manual_seed(cfg.seed)
     # 3. Mesh.
     layout = GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, cfg.data_parallel.shard)
-    mesh = build_mesh(device.type, layout)
+    timeout = collective_timeout(cfg.collective_timeout_s)
+    mesh = build_mesh(device.type, layout, timeout=timeout)
     dp_rank, pp_rank, _ = layout.coordinates(env.rank)
     if env.rank == 0:
         print(layout.describe(), flush=True)
@@ -161,7 +168,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     bound_cores = _bind_cores(cfg.pipeline.bind_cores, rank_costs(plan.stage_costs, spec.placement, pp=cfg.mesh.pp),
                               layout, env, device)
     v = cfg.pipeline.stages_per_rank
-    meshes = StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout))
+    meshes = StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout))
     stages = build_local_stages(
         cfg.model, blocks_per_stage=plan.blocks_per_stage,
         stage_indices=spec.stage_indices(pp_rank, pp=cfg.mesh.pp, stages_per_rank=v),
@@ -173,7 +180,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
         initial_value=_initial_values(cfg, start), compile_blocks=cfg.compile_blocks)
     tied = (TiedWeights(stages.named_parameters(), layout=layout, rank=env.rank,
                         first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),
-                        last_pp=spec.stage_owner(plan.n_stages - 1, pp=cfg.mesh.pp, stages_per_rank=v))
+                        last_pp=spec.stage_owner(plan.n_stages - 1, pp=cfg.mesh.pp, stages_per_rank=v), timeout=timeout)
             if cfg.model.tie_embeddings else None)
     replicated = (ReplicatedGradients(stages.parameters(), group=mesh["dp"].get_group(),
                                       reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype),

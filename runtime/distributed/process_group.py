@@ -8,7 +8,6 @@ import socket
 from dataclasses import dataclass
 
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from runtime.device import backend_for
 
@@ -42,15 +41,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def collective_timeout(timeout_s: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=timeout_s)
+
+
 def init_distributed(env: LaunchEnv, device, *, timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> None:
-    """Join the job's process group; a lone process forms a world of one on a free local port. Every
-    wait of every group, the world's and those created later, is bounded by ``timeout_s``."""
+    """Join the job's process group; a lone process forms a world of one on a free local port. Its waits
+    are bounded by ``timeout_s``; so are those of every group the engine creates later, each given the
+    timeout where it is made (mesh.py, tied.py, ``background_group``): torch's module defaults, which a
+    group made without one takes, are 10 minutes for NCCL and 30 for gloo."""
     if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-    timeout = datetime.timedelta(seconds=timeout_s)
-    # Groups created without a timeout (the mesh's per-dimension groups where the backend cannot split
-    # the world's, the tied-embedding pairs, DCP's) take torch's module default, 30 minutes for gloo.
-    c10d.default_pg_timeout = timeout
+    timeout = collective_timeout(timeout_s)
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if restart is not None:
@@ -66,7 +68,7 @@ def init_distributed(env: LaunchEnv, device, *, timeout_s: float = DEFAULT_COLLE
 def background_group(timeout_s: float) -> dist.ProcessGroup:
     """A gloo group over every rank for work on a background thread (asynchronous checkpoint writes of
     CPU copies): its collectives never interleave with the training thread's on the world group."""
-    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.new_group(backend="gloo", timeout=collective_timeout(timeout_s))
 
 
 def shutdown_distributed() -> None:

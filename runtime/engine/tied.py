@@ -15,6 +15,8 @@ norm skips it.
 
 from __future__ import annotations
 
+import datetime
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -32,9 +34,10 @@ class TiedWeights:
     """The copies of a tied weight on this rank, and the group of ranks that holds the other copy."""
 
     def __init__(self, named_parameters: list[tuple[str, nn.Parameter]], *, layout: GridLayout, rank: int,
-                 first_pp: int, last_pp: int):
-        """``first_pp`` / ``last_pp``: the pp ranks holding the first and last stage. Collective: every
-        rank calls it, since every rank creates every pair's process group."""
+                 first_pp: int, last_pp: int, timeout: datetime.timedelta):
+        """``first_pp`` / ``last_pp``: the pp ranks holding the first and last stage; ``timeout`` bounds the
+        pairs' all-reduces (--collective-timeout). Collective: every rank calls it, since every rank creates
+        every pair's process group."""
         names = dict(named_parameters)
         # A stage holding both ends shares one Parameter between them (compiler/parallelize/stages.py):
         # nothing to sum or to discount then.
@@ -47,7 +50,7 @@ class TiedWeights:
             for d in range(layout.dp):
                 for m in range(layout.mp):
                     pair = [layout.rank(d, first_pp, m), layout.rank(d, last_pp, m)]
-                    group = dist.new_group(pair)
+                    group = dist.new_group(pair, timeout=timeout)
                     if rank in pair:
                         self.group = group
 
