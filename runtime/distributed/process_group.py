@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -15,6 +16,28 @@ from runtime.device import backend_for
 # model's materialisation) on an oversubscribed CPU, short enough that a rank stuck on a dead or
 # stopped peer gives up instead of hanging a job for torch's default 30 minutes.
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+
+
+# How NCCL reports a collective past its timeout (ProcessGroupNCCL.hpp's ErrorHandlingMode, torch 2.11 and 2.13).
+# Its watchdog thread finds the timed-out work; under torch's default, 3 ("skip clean-up"), it rethrows on that
+# thread and the process dies of SIGABRT, so no rank could say where it was. 2 ("clean up only") aborts the
+# group's communicators and lets the process live: the training thread then gets a DistBackendError from
+# Work.wait() or from the next operation on the aborted communicator, which failures.py turns into the
+# one-line error and exit code 3. Waits stay asynchronous (the host keeps queueing kernels ahead of the GPU);
+# TORCH_NCCL_BLOCKING_WAIT=1 would raise at the very wait that timed out, at the price of the host blocking on
+# every wait. A setting the user made (under either of torch's names) is kept.
+NCCL_ERROR_HANDLING_VARS = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
+NCCL_CLEAN_UP_ONLY = "2"
+
+
+def nccl_error_handling(environ: MutableMapping[str, str]) -> str:
+    """Select NCCL's error handling in ``environ`` (read when an NCCL group is created) unless the user did;
+    returns the mode in force."""
+    for name in NCCL_ERROR_HANDLING_VARS:
+        if name in environ:
+            return environ[name]
+    environ[NCCL_ERROR_HANDLING_VARS[0]] = NCCL_CLEAN_UP_ONLY
+    return NCCL_CLEAN_UP_ONLY
 
 
 @dataclass(frozen=True)
@@ -53,6 +76,9 @@ def init_distributed(env: LaunchEnv, device, *, timeout_s: float = DEFAULT_COLLE
     if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     timeout = collective_timeout(timeout_s)
+    backend = backend_for(device)
+    if backend == "nccl":
+        nccl_error_handling(os.environ)
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if restart is not None:
@@ -62,7 +88,7 @@ def init_distributed(env: LaunchEnv, device, *, timeout_s: float = DEFAULT_COLLE
         # gets keys of its own.
         store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=timeout))
         kwargs["store"] = dist.PrefixStore(f"attempt_{restart}", store)
-    dist.init_process_group(backend_for(device), rank=env.rank, world_size=env.world_size, timeout=timeout, **kwargs)
+    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=timeout, **kwargs)
 
 
 def background_group(timeout_s: float) -> dist.ProcessGroup:
