@@ -173,7 +173,9 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
                                     "<schedule>_<precision>_<timestamp>)")
     g.add_argument("--log-every", type=int, default=10, help="progress line and scalars every N steps")
     g.add_argument("--peak-tflops", type=float,
-                   help="peak TFLOP/s per rank for MFU; default: measured by a short matmul calibration")
+                   help="peak TFLOP/s per rank for MFU; default: the GPU's dense datasheet peak for the precision "
+                        "(H100 SXM bf16: 989.4), measured for a GPU not in the table, and on the CPU a short "
+                        "concurrent matmul calibration")
     g.add_argument("--profile", action="store_true",
                    help="time-split every rank's last 3 steps (compute, p2p, TP/DP collectives, optimizer, idle) "
                         "and write time_split.json, a Chrome trace timeline.json and a Gantt image to the logdir")

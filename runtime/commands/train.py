@@ -61,7 +61,7 @@ from runtime.engine.step import StepContext
 from runtime.engine.tied import TiedWeights
 from runtime.observe.layer_timing import measure_layer_times
 from runtime.observe.metrics import MetricsLogger, Throughput
-from runtime.observe.peak_flops import calibrate_world_peak_flops
+from runtime.observe.peak_flops import world_peak_flops
 from runtime.observe.profile_report import profile_report
 from runtime.observe.profiling import Profiler, profiled_steps
 
@@ -220,7 +220,8 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
 
     # 7. Metrics, from the last pipeline stage of replica 0, mp rank 0.
     logger = MetricsLogger(cfg.metrics.logdir, enabled=env.rank == logging_rank)
-    peak_flops, peak_source = _peak_flops(cfg, device, env.world_size)
+    peak_flops, peak_source = world_peak_flops(PRECISIONS[cfg.precision].dtype, device,
+                                               peak_tflops=cfg.metrics.peak_tflops, world_size=env.world_size)
     throughput = Throughput(cfg.global_batch_size, cfg.model.seq_len, training_flops_per_token(cfg.model), peak_flops)
     if env.rank == logging_rank:
         print(f"data: {data.description}\nlogdir: {cfg.metrics.logdir}\n"
@@ -306,10 +307,3 @@ def _bind_cores(mode: str, pp_rank_costs: list[float], layout: GridLayout, env: 
               "rank -> core " + ", ".join(f"{r}->{c}" for r, c in bound.items())), flush=True)
     return bound
 
-
-def _peak_flops(cfg: TrainConfig, device: torch.device, world_size: int) -> tuple[float, str]:
-    if cfg.metrics.peak_tflops:
-        return cfg.metrics.peak_tflops * 1e12 * world_size, f"--peak-tflops {cfg.metrics.peak_tflops} per rank"
-    dtype = PRECISIONS[cfg.precision].dtype
-    peak = calibrate_world_peak_flops(dtype, device)
-    return peak, f"measured: concurrent {str(dtype).removeprefix('torch.')} matmul calibration on all ranks"
