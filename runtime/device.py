@@ -9,6 +9,7 @@ import ctypes.util
 import os
 import platform
 import resource
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -119,6 +120,14 @@ def compact_cpu_heap() -> bool:
         return bool(libc.mallopt(M_MMAP_THRESHOLD, COMPACT_MMAP_THRESHOLD))
     except (OSError, AttributeError):
         return False
+
+
+def stream_synchronizer(device: torch.device) -> Callable[[], None] | None:
+    """A function that blocks until ``device``'s current stream has run what the host queued on it (None on
+    the CPU, where the host does the work itself)."""
+    if device.type == "cpu":
+        return None
+    return lambda: torch.accelerator.current_stream(device).synchronize()
 
 
 def synchronize(device: torch.device) -> None:

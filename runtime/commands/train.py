@@ -38,6 +38,7 @@ from runtime.device import (
     device_description,
     device_shortage,
     select_device,
+    stream_synchronizer,
 )
 from runtime.distributed.collectives import all_gather_objects, broadcast_object
 from runtime.distributed.cpu_binding import bind_node_ranks
@@ -47,6 +48,7 @@ from runtime.distributed.process_group import (
     LaunchEnv,
     background_group,
     collective_timeout,
+    host_group,
     init_distributed,
     shutdown_distributed,
 )
@@ -197,8 +199,10 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
                               loss_fn=loss_fn)
     optimizer = build_optimizer(stages.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     lr_schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
-    profiler = (Profiler(rank=env.rank, stages=stages.stages, schedule=schedule,
-                         steps=profiled_steps(cfg.optim.last_step)) if cfg.metrics.profile else None)
+    profiler = (Profiler(rank=env.rank, stages=stages.stages, schedule=schedule, steps=profiled_steps(cfg.optim.last_step),
+                         sync=stream_synchronizer(device)) if cfg.metrics.profile else None)
+    # The profiles travel to the logging rank over gloo, in host memory, whatever the world's backend.
+    profile_group = host_group(cfg.collective_timeout_s) if profiler and device.type != "cpu" else None
     ctx = StepContext(
         schedule=schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
         device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
@@ -252,7 +256,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
         profiler.close()
         summary["profile"] = profile_report(
             profiler.profiles, layout=layout, schedule=cfg.pipeline.schedule, microbatches=cfg.pipeline.microbatches,
-            stages_per_rank=cfg.pipeline.stages_per_rank, logger=logger)
+            stages_per_rank=cfg.pipeline.stages_per_rank, logger=logger, dst=logging_rank, group=profile_group)
     summary.update(config=cfg.to_dict(), peak_flops=peak_flops, peak_flops_source=peak_source,
                    device=device_description(device), blocks_per_stage=plan.blocks_per_stage,
                    stage_costs=plan.stage_costs, stage_cost_unit=plan.unit, bound_cores=bound_cores,

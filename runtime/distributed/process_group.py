@@ -97,6 +97,12 @@ def background_group(timeout_s: float) -> dist.ProcessGroup:
     return dist.new_group(backend="gloo", timeout=collective_timeout(timeout_s))
 
 
+def host_group(timeout_s: float) -> dist.ProcessGroup:
+    """A gloo group over every rank for host-side objects (a profile's spans): where the world's backend is
+    NCCL, its messages would otherwise be staged through device memory."""
+    return dist.new_group(backend="gloo", timeout=collective_timeout(timeout_s))
+
+
 def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
