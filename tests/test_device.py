@@ -109,3 +109,26 @@ def test_one_rank_per_gpu_fits_and_the_cpu_is_never_short():
     assert device_shortage("cuda", local_world_size=8, available=8) is None
     assert device_shortage("cpu", local_world_size=64, available=0) is None
     assert "no cuda device is visible" in device_shortage("cuda", local_world_size=1, available=0)
+
+
+# --- fast bf16: the default precision's detection ---------------------------------------------------------
+
+@pytest.mark.parametrize("flags, fast", [({"avx2", "fma"}, False), ({"avx512f", "avx512_bf16"}, True),
+                                         ({"amx_tile", "amx_bf16"}, True)])
+def test_a_cpu_computes_bf16_fast_only_with_avx512_bf16_or_amx(monkeypatch, flags, fast):
+    monkeypatch.setattr(device_module, "cpu_flags", lambda: flags)
+    assert device_module.has_fast_bf16("cpu") is fast
+
+
+@pytest.mark.parametrize("major, fast", [(7, False), (8, True), (9, True)])
+def test_a_gpu_computes_bf16_fast_from_compute_capability_8(monkeypatch, major, fast):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # torch's own test (2.11 and 2.13): native bf16 from compute capability 8.0; emulation does not count
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: major >= 8 or including_emulation)
+    assert device_module.has_fast_bf16("cuda") is fast
+
+
+def test_cpu_flags_are_read_from_proc_cpuinfo():
+    flags = device_module.cpu_flags()
+    assert not flags or "fpu" in flags  # every x86 CPU lists fpu; elsewhere there may be no flags line

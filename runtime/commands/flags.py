@@ -7,7 +7,7 @@ import argparse
 import dataclasses
 import time
 
-from compiler.precisions import DEFAULT_PRECISION, PRECISIONS
+from compiler.precisions import PRECISIONS, default_precision
 from compiler.schedules import DEFAULT_SCHEDULE, SCHEDULES
 from models.gpt import GPT2_MLP_RATIO, MODEL_SIZES, GPTConfig
 from runtime.config import (
@@ -25,7 +25,7 @@ from runtime.config import (
     default_stages_per_rank,
     validate,
 )
-from runtime.device import DEVICE_CHOICES, resolve_device_type
+from runtime.device import DEVICE_CHOICES, has_fast_bf16, resolve_device_type
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 
 # The flags --auto chooses (the planner's plan): giving one with --auto is an error.
@@ -121,8 +121,10 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
                         "for when memory, not speed, is the limit")
 
     g = p.add_argument_group("precision and optimisation")
-    g.add_argument("--precision", choices=tuple(PRECISIONS), default=DEFAULT_PRECISION,
-                   help="; ".join(f"{p.name} = {p.description}" for p in PRECISIONS.values()))
+    g.add_argument("--precision", choices=tuple(PRECISIONS),
+                   help="; ".join(f"{p.name} = {p.description}" for p in PRECISIONS.values()) + ". Default: bf16 "
+                        "where the device computes it fast (CUDA compute capability >= 8.0, a CPU with AVX-512 BF16 "
+                        "or AMX), else fp32")
     g.add_argument("--steps", type=int, default=100, help="optimizer steps")
     g.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (AdamW)")
     g.add_argument("--warmup-steps", type=int, default=10, help="linear warm-up steps, then cosine decay to lr/10")
@@ -215,6 +217,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         raise ConfigError(f"--stop-at-step {args.stop_at_step} must be at most --steps {args.steps}")
 
     mesh = MeshShape(args.dp, args.pp, args.mp)
+    device = resolve_device_type(args.device)
     if world_size is not None:
         check_world(mesh, world_size)
     cfg = TrainConfig(
@@ -223,7 +226,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         mesh=mesh,
         data_parallel=DataParallelConfig(args.dp_shard or args.dp, args.reshard_after_forward, args.reduce_dtype),
         pipeline=_pipeline_config(args, mesh),
-        precision=args.precision,
+        precision=args.precision or default_precision(fast_bf16=has_fast_bf16(device)),
         optim=OptimConfig(args.steps, args.lr, args.warmup_steps, args.weight_decay, args.grad_clip,
                           args.stop_at_step),
         data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches),
@@ -234,7 +237,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         guard=GuardConfig(args.max_bad_steps, args.min_loss_scale),
         compile_blocks=args.compile,
         collective_timeout_s=args.collective_timeout,
-        device=resolve_device_type(args.device),
+        device=device,
     )
     if world_size is not None:
         validate(cfg, world_size=world_size)
