@@ -30,14 +30,23 @@ def test_self_warmup_messages_are_dropped_and_the_others_kept():
 
 
 def test_traced_stages_run_their_generated_code():
-    from compiler.trace import trace_pipeline
-    from models.gpt import MODEL_SIZES, build_gpt
+    from torch.distributed.pipelining import SplitPoint, pipeline
 
-    cfg = MODEL_SIZES["tiny"]
-    pipe = trace_pipeline(build_gpt(cfg, seed=0), example_microbatch=torch.zeros(2, cfg.seq_len, dtype=torch.long),
-                          blocks_per_stage=[2, 2])
-    interpreted = [m for m in pipe.get_stage_module(0).modules() if hasattr(m, "_run_with_interpreter")]
-    assert interpreted and not any(m._run_with_interpreter for m in interpreted)
+    class TwoLayers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)])
+
+        def forward(self, x):
+            return self.layers[1](torch.relu(self.layers[0](x)))
+
+    pipe = pipeline(TwoLayers(), mb_args=(torch.zeros(2, 8),), split_spec={"layers.1": SplitPoint.BEGINNING})
+    stage = pipe.get_stage_module(0)
+    interpreted = [m for m in stage.modules() if hasattr(m, "_run_with_interpreter")]
+    assert interpreted and all(m._run_with_interpreter for m in interpreted)  # torch's default
+    compat.run_generated_code(stage)
+    assert not any(m._run_with_interpreter for m in interpreted)
+    assert stage(torch.ones(2, 8)).shape == (2, 8)
 
 
 def test_the_profilers_hook_points_exist():

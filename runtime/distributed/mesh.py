@@ -106,9 +106,10 @@ def fsdp_mesh(mesh: DeviceMesh, layout: GridLayout, *, timeout: datetime.timedel
 
 def _timed_groups(sizes: dict[str, int], device_type: str, timeout: datetime.timedelta) -> dict:
     """DeviceMesh's per-dimension overrides that carry ``timeout`` (it takes a timeout only inside group
-    options: compiler/torch_compat.py). A dimension spanning the world on an accelerator keeps torch's
-    reuse of the world group, which already has the timeout (an NCCL communicator costs device memory);
-    on the CPU torch would make a fresh gloo group for it when CUDA is present, so it gets options too."""
+    options: compiler/torch_compat.py). A dimension spanning the world keeps torch's reuse of the world
+    group, which has the timeout already (and on NCCL a communicator costs device memory), except where
+    torch would not reuse it: a gloo world on a machine with CUDA (``--device cpu`` on a GPU machine) gets a
+    fresh group for that dimension (device_mesh.py ``_init_one_process_group``, 2.11 and 2.13)."""
     world, backend = dist.get_world_size(), dist.get_backend()
-    return {name: group_options(backend, timeout) for name, size in sizes.items()
-            if size != world or device_type == "cpu"}
+    fresh_world_group = device_type == "cpu" and torch.cuda.is_available()
+    return {name: group_options(backend, timeout) for name, size in sizes.items() if size != world or fresh_world_group}
