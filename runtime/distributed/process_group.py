@@ -23,9 +23,11 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 # thread and the process dies of SIGABRT, so no rank could say where it was. 2 ("clean up only") aborts the
 # group's communicators and lets the process live: the training thread then gets a DistBackendError from
 # Work.wait() or from the next operation on the aborted communicator, which failures.py turns into the
-# one-line error and exit code 3. Waits stay asynchronous (the host keeps queueing kernels ahead of the GPU);
-# TORCH_NCCL_BLOCKING_WAIT=1 would raise at the very wait that timed out, at the price of the host blocking on
-# every wait. A setting the user made (under either of torch's names) is kept.
+# one-line error and exit code 3 (run.py ends the rank with os._exit, well within the 8 minutes,
+# TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, after which NCCL's heartbeat monitor ends a process whose collective timed
+# out). Waits stay asynchronous (the host keeps queueing kernels ahead of the GPU); TORCH_NCCL_BLOCKING_WAIT=1
+# would raise at the very wait that timed out, at the price of the host blocking on every wait. A setting the
+# user made (under either of torch's names) is kept.
 NCCL_ERROR_HANDLING_VARS = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
 NCCL_CLEAN_UP_ONLY = "2"
 
