@@ -25,10 +25,10 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from compiler.precisions import PRECISIONS
+from compiler.torch_compat import CPU_FLASH_ATTENTION, FakeTensorMode, tensor_base
 from models import spec_of
 from models.spec import COLWISE, FINAL_NORM, LM_HEAD, ROWWISE, TOKEN_EMBEDDING
 
@@ -43,10 +43,7 @@ def _cpu_attention_backward(grad_out_shape, query_shape, key_shape, value_shape,
 
 # FlopCounterMode knows the CUDA attention kernels; teach it the CPU flash-attention kernel that
 # F.scaled_dot_product_attention runs here, with torch's formulas (2 products forward, 5 backward).
-_CPU_ATTENTION_FLOPS = {
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _cpu_attention,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_attention_backward,
-}
+_CPU_ATTENTION_FLOPS = dict(zip(CPU_FLASH_ATTENTION, (_cpu_attention, _cpu_attention_backward)))
 
 
 @dataclass(frozen=True)
@@ -147,7 +144,8 @@ _VIEW_OR_CAST = {"TBackward0", "ViewBackward0", "ToCopyBackward0", "PermuteBackw
 
 def _is_weight(t: torch.Tensor, param_ids: set[int]) -> bool:
     """A parameter, or a view / cast of one (autocast's cached weight copies, ``weight.t()``)."""
-    if id(t) in param_ids or (t._base is not None and id(t._base) in param_ids):
+    base = tensor_base(t)
+    if id(t) in param_ids or (base is not None and id(base) in param_ids):
         return True
     fn = t.grad_fn
     while fn is not None and type(fn).__name__ in _VIEW_OR_CAST:

@@ -17,26 +17,26 @@ import contextlib
 from typing import Callable, Iterator
 
 from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
+
+from compiler.torch_compat import Action, ComputationType, PipelineScheduleRuntime, set_pipeline_order
 
 from compiler.partition import placement_stages
 
 
-class ScheduleNaive(_PipelineScheduleRuntime):
+class ScheduleNaive(PipelineScheduleRuntime):
     def __init__(self, stages: list[PipelineStage], n_microbatches: int, loss_fn: Callable | None = None,
                  scale_grads: bool = True):
         super().__init__(stages=stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=scale_grads)
         n_stages = stages[0].num_stages
         pp = stages[0].group_size
-        self.pipeline_order = {
+        set_pipeline_order(self, {
             rank: naive_rank_actions(rank, pp=pp, n_stages=n_stages, n_microbatches=n_microbatches)
             for rank in range(pp)
-        }
-        self._prepare_schedule_with_comms(self.pipeline_order)
+        })
 
 
 @contextlib.contextmanager
-def forward_only_pass(schedule: _PipelineScheduleRuntime, *, placement: str) -> Iterator[None]:
+def forward_only_pass(schedule: PipelineScheduleRuntime, *, placement: str) -> Iterator[None]:
     """Within the block, ``schedule`` runs forward actions only: each micro-batch through the stages in order
     on ``placement`` ("loop" or "v"). The same schedule object (its stages' buffers, its switch between
     training and evaluation) runs them; only its action list is swapped, and restored after."""
@@ -53,7 +53,7 @@ def forward_only_pass(schedule: _PipelineScheduleRuntime, *, placement: str) -> 
         schedule.pipeline_order_with_comms = saved
 
 
-def forward_only_actions(*, pp: int, stages_per_rank: int, n_microbatches: int, placement: str) -> dict[int, list[_Action]]:
+def forward_only_actions(*, pp: int, stages_per_rank: int, n_microbatches: int, placement: str) -> dict[int, list[Action]]:
     """Per pp rank: for each micro-batch, each of its stages in order, receiving the input from the previous
     stage's rank and sending the output to the next stage's (neighbours on one rank pass it locally)."""
     held = {rank: sorted(placement_stages(placement, rank, pp=pp, stages_per_rank=stages_per_rank))
@@ -66,18 +66,18 @@ def forward_only_actions(*, pp: int, stages_per_rank: int, n_microbatches: int, 
         for mb in range(n_microbatches):
             for s in stages:
                 if s > 0 and owner[s - 1] != rank:
-                    actions.append(_Action(s, _ComputationType.RECV_F, mb))
-                actions.append(_Action(s, _ComputationType.FORWARD, mb))
+                    actions.append(Action(s, ComputationType.RECV_F, mb))
+                actions.append(Action(s, ComputationType.FORWARD, mb))
                 if s < last and owner[s + 1] != rank:
-                    actions.append(_Action(s, _ComputationType.SEND_F, mb))
+                    actions.append(Action(s, ComputationType.SEND_F, mb))
         order[rank] = actions
     return order
 
 
-def naive_rank_actions(rank: int, *, pp: int, n_stages: int, n_microbatches: int) -> list[_Action | None]:
+def naive_rank_actions(rank: int, *, pp: int, n_stages: int, n_microbatches: int) -> list[Action | None]:
     local = [s for s in range(n_stages) if s % pp == rank]
-    actions: list[_Action | None] = []
+    actions: list[Action | None] = []
     for mb in range(n_microbatches):
-        actions += [_Action(s, _ComputationType.FORWARD, mb) for s in local]
-        actions += [_Action(s, _ComputationType.FULL_BACKWARD, mb) for s in reversed(local)]
+        actions += [Action(s, ComputationType.FORWARD, mb) for s in local]
+        actions += [Action(s, ComputationType.FULL_BACKWARD, mb) for s in reversed(local)]
     return actions

@@ -44,4 +44,11 @@ PRECISIONS: dict[str, Precision] = {p.name: p for p in (
     Precision("fp16", torch.float16, loss_scaling=True,
               description="autocast to float16 + ShardedGradScaler (loss scaling, world-wide overflow vote)"),
 )}
-DEFAULT_PRECISION = "fp16"
+
+
+def default_precision(*, fast_bf16: bool) -> str:
+    """``--precision`` when none is given: bf16 where the device multiplies bf16 matrices fast (runtime/device.py
+    ``has_fast_bf16``), as GPU users expect (torchtitan and Megatron default to it), else fp32. Never fp16 by
+    default: its 5-bit exponent needs loss scaling, and its residual stream overflows sooner; it stays one
+    flag away (``--precision fp16``) with every guarantee of its own."""
+    return "bf16" if fast_bf16 else "fp32"

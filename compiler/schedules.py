@@ -49,6 +49,7 @@ from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
 from compiler.naive_schedule import ScheduleNaive, forward_only_pass
 from compiler.partition import placement_stages
+from compiler.torch_compat import skip_self_p2p_warmup
 
 
 def _stop_and_wait(p: int, m: int, v: int) -> float:
@@ -180,22 +181,6 @@ SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
 DEFAULT_SCHEDULE = "interleaved-1f1b"
 
 
-def _skip_self_warmup(stage: PipelineStage) -> None:
-    """Drop the first step's p2p warm-up messages a stage would send to its own rank.
-
-    Under a V placement the middle stages p-1 and p sit on one rank. torch's warm-up for traced stages
-    (``_get_init_p2p_neighbors_ops``) still exchanges a dummy tensor with each neighbour stage's rank, and
-    gloo cannot send to itself ("Pair is not connected"). The schedule itself hands activations to a
-    same-rank stage locally, so the skipped messages carried nothing.
-    """
-    build_ops = stage._get_init_p2p_neighbors_ops
-
-    def ops_to_other_ranks():
-        return [op for op in build_ops() if op.group_peer != stage.group_rank]
-
-    stage._get_init_p2p_neighbors_ops = ops_to_other_ranks
-
-
 def bubble_fraction(name: str, *, p: int, m: int, v: int) -> float:
     """Theoretical idle fraction of a pipeline step (see the module docstring)."""
     if name not in SCHEDULES:
@@ -218,8 +203,8 @@ def build_schedule(name: str, stages: list[PipelineStage], *, n_microbatches: in
     spec = SCHEDULES[name]
     if spec.multi_stage:
         if spec.placement == "v":
-            for stage in stages:
-                _skip_self_warmup(stage)
+            for stage in stages:  # the middle stages p-1 and p share a rank: no warm-up message to itself
+                skip_self_p2p_warmup(stage)
         return spec.torch_class(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=False)
     if len(stages) != 1:
         raise ValueError(f"--schedule {name} runs one stage per rank, got {len(stages)}")

@@ -11,9 +11,9 @@ import logging
 import torch
 from torch import nn
 from torch.distributed.pipelining import Pipe, SplitPoint, pipeline
-from torch.export.unflatten import InterpreterModule
 
 from compiler.partition import split_points
+from compiler.torch_compat import run_generated_code
 
 # build_stage() warns once per restored nn.Linear / nn.Embedding that it skips rewriting devices in
 # a non-graph module; that is expected after restore_linear_modules, not a problem.
@@ -48,6 +48,4 @@ def use_generated_code(stage_module: nn.Module) -> None:
     Unflattened submodules default to interpreting their graph node by node (for readable stack
     traces); the generated ``forward`` computes the same thing without ~30 us of Python per node.
     """
-    for module in stage_module.modules():
-        if isinstance(module, InterpreterModule):
-            module._run_with_interpreter = False
+    run_generated_code(stage_module)

@@ -124,6 +124,7 @@ class TrainConfig:
     compile_blocks: bool = False  # --compile: torch.compile each transformer block
     sequence_parallel: bool = False  # --sequence-parallel: norms and residual stream on sequence shards (mp > 1)
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # --collective-timeout: bound on every collective and p2p wait
+    device: str = "cpu"  # --device, resolved: "cpu" (gloo) or the accelerator's type ("cuda": NCCL)
 
     @property
     def global_batch_size(self) -> int:

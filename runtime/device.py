@@ -9,21 +9,85 @@ import ctypes.util
 import os
 import platform
 import resource
+from typing import Callable
 
 import torch
 import torch.distributed as dist
+
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
 def has_accelerator() -> bool:
     return torch.accelerator.is_available()
 
 
-def select_device(local_rank: int) -> torch.device:
-    if not has_accelerator():
+def resolve_device_type(requested: str) -> str:
+    """``--device``: ``auto`` is the accelerator torch finds (``cuda``, ...) or ``cpu`` where there is none."""
+    if requested == "auto":
+        return torch.accelerator.current_accelerator().type if has_accelerator() else "cpu"
+    return requested
+
+
+def device_count(device_type: str) -> int:
+    """Devices of that type this process can see (0 for ``cpu``: it is not counted per rank)."""
+    if device_type == "cpu" or not has_accelerator() or torch.accelerator.current_accelerator().type != device_type:
+        return 0
+    return torch.accelerator.device_count()
+
+
+def device_shortage(device_type: str, *, local_world_size: int, available: int) -> str | None:
+    """Why ``local_world_size`` ranks on this node cannot each have a ``device_type`` device of their own, or
+    None when they can. NCCL refuses two ranks on one GPU at the first collective ("Duplicate GPU
+    detected"), so more ranks than devices is an input error, not a device to share."""
+    if device_type == "cpu":
+        return None
+    if available == 0:
+        return (f"--device {device_type}: no {device_type} device is visible to this process; use --device cpu "
+                f"(gloo) or --device auto")
+    if local_world_size > available:
+        return (f"--device {device_type}: {local_world_size} ranks on this node but {available} {device_type} "
+                f"device{'s' if available != 1 else ''}; each rank needs a device of its own (NCCL refuses two ranks "
+                f"on one GPU): start at most {available} rank{'s' if available != 1 else ''} per node "
+                f"(torchrun --nproc_per_node={available}) or train on the CPU with gloo (--device cpu)")
+    return None
+
+
+def select_device(local_rank: int, device_type: str | None = None) -> torch.device:
+    """This rank's device: local rank i takes device i (``device_shortage`` has checked there is one), or
+    the CPU. ``device_type`` None: ``--device auto``."""
+    device_type = resolve_device_type(device_type or "auto")
+    if device_type == "cpu":
         return torch.device("cpu")
-    index = local_rank % torch.accelerator.device_count()
-    torch.accelerator.set_device_index(index)
-    return torch.device(torch.accelerator.current_accelerator().type, index)
+    count = device_count(device_type)
+    if local_rank >= count:
+        raise RuntimeError(device_shortage(device_type, local_world_size=local_rank + 1, available=count))
+    torch.accelerator.set_device_index(local_rank)
+    return torch.device(device_type, local_rank)
+
+
+def has_fast_bf16(device_type: str) -> bool:
+    """Whether bf16 matrix products run faster than fp32 here: CUDA from compute capability 8.0 (Ampere's
+    bf16 tensor cores; ``is_bf16_supported(including_emulation=False)`` tests exactly that), a CPU with
+    AVX-512 BF16 or AMX-BF16. A CPU without them converts in software: bf16 measured ~35x slower than
+    fp32 on an AVX2-only AMD family 25 (shared/ENGINEERING_NOTES.md)."""
+    if device_type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    if device_type == "cpu":
+        return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+    return False
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def backend_for(device: torch.device) -> str:
@@ -56,6 +120,14 @@ def compact_cpu_heap() -> bool:
         return bool(libc.mallopt(M_MMAP_THRESHOLD, COMPACT_MMAP_THRESHOLD))
     except (OSError, AttributeError):
         return False
+
+
+def stream_synchronizer(device: torch.device) -> Callable[[], None] | None:
+    """A function that blocks until ``device``'s current stream has run what the host queued on it (None on
+    the CPU, where the host does the work itself)."""
+    if device.type == "cpu":
+        return None
+    return lambda: torch.accelerator.current_stream(device).synchronize()
 
 
 def synchronize(device: torch.device) -> None:

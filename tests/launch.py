@@ -57,7 +57,7 @@ def train_each(argvs: list[list[str]]) -> None:
     """One rank of a spawned job (``spawn_ranks``): join the process group once, then train every argv in
     turn the way run.py does (a launch of 8 ranks on 2 cores costs more than a tiny model's few steps)."""
     env = LaunchEnv.from_environ()
-    device = select_device(env.local_rank)
+    device = select_device(env.local_rank, "cpu")
     configure_cpu_threads(env.local_world_size)
     init_distributed(env, device)
     for argv in argvs:

@@ -183,3 +183,46 @@ def test_readme_code_layout_matches_the_tree():
     unlisted = sorted(str(p.relative_to(ROOT)) for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
                       if p.name != "__init__.py" and str(p.relative_to(ROOT)) not in listed)
     assert not unlisted, f"modules missing from the README's code layout: {unlisted}"
+
+
+# --- private torch APIs: through compiler/torch_compat.py only ------------------------------------------
+
+SHIM = "compiler.torch_compat"
+_PRIVATE = re.compile(r"^_[A-Za-z0-9]\w*$")  # _name, not __dunder__
+
+
+def private_torch_uses(path: Path) -> list[str]:
+    """Private torch modules or names ``path`` imports, and ``torch.<...>._name`` attributes it reads."""
+    tree = ast.parse(path.read_text())
+    roots, found = {"torch"}, []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            roots.update(a.asname or a.name for a in node.names)
+            if any(_PRIVATE.match(p) for p in node.module.split(".")) or any(_PRIVATE.match(a.name) for a in node.names):
+                found.append(f"line {node.lineno}: from {node.module} import {', '.join(a.name for a in node.names)}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch" and any(_PRIVATE.match(p) for p in alias.name.split(".")):
+                    found.append(f"line {node.lineno}: import {alias.name}")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _PRIVATE.match(node.attr):
+            chain, base = [node.attr], node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if isinstance(base, ast.Name) and base.id in roots:
+                found.append(f"line {node.lineno}: {base.id}.{'.'.join(reversed(chain))}")
+    return found
+
+
+def test_private_torch_apis_go_through_the_one_shim():
+    """torch 2.11 and 2.13 differ in private internals: they are reached only in compiler/torch_compat.py."""
+    uses = {name: found for name, path in _our_modules().items() if name != SHIM and (found := private_torch_uses(path))}
+    assert not uses, f"private torch APIs outside {SHIM}: {uses}"
+
+
+def test_the_private_api_check_sees_imports_and_attributes(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text("import torch\nfrom torch.distributed.pipelining.schedules import _Action\n"
+                      "from torch.distributed.tensor import _api\nx = torch._dynamo.config\ny = torch.nn.Linear\n")
+    assert [use.split(":")[0] for use in private_torch_uses(source)] == ["line 2", "line 3", "line 4"]

@@ -11,6 +11,7 @@ that one code path, so a few end-to-end launches cover its process behaviour; ea
 from __future__ import annotations
 
 import pytest
+import torch
 
 from runtime.commands.train import InputError, check_inputs
 from runtime.distributed.process_group import LaunchEnv
@@ -63,11 +64,14 @@ CASES = {
     "zero3-without-dp": (2, ["--pp", "2", "--reshard-after-forward"], ["--reshard-after-forward", "--dp > 1"]),
     "zero3-with-replicate": (2, ["--dp", "2", "--dp-shard", "1", "--reshard-after-forward"],
                              ["--reshard-after-forward", "--dp-shard 1", "--dp-shard > 1"]),
+    "unknown-device": (2, ["--dp", "2", "--device", "tpu"], ["--device", "auto", "cpu", "cuda"]),
     "unknown-reduce-dtype": (2, ["--dp", "2", "--reduce-dtype", "fp8"], ["--reduce-dtype", "fp32", "bf16", "fp16"]),
     # We run as root, which ignores permissions; nobody can create a folder inside /proc.
     "unwritable-checkpoint-dir": (2, ["--dp", "2", "--checkpoint-dir", "/proc/engine-checkpoints"],
                                   ["--checkpoint-dir /proc/engine-checkpoints", "cannot write there"]),
 }
+if not torch.cuda.is_available():  # asking for CUDA where there is none (tests/test_device.py fakes a GPU machine)
+    CASES["cuda-without-a-gpu"] = (2, ["--dp", "2", "--device", "cuda"], ["--device cuda", "no cuda device", "--device cpu"])
 
 
 # One per kind of check (flags, data, checkpoint folders, --auto's planner): each raises a different error type.

@@ -2,16 +2,34 @@
 
 import pytest
 
+from runtime.commands import flags
 from runtime.commands.flags import build_parser, config_from_args, parse_train_config
 from runtime.config import ConfigError
 
 
-def test_defaults_for_a_plain_single_process():
+@pytest.fixture(params=[False, True], ids=["slow-bf16", "fast-bf16"])
+def fast_bf16(request, monkeypatch):
+    """The device's bf16 speed as detected (runtime/device.py), faked: tests must not depend on the CPU."""
+    seen = []
+    monkeypatch.setattr(flags, "has_fast_bf16", lambda device_type: seen.append(device_type) or request.param)
+    return request.param, seen
+
+
+def test_defaults_for_a_plain_single_process(fast_bf16):
+    fast, seen = fast_bf16
     cfg = parse_train_config([], world_size=1)
     assert (cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp) == (1, 1, 1)
-    assert cfg.precision == "fp16" and cfg.pipeline.schedule == "interleaved-1f1b"
+    assert cfg.pipeline.schedule == "interleaved-1f1b"
     assert cfg.pipeline.stages_per_rank == 1  # no virtual stages without a pipeline
-    assert cfg.metrics.logdir.startswith("tensorboard_logs/tiny_dp1_pp1_mp1_interleaved-1f1b_fp16_")
+    # bf16 where the device computes it fast, else fp32; resolved before validation and in the printed config
+    precision = "bf16" if fast else "fp32"
+    assert cfg.precision == precision and seen == [cfg.device]
+    assert cfg.metrics.logdir.startswith(f"tensorboard_logs/tiny_dp1_pp1_mp1_interleaved-1f1b_{precision}_")
+    assert cfg.to_dict()["precision"] == precision
+
+
+def test_fp16_with_loss_scaling_is_one_flag_away(fast_bf16):
+    assert parse_train_config(["--precision", "fp16"], world_size=1).precision == "fp16"
 
 
 def test_interleaved_defaults_to_two_virtual_stages_and_2p_microbatches():

@@ -1,4 +1,5 @@
-"""runtime/device.py: the CPU heap setting behind --compact-cpu-memory."""
+"""runtime/device.py: one device per rank (--device, checked with a fake device count) and the CPU heap
+setting behind --compact-cpu-memory."""
 
 from __future__ import annotations
 
@@ -9,6 +10,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
+
+from runtime import device as device_module
+from runtime.commands.train import check_inputs
+from runtime.config import ConfigError
+from runtime.device import device_shortage, select_device
+from runtime.distributed.process_group import LaunchEnv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,3 +73,86 @@ def test_batches_reach_cuda_through_page_locked_memory(monkeypatch):
     moved = host_to_device(batch, torch.device("cuda", 0))
     assert moved.is_cuda and len(pinned) == 1 and pinned[0].is_pinned()
     torch.testing.assert_close(moved.cpu(), batch)
+
+
+# --- one device per rank (--device) ----------------------------------------------------------------------
+
+class FakeAccelerator:
+    """``torch.accelerator`` of a machine with ``count`` CUDA devices; records the device each rank takes."""
+
+    def __init__(self, count: int):
+        self.count, self.chosen = count, []
+
+    def is_available(self) -> bool:
+        return self.count > 0
+
+    def current_accelerator(self):
+        return torch.device("cuda")
+
+    def device_count(self) -> int:
+        return self.count
+
+    def set_device_index(self, index: int) -> None:
+        self.chosen.append(index)
+
+
+@pytest.fixture
+def one_gpu(monkeypatch):
+    fake = FakeAccelerator(1)
+    monkeypatch.setattr(device_module.torch, "accelerator", fake)
+    return fake
+
+
+def test_more_ranks_than_gpus_is_an_input_error_naming_both_counts_and_the_fixes(one_gpu):
+    env = LaunchEnv(rank=0, world_size=8, local_rank=0, local_world_size=8)
+    with pytest.raises(ConfigError) as raised:
+        check_inputs(["--model", "tiny", "--dp", "8", "--steps", "1"], env)  # --device auto finds the GPU
+    line = str(raised.value)
+    for words in ("--device cuda", "8 ranks on this node but 1 cuda device", "--nproc_per_node=1", "--device cpu"):
+        assert words in line, line
+    assert "\n" not in line
+
+
+def test_a_rank_takes_the_device_of_its_local_rank_never_a_shared_one(one_gpu):
+    assert select_device(0, "cuda") == torch.device("cuda", 0) and one_gpu.chosen == [0]
+    with pytest.raises(RuntimeError, match="2 ranks on this node but 1 cuda device"):
+        select_device(1, "cuda")  # the old local_rank % device_count() put it on cuda:0 beside rank 0
+    assert one_gpu.chosen == [0]
+
+
+def test_device_cpu_runs_gloo_on_a_gpu_machine(one_gpu):
+    env = LaunchEnv(rank=0, world_size=8, local_rank=3, local_world_size=8)
+    cfg, _, _ = check_inputs(["--model", "tiny", "--dp", "8", "--steps", "1", "--device", "cpu"], env)
+    assert cfg.device == "cpu"
+    device = select_device(env.local_rank, cfg.device)
+    assert device == torch.device("cpu") and one_gpu.chosen == []
+    assert device_module.backend_for(device) == "gloo"
+
+
+def test_one_rank_per_gpu_fits_and_the_cpu_is_never_short():
+    assert device_shortage("cuda", local_world_size=8, available=8) is None
+    assert device_shortage("cpu", local_world_size=64, available=0) is None
+    assert "no cuda device is visible" in device_shortage("cuda", local_world_size=1, available=0)
+
+
+# --- fast bf16: the default precision's detection ---------------------------------------------------------
+
+@pytest.mark.parametrize("flags, fast", [({"avx2", "fma"}, False), ({"avx512f", "avx512_bf16"}, True),
+                                         ({"amx_tile", "amx_bf16"}, True)])
+def test_a_cpu_computes_bf16_fast_only_with_avx512_bf16_or_amx(monkeypatch, flags, fast):
+    monkeypatch.setattr(device_module, "cpu_flags", lambda: flags)
+    assert device_module.has_fast_bf16("cpu") is fast
+
+
+@pytest.mark.parametrize("major, fast", [(7, False), (8, True), (9, True)])
+def test_a_gpu_computes_bf16_fast_from_compute_capability_8(monkeypatch, major, fast):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # torch's own test (2.11 and 2.13): native bf16 from compute capability 8.0; emulation does not count
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported",
+                        lambda including_emulation=True: major >= 8 or including_emulation)
+    assert device_module.has_fast_bf16("cuda") is fast
+
+
+def test_cpu_flags_are_read_from_proc_cpuinfo():
+    flags = device_module.cpu_flags()
+    assert not flags or "fpu" in flags  # every x86 CPU lists fpu; elsewhere there may be no flags line

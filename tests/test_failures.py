@@ -1,12 +1,16 @@
-"""The one-line description of a lost or silent peer, and the stop-signal recorder."""
+"""The one-line description of a lost or silent peer (gloo and NCCL texts), NCCL's error handling, and the
+stop-signal recorder."""
 
 from __future__ import annotations
 
 import os
 import signal
 
+import torch.distributed as dist
+
 from runtime.distributed.failures import describe_peer_failure
 from runtime.distributed.mesh import GridLayout
+from runtime.distributed.process_group import nccl_error_handling
 from runtime.engine.preemption import stop_on_signals
 
 LAYOUT = GridLayout(2, 2, 2)
@@ -70,3 +74,59 @@ def test_a_stop_signal_is_recorded_not_fatal_and_the_handler_is_restored():
         os.kill(os.getpid(), signal.SIGUSR1)
         assert stop.requested and stop.signal == signal.SIGUSR1
     assert signal.getsignal(signal.SIGUSR1) is before
+
+
+# --- NCCL: the watchdog's texts (ProcessGroupNCCL.cpp, torch 2.11 and 2.13) arrive as DistBackendError ----
+
+NCCL_TIMEOUT = ("[PG ID 1 PG GUID 3(mesh_pp) Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=41, "
+                "OpType=RECV, NumelIn=8192, NumelOut=8192, Timeout(ms)=30000) ran for 30012 milliseconds before timing out.")
+
+
+def _backend_error_in(function_name: str, message: str) -> dist.DistBackendError:
+    namespace: dict = {"DistBackendError": dist.DistBackendError}
+    exec(f"def {function_name}():\n    raise DistBackendError({message!r})", namespace)
+    try:
+        namespace[function_name]()
+    except dist.DistBackendError as e:
+        e.add_note("step 7")
+        return e
+    raise AssertionError("not raised")
+
+
+def test_an_nccl_watchdog_timeout_in_the_pipeline_names_the_operation_and_peers():
+    line = describe_peer_failure(_backend_error_in("step", NCCL_TIMEOUT), rank=2, layout=LAYOUT, timeout_s=30)
+    assert line == ("rank 2: recv timed out after 30 s (--collective-timeout 30) in step 7, during the pipeline "
+                    "schedule (activations and gradients with the pipeline peers, TP and FSDP collectives); "
+                    "waiting on pipeline peers 0")
+
+
+def test_an_aborted_nccl_communicator_reports_the_timeout_that_aborted_it():
+    aborted = ("NCCL communicator was aborted on rank 5.  Original reason for failure was: "
+               + NCCL_TIMEOUT.replace("OpType=RECV", "OpType=ALLREDUCE"))
+    line = describe_peer_failure(_backend_error_in("_optimizer_step", aborted), rank=5, layout=LAYOUT, timeout_s=30)
+    assert line.startswith("rank 5: all-reduce timed out after 30 s (--collective-timeout 30) in step 7, during the "
+                           "step's all-reduce") and line.endswith("waiting on all 8 ranks")
+
+
+def test_an_nccl_peer_that_exited_is_a_lost_peer():
+    remote = ("NCCL error in: ProcessGroupNCCL.cpp:2142, remote process exited or there was a network error, NCCL "
+              "version 2.27.3\nncclRemoteError: A call failed possibly due to a network error or a remote process "
+              "exiting prematurely.")
+    line = describe_peer_failure(_backend_error_in("finish", remote), rank=4, layout=LAYOUT, timeout_s=300)
+    assert line.startswith("rank 4: a peer rank closed its connection") and line.endswith("waiting on replica peers 0")
+
+
+def test_any_other_backend_error_is_one_line_naming_the_backends_message():
+    line = describe_peer_failure(_backend_error_in("step", "NCCL error in: ProcessGroupNCCL.cpp:77, unhandled system "
+                                                           "error\nLast error:\nsocket"), rank=0, layout=LAYOUT, timeout_s=30)
+    assert line.startswith("rank 0: the communication backend failed (NCCL error in: ProcessGroupNCCL.cpp:77, "
+                           "unhandled system error) in step 7")
+    assert "\n" not in line
+
+
+def test_nccl_error_handling_lets_the_process_live_unless_the_user_chose():
+    environ: dict[str, str] = {}
+    assert nccl_error_handling(environ) == "2" and environ == {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2"}
+    for name in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"):
+        chosen = {name: "3"}
+        assert nccl_error_handling(chosen) == "3" and chosen == {name: "3"}

@@ -1,7 +1,9 @@
-"""The (dp, pp, mp) rank layout: printed groups, coordinates, and agreement with torch's DeviceMesh."""
+"""The (dp, pp, mp) rank layout: printed groups, coordinates, and agreement with torch's DeviceMesh (whose
+groups carry --collective-timeout)."""
 
 from __future__ import annotations
 
+import datetime
 import json
 
 import pytest
@@ -43,15 +45,18 @@ def test_mp_groups_are_contiguous_ranks():
 
 
 def _report_device_mesh_groups(shape, out_dir):
+    import torch
     import torch.distributed as dist
 
+    from compiler.torch_compat import group_timeout
     from runtime.distributed.mesh import build_mesh
 
-    dist.init_process_group("gloo")
-    mesh = build_mesh("cpu", GridLayout(*shape))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=41))
+    mesh = build_mesh("cpu", GridLayout(*shape), timeout=datetime.timedelta(seconds=41))
     groups = {dim: dist.get_process_group_ranks(mesh[dim].get_group()) for dim in ("dp", "pp", "mp")}
+    timeouts = {dim: group_timeout(mesh[dim].get_group(), torch.device("cpu")).total_seconds() for dim in groups}
     with open(f"{out_dir}/rank{dist.get_rank()}.json", "w") as f:
-        json.dump(groups, f)
+        json.dump({"groups": groups, "timeouts": timeouts}, f)
     dist.destroy_process_group()
 
 
@@ -61,7 +66,8 @@ def test_device_mesh_groups_match_the_printed_layout(tmp_path, shape):
     spawn_ranks(_report_device_mesh_groups, world_size=8, args=(shape, str(tmp_path)), timeout=120)
     layout = GridLayout(*shape)
     for rank in range(8):
-        groups = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
         for dim in ("dp", "pp", "mp"):
             expected = next(g for g in layout.groups(dim) if rank in g)
-            assert groups[dim] == expected, (rank, dim)
+            assert report["groups"][dim] == expected, (rank, dim)
+            assert report["timeouts"][dim] == 41, (rank, dim)  # not torch's 30-minute default for gloo groups

@@ -3,11 +3,10 @@
 from types import SimpleNamespace
 
 import pytest
-from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
-from torch.distributed.pipelining.schedules import _ComputationType
 
 from compiler.naive_schedule import naive_rank_actions
 from compiler.schedules import SCHEDULES, bubble_fraction, ideal_speedup_over_naive
+from compiler.torch_compat import ComputationType, generate_stage_to_rank_mapping
 
 
 def test_bubble_formulas():
@@ -54,10 +53,10 @@ def _peak_held(actions) -> int:
     held = peak = 0
     flat = [sub for a in actions for sub in (a.sub_actions or (a,))]
     for a in flat:
-        if a.computation_type == _ComputationType.FORWARD:
+        if a.computation_type == ComputationType.FORWARD:
             held += 1
             peak = max(peak, held)
-        elif a.computation_type in (_ComputationType.BACKWARD_INPUT, _ComputationType.FULL_BACKWARD):
+        elif a.computation_type in (ComputationType.BACKWARD_INPUT, ComputationType.FULL_BACKWARD):
             held -= 1
     return peak
 

@@ -3,6 +3,7 @@ rank's shards get storage, never the whole model."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 
@@ -40,13 +41,13 @@ def _build_and_measure(out_dir: str) -> None:
     dist.init_process_group("gloo")
     cfg = config_from_dict(MODEL)
     layout = GridLayout(1, PP, 1)
-    mesh = build_mesh("cpu", layout)
+    mesh = build_mesh("cpu", layout, timeout=datetime.timedelta(seconds=120))
     _, pp_rank, _ = layout.coordinates(dist.get_rank())
     before = _rss()
     stages = build_local_stages(
         cfg, blocks_per_stage=uniform_split(cfg.n_layers, PP),
         stage_indices=SCHEDULES["1f1b"].stage_indices(pp_rank, pp=PP, stages_per_rank=1), micro_batch_size=1,
-        meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout)),
+        meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=datetime.timedelta(seconds=120))),
         device=torch.device("cpu"), activation_checkpointing=False, data_parallel=DataParallelOptions(),
         initial_value=functools.partial(spec_of(cfg).initial_value, seed=0, cfg=cfg))
     peak = peak_memory_bytes(torch.device("cpu"))  # this process's own high-water mark, not its parent's

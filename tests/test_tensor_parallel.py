@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ def _compare_tp_stage_with_dense(out_dir: str) -> None:
     from runtime.distributed.mesh import GridLayout, build_mesh
 
     dist.init_process_group("gloo")
-    mesh = build_mesh("cpu", GridLayout(1, 1, 2))
+    mesh = build_mesh("cpu", GridLayout(1, 1, 2), timeout=datetime.timedelta(seconds=120))
     cfg = named_config("tiny")
     tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=torch.Generator().manual_seed(0))
     stages = []

@@ -7,9 +7,9 @@ intermediate activations (attention scores, MLP hidden states) of every in-fligh
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 from compiler.parallelize.tensor_parallel import block_names
+from compiler.torch_compat import checkpoint_wrapper
 
 # The wrapper's name is not part of the model's parameter names.
 _WRAPPER_PREFIX = "_checkpoint_wrapped_module."

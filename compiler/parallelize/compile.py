@@ -19,11 +19,12 @@ import torch
 from torch import nn
 
 from compiler.parallelize.tensor_parallel import block_names
+from compiler.torch_compat import raise_recompile_limit
 
 
 def apply_compile(stage_module: nn.Module) -> nn.Module:
     names = block_names(stage_module)
-    torch._dynamo.config.recompile_limit += len(names)
+    raise_recompile_limit(len(names))
     for name in names:
         block = stage_module.get_submodule(name)
         block.forward = torch.compile(block.forward)

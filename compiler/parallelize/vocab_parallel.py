@@ -18,8 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.parallel import ParallelStyle
+
+from compiler.torch_compat import compute_local_shape_and_global_offset
 
 
 class _SumOverRanks(torch.autograd.Function):

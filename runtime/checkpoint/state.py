@@ -29,9 +29,9 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.optim.lr_scheduler import LambdaLR
-from torch.optim.optimizer import _get_scalar_dtype
 
 from compiler.parallelize.stages import LocalStages
+from compiler.torch_compat import lr_schedule_state, optimizer_step_dtype, restore_lr_schedule
 from runtime.checkpoint.files import (
     CheckpointError,
     CheckpointInfo,
@@ -73,7 +73,7 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
                 # As torch.optim.adam._init_group does: a fused (or capturable) step counter lives on the
                 # parameter's device, where the fused kernel reads it.
                 on_device = group.get("fused") or group.get("capturable")
-                state["step"] = torch.zeros((), dtype=_get_scalar_dtype(is_fused=bool(group.get("fused"))),
+                state["step"] = torch.zeros((), dtype=optimizer_step_dtype(is_fused=bool(group.get("fused"))),
                                             device=p.device if on_device else "cpu")
                 state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -93,7 +93,7 @@ def train_state_json(state: TrainState, step: int) -> str:
     return json.dumps({
         "step": step,
         "data_position": step,  # batches are a pure function of (seed, step): the position is the step
-        "lr_schedule": {"last_epoch": state.lr_schedule.last_epoch, "step_count": state.lr_schedule._step_count},
+        "lr_schedule": dict(zip(("last_epoch", "step_count"), lr_schedule_state(state.lr_schedule))),
         "scaler": state.scaler.state_dict(),
         "guard": state.guard.state_dict(),
         "config": state.config,
@@ -181,11 +181,11 @@ def load_model_only(stages: LocalStages, info: CheckpointInfo) -> None:
 def _restore_lr_schedule(schedule: LambdaLR, saved: dict) -> None:
     """Put the schedule at the saved position; the rate is recomputed from this run's flags with the same
     formula LambdaLR.get_lr uses, so an unchanged config continues bit for bit."""
-    schedule.last_epoch, schedule._step_count = int(saved["last_epoch"]), int(saved["step_count"])
-    lrs = [base * fn(schedule.last_epoch) for base, fn in zip(schedule.base_lrs, schedule.lr_lambdas)]
+    last_epoch = int(saved["last_epoch"])
+    lrs = [base * fn(last_epoch) for base, fn in zip(schedule.base_lrs, schedule.lr_lambdas)]
     for group, lr in zip(schedule.optimizer.param_groups, lrs):
         group["lr"] = lr
-    schedule._last_lr = lrs
+    restore_lr_schedule(schedule, last_epoch=last_epoch, step_count=int(saved["step_count"]), last_lrs=lrs)
 
 
 # --- agreement between ranks ------------------------------------------------------------------------------

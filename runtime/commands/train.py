@@ -34,12 +34,27 @@ from runtime.commands.flags import build_parser, config_from_args
 from runtime.commands.plan import auto_config
 from runtime.commands.preflight import check_memory, node_memory, node_ranks
 from runtime.config import ConfigError, TrainConfig
-from runtime.device import compact_cpu_heap, configure_cpu_threads, device_description, select_device
+from runtime.device import (
+    compact_cpu_heap,
+    configure_cpu_threads,
+    device_count,
+    device_description,
+    device_shortage,
+    select_device,
+    stream_synchronizer,
+)
 from runtime.distributed.collectives import all_gather_objects, broadcast_object
 from runtime.distributed.cpu_binding import bind_node_ranks
 from runtime.distributed.failures import PEER_FAILURE_EXIT_CODE, describe_peer_failure
 from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
-from runtime.distributed.process_group import LaunchEnv, background_group, init_distributed, shutdown_distributed
+from runtime.distributed.process_group import (
+    LaunchEnv,
+    background_group,
+    collective_timeout,
+    host_group,
+    init_distributed,
+    shutdown_distributed,
+)
 from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
 from runtime.engine.data import DataError, DataSources, build_data_from_config, replica_rows
 from runtime.engine.guards import DivergenceError, DivergenceGuard
@@ -51,7 +66,7 @@ from runtime.engine.step import StepContext
 from runtime.engine.tied import TiedWeights
 from runtime.observe.layer_timing import measure_layer_times
 from runtime.observe.metrics import MetricsLogger, Throughput
-from runtime.observe.peak_flops import calibrate_world_peak_flops
+from runtime.observe.peak_flops import world_peak_flops
 from runtime.observe.profile_report import profile_report
 from runtime.observe.profiling import Profiler, profiled_steps
 
@@ -84,7 +99,7 @@ def main(argv: list[str]) -> int:
         return 0
 
     # 2. Device and process group.
-    device = select_device(env.local_rank)
+    device = select_device(env.local_rank, cfg.device)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
         if cfg.pipeline.compact_cpu_memory and not compact_cpu_heap() and env.rank == 0:
@@ -124,6 +139,9 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
                   f"{best.memory_per_rank / 2**30:.2f} GiB/rank)", flush=True)
     else:
         cfg = config_from_args(args, world_size=env.world_size)
+    shortage = device_shortage(cfg.device, local_world_size=env.local_world_size, available=device_count(cfg.device))
+    if shortage:
+        raise ConfigError(shortage)
     data = build_data_from_config(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
                                   global_batch_size=cfg.global_batch_size, seed=cfg.seed)
     start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
@@ -145,7 +163,8 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     torch.manual_seed(cfg.seed)
     # 3. Mesh.
     layout = GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, cfg.data_parallel.shard)
-    mesh = build_mesh(device.type, layout)
+    timeout = collective_timeout(cfg.collective_timeout_s)
+    mesh = build_mesh(device.type, layout, timeout=timeout)
     dp_rank, pp_rank, _ = layout.coordinates(env.rank)
     if env.rank == 0:
         print(layout.describe(), flush=True)
@@ -165,7 +184,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     bound_cores = _bind_cores(cfg.pipeline.bind_cores, rank_costs(plan.stage_costs, spec.placement, pp=cfg.mesh.pp),
                               layout, env, device)
     v = cfg.pipeline.stages_per_rank
-    meshes = StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout))
+    meshes = StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout))
     stages = build_local_stages(
         cfg.model, blocks_per_stage=plan.blocks_per_stage,
         stage_indices=spec.stage_indices(pp_rank, pp=cfg.mesh.pp, stages_per_rank=v),
@@ -198,8 +217,10 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
                               loss_fn=loss_fn)
     optimizer = build_optimizer(stages.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
     lr_schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
-    profiler = (Profiler(rank=env.rank, stages=stages.stages, schedule=schedule,
-                         steps=profiled_steps(cfg.optim.last_step)) if cfg.metrics.profile else None)
+    profiler = (Profiler(rank=env.rank, stages=stages.stages, schedule=schedule, steps=profiled_steps(cfg.optim.last_step),
+                         sync=stream_synchronizer(device)) if cfg.metrics.profile else None)
+    # The profiles travel to the logging rank over gloo, in host memory, whatever the world's backend.
+    profile_group = host_group(cfg.collective_timeout_s) if profiler and device.type != "cpu" else None
     ctx = StepContext(
         schedule=schedule, schedule_name=cfg.pipeline.schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
         device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
@@ -221,7 +242,8 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
 
     # 7. Metrics, from the last pipeline stage of replica 0, mp rank 0.
     logger = MetricsLogger(cfg.metrics.logdir, enabled=env.rank == logging_rank)
-    peak_flops, peak_source = _peak_flops(cfg, device, env.world_size)
+    peak_flops, peak_source = world_peak_flops(PRECISIONS[cfg.precision].dtype, device,
+                                               peak_tflops=cfg.metrics.peak_tflops, world_size=env.world_size)
     throughput = Throughput(cfg.global_batch_size, cfg.model.seq_len, training_flops_per_token(cfg.model), peak_flops)
     if env.rank == logging_rank:
         print(f"data: {data.description}\nlogdir: {cfg.metrics.logdir}\n"
@@ -252,7 +274,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
         profiler.close()
         summary["profile"] = profile_report(
             profiler.profiles, layout=layout, schedule=cfg.pipeline.schedule, microbatches=cfg.pipeline.microbatches,
-            stages_per_rank=cfg.pipeline.stages_per_rank, logger=logger)
+            stages_per_rank=cfg.pipeline.stages_per_rank, logger=logger, dst=logging_rank, group=profile_group)
     summary.update(config=cfg.to_dict(), peak_flops=peak_flops, peak_flops_source=peak_source,
                    device=device_description(device), blocks_per_stage=plan.blocks_per_stage,
                    stage_costs=plan.stage_costs, stage_cost_unit=plan.unit, bound_cores=bound_cores,
@@ -309,10 +331,3 @@ def _bind_cores(mode: str, pp_rank_costs: list[float], layout: GridLayout, env: 
               "rank -> core " + ", ".join(f"{r}->{c}" for r, c in bound.items())), flush=True)
     return bound
 
-
-def _peak_flops(cfg: TrainConfig, device: torch.device, world_size: int) -> tuple[float, str]:
-    if cfg.metrics.peak_tflops:
-        return cfg.metrics.peak_tflops * 1e12 * world_size, f"--peak-tflops {cfg.metrics.peak_tflops} per rank"
-    dtype = PRECISIONS[cfg.precision].dtype
-    peak = calibrate_world_peak_flops(dtype, device)
-    return peak, f"measured: concurrent {str(dtype).removeprefix('torch.')} matmul calibration on all ranks"

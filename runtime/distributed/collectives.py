@@ -16,6 +16,17 @@ def all_gather_objects(obj) -> list:
     return gathered
 
 
+def gather_objects(obj, *, dst: int, group: dist.ProcessGroup | None = None) -> list | None:
+    """Every rank's ``obj`` in rank order on rank ``dst`` (None elsewhere): one copy of each, not one per rank
+    as an all-gather would leave. ``group`` (over every rank; default the world's) carries the pickles: a
+    gloo group keeps them in host memory where the world's backend is NCCL."""
+    if not dist.is_initialized():
+        return [obj]
+    gathered: list | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(obj, gathered, dst=dst, group=group)
+    return gathered
+
+
 def gather_lists(items: list) -> list:
     """The concatenation of every rank's list, in rank order."""
     return [x for part in all_gather_objects(items) for x in part]

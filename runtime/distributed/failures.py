@@ -1,11 +1,20 @@
-"""One line for a rank that stopped hearing from its peers, instead of gloo's traceback.
+"""One line for a rank that stopped hearing from its peers, instead of the backend's traceback.
 
 A stuck or dead rank leaves its peers waiting in a point-to-point transfer or a collective. Every wait is
-bounded by the process groups' timeout (``--collective-timeout``); when it fires, gloo raises
-``RuntimeError: ... Timed out waiting 30000ms for recv operation to complete``, and the ranks that were
-waiting on *those* ranks then see ``Connection closed by peer``. ``describe_peer_failure`` turns either into
-a line naming the rank, the step, the operation, what the rank was doing (read off the traceback) and the
-peers it was exchanging with.
+bounded by the process groups' timeout (``--collective-timeout``). When it fires:
+
+- gloo raises ``RuntimeError: ... Timed out waiting 30000ms for recv operation to complete``, and the ranks
+  that were waiting on *those* ranks then see ``Connection closed by peer``;
+- NCCL's watchdog thread notices it (ProcessGroupNCCL.cpp, torch 2.11 and 2.13: ``[Rank 3] Watchdog caught
+  collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE, NumelIn=4, NumelOut=4,
+  Timeout(ms)=30000) ran for 30012 milliseconds before timing out.``). With the error handling
+  process_group.py selects (TORCH_NCCL_ASYNC_ERROR_HANDLING=2, abort the communicators without tearing
+  the process down) Python sees a ``DistBackendError`` carrying that text, from ``Work.wait()`` or from
+  the next operation on the aborted communicator (``NCCL communicator was aborted on rank 3.  Original
+  reason for failure was: ...``); a peer that exited shows as ``ncclRemoteError``.
+
+``describe_peer_failure`` turns any of these into a line naming the rank, the step, the operation, what
+the rank was doing (read off the traceback) and the peers it was exchanging with.
 """
 
 from __future__ import annotations
@@ -13,13 +22,21 @@ from __future__ import annotations
 import re
 import traceback
 
+import torch.distributed as dist
+
 from runtime.distributed.mesh import GridLayout
 
 # A rank gave up on its peers (a timeout, or a peer's connection lost): distinct from 1 (a failed save or
 # divergence), 2 (bad input) and 75 (preempted).
 PEER_FAILURE_EXIT_CODE = 3
-_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")
-_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+_TIMEOUT = re.compile(r"Timed out waiting (\d+)ms for (\w+) operation")  # gloo: (milliseconds, operation)
+_NCCL_TIMEOUT = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=\d+, OpType=(\w+),"
+                           r"[^)]*?Timeout\(ms\)=(\d+)\)")  # (operation, milliseconds)
+_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",  # gloo
+         "ncclRemoteError", "remote process exited")  # NCCL: a peer's process ended or its link failed
+_NCCL_OPS = {"ALLREDUCE": "all-reduce", "ALLGATHER": "all-gather", "_ALLGATHER_BASE": "all-gather",
+             "REDUCE_SCATTER": "reduce-scatter", "_REDUCE_SCATTER_BASE": "reduce-scatter", "SEND": "send",
+             "RECV": "recv", "COALESCED": "coalesced send/recv", "BROADCAST": "broadcast", "BARRIER": "barrier"}
 
 # (function in the traceback, what the rank was doing, whose ranks it waited on)
 _ACTIVITIES = (
@@ -36,20 +53,35 @@ _ACTIVITIES = (
 
 def describe_peer_failure(error: BaseException, *, rank: int, layout: GridLayout, timeout_s: float) -> str | None:
     """The error line for a lost or silent peer, or None if ``error`` is something else."""
-    text = "\n".join(str(e) for e in _chain(error))  # pipelining re-raises a stage's error from it
-    timed_out = _TIMEOUT.search(text)
-    if not timed_out and not any(s in text for s in _LOST):
+    chain = _chain(error)  # pipelining re-raises a stage's error from it
+    text = "\n".join(str(e) for e in chain)
+    timeout_ms, operation = _timed_out(text)
+    lost = any(s in text for s in _LOST)
+    backend_error = next((e for e in chain if isinstance(e, dist.DistBackendError)), None)
+    if timeout_ms is None and not lost and backend_error is None:
         return None
     frames = {f.name for f in traceback.extract_tb(error.__traceback__)}
     activity, group = next(((what, g) for name, what, g in _ACTIVITIES if name in frames),
                            ("start-up or a collective", "world"))
     step = next((note for note in getattr(error, "__notes__", []) if note.startswith("step ")), "start-up")
     peers = _peers(rank, layout, group)
-    if timed_out:
-        what = f"{timed_out.group(2)} timed out after {int(timed_out.group(1)) / 1000:g} s (--collective-timeout {timeout_s:g})"
-    else:
+    if timeout_ms is not None:
+        what = f"{operation} timed out after {timeout_ms / 1000:g} s (--collective-timeout {timeout_s:g})"
+    elif lost:
         what = "a peer rank closed its connection (it exited or was killed)"
+    else:
+        first_line = next((line.strip() for line in str(backend_error).splitlines() if line.strip()), "no message")
+        what = f"the communication backend failed ({first_line[:200]})"
     return f"rank {rank}: {what} in {step}, during {activity}; waiting on {peers}"
+
+
+def _timed_out(text: str) -> tuple[int | None, str]:
+    """(milliseconds, operation) of a gloo or NCCL timeout in ``text``, or (None, "")."""
+    if gloo := _TIMEOUT.search(text):
+        return int(gloo.group(1)), gloo.group(2)
+    if nccl := _NCCL_TIMEOUT.search(text):
+        return int(nccl.group(2)), _NCCL_OPS.get(nccl.group(1), nccl.group(1).strip("_").lower())
+    return None, ""
 
 
 def _chain(error: BaseException) -> list[BaseException]:

@@ -9,10 +9,14 @@ dp_shard consecutive replicas (near each other, like a node's GPUs) and the repl
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from compiler.torch_compat import group_options, unflatten_mesh
 
 MESH_DIMS = ("dp", "pp", "mp")
 
@@ -73,8 +77,12 @@ class GridLayout:
         return "\n".join(lines)
 
 
-def build_mesh(device_type: str, layout: GridLayout) -> DeviceMesh:
-    mesh = init_device_mesh(device_type, (layout.dp, layout.pp, layout.mp), mesh_dim_names=MESH_DIMS)
+def build_mesh(device_type: str, layout: GridLayout, *, timeout: datetime.timedelta) -> DeviceMesh:
+    """The (dp, pp, mp) mesh; every group it creates bounds its waits by ``timeout`` (--collective-timeout).
+    Collective: every rank calls it after the world's process group exists."""
+    sizes = dict(zip(MESH_DIMS, (layout.dp, layout.pp, layout.mp)))
+    mesh = init_device_mesh(device_type, tuple(sizes.values()), mesh_dim_names=MESH_DIMS,
+                            backend_override=_timed_groups(sizes, device_type, timeout))
     # init_device_mesh uses the same row-major layout; fail loudly if that ever changes.
     expected = torch.arange(layout.dp * layout.pp * layout.mp).reshape(layout.dp, layout.pp, layout.mp)
     if not torch.equal(mesh.mesh.cpu(), expected):
@@ -82,7 +90,7 @@ def build_mesh(device_type: str, layout: GridLayout) -> DeviceMesh:
     return mesh
 
 
-def fsdp_mesh(mesh: DeviceMesh, layout: GridLayout) -> DeviceMesh | None:
+def fsdp_mesh(mesh: DeviceMesh, layout: GridLayout, *, timeout: datetime.timedelta) -> DeviceMesh | None:
     """The mesh FSDP shards over: mesh["dp"] (FSDP), dp unflattened into (replicate, shard) for HSDP, or
     None where nothing is sharded (one replica, or replication: runtime/engine/replicate.py).
     Collective: every rank calls it (it creates the subgroups)."""
@@ -90,5 +98,18 @@ def fsdp_mesh(mesh: DeviceMesh, layout: GridLayout) -> DeviceMesh | None:
         return None
     if layout.shard == layout.dp:
         return mesh["dp"]
-    hybrid = mesh._unflatten("dp", (layout.dp // layout.shard, layout.shard), ("dp_replicate", "dp_shard"))
+    sizes = {"dp_replicate": layout.dp // layout.shard, "dp_shard": layout.shard}
+    hybrid = unflatten_mesh(mesh, "dp", tuple(sizes.values()), tuple(sizes),
+                            backend_override=_timed_groups(sizes, mesh.device_type, timeout))
     return hybrid["dp_replicate", "dp_shard"]
+
+
+def _timed_groups(sizes: dict[str, int], device_type: str, timeout: datetime.timedelta) -> dict:
+    """DeviceMesh's per-dimension overrides that carry ``timeout`` (it takes a timeout only inside group
+    options: compiler/torch_compat.py). A dimension spanning the world keeps torch's reuse of the world
+    group, which has the timeout already (and on NCCL a communicator costs device memory), except where
+    torch would not reuse it: a gloo world on a machine with CUDA (``--device cpu`` on a GPU machine) gets a
+    fresh group for that dimension (device_mesh.py ``_init_one_process_group``, 2.11 and 2.13)."""
+    world, backend = dist.get_world_size(), dist.get_backend()
+    fresh_world_group = device_type == "cpu" and torch.cuda.is_available()
+    return {name: group_options(backend, timeout) for name, size in sizes.items() if size != world or fresh_world_group}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from runtime.device import backend_for
 
@@ -16,6 +16,30 @@ from runtime.device import backend_for
 # model's materialisation) on an oversubscribed CPU, short enough that a rank stuck on a dead or
 # stopped peer gives up instead of hanging a job for torch's default 30 minutes.
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+
+
+# How NCCL reports a collective past its timeout (ProcessGroupNCCL.hpp's ErrorHandlingMode, torch 2.11 and 2.13).
+# Its watchdog thread finds the timed-out work; under torch's default, 3 ("skip clean-up"), it rethrows on that
+# thread and the process dies of SIGABRT, so no rank could say where it was. 2 ("clean up only") aborts the
+# group's communicators and lets the process live: the training thread then gets a DistBackendError from
+# Work.wait() or from the next operation on the aborted communicator, which failures.py turns into the
+# one-line error and exit code 3 (run.py ends the rank with os._exit, well within the 8 minutes,
+# TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, after which NCCL's heartbeat monitor ends a process whose collective timed
+# out). Waits stay asynchronous (the host keeps queueing kernels ahead of the GPU); TORCH_NCCL_BLOCKING_WAIT=1
+# would raise at the very wait that timed out, at the price of the host blocking on every wait. A setting the
+# user made (under either of torch's names) is kept.
+NCCL_ERROR_HANDLING_VARS = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING")
+NCCL_CLEAN_UP_ONLY = "2"
+
+
+def nccl_error_handling(environ: MutableMapping[str, str]) -> str:
+    """Select NCCL's error handling in ``environ`` (read when an NCCL group is created) unless the user did;
+    returns the mode in force."""
+    for name in NCCL_ERROR_HANDLING_VARS:
+        if name in environ:
+            return environ[name]
+    environ[NCCL_ERROR_HANDLING_VARS[0]] = NCCL_CLEAN_UP_ONLY
+    return NCCL_CLEAN_UP_ONLY
 
 
 @dataclass(frozen=True)
@@ -42,15 +66,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def collective_timeout(timeout_s: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=timeout_s)
+
+
 def init_distributed(env: LaunchEnv, device, *, timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> None:
-    """Join the job's process group; a lone process forms a world of one on a free local port. Every
-    wait of every group, the world's and those created later, is bounded by ``timeout_s``."""
+    """Join the job's process group; a lone process forms a world of one on a free local port. Its waits
+    are bounded by ``timeout_s``; so are those of every group the engine creates later, each given the
+    timeout where it is made (mesh.py, tied.py, ``background_group``): torch's module defaults, which a
+    group made without one takes, are 10 minutes for NCCL and 30 for gloo."""
     if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
-    timeout = datetime.timedelta(seconds=timeout_s)
-    # Groups created without a timeout (the mesh's per-dimension groups where the backend cannot split
-    # the world's, the tied-embedding pairs, DCP's) take torch's module default, 30 minutes for gloo.
-    c10d.default_pg_timeout = timeout
+    timeout = collective_timeout(timeout_s)
+    backend = backend_for(device)
+    if backend == "nccl":
+        nccl_error_handling(os.environ)
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
     if restart is not None:
@@ -60,13 +90,19 @@ def init_distributed(env: LaunchEnv, device, *, timeout_s: float = DEFAULT_COLLE
         # gets keys of its own.
         store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=timeout))
         kwargs["store"] = dist.PrefixStore(f"attempt_{restart}", store)
-    dist.init_process_group(backend_for(device), rank=env.rank, world_size=env.world_size, timeout=timeout, **kwargs)
+    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, timeout=timeout, **kwargs)
 
 
 def background_group(timeout_s: float) -> dist.ProcessGroup:
     """A gloo group over every rank for work on a background thread (asynchronous checkpoint writes of
     CPU copies): its collectives never interleave with the training thread's on the world group."""
-    return dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.new_group(backend="gloo", timeout=collective_timeout(timeout_s))
+
+
+def host_group(timeout_s: float) -> dist.ProcessGroup:
+    """A gloo group over every rank for host-side objects (a profile's spans): where the world's backend is
+    NCCL, its messages would otherwise be staged through device memory."""
+    return dist.new_group(backend="gloo", timeout=collective_timeout(timeout_s))
 
 
 def shutdown_distributed() -> None:

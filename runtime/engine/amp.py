@@ -18,11 +18,12 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler, _GeneralMultiDeviceReplicator
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
 from compiler.precisions import PRECISIONS
+from compiler.torch_compat import MultiDeviceReplicator, non_finite_check_and_unscale_, replicated_tensors
 
 
 def autocast(device_type: str, precision: str) -> contextlib.AbstractContextManager:
@@ -39,8 +40,8 @@ class LocalShardGradScaler(ShardedGradScaler):
     """
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
-        per_device_inv_scale = _GeneralMultiDeviceReplicator(inv_scale)
-        per_device_found_inf = _GeneralMultiDeviceReplicator(found_inf)
+        per_device_inv_scale = MultiDeviceReplicator(inv_scale)
+        per_device_found_inf = MultiDeviceReplicator(found_inf)
         grouped: dict = defaultdict(lambda: defaultdict(list))
         with torch.no_grad():
             for group in optimizer.param_groups:
@@ -51,12 +52,11 @@ class LocalShardGradScaler(ShardedGradScaler):
                     grouped[grad.device][grad.dtype].append(grad)
             for device, per_dtype in grouped.items():
                 for grads in per_dtype.values():
-                    torch._amp_foreach_non_finite_check_and_unscale_(
-                        grads, per_device_found_inf.get(device), per_device_inv_scale.get(device)
-                    )
-        if not per_device_found_inf._per_device_tensors:
+                    non_finite_check_and_unscale_(grads, per_device_found_inf.get(device), per_device_inv_scale.get(device))
+        found = replicated_tensors(per_device_found_inf)
+        if not found:
             per_device_found_inf.get(self._scale.device)
-        return per_device_found_inf._per_device_tensors
+        return found
 
 
 def build_grad_scaler(precision: str, device_type: str) -> ShardedGradScaler:

@@ -16,15 +16,15 @@ import math
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor.placement_types import _StridedShard
 
+from compiler.torch_compat import StridedShard, foreach_mul_, foreach_norm
 
 def _local_and_copies(grad: torch.Tensor, plane_size: int) -> tuple[torch.Tensor, int]:
     """(local piece, number of ranks in this stage's dp x mp plane holding the same piece)."""
     if isinstance(grad, DTensor):
         distinct = 1
         for dim, placement in enumerate(grad.placements):
-            if isinstance(placement, (Shard, _StridedShard)):  # _StridedShard: FSDP over a TP shard
+            if isinstance(placement, (Shard, StridedShard)):  # StridedShard: FSDP over a TP shard
                 distinct *= grad.device_mesh.size(dim)
         return grad.to_local(), plane_size // distinct
     return grad, plane_size
@@ -45,7 +45,7 @@ def local_grad_sq_norm(params: list[nn.Parameter], *, plane_size: int) -> torch.
     total = torch.zeros((), dtype=torch.float64, device=device)
     for copies, grads in by_copies.items():
         # Per-tensor fp32 norms in one fused pass (as clip_grad_norm_ does), summed in fp64.
-        norms = torch._foreach_norm(grads)
+        norms = foreach_norm(grads)
         total += torch.stack(norms).double().pow(2).sum() / copies
     return total
 
@@ -57,4 +57,4 @@ def clip_grads_(params: list[nn.Parameter], *, max_norm: float, total_norm: floa
     coef = max_norm / (total_norm + 1e-6)
     if coef < 1.0:
         local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
-        torch._foreach_mul_(local, coef)
+        foreach_mul_(local, coef)

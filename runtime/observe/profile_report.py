@@ -1,4 +1,5 @@
-"""Gather every rank's step profiles and write the time split, Chrome trace and Gantt chart."""
+"""Gather every rank's step profiles to the logging rank and write the time split, Chrome trace and Gantt
+chart there."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import json
 import os
 
 from compiler.schedules import bubble_fraction
-from runtime.distributed.collectives import all_gather_objects
+import torch.distributed as dist
+
+from runtime.distributed.collectives import gather_objects
 from runtime.distributed.mesh import GridLayout
 from runtime.observe.metrics import MetricsLogger
 from runtime.observe.png import write_png
@@ -15,9 +18,14 @@ from runtime.observe.timeline import chrome_trace, render_gantt, time_split
 
 
 def profile_report(profiles: list[StepProfile], *, layout: GridLayout, schedule: str, microbatches: int,
-                   stages_per_rank: int, logger: MetricsLogger) -> dict:
-    """Collective: every rank calls it. The logging rank writes time_split.json, timeline.json and images."""
-    per_rank = all_gather_objects(profiles)
+                   stages_per_rank: int, logger: MetricsLogger, dst: int,
+                   group: dist.ProcessGroup | None = None) -> dict | None:
+    """Collective: every rank calls it. Rank ``dst`` (the logging rank) gathers every rank's profiles, writes
+    time_split.json, timeline.json and images and returns the report; the others return None. Gathering to
+    one rank keeps a world of N ranks at N profiles in one process, not N x N over the job."""
+    per_rank = gather_objects(profiles, dst=dst, group=group)
+    if per_rank is None:
+        return None
     splits = []
     for rank, steps in enumerate(per_rank):
         step_splits = [time_split(p) for p in steps]

@@ -15,6 +15,14 @@ all-reduce inside a forward pass counts as TP communication, not as forward comp
 - ``other``: the rest of the step (schedule bookkeeping, the loss function, Python overhead).
 
 The hooks patch a handful of torch functions while profiling is on and restore them afterwards.
+
+On an accelerator the host runs ahead of the device and NCCL's ``Work.wait()`` only makes the compute stream
+wait, so host clocks around a span would time kernel launches. While a step is profiled every span
+therefore synchronises the current stream when it opens and when it closes (Megatron's timers synchronise
+the device the same way): a span's time is then its kernels' time, and a receive's wait lasts until the
+data is there. Only the compute stream is synchronised, so a transfer NCCL or FSDP runs on a stream of its
+own is charged where the compute stream waits for it (the receive's ``wait``, FSDP's ``wait_for_unshard``),
+not where it is posted. Profiled steps lose the host's run-ahead; the others are untouched.
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
+
+from compiler.torch_compat import FUNCTIONAL_WAIT, P2P_BATCH, REDISTRIBUTE, SCHEDULE_LOSS, FSDPParamGroup
 
 CATEGORIES = ("forward", "backward", "pp_send_recv", "idle", "tp_comm", "dp_comm", "optimizer", "other")
 
@@ -52,8 +62,10 @@ class StepProfile:
 class StepRecorder:
     """Collects nested spans during the steps being profiled; costs one ``if`` when inactive."""
 
-    def __init__(self, rank: int):
+    def __init__(self, rank: int, *, sync: Callable[[], None] | None = None):
+        """``sync``: blocks until the device has run what the host queued (None on the CPU)."""
         self.rank = rank
+        self._sync = sync or (lambda: None)
         self.active = False
         self._t0 = 0.0
         self._stack: list[list] = []  # [span, children_seconds]
@@ -61,10 +73,12 @@ class StepRecorder:
         self._exclusive: dict[str, float] = {}
 
     def begin_step(self) -> None:
+        self._sync()
         self.active, self._t0, self._spans, self._stack = True, time.perf_counter(), [], []
         self._exclusive = dict.fromkeys(CATEGORIES, 0.0)
 
     def end_step(self) -> StepProfile:
+        self._sync()
         step_time = time.perf_counter() - self._t0
         self.active = False
         tracked = sum(v for k, v in self._exclusive.items() if k != "other")
@@ -76,12 +90,14 @@ class StepRecorder:
         if not self.active:
             yield
             return
+        self._sync()  # what was queued before the span is not the span's
         start = time.perf_counter() - self._t0
         entry = [Span(category, name, start, start, len(self._stack), args), 0.0]
         self._stack.append(entry)
         try:
             yield
         finally:
+            self._sync()
             self._stack.pop()
             span, children = entry
             span.end = time.perf_counter() - self._t0
@@ -110,27 +126,45 @@ class _Patches:
 
 
 class _TimedWork:
-    """A p2p Work whose ``wait`` is charged to idle (receives) or pp_send_recv (sends)."""
+    """A p2p Work whose ``wait`` is charged to idle (it receives) or pp_send_recv (it only sends)."""
 
-    def __init__(self, work, category: str, recorder: StepRecorder):
-        self._work, self._category, self._recorder = work, category, recorder
+    def __init__(self, work, *, receives: bool, sends: bool, recorder: StepRecorder):
+        self._work, self._recorder = work, recorder
+        self._category = "idle" if receives else "pp_send_recv"
+        self._name = "send/recv wait" if receives and sends else "recv wait" if receives else "send wait"
 
     def wait(self, *args, **kwargs):
-        with self._recorder.span(self._category, "recv wait" if self._category == "idle" else "send wait"):
+        with self._recorder.span(self._category, self._name):
             return self._work.wait(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._work, name)
 
 
+def timed_p2p(recorder: StepRecorder) -> Callable[[Callable], Callable]:
+    """Wrap the schedules' ``_batch_p2p(p2p_ops, desc)``: posting is pp_send_recv, each returned work's wait
+    idle or pp_send_recv. gloo returns one work per operation (and so does 2.13 for an all-send or
+    all-receive batch); NCCL coalesces a batch into ONE work (``batch_isend_irecv``), whose wait covers every
+    operation in it, so it is a wait for a neighbour whenever the batch receives anything."""
+    import torch.distributed as dist
+
+    def make(fn):
+        def wrapper(p2p_ops, desc=None):
+            with recorder.span("pp_send_recv", "post p2p"):
+                works = fn(p2p_ops, desc)
+            if not recorder.active:
+                return works
+            if len(works) == len(p2p_ops):
+                return [_TimedWork(w, receives=op.op is dist.irecv, sends=op.op is dist.isend, recorder=recorder)
+                        for w, op in zip(works, p2p_ops)]
+            receives, sends = any(op.op is dist.irecv for op in p2p_ops), any(op.op is dist.isend for op in p2p_ops)
+            return [_TimedWork(w, receives=receives, sends=sends, recorder=recorder) for w in works]
+        return wrapper
+    return make
+
+
 def install_hooks(recorder: StepRecorder, stages: list, schedule) -> _Patches:
     """Instrument this rank's PipelineStages, loss, pipeline p2p, DTensor and FSDP collectives."""
-    import torch.distributed as dist
-    import torch.distributed._functional_collectives as funcol
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-    from torch.distributed.pipelining import schedules
-    from torch.distributed.tensor import _api, _dispatch, _redistribute
-
     patches = _Patches()
 
     def timed(category: str, label: Callable[..., str]):
@@ -148,22 +182,12 @@ def install_hooks(recorder: StepRecorder, stages: list, schedule) -> _Patches:
         patches.wrap(stage, "backward_weight_one_chunk", _stage_hook(recorder, "backward", "W", s))
 
     # The schedule computes the loss outside the last stage's forward; it is forward work too.
-    patches.wrap(schedule, "_compute_loss", timed("forward", lambda *a, **k: "loss"))
+    patches.wrap(schedule, SCHEDULE_LOSS, timed("forward", lambda *a, **k: "loss"))
 
-    def batch_p2p(fn):
-        def wrapper(p2p_ops, desc=None):
-            with recorder.span("pp_send_recv", "post p2p"):
-                works = fn(p2p_ops, desc)
-            if not recorder.active or len(works) != len(p2p_ops):
-                return works
-            return [_TimedWork(w, "pp_send_recv" if op.op is dist.isend else "idle", recorder)
-                    for w, op in zip(works, p2p_ops)]
-        return wrapper
-
-    patches.wrap(schedules, "_batch_p2p", batch_p2p)
-    for module in (_redistribute, _dispatch, _api):
-        patches.wrap(module, "redistribute_local_tensor", timed("tp_comm", lambda *a, **k: "redistribute"))
-    patches.wrap(funcol, "wait_tensor", timed("tp_comm", lambda *a, **k: "collective wait"))
+    patches.wrap(*P2P_BATCH, timed_p2p(recorder))
+    for owner, name in REDISTRIBUTE:
+        patches.wrap(owner, name, timed("tp_comm", lambda *a, **k: "redistribute"))
+    patches.wrap(*FUNCTIONAL_WAIT, timed("tp_comm", lambda *a, **k: "collective wait"))
     patches.wrap(FSDPParamGroup, "unshard", timed("dp_comm", lambda *a, **k: "all-gather"))
     patches.wrap(FSDPParamGroup, "wait_for_unshard", timed("dp_comm", lambda *a, **k: "all-gather wait"))
     patches.wrap(FSDPParamGroup, "post_backward", timed("dp_comm", lambda *a, **k: "reduce-scatter"))
@@ -184,8 +208,8 @@ def _stage_hook(recorder: StepRecorder, category: str, kind: str | None, stage_i
 class Profiler:
     """Profiles chosen steps of a run: barrier-aligned start, hooks installed for the run's lifetime."""
 
-    def __init__(self, *, rank: int, stages: list, schedule, steps: set[int]):
-        self.recorder = StepRecorder(rank)
+    def __init__(self, *, rank: int, stages: list, schedule, steps: set[int], sync: Callable[[], None] | None = None):
+        self.recorder = StepRecorder(rank, sync=sync)
         self.steps = steps
         self.profiles: list[StepProfile] = []
         self._patches = install_hooks(self.recorder, stages, schedule)

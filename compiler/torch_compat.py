@@ -1,0 +1,182 @@
+"""Every private torch API the engine touches, in one place (developers' guide: public APIs where possible, a
+private one through one shim). Nothing else in models/, compiler/ or runtime/ imports a private torch module or
+name (tests/test_architecture.py checks the imports; the attribute uses below are the rest).
+
+The engine runs on torch 2.13 (here) and 2.11 (the GPU machines). Each entry was read in both versions'
+sources (the 2.11.0 and 2.13.0 wheels) and exists in both with the same meaning unless noted;
+tests/test_torch_compat.py checks every one on the installed version. Where they differ:
+
+- Pipeline warm-up: 2.11's schedules exchange a dummy tensor with every neighbour stage's rank on the first
+  step (``PipelineStage._get_init_p2p_neighbors_ops`` through ``_batch_p2p``); 2.13 runs a forward/backward
+  vote between ``PipelineStage``s instead (``_PipelineSchedule._warmup_p2p``) and builds those ops only for
+  other stage types, and adds ``_validate_stage_tensors`` and ``_send_meta``/``_recv_meta``.
+- ``schedules._batch_p2p``: 2.11 always calls ``batch_isend_irecv``; 2.13 posts an all-send or all-receive
+  batch op by op and coalesces only mixed batches. On NCCL ``batch_isend_irecv`` returns ONE coalesced
+  work for the whole batch (``_coalescing_manager(...).works``); on gloo one work per op.
+- ``_PipelineSchedule._compute_loss(output, target)`` gained ``loss_kwargs=None`` in 2.13.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as _funcol
+import torch.distributed.distributed_c10d as _c10d
+from torch._C._distributed_c10d import Backend as _C10dBackend
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+from torch.distributed.fsdp.sharded_grad_scaler import _GeneralMultiDeviceReplicator
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining import schedules as _schedules
+from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
+from torch.distributed.tensor import _api as _dtensor_api
+from torch.distributed.tensor import _dispatch as _dtensor_dispatch
+from torch.distributed.tensor import _redistribute as _dtensor_redistribute
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor.placement_types import _StridedShard
+from torch.export.unflatten import InterpreterModule
+from torch.optim.optimizer import _get_scalar_dtype
+
+__all__ = [
+    "Action", "ComputationType", "PipelineScheduleRuntime", "FakeTensorMode", "FSDPParamGroup", "StridedShard",
+    "MultiDeviceReplicator", "checkpoint_wrapper", "compute_local_shape_and_global_offset",
+    "generate_stage_to_rank_mapping",
+]
+
+# --- pipelining: schedules as action lists, warm-up, generated code --------------------------------------
+
+Action = _Action  # (stage index, computation type, micro-batch index)
+ComputationType = _ComputationType  # FORWARD, FULL_BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, SEND_F, ...
+PipelineScheduleRuntime = _PipelineScheduleRuntime  # runs any per-rank action list, inserting sends/receives
+
+
+def set_pipeline_order(schedule: _PipelineScheduleRuntime, order: dict[int, list[_Action | None]]) -> None:
+    """Give a ``PipelineScheduleRuntime`` its compute-only action list per rank; torch adds the communication
+    (``_prepare_schedule_with_comms``, the same signature in 2.11 and 2.13)."""
+    schedule.pipeline_order = order
+    schedule._prepare_schedule_with_comms(order)
+
+
+def skip_self_p2p_warmup(stage: PipelineStage) -> None:
+    """Keep the first step's warm-up messages off the stage's own rank (a V placement holds neighbour stages
+    p-1 and p on one rank; gloo cannot send to itself, "Pair is not connected"). The schedule hands
+    activations to a same-rank stage locally, so the dropped messages carried nothing. torch 2.11 builds
+    them for every stage; 2.13 only for non-``PipelineStage`` stages, so there this is inert."""
+    build_ops = stage._get_init_p2p_neighbors_ops
+
+    def ops_to_other_ranks():
+        return [op for op in build_ops() if op.group_peer != stage.group_rank]
+
+    stage._get_init_p2p_neighbors_ops = ops_to_other_ranks
+
+
+def run_generated_code(stage_module: torch.nn.Module) -> None:
+    """Run a traced stage's ``InterpreterModule``s as their generated Python ``forward`` instead of through
+    ``fx.Interpreter`` node by node (``_run_with_interpreter``, torch/export/unflatten.py in both versions)."""
+    for module in stage_module.modules():
+        if isinstance(module, InterpreterModule):
+            module._run_with_interpreter = False
+
+
+# --- what the profiler wraps (runtime/observe/profiling.py) ----------------------------------------------
+
+P2P_BATCH = (_schedules, "_batch_p2p")  # (p2p ops, desc=None) -> works: every schedule's send/receive
+SCHEDULE_LOSS = "_compute_loss"  # a schedule's loss call: (output, target) on 2.11, (..., loss_kwargs) on 2.13
+# DTensor's redistributions (Megatron's TP all-reduces): each module binds ``redistribute_local_tensor`` itself.
+REDISTRIBUTE = tuple((module, "redistribute_local_tensor")
+                     for module in (_dtensor_redistribute, _dtensor_dispatch, _dtensor_api))
+FUNCTIONAL_WAIT = (_funcol, "wait_tensor")  # the deferred wait of a functional collective
+
+
+# --- DTensor, FSDP, AMP, autograd internals --------------------------------------------------------------
+
+StridedShard = _StridedShard  # FSDP's dim-0 shard of a TP-sharded parameter
+MultiDeviceReplicator = _GeneralMultiDeviceReplicator  # ShardedGradScaler's per-device found-inf / inv-scale
+
+
+def replicated_tensors(replicator: _GeneralMultiDeviceReplicator) -> dict[torch.device, torch.Tensor]:
+    """The per-device copies a ``MultiDeviceReplicator`` made (what ``_unscale_grads_`` returns)."""
+    return replicator._per_device_tensors
+
+
+def foreach_norm(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return torch._foreach_norm(tensors)
+
+
+def foreach_mul_(tensors: list[torch.Tensor], scalar: float) -> None:
+    torch._foreach_mul_(tensors, scalar)
+
+
+def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Tensor, inv_scale: torch.Tensor) -> None:
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+
+
+def tensor_base(t: torch.Tensor) -> torch.Tensor | None:
+    """The tensor ``t`` is a view of, if any."""
+    return t._base
+
+
+# The CPU flash-attention kernels F.scaled_dot_product_attention runs on CPU (forward, backward).
+CPU_FLASH_ATTENTION = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
+                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward)
+
+
+def raise_recompile_limit(extra: int) -> None:
+    """Let dynamo compile ``extra`` more graphs per code object before it falls back to eager."""
+    torch._dynamo.config.recompile_limit += extra
+
+
+# --- optimizer and LR schedule state -----------------------------------------------------------------------
+
+def optimizer_step_dtype(*, is_fused: bool = False) -> torch.dtype:
+    """The dtype AdamW keeps its ``step`` counter in (fused kernels read a float32 one on the device)."""
+    return _get_scalar_dtype(is_fused=is_fused)
+
+
+def lr_schedule_state(schedule: torch.optim.lr_scheduler.LRScheduler) -> tuple[int, int]:
+    """(last_epoch, step count): what a resumed LR schedule needs besides the learning rates."""
+    return schedule.last_epoch, schedule._step_count
+
+
+def restore_lr_schedule(schedule: torch.optim.lr_scheduler.LRScheduler, *, last_epoch: int, step_count: int,
+                        last_lrs: list[float]) -> None:
+    schedule.last_epoch, schedule._step_count, schedule._last_lr = last_epoch, step_count, last_lrs
+
+
+# --- process groups and DeviceMesh -------------------------------------------------------------------------
+
+def group_options(backend: str, timeout: datetime.timedelta) -> _C10dBackend.Options:
+    """Options that make DeviceMesh create a dimension's groups with ``timeout``. DeviceMesh passes a
+    timeout to ``split_group`` / ``new_group`` only as ``pg_options._timeout`` (``_init_one_process_group``
+    in 2.11 and 2.13); without options NCCL groups get ``default_pg_nccl_timeout`` (10 min), gloo's 30 min.
+    A fresh object per call: c10d writes each group's name and ranks into the options it is given."""
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = False  # what c10d gives an NCCL group created without options
+    else:
+        options = _C10dBackend.Options(backend)
+    options._timeout = timeout
+    return options
+
+
+def group_timeout(group: dist.ProcessGroup, device: torch.device) -> datetime.timedelta:
+    """The timeout ``group``'s backend for ``device`` bounds every wait with."""
+    return group._get_backend(device).options._timeout
+
+
+def process_groups() -> list[dist.ProcessGroup]:
+    """Every process group this process has created (the world's first)."""
+    return list(_c10d._world.pg_map)
+
+
+def unflatten_mesh(mesh: DeviceMesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...],
+                   backend_override: dict[str, _C10dBackend.Options]) -> DeviceMesh:
+    """Split mesh dimension ``dim`` into ``names`` of ``sizes`` (``DeviceMesh._unflatten``, the same
+    signature in 2.11 and 2.13), its new groups created with ``backend_override``'s options."""
+    return mesh._unflatten(dim, sizes, names, backend_override=backend_override)
+
