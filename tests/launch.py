@@ -45,10 +45,17 @@ def python_run(args: list[str], *, timeout: float = 300) -> subprocess.Completed
     return run_command([sys.executable, str(ROOT / "run.py"), *args], timeout=timeout)
 
 
+# Imported once by the fork server every spawned rank is forked from (runtime/distributed/spawn.py): what
+# a rank imports anyway (torch, DTensor, FSDP, pipelining, the engine), which a fresh interpreter per rank
+# would import again.
+PRELOAD = ("tests.launch",)
+
+
 def spawn_ranks(fn: Callable[..., Any], *, world_size: int, args: tuple = (), timeout: float = 300) -> None:
-    """Run ``fn(*args)`` on ``world_size`` fresh processes forming one gloo job (env:// rendezvous)."""
+    """Run ``fn(*args)`` on ``world_size`` processes forming one gloo job (env:// rendezvous), forked from a
+    server that imported the engine once."""
     try:
-        spawn.spawn_ranks(fn, world_size=world_size, args=args, timeout=timeout)
+        spawn.spawn_ranks(fn, world_size=world_size, args=args, timeout=timeout, preload=PRELOAD)
     except spawn.SpawnError as e:
         raise AssertionError(str(e)) from None
 
