@@ -20,6 +20,7 @@ full tensor at a time, as the name-seeded start does.
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import json
 import os
@@ -148,7 +149,8 @@ def _measure_rank(folder: str, mesh_shape: tuple[int, int, int], source: str, ou
     hf = read_hf_model(folder)
     cfg = hf.config
     layout = GridLayout(*mesh_shape)
-    mesh = build_mesh("cpu", layout)
+    timeout = datetime.timedelta(seconds=600)
+    mesh = build_mesh("cpu", layout, timeout=timeout)
     _, pp_rank, _ = layout.coordinates(dist.get_rank())
     source_fn = (initial_values(check_weights(hf), cfg) if source == "hf"
                  else functools.partial(spec_of(cfg).initial_value, seed=0, cfg=cfg))
@@ -178,7 +180,7 @@ def _measure_rank(folder: str, mesh_shape: tuple[int, int, int], source: str, ou
     stages = build_local_stages(
         cfg, blocks_per_stage=uniform_split(cfg.n_layers, layout.pp),
         stage_indices=SCHEDULES["1f1b"].stage_indices(pp_rank, pp=layout.pp, stages_per_rank=1), micro_batch_size=1,
-        meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout)), device=torch.device("cpu"),
+        meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout)), device=torch.device("cpu"),
         activation_checkpointing=False, data_parallel=DataParallelOptions(), initial_value=measured)
     stop.set()
     thread.join()

@@ -36,7 +36,7 @@ from runtime.commands.flags import config_from_args
 from runtime.config import ConfigError, TrainConfig, validate
 from runtime.device import configure_cpu_threads, select_device
 from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
-from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
+from runtime.distributed.process_group import LaunchEnv, collective_timeout, init_distributed, shutdown_distributed
 from runtime.engine.data import DataError, evaluation_corpus, replica_rows
 from runtime.engine.data.corpus import Corpus
 from runtime.engine.evaluation import Evaluation, evaluate_windows, summed_cross_entropy
@@ -123,7 +123,8 @@ def evaluate(inputs: EvalInputs, *, env: LaunchEnv, device: torch.device) -> Eva
     """Build this rank's stages as training does (forward only), load the weights, run every window."""
     cfg = inputs.cfg
     layout = GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, cfg.data_parallel.shard)
-    mesh = build_mesh(device.type, layout)
+    timeout = collective_timeout(cfg.collective_timeout_s)
+    mesh = build_mesh(device.type, layout, timeout=timeout)
     dp_rank, pp_rank, _ = layout.coordinates(env.rank)
     spec = SCHEDULES[cfg.pipeline.schedule]
     v = cfg.pipeline.stages_per_rank
@@ -138,7 +139,7 @@ def evaluate(inputs: EvalInputs, *, env: LaunchEnv, device: torch.device) -> Eva
         cfg.model, blocks_per_stage=plan.blocks_per_stage,
         stage_indices=spec.stage_indices(pp_rank, pp=cfg.mesh.pp, stages_per_rank=v),
         micro_batch_size=cfg.pipeline.micro_batch_size, device=device, activation_checkpointing=False,
-        meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout)),
+        meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout)),
         data_parallel=DataParallelOptions(zero3=cfg.data_parallel.reshard_after_forward,
                                           param_dtype=PRECISIONS[cfg.precision].autocast_dtype, reduce_dtype=None),
         initial_value=values, document_positions=cfg.data.document_mask)
