@@ -30,7 +30,8 @@ DOCUMENTS = ["--document-mask", "--eod-token", "10"]
 # The default split on 2x2x2 interleaved is covered by the full-gradient test below; here that mesh runs
 # with the embedding and the head alone on stages of their own (what --split auto picks for a heavy head).
 CASES = [
-    (2, 2, 2, "interleaved-1f1b", ["--split", "manual:0,2,2,0"]),
+    # ... and with packed documents (newline-separated in the built-in text): block-causal attention.
+    (2, 2, 2, "interleaved-1f1b", ["--split", "manual:0,2,2,0", *DOCUMENTS]),
     (1, 2, 2, "1f1b", []),
     (2, 1, 2, "interleaved-1f1b", []),
     (2, 2, 1, "naive", []),
@@ -56,20 +57,18 @@ CASES = [
     (1, 4, 1, "looped-bfs", ["--layers", "8", "--activation-checkpointing"]),
     # Compiled blocks (inductor) under TP and PP.
     (1, 2, 2, "1f1b", ["--compile"]),
-    # Sequence parallelism: norms and residual stream on sequence shards, alone with DP and under PP + AC.
-    (2, 1, 4, "1f1b", ["--sequence-parallel"]),
+    # Sequence parallelism: norms and residual stream on sequence shards, with DP (and packed documents,
+    # whose positions are sharded with the sequence) and under PP + AC.
+    (2, 1, 4, "1f1b", [*DOCUMENTS, "--sequence-parallel"]),
     (2, 2, 2, "interleaved-1f1b", ["--sequence-parallel", "--activation-checkpointing"]),
     # Llama 3 (RMSNorm, RoPE with llama3 scaling, grouped-query attention 8 heads / 4 kv heads, SwiGLU): the
-    # looped and V placements, sequence parallelism over 4 TP ranks, HSDP and ZeRO-3.
+    # looped and V placements (zbv with packed documents: RoPE restarted per document), sequence parallelism
+    # over 4 TP ranks, HSDP and ZeRO-3.
     (2, 2, 2, "interleaved-1f1b", LLAMA),
-    (2, 2, 2, "zbv", LLAMA),
+    (2, 2, 2, "zbv", [*LLAMA, *DOCUMENTS]),
     (2, 1, 4, "1f1b", [*LLAMA, "--sequence-parallel"]),
     (4, 2, 1, "interleaved-1f1b", [*LLAMA, "--dp-shard", "2"]),
     (2, 2, 2, "1f1b", [*LLAMA, "--reshard-after-forward"]),
-    # Packed documents (newline-separated in the built-in text): block-causal attention, positions restarted.
-    (2, 2, 2, "interleaved-1f1b", DOCUMENTS),
-    (2, 1, 4, "1f1b", [*DOCUMENTS, "--sequence-parallel"]),
-    (2, 2, 2, "zbv", [*LLAMA, *DOCUMENTS]),
     # Validation through the V placements (a forward-only action list: torch's V schedules cannot eval()).
     (1, 2, 1, "zbv", ["--eval-every", "3"]),
     (1, 2, 1, "dualpipev", ["--eval-every", "3"]),
