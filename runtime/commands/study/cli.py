@@ -83,7 +83,8 @@ def main(argv: list[str]) -> int:
         "scaling": plan.scaling_specs(args.world, settings) if "scaling" in sections else [],
         "overhead": plan.overhead_specs(settings) if "overhead" in sections else [],
         "split": plan.split_specs(args.world, settings) if "split" in sections and args.world >= 2 else [],
-        "sharding": sharding.memory_specs(args.world, settings.sharding_model, large=settings.sharding_large,
+        "sharding": sharding.memory_specs(min(args.world, settings.sharding_world), settings.sharding_model,
+                                          large=settings.sharding_large, llama=settings.sharding_llama,
                                           smoke=mode == "smoke") if "sharding" in sections else [],
         "replicate": sharding.replicate_specs(settings.replicate_rounds, settings.replicate_model,
                                               micro_batch_size=4, microbatches=4, steps=settings.steps + 1)
@@ -169,7 +170,9 @@ def main(argv: list[str]) -> int:
 
     if specs["zero_bubble"]:
         raw = [run(spec, lambda r: f"{r.summary['samples_per_sec']:.3f} samples/s") for spec in specs["zero_bubble"]]
-        results["zero_bubble"] = {"runs": raw, "table": zero_bubble.zero_bubble_summary(raw), "method": (
+        shape = settings.zero_bubble_model
+        results["zero_bubble"] = {"runs": raw, "table": zero_bubble.zero_bubble_summary(raw),
+                                  "model": f"{shape.layers} x d {shape.d_model}", "method": (
             f"pp=2 on 2 ranks, model {vars(settings.zero_bubble_model)}, fp32, {zero_bubble.MICROBATCHES} "
             f"micro-batches of {zero_bubble.MICRO_BATCH_SIZE}, {settings.steps + 1} steps per run, "
             f"{settings.zero_bubble_rounds} alternated repetitions; samples/s pooled as the median over the steady "

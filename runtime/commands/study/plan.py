@@ -62,6 +62,7 @@ class StudySettings:
     timeout_s: float
     # What to cover (the smoke mode trims these; full and quick cover everything the world allows).
     throughput_schedules: tuple[str, ...] = tuple(label for label, _, _ in THROUGHPUT_SCHEDULES)
+    throughput_world: int = 8  # the largest throughput group run (pp=2: 2 ranks, pp=4: 4, 3D 2x2x2: 8)
     scaling_worlds: tuple[int, ...] = (1, 2, 4, 8)
     overhead_pairs: int = 4  # alternated engine / plain-loop pairs
     split_pps: tuple[int, ...] = (2, 4)
@@ -73,6 +74,8 @@ class StudySettings:
     # Memory per configuration (study/sharding.py) and the replicate-vs-DDP benchmark.
     sharding_model: object = named_config("tiny")
     sharding_large: bool = False  # add GPT-2 Large at 2x2x2
+    sharding_llama: bool = False  # add the Llama 3 shape at 2x2x2 with and without SP
+    sharding_world: int = 8  # the most ranks a row of the section uses (its rows: study/sharding.py)
     replicate_model: ModelShape = ModelShape(2, 32, 2, 32)
     replicate_rounds: int = 1
     # ZB-V against the naive loop at pp=2 (study/zero_bubble.py); 4 blocks at least (4 stages).
@@ -97,7 +100,7 @@ FULL = StudySettings(
     # on 2 cores (head | the rest) as with a core per rank.
     split_model=ModelShape(8, 256, 4, 128, 28672), timeout_s=900, overhead_pairs=3,
     split_microbatches=16, split_micro_batch_size=2,
-    sharding_model=named_config("small", seq_len=128), sharding_large=True,
+    sharding_model=named_config("small", seq_len=128), sharding_large=True, sharding_llama=True,
     replicate_model=ModelShape(8, 256, 4, 128), replicate_rounds=3,
     zero_bubble_model=ModelShape(8, 256, 4, 128), zero_bubble_rounds=3,
     checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(8, 512, 8, 32, 8192).flags()), steps=16, every=4,
@@ -109,9 +112,12 @@ QUICK = StudySettings(
     model=ModelShape(8, 128, 8, 64), micro_batch_size=2, microbatches=8, steps=4, rounds=1,
     memory_model=ModelShape(4, 64, 4, 128), memory_budget_gb=0.04, memory_resolution=1 / 4, memory_start=4,
     split_model=ModelShape(8, 128, 4, 64, 16384), timeout_s=300, overhead_pairs=2,
-    # The schedules the targets and timelines name, and scaling up to 4 ranks (8 ranks on 2 cores spend
-    # most of a short run starting up): with every schedule and 8-rank scaling it took 13.5 min.
+    # The schedules the targets and timelines name, throughput and scaling up to 4 ranks (8 ranks on 2 cores
+    # spend most of a short run starting up), the sharding section's 4-rank rows (every DP mode and a 3D
+    # mesh against replication) and no inductor row: on 2026-11-25 the 8-rank sharding rows with the Llama
+    # shape (6.4 min), the 3D throughput group (1.8 min) and the compiled row had grown it to 16.6 min.
     throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2", "zbv"), scaling_worlds=(1, 2, 4),
+    throughput_world=4, zero_bubble_compiled=False, sharding_world=4,
     replicate_model=ModelShape(4, 128, 4, 64), replicate_rounds=2,
     zero_bubble_model=ModelShape(8, 128, 8, 64),
     checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(4, 256, 4, 32, 4096).flags()), steps=8, every=4,
@@ -153,7 +159,7 @@ def _steps(world: int, s: StudySettings) -> int:
 def throughput_specs(world: int, s: StudySettings) -> list[RunSpec]:
     specs = []
     for group, dp, pp, mp in THROUGHPUT_MESHES:
-        if dp * pp * mp > world:
+        if dp * pp * mp > min(world, s.throughput_world):
             continue
         # Every group trains the same global batch (m micro-batches per replica): dp replicas split it.
         mbs = max(1, s.micro_batch_size // dp)

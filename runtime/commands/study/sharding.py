@@ -115,7 +115,9 @@ MEMORY_METHOD = (
     "v=2, 2 micro-batches per pp rank; the rest 1F1B with 2 micro-batches.")
 
 
-def memory_specs(world: int, model, *, large: bool, smoke: bool = False) -> list[RunSpec]:
+def memory_specs(world: int, model, *, large: bool, llama: bool = False, smoke: bool = False) -> list[RunSpec]:
+    """The section's runs on up to ``world`` ranks; ``large``: GPT-2 Large at 2x2x2, ``llama``: the Llama 3 shape
+    at 2x2x2 with and without SP (both 8-rank runs of 100M+ parameters, a minute or more each here)."""
     specs = []
     for row in memory_rows(world, smoke=smoke):
         c = row.candidate()
@@ -129,7 +131,7 @@ def memory_specs(world: int, model, *, large: bool, smoke: bool = False) -> list
         args = [*model_flags(LARGE_MODEL), *c.flags(), "--compact-cpu-memory", *_common(3, profile_memory=False)]
         specs.append(RunSpec("sharding_gpt2_large", 8, args, meta={"section": "sharding", **dataclasses.asdict(LARGE),
                                                                     "model": "large"}))
-    if world >= 8 and not smoke:
+    if llama and world >= 8 and not smoke:
         for row in LLAMA_ROWS:
             c = row.candidate()
             name = f"sharding_llama_{c.describe()}".replace(" ", "_").replace("=", "")
