@@ -84,7 +84,7 @@ def main(argv: list[str]) -> int:
         "overhead": plan.overhead_specs(settings) if "overhead" in sections else [],
         "split": plan.split_specs(args.world, settings) if "split" in sections and args.world >= 2 else [],
         "sharding": sharding.memory_specs(min(args.world, settings.sharding_world), settings.sharding_model,
-                                          large=settings.sharding_large, llama=settings.sharding_llama,
+                                          large=settings.sharding_large, other_shapes=settings.sharding_other_shapes,
                                           smoke=mode == "smoke") if "sharding" in sections else [],
         "replicate": sharding.replicate_specs(settings.replicate_rounds, settings.replicate_model,
                                               micro_batch_size=4, microbatches=4, steps=settings.steps + 1)

@@ -74,7 +74,7 @@ class StudySettings:
     # Memory per configuration (study/sharding.py) and the replicate-vs-DDP benchmark.
     sharding_model: object = named_config("tiny")
     sharding_large: bool = False  # add GPT-2 Large at 2x2x2
-    sharding_llama: bool = False  # add the Llama 3 shape at 2x2x2 with and without SP
+    sharding_other_shapes: bool = False  # add the Llama 3 shape and GPT-2 small at T 1024, with and without SP
     sharding_world: int = 8  # the most ranks a row of the section uses (its rows: study/sharding.py)
     replicate_model: ModelShape = ModelShape(2, 32, 2, 32)
     replicate_rounds: int = 1
@@ -100,7 +100,7 @@ FULL = StudySettings(
     # on 2 cores (head | the rest) as with a core per rank.
     split_model=ModelShape(8, 256, 4, 128, 28672), timeout_s=900, overhead_pairs=3,
     split_microbatches=16, split_micro_batch_size=2,
-    sharding_model=named_config("small", seq_len=128), sharding_large=True, sharding_llama=True,
+    sharding_model=named_config("small", seq_len=128), sharding_large=True, sharding_other_shapes=True,
     replicate_model=ModelShape(8, 256, 4, 128), replicate_rounds=3,
     zero_bubble_model=ModelShape(8, 256, 4, 128), zero_bubble_rounds=3,
     checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(8, 512, 8, 32, 8192).flags()), steps=16, every=4,

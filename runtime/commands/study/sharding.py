@@ -42,10 +42,12 @@ class MemoryRow:
     activation_checkpointing: bool = False
     micro_batch_size: int = 2
     sequence_parallel: bool = False
+    microbatches: int | None = None  # None: 2 per pp rank
 
     def candidate(self) -> Candidate:
         schedule, v = ("interleaved-1f1b", 2) if self.pp > 1 else ("1f1b", 1)
-        return Candidate(self.dp, self.pp, self.mp, schedule, v, 2 * self.pp, self.micro_batch_size, self.precision,
+        m = self.microbatches or 2 * self.pp
+        return Candidate(self.dp, self.pp, self.mp, schedule, v, m, self.micro_batch_size, self.precision,
                          self.activation_checkpointing, dp_shard=self.dp_shard, reshard_after_forward=self.zero3,
                          sequence_parallel=self.sequence_parallel)
 
@@ -89,8 +91,16 @@ LARGE = MemoryRow("GPT-2 Large 2x2x2, ZeRO-3 + AC", 2, 2, 2, zero3=True, activat
 LLAMA_MODEL = named_config("llama3-debug", n_layers=12, d_model=768, n_heads=12, n_kv_heads=4, seq_len=128,
                            vocab_size=32000)
 LLAMA_ROWS = (MemoryRow("Llama 3 shape 2x2x2", 2, 2, 2), MemoryRow("Llama 3 shape 2x2x2 + SP", 2, 2, 2, sequence_parallel=True))
+# Sequence parallelism where activations set the step's peak: GPT-2 small at T 1024, one micro-batch of 4, fp32.
+# At T 128 (the rows above) the peak is set by a phase SP does not touch and the two rows differ by noise; at
+# T 1024 with two micro-batches of 2 as well (1.49 / 1.51 GiB either way, 2026-11-25), while the model alone
+# (forward, loss, backward, AdamW) saved 90 MiB there.
+LONG_MODEL = named_config("small", seq_len=1024)
+LONG_ROWS = tuple(MemoryRow("TP + SP" if sp else "TP", 1, 1, 4, precision="fp32", micro_batch_size=4, microbatches=1,
+                            sequence_parallel=sp) for sp in (False, True))
 # Rows of other models than the section's: run meta "model" -> (config, name in the table).
-OTHER_MODELS = {"large": (LARGE_MODEL, "GPT-2 Large"), "llama": (LLAMA_MODEL, "Llama 3 shape, 12 x d 768, kv 4")}
+OTHER_MODELS = {"large": (LARGE_MODEL, "GPT-2 Large"), "llama": (LLAMA_MODEL, "Llama 3 shape, 12 x d 768, kv 4"),
+                "long": (LONG_MODEL, "GPT-2 small")}
 
 
 def memory_rows(world: int, *, smoke: bool = False) -> tuple[MemoryRow, ...]:
@@ -115,9 +125,10 @@ MEMORY_METHOD = (
     "v=2, 2 micro-batches per pp rank; the rest 1F1B with 2 micro-batches.")
 
 
-def memory_specs(world: int, model, *, large: bool, llama: bool = False, smoke: bool = False) -> list[RunSpec]:
-    """The section's runs on up to ``world`` ranks; ``large``: GPT-2 Large at 2x2x2, ``llama``: the Llama 3 shape
-    at 2x2x2 with and without SP (both 8-rank runs of 100M+ parameters, a minute or more each here)."""
+def memory_specs(world: int, model, *, large: bool, other_shapes: bool = False, smoke: bool = False) -> list[RunSpec]:
+    """The section's runs on up to ``world`` ranks; ``large``: GPT-2 Large at 2x2x2; ``other_shapes``: the Llama 3
+    shape at 2x2x2 and GPT-2 small at T 1024 on 1x1x4, each with and without SP (runs of 100M+ parameters, a
+    minute or more each here)."""
     specs = []
     for row in memory_rows(world, smoke=smoke):
         c = row.candidate()
@@ -131,12 +142,14 @@ def memory_specs(world: int, model, *, large: bool, llama: bool = False, smoke: 
         args = [*model_flags(LARGE_MODEL), *c.flags(), "--compact-cpu-memory", *_common(3, profile_memory=False)]
         specs.append(RunSpec("sharding_gpt2_large", 8, args, meta={"section": "sharding", **dataclasses.asdict(LARGE),
                                                                     "model": "large"}))
-    if llama and world >= 8 and not smoke:
-        for row in LLAMA_ROWS:
-            c = row.candidate()
-            name = f"sharding_llama_{c.describe()}".replace(" ", "_").replace("=", "")
-            specs.append(RunSpec(name, 8, [*model_flags(LLAMA_MODEL), *c.flags(), *_common(3)],
-                                 meta={"section": "sharding", **dataclasses.asdict(row), "model": "llama"}))
+    if other_shapes and world >= 8 and not smoke:
+        for key, rows in (("llama", LLAMA_ROWS), ("long", LONG_ROWS)):
+            shape = OTHER_MODELS[key][0]
+            for row in rows:
+                c = row.candidate()
+                name = f"sharding_{key}_{c.describe()}".replace(" ", "_").replace("=", "")
+                specs.append(RunSpec(name, c.dp * c.pp * c.mp, [*model_flags(shape), *c.flags(), *_common(3)],
+                                     meta={"section": "sharding", **dataclasses.asdict(row), "model": key}))
     return specs
 
 
@@ -161,7 +174,7 @@ def memory_table(runs: list[dict], model) -> list[dict]:
         row = MemoryRow(**{k: r[k] for k in fields})
         shape, name = OTHER_MODELS.get(r.get("model"), (model, f"{model.n_layers} x d {model.d_model}"))
         out = {**dataclasses.asdict(row), "model": f"{name}, T {shape.seq_len}", "ok": r["ok"], "error": r.get("error"),
-               "predicted_bytes": predicted_bytes(row, shape, 4 if r.get("model") == "large" else None)}
+               "predicted_bytes": predicted_bytes(row, shape, 4 if r.get("model") == "large" else row.microbatches)}
         if r["ok"]:
             s = r["summary"]
             out |= {"peak_tensor_bytes": s.get("peak_tensor_bytes"), "peak_resident_bytes": max(s["peak_bytes_per_rank"]),
