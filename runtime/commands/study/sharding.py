@@ -136,7 +136,7 @@ def memory_specs(world: int, model, *, large: bool, other_shapes: bool = False, 
         meta = {"section": "sharding", **dataclasses.asdict(row)}
         specs.append(RunSpec(name, c.dp * c.pp * c.mp, [*model_flags(model), *c.flags(), *_common(3)], meta=meta))
     if large and world >= 8:
-        c = dataclasses.replace(LARGE.candidate(), microbatches=4)
+        c = LARGE.candidate()
         # GPT-2 Large's Adam state and copies fill most of 24 GiB: large tensors are returned to the kernel.
         # No --profile-memory: its event buffers would add to a peak that is already near the machine's memory.
         args = [*model_flags(LARGE_MODEL), *c.flags(), "--compact-cpu-memory", *_common(3, profile_memory=False)]
@@ -153,10 +153,8 @@ def memory_specs(world: int, model, *, large: bool, other_shapes: bool = False, 
     return specs
 
 
-def predicted_bytes(row: MemoryRow, model, microbatches: int | None = None) -> float | None:
+def predicted_bytes(row: MemoryRow, model) -> float | None:
     c = row.candidate()
-    if microbatches:
-        c = dataclasses.replace(c, microbatches=microbatches)
     cluster = dataclasses.replace(load_cluster("cpu-2core"), memory_per_node=2**50)
     base = default_config(model)
     e = estimate(c, cfg=model, cluster=cluster, costs=CostTable(model), validate=lambda x: plan_error(base, x),
@@ -171,10 +169,10 @@ def memory_table(runs: list[dict], model) -> list[dict]:
                      if r["ok"] and r["label"] == REPLICATION and r.get("model") is None), None)
     table = []
     for r in runs:
-        row = MemoryRow(**{k: r[k] for k in fields})
+        row = MemoryRow(**{k: r[k] for k in fields if k in r})  # results written before a field existed
         shape, name = OTHER_MODELS.get(r.get("model"), (model, f"{model.n_layers} x d {model.d_model}"))
         out = {**dataclasses.asdict(row), "model": f"{name}, T {shape.seq_len}", "ok": r["ok"], "error": r.get("error"),
-               "predicted_bytes": predicted_bytes(row, shape, 4 if r.get("model") == "large" else row.microbatches)}
+               "predicted_bytes": predicted_bytes(row, shape)}
         if r["ok"]:
             s = r["summary"]
             out |= {"peak_tensor_bytes": s.get("peak_tensor_bytes"), "peak_resident_bytes": max(s["peak_bytes_per_rank"]),
