@@ -51,7 +51,7 @@ CASES = [
     # breadth-first looping. 1x4x1 needs 8 stages, so 8 blocks.
     (2, 2, 2, "zbv", []),
     (1, 4, 1, "zbv", ["--layers", "8", "--activation-checkpointing"]),
-    (2, 2, 2, "dualpipev", []),
+    (2, 2, 2, "dualpipev", ["--dp-shard", "1"]),  # replicated DP under a split backward: W passes count accumulations
     (1, 4, 1, "dualpipev", ["--layers", "8"]),
     (2, 2, 2, "looped-bfs", []),
     (1, 4, 1, "looped-bfs", ["--layers", "8", "--activation-checkpointing"]),
