@@ -20,7 +20,6 @@ full tensor at a time, as the name-seeded start does.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
 import os
@@ -143,13 +142,14 @@ def _measure_rank(folder: str, mesh_shape: tuple[int, int, int], source: str, ou
     from models import spec_of
     from runtime.checkpoint.hf_weights import check_weights, initial_values, read_hf_model
     from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
+    from runtime.distributed.process_group import collective_timeout
 
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     hf = read_hf_model(folder)
     cfg = hf.config
     layout = GridLayout(*mesh_shape)
-    timeout = datetime.timedelta(seconds=600)
+    timeout = collective_timeout(600)
     mesh = build_mesh("cpu", layout, timeout=timeout)
     _, pp_rank, _ = layout.coordinates(dist.get_rank())
     source_fn = (initial_values(check_weights(hf), cfg) if source == "hf"

@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
         shape = settings.zero_bubble_model
         results["zero_bubble"] = {"runs": raw, "table": zero_bubble.zero_bubble_summary(raw),
                                   "model": f"{shape.layers} x d {shape.d_model}", "method": (
-            f"pp=2 on 2 ranks, model {vars(settings.zero_bubble_model)}, fp32, {zero_bubble.MICROBATCHES} "
+            f"pp=2 on 2 ranks, model {vars(shape)}, fp32, {zero_bubble.MICROBATCHES} "
             f"micro-batches of {zero_bubble.MICRO_BATCH_SIZE}, {settings.steps + 1} steps per run, "
             f"{settings.zero_bubble_rounds} alternated repetitions; samples/s pooled as the median over the steady "
             "steps of every repetition. The bound is the bubble formulas' (compiler/schedules.py).")}
