@@ -177,6 +177,8 @@ def process_groups() -> list[dist.ProcessGroup]:
 def unflatten_mesh(mesh: DeviceMesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...],
                    backend_override: dict[str, _C10dBackend.Options]) -> DeviceMesh:
     """Split mesh dimension ``dim`` into ``names`` of ``sizes`` (``DeviceMesh._unflatten``, the same
-    signature in 2.11 and 2.13), its new groups created with ``backend_override``'s options."""
-    return mesh._unflatten(dim, sizes, names, backend_override=backend_override)
+    signature in 2.11 and 2.13), its new groups created with ``backend_override``'s options. The dimension
+    goes by index: 2.11's ``_unflatten`` inverts its check of a name (it raises "dim dp specified in
+    `_unflatten` is not in ('dp', 'pp', 'mp')" exactly when the name is there)."""
+    return mesh._unflatten(mesh.mesh_dim_names.index(dim), sizes, names, backend_override=backend_override)
 

@@ -161,6 +161,12 @@ def peak_memory_bytes(device: torch.device) -> int:
     return _max_rss_bytes()
 
 
+def peak_reserved_bytes(device: torch.device) -> int | None:
+    """Accelerator: the caching allocator's peak reservation (``max_memory_reserved``: what the device sees
+    taken, fragmentation included; the planner's reserve covers the gap to the tensors). CPU: None."""
+    return None if device.type == "cpu" else int(torch.accelerator.max_memory_reserved(device))
+
+
 def current_memory_bytes(device: torch.device) -> int:
     if device.type != "cpu":
         return int(torch.accelerator.memory_allocated(device))

@@ -27,6 +27,7 @@ from runtime.checkpoint.files import (
     publish,
     published_steps,
     read_checkpoint,
+    read_dcp_metadata,
     resume_notes,
     tmp_folder,
     verify_files,
@@ -49,10 +50,12 @@ def _save(directory: Path, step: int, *, keep: int = 3, model=TINY, indexed: boo
     with the manifest's index of DCP's metadata (without: as checkpoints written before the index)."""
     tmp = tmp_folder(directory, step)
     weights = {name: p.detach() for name, p in build_model(model, seed=step).named_parameters(remove_duplicate=False)}
-    metadata = dcp.save({"model": weights}, checkpoint_id=tmp, no_dist=True)
+    dcp.save({"model": weights}, checkpoint_id=tmp, no_dist=True)
     files = {p.name: describe_file(p) for p in tmp.iterdir()}
     config = _config() if model == TINY else _config("--d-model", str(model.d_model))
-    write_manifest(tmp, step=step, config=config, files=files, index=dcp_index(metadata) if indexed else None)
+    # The metadata as written: torch 2.11's dcp.save returns it without storage_data.
+    index = dcp_index(read_dcp_metadata(tmp)) if indexed else None
+    write_manifest(tmp, step=step, config=config, files=files, index=index)
     final = publish(tmp, directory, step)
     prune(directory, keep=keep, protect=final).join()
     return final

@@ -62,6 +62,7 @@ def test_the_gemm_curve_is_fitted_back_from_measured_points():
 def test_a_cuda_machine_defaults_to_its_gpus_preset(monkeypatch):
     assert preset_for_device("NVIDIA H100 80GB HBM3") == "h100-80gb"
     assert preset_for_device("NVIDIA A100-SXM4-80GB") == "a100-80gb"
+    assert preset_for_device("NVIDIA H200") == "h200-141gb" and preset_for_device("NVIDIA H200 NVL") is None
     assert preset_for_device("NVIDIA H100 PCIe") is None and preset_for_device("NVIDIA A100-SXM4-40GB") is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")

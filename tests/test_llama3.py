@@ -273,8 +273,8 @@ def test_the_meta_built_model_traces_into_stages_that_compute_the_eager_model():
     tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len), generator=torch.Generator().manual_seed(4))
     with torch.device("meta"):
         model = SPEC.build(cfg, share_tied_weights=False)
-    pipe = trace_pipeline(model, example_microbatch=torch.zeros(2, cfg.seq_len, dtype=torch.long),
-                          blocks_per_stage=[1, 1])
+        example = torch.zeros(2, cfg.seq_len, dtype=torch.long)  # on meta too, as the engine traces (stages.py)
+    pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=[1, 1])
     stages = [pipe.get_stage_module(i) for i in range(2)]
     for stage in stages:
         restore_linear_modules(stage, model)

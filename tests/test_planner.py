@@ -88,7 +88,7 @@ def test_in_flight_micro_batches_per_schedule():
 
 def test_presets_load():
     names = preset_names()
-    assert {"cpu-2core", "a100-80gb", "h100-80gb", "h100-80gb-4x8-ib"} <= set(names)
+    assert {"cpu-2core", "a100-80gb", "h100-80gb", "h100-80gb-4x8-ib", "h200-141gb"} <= set(names)
     for name in names:
         cluster = load_cluster(name)
         flops = cluster.peak_flops if isinstance(cluster, GpuCluster) else cluster.flops

@@ -104,15 +104,17 @@ def load_cluster(path_or_name: str) -> Cluster | GpuCluster:
 
 # CUDA device names (torch.cuda.get_device_name) -> the preset of their node kind. SXM parts only: a PCIe
 # card has another peak, memory bandwidth and no NVSwitch, and would be priced wrong by these presets.
-DEVICE_PRESETS = (
-    (("H100", "80GB", "HBM3"), "h100-80gb"),  # "NVIDIA H100 80GB HBM3" (SXM5)
-    (("A100", "SXM4", "80GB"), "a100-80gb"),  # "NVIDIA A100-SXM4-80GB"
+DEVICE_PRESETS = (  # (words the name holds, words it must not hold, preset)
+    (("H100", "80GB", "HBM3"), (), "h100-80gb"),  # "NVIDIA H100 80GB HBM3" (SXM5)
+    (("H200",), ("NVL",), "h200-141gb"),  # "NVIDIA H200" (SXM); the H200 NVL is a PCIe card
+    (("A100", "SXM4", "80GB"), (), "a100-80gb"),  # "NVIDIA A100-SXM4-80GB"
 )
 
 
 def preset_for_device(device_name: str) -> str | None:
     """The preset for a CUDA device name, or None when none matches it."""
-    return next((preset for words, preset in DEVICE_PRESETS if all(w in device_name for w in words)), None)
+    return next((preset for words, unlike, preset in DEVICE_PRESETS
+                 if all(w in device_name for w in words) and not any(w in device_name for w in unlike)), None)
 
 
 def resolve_cluster(name: str | None) -> Cluster | GpuCluster:

@@ -18,6 +18,7 @@ from one save to the next on torch 2.13 (2.11 drops them after each save: fresh 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 import threading
@@ -120,7 +121,10 @@ class CheckpointWriter(FileSystemWriter):
 
     def finish(self, metadata, results) -> None:
         super().finish(metadata, results)
-        self.metadata = metadata
+        # What FileSystemWriter.finish writes to .metadata: the storage index of every item written. Rebuilt
+        # here because torch 2.11's finish fills a copy (dataclasses.replace) and 2.13's the object it is given.
+        storage = {wr.index: wr.storage_data for written in results for wr in written}
+        self.metadata = dataclasses.replace(metadata, storage_data=storage)
 
 
 def build_stager(device: torch.device) -> AsyncStager:
@@ -128,6 +132,44 @@ def build_stager(device: torch.device) -> AsyncStager:
     (one save is in flight at a time, so the previous write has read them). Synchronous: the copy is the
     pause training sees, and the weights change again right after it."""
     if device.type == "cpu":
+        return CpuSnapshotStager()
+    return BlockingAsyncStager(cache_staged_state_dict=True)
+
+
+class CpuSnapshotStager(AsyncStager):
+    """Synchronous, unpinned copies through torch's ``DefaultStager``, one kept for the run where torch lets it
+    be reused (2.13 keeps its buffers between saves). torch 2.11's ``DefaultStager`` closes its copier after
+    every ``stage`` (its ``_stage`` calls ``StateDictStager.close()``, which empties the copier's dispatch
+    table), so a second save through it raises ``KeyError: <class 'type'>``: there, each save gets a new one."""
+
+    _synchronize_after_execute = False
+
+    def __init__(self):
+        self._stager = self._new()
+        self._used = False
+        self._reusable: bool | None = None  # learnt from the first save's stager
+
+    @staticmethod
+    def _new() -> DefaultStager:
         return DefaultStager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
                                             use_async_staging=False, use_non_blocking_copy=False))
-    return BlockingAsyncStager(cache_staged_state_dict=True)
+
+    def stage(self, state_dict):
+        if self._used and not self._reusable:
+            self._stager.close()
+            self._stager = self._new()
+        staged = self._stager.stage(state_dict)
+        if self._reusable is None:  # stage a trivial dict again: 2.11's closed copier fails at once
+            try:
+                self._stager.stage({"probe": type})
+                self._reusable = True
+            except KeyError:
+                self._reusable = False
+        self._used = True
+        return staged
+
+    def synchronize_staging(self) -> None:  # staging is synchronous
+        pass
+
+    def close(self) -> None:
+        self._stager.close()

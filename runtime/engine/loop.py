@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 from runtime.checkpoint.saving import Checkpointer
 from runtime.config import DataConfig, MetricsConfig, OptimConfig
-from runtime.device import host_to_device, peak_memory_bytes
+from runtime.device import host_to_device, peak_memory_bytes, peak_reserved_bytes
 from runtime.distributed.collectives import all_gather_objects, max_over_ranks
 from runtime.engine.data import DataSources, inputs_and_targets
 from runtime.engine.evaluation import language_model_metrics
@@ -161,6 +161,7 @@ def training_loop(
             checkpointer.finish()  # a background save still in flight (the last step's was not trustworthy)
 
     steady = throughput.steady_step_time()
+    memory = all_gather_objects((peak_memory_bytes(ctx.device), peak_reserved_bytes(ctx.device)))
     return {
         "start_step": start_step,
         "last_step": preempted_at or last_step,
@@ -181,8 +182,9 @@ def training_loop(
         "samples_per_sec": throughput.samples_per_sec(steady),
         "tokens_per_sec": throughput.tokens_per_sec(steady),
         "mfu": throughput.mfu(steady),
-        "peak_bytes": max(peaks := all_gather_objects(peak_memory_bytes(ctx.device))),
-        "peak_bytes_per_rank": peaks,
+        "peak_bytes": max(peak for peak, _ in memory),
+        "peak_bytes_per_rank": [peak for peak, _ in memory],
+        "peak_reserved_bytes_per_rank": [reserved for _, reserved in memory],  # None on the CPU
         "peak_tensor_bytes": peak_tensor_bytes,
         "skipped_steps": skipped,
         "final_loss_scale": ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0,
