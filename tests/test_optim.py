@@ -74,3 +74,29 @@ def test_multi_tensor_adamw_over_plain_and_dtensor_parameters(one_rank_meshes):
     for got, want in zip(multi, loop):
         full = lambda t: t.full_tensor() if isinstance(t, DTensor) else t  # noqa: E731
         torch.testing.assert_close(full(got.detach()), full(want.detach()), rtol=1e-6, atol=1e-7)
+
+
+def test_fused_adamw_steps_under_the_fp16_scaler_and_skips_on_inf(one_rank_meshes):
+    """On CUDA the engine's AdamW is fused, and fused optimizers take the scaler's found-inf flag into their
+    kernel (pytorch issue 140514: a [1]-shaped flag failed against the 0-d step counts). CPU has a fused
+    AdamW too: unscale, step and skip exactly like the per-parameter loop under the same scaler."""
+    from runtime.engine.amp import build_grad_scaler
+
+    def run(fused: bool, inf_at: int) -> list[float]:
+        p = torch.nn.Parameter(torch.arange(4.0))
+        opt = torch.optim.AdamW([p], lr=0.1, betas=(0.9, 0.95), fused=fused, foreach=False if not fused else None)
+        scaler = build_grad_scaler("fp16", "cpu")
+        scales = []
+        for step in range(3):
+            opt.zero_grad()
+            scaler.scale((p * p).sum() * (float("inf") if step == inf_at else 1.0)).backward()
+            scaler.unscale_(opt)  # as the engine does, for clipping
+            scaler.step(opt)
+            scaler.update()
+            scales.append(scaler.get_scale())
+        return [*p.detach().tolist(), *scales]
+
+    fused, loop = run(True, inf_at=1), run(False, inf_at=1)
+    assert fused == pytest.approx(loop, rel=1e-6)
+    assert fused[-2] == fused[-3] / 2  # the inf step halved the scale (and was skipped)
+    assert run(True, inf_at=99)[:4] != pytest.approx(fused[:4])  # the skip changed the parameters

@@ -37,9 +37,14 @@ class LocalShardGradScaler(ShardedGradScaler):
     found-inf flag over every sub-mesh a gradient lives on (dp, mp, or both), before ``unscale_``
     all-reduces it over the world anyway. Each rank's local shards are exactly its share of the
     gradient, so one world-wide vote (in ``unscale_``) is enough.
+
+    The flags are 0-d, as ``GradScaler``'s are: ``ShardedGradScaler.unscale_`` makes them of shape [1], and a
+    fused optimizer (AdamW on CUDA) subtracts the flag from its 0-d step counts in place, which fails with
+    "output with shape [] doesn't match the broadcast shape [1]" (pytorch issue 140514).
     """
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16=True):
+        found_inf = found_inf.reshape(())
         per_device_inv_scale = MultiDeviceReplicator(inv_scale)
         per_device_found_inf = MultiDeviceReplicator(found_inf)
         grouped: dict = defaultdict(lambda: defaultdict(list))
