@@ -8,7 +8,11 @@ record:
   really run (forward and backward);
 - parameter bytes;
 - activation bytes: what autograd saves for backward (``saved_tensors_hooks``), under the run's
-  autocast dtype, excluding the weights themselves and their autocast copies.
+  autocast dtype, excluding the weights themselves and their autocast copies; the head's also hold the
+  logits, which the last pipeline stage keeps as its output from forward to backward (``head_loss_bytes``);
+- transient bytes: what a layer's backward holds at once beyond that: the loss's two fp32 gradients of
+  the logits' size (log-softmax's output and input gradients). At GPT-2's vocabulary these set the step's
+  peak: on an H200, GPT-2 small (mbs 8, T 1024, bf16) peaked 4.7 GiB above the saved tensors alone.
 With ``mp > 1`` a block is profiled as one tensor-parallel shard (H/mp heads, mlp_width/mp hidden
 units) and the embedding and head as one vocabulary shard (ceil(V/mp) rows, the logits' V/mp columns;
 the loss runs on the sharded logits), so FLOPs, parameters and activations are per rank. All blocks
@@ -53,6 +57,7 @@ class LayerCost:
     params: int  # parameters held by one mp rank
     activation_bytes: int  # saved for backward, per micro-batch, per mp rank
     weight_copy_bytes: int = 0  # autocast's low-precision copies of the weights (cached per step)
+    transient_bytes: int = 0  # held at once during its backward beyond activation_bytes, per micro-batch
     seconds: float | None = None  # measured forward + backward time, in time mode
 
 
@@ -69,7 +74,19 @@ def layer_costs(cfg, *, micro_batch_size: int, precision: str = "fp32", mp: int 
         embed = _profile("embedding", forwards["embedding"], groups["embedding"], precision)
         blk = _profile("block", forwards["block"], [model.layers["0"]], precision)
         head = _profile("head", forwards["head"], groups["head"], precision)
+    held, transient = head_loss_bytes(micro_batch_size * cfg.seq_len, vocab_rows=-(-cfg.vocab_size // mp),
+                                      precision=precision)
+    head = replace(head, activation_bytes=head.activation_bytes + held, transient_bytes=transient)
     return [embed, *(replace(blk, name=f"layers.{i}") for i in range(cfg.n_layers)), head]
+
+
+def head_loss_bytes(tokens: int, *, vocab_rows: int, precision: str) -> tuple[int, int]:
+    """(held, transient) bytes of the logits of ``tokens`` tokens over ``vocab_rows`` vocabulary rows: the last
+    stage's output, kept from its forward to its backward in the compute dtype (compiler/parallelize/
+    message_dtype.py), and during the loss's backward the fp32 gradients of the log-softmax's output and
+    input, alive together (the loss's own fp32 log-softmax is among the saved tensors already)."""
+    logits = tokens * vocab_rows
+    return logits * PRECISIONS[precision].dtype.itemsize, 8 * logits
 
 
 def layer_group_modules(model: nn.Module) -> dict[str, list[nn.Module]]:

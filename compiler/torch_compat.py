@@ -14,11 +14,18 @@ tests/test_torch_compat.py checks every one on the installed version. Where they
   batch op by op and coalesces only mixed batches. On NCCL ``batch_isend_irecv`` returns ONE coalesced
   work for the whole batch (``_coalescing_manager(...).works``); on gloo one work per op.
 - ``_PipelineSchedule._compute_loss(output, target)`` gained ``loss_kwargs=None`` in 2.13.
+- 2.11 checks every stage's outputs against the traced values' shapes and dtypes (2.13 only under
+  ``TORCH_DISTRIBUTED_DEBUG=DETAIL``), so the graph's values must say what a stage really outputs (the
+  vocabulary-parallel logits' local width, the message dtype); it marks integer receive buffers as
+  requiring gradients (``stages_receive_integer_tensors``); its ``DeviceMesh._unflatten`` inverts its check
+  of a dimension name (``unflatten_mesh`` passes the index); its ``DefaultStager`` closes itself after each
+  ``stage`` and its ``FileSystemWriter.finish`` fills a copy of the metadata (runtime/checkpoint/writer.py).
 """
 
 from __future__ import annotations
 
 import datetime
+import inspect
 
 import torch
 import torch.distributed as dist
@@ -32,6 +39,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 from torch.distributed.fsdp.sharded_grad_scaler import _GeneralMultiDeviceReplicator
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as _schedules
+from torch.distributed.pipelining.stage import _PipelineStage
 from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
 from torch.distributed.tensor import _api as _dtensor_api
@@ -172,6 +180,14 @@ def group_timeout(group: dist.ProcessGroup, device: torch.device) -> datetime.ti
 def process_groups() -> list[dist.ProcessGroup]:
     """Every process group this process has created (the world's first)."""
     return list(_c10d._world.pg_map)
+
+
+def stages_receive_integer_tensors() -> bool:
+    """Whether traced pipeline stages can receive integer tensors (packed documents' positions travel with the
+    activations). 2.13's ``_PipelineStage._create_act_recv_info`` marks only floating receive buffers as
+    requiring gradients; 2.11's marks every one, which raises "only Tensors of floating point dtype can
+    require gradients" for an integer tensor at the first step."""
+    return "is_floating_point" in inspect.getsource(_PipelineStage._create_act_recv_info)
 
 
 def unflatten_mesh(mesh: DeviceMesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...],

@@ -12,9 +12,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from compiler.partition import parse_split
 from compiler.planner.candidates import Candidate, meshes
 from compiler.schedules import SCHEDULES
+from compiler.torch_compat import stages_receive_integer_tensors
 from models import spec_of
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 
@@ -168,6 +171,7 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_data_parallel(cfg.data_parallel, cfg.mesh)
     _check_pipeline(cfg.pipeline, cfg.model, cfg.mesh)
     _check_compile(cfg.compile_blocks, cfg.pipeline.schedule)
+    _check_document_positions(cfg.data.document_mask, cfg.mesh.pp)
     if not cfg.collective_timeout_s > 0:
         raise ConfigError(f"--collective-timeout must be a positive number of seconds, got {cfg.collective_timeout_s:g}")
 
@@ -177,6 +181,13 @@ def _check_compile(compile_blocks: bool, schedule: str) -> None:
         plain = ", ".join(n for n, s in SCHEDULES.items() if not s.split_backward)
         raise ConfigError(f"--compile cannot run with --schedule {schedule}: torch's split-backward schedules do not "
                           f"support compiled stages yet; use --schedule {plain}")
+
+
+def _check_document_positions(document_mask: bool, pp: int) -> None:
+    if document_mask and pp > 1 and not stages_receive_integer_tensors():
+        raise ConfigError(f"--document-mask with --pp {pp} needs torch 2.13 or later: the positions travel between "
+                          f"pipeline stages as integers, and this torch ({torch.__version__}) marks every tensor a stage "
+                          f"receives as requiring gradients, which integers cannot; use --pp 1 or upgrade torch")
 
 
 def check_world(mesh: MeshShape, world_size: int) -> None:

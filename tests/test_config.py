@@ -78,3 +78,18 @@ def test_eval_every_zero_turns_validation_off_and_negative_is_refused():
     assert parse_train_config(["--eval-every", "0"], world_size=1).data.eval_every == 0
     with pytest.raises(ConfigError, match="--eval-every must be >= 0"):
         parse_train_config(["--eval-every", "-1"], world_size=1)
+
+
+def test_packed_documents_across_stages_need_a_torch_whose_stages_take_integer_tensors(monkeypatch):
+    """torch 2.11's stages mark every received tensor as requiring gradients, which the documents' integer
+    positions cannot: refused before any process group, naming the flags (on 2.13 the same flags run)."""
+    import runtime.config
+    from compiler.torch_compat import stages_receive_integer_tensors
+
+    argv = ["--pp", "2", "--document-mask", "--eod-token", "10"]
+    if stages_receive_integer_tensors():
+        assert parse_train_config(argv, world_size=2).data.document_mask
+    monkeypatch.setattr(runtime.config, "stages_receive_integer_tensors", lambda: False)
+    with pytest.raises(ConfigError, match="--document-mask with --pp 2 needs torch 2.13"):
+        parse_train_config(argv, world_size=2)
+    assert parse_train_config(argv[2:], world_size=1).data.document_mask  # one stage receives nothing

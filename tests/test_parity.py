@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
+from compiler.torch_compat import stages_receive_integer_tensors
 from models.spec import TIED_EMBEDDINGS
 from runtime.commands.flags import parse_train_config
 from tests.launch import spawn_ranks, train_each
@@ -74,6 +75,8 @@ CASES = [
     (1, 2, 1, "dualpipev", ["--eval-every", "3"]),
     (1, 2, 1, "1f1b", ["--eval-every", "3"]),
 ]
+if not stages_receive_integer_tensors():  # torch 2.11: --document-mask with --pp > 1 is refused (runtime/config.py)
+    CASES = [c for c in CASES if c[1] == 1 or "--document-mask" not in c[4]]
 
 
 def _args(dp, pp, mp, schedule, extra, logdir) -> list[str]:

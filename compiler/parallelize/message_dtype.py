@@ -8,8 +8,11 @@ and torch's pipeline stage sizes its receive buffers, and checks what a stage pr
 stage receives and the values it outputs (``node.meta["val"]``). So both are set here, with a cast at
 each end of the stage:
 
-- a stage's outputs leave in the message dtype (the last stage's logits in fp32: they feed an fp32 loss);
-  the gradients it receives for them arrive in that dtype too (the buffers follow its outputs);
+- a stage's outputs leave in the message dtype, the last stage's logits too: the loss casts them to fp32
+  itself (runtime/engine/amp.py), a copy that lives only until the log-softmax, whereas a stage's output
+  is kept from its forward to its backward (an fp32 copy of GPT-2's [8, 1024, 50257] logits held 1.5 GiB
+  more at the step's peak on an H200); the gradients it receives for them arrive in that dtype too (the
+  buffers follow its outputs);
 - a stage receives activations in the message dtype and casts them to the dtype it computes in (fp32,
   or FSDP's parameter dtype, to which FSDP casts its inputs anyway), so inside a stage nothing changes:
   only the values crossing a stage boundary are rounded. The gradient it sends back is in the message
@@ -25,22 +28,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-LOSS_DTYPE = torch.float32  # what the last stage's logits leave in: the loss is computed in fp32
-
-
-def apply_message_dtype(stage_module: nn.Module, message: torch.dtype, *, compute: torch.dtype, receives: bool,
-                        sends: bool) -> nn.Module:
-    """Make the traced stage ``stage_module`` receive (``receives``: not the first stage) and send (``sends``: not
-    the last) floating tensors in ``message``, computing in ``compute`` between the two casts."""
-    output_dtype = message if sends else LOSS_DTYPE
+def apply_message_dtype(stage_module: nn.Module, message: torch.dtype, *, compute: torch.dtype,
+                        receives: bool) -> nn.Module:
+    """Make the traced stage ``stage_module`` receive (``receives``: not the first stage) and output floating
+    tensors in ``message``, computing in ``compute`` between the two casts. The last stage's logits leave in
+    ``message`` too (under autocast the head computes them in it)."""
     nodes = list(stage_module.graph.nodes)
     if receives:
         _set_dtype([n for n in nodes if n.op == "placeholder"], message)
     (output,) = [n for n in nodes if n.op == "output"]
-    _set_dtype(list(_flatten(output.args)), output_dtype)
+    _set_dtype(list(_flatten(output.args)), message)
     if receives:
         stage_module.register_forward_pre_hook(lambda _module, args: _cast(args, compute))
-    stage_module.register_forward_hook(lambda _module, _args, out: _cast(out, output_dtype))
+    stage_module.register_forward_hook(lambda _module, _args, out: _cast(out, message))
     return stage_module
 
 

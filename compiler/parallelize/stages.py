@@ -114,7 +114,7 @@ def build_local_stages(
         fsdp_dtype = data_parallel.param_dtype if meshes.fsdp is not None else None
         if message_dtype is not None or fsdp_dtype is not None:  # else every stage computes and sends fp32
             apply_message_dtype(module, message_dtype or torch.float32, compute=fsdp_dtype or torch.float32,
-                                receives=index > 0, sends=index < n_stages - 1)
+                                receives=index > 0)
         modules.append(module)
         stages.append(pipe.build_stage(index, device, meshes.pp.get_group()))
     return LocalStages(indices, modules, stages, n_stages)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard
@@ -113,8 +114,22 @@ def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[s
         quiet_head_view_warning()
     if plan:
         parallelize_module(stage_module, mp_mesh, plan)
+    for key in plan:
+        if (model_plan or {}).get(key) == VOCAB_HEAD:
+            _trace_local_logits(stage_module, held[key])
     if sequence_parallel:
         scatter_sequence_at_stage_ends(stage_module, block_names(stage_module), mp_mesh)
     return stage_module
 
 
+
+
+def _trace_local_logits(stage_module: nn.Module, head: nn.Module) -> None:
+    """Make the traced output values say what the vocabulary-parallel head leaves: this rank's [b, T, V_r]
+    logits, not the [b, T, V] of the trace (torch 2.11 checks every stage's outputs against them)."""
+    full, rows = head.weight.shape[0], head.weight.to_local().shape[0]
+    (output,) = [n for n in stage_module.graph.nodes if n.op == "output"]
+    for node in output.all_input_nodes:
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.ndim == 3 and value.shape[-1] == full:
+            node.meta["val"] = torch.empty(*value.shape[:-1], rows, dtype=value.dtype, device="meta")

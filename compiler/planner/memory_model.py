@@ -18,6 +18,8 @@
   1F1B min(m, p), interleaved 1F1B its warm-up depth), each of 1/v of the rank's layers. With activation
   checkpointing a layer keeps only its fp32 input, plus one layer's full activations while it is
   recomputed.
+- The loss's backward: two fp32 gradients of the logits' size at once, on the rank holding the head
+  (compiler/cost.py ``transient_bytes``), once: backward passes run one at a time.
 - Autocast's low-precision weight copies, cached for the step, where parameters are fp32 (no FSDP);
   FSDP gathers them in the autocast dtype, so there are none.
 - Tensor parallelism (mp > 1) keeps more than the shard's own saved tensors: DTensor's redistributions
@@ -88,13 +90,15 @@ class HeldLayers:
     weight_copy_bytes: float
     layers: int
     blocks: int
+    transient_bytes: float = 0.0  # the largest layer's backward transient (the loss's, on the head's rank)
 
     @staticmethod
     def of(layers: list[LayerCost]) -> "HeldLayers":
         return HeldLayers(sum(c.params for c in layers), max(c.params for c in layers),
                           sum(c.activation_bytes for c in layers), max(c.activation_bytes for c in layers),
                           sum(c.weight_copy_bytes for c in layers), len(layers),
-                          sum(1 for c in layers if c.name.startswith("layers.")))
+                          sum(1 for c in layers if c.name.startswith("layers.")),
+                          max(c.transient_bytes for c in layers))
 
 
 def rank_memory(layers: list[LayerCost] | HeldLayers, *, schedule: str, p: int, m: int, v: int,
@@ -122,4 +126,5 @@ def rank_memory(layers: list[LayerCost] | HeldLayers, *, schedule: str, p: int, 
             norm_inputs = NORMS_PER_BLOCK * micro_batch_size * seq_len * d_model * activation_itemsize
             per_stage_microbatch -= held.blocks / v * norm_inputs * (1 - 1 / mp)
     copies = 0 if layout.fsdp else held.weight_copy_bytes
-    return MemoryEstimate(weights, in_flight * per_stage_microbatch + recompute, copies)
+    # One backward at a time: the largest transient (the loss's fp32 gradients of the logits) comes on top once.
+    return MemoryEstimate(weights, in_flight * per_stage_microbatch + recompute + held.transient_bytes, copies)

@@ -60,8 +60,8 @@ class CostTable:
         key = (precision, mp)
         if key not in self._cache:
             self._cache[key] = self._count(self.cfg, micro_batch_size=1, precision=precision, mp=mp)
-        return [replace(c, flops=c.flops * micro_batch_size, activation_bytes=c.activation_bytes * micro_batch_size)
-                for c in self._cache[key]]
+        return [replace(c, flops=c.flops * micro_batch_size, activation_bytes=c.activation_bytes * micro_batch_size,
+                        transient_bytes=c.transient_bytes * micro_batch_size) for c in self._cache[key]]
 
 
 def estimate(c: Candidate, *, cfg, cluster: Cluster, costs: CostTable, validate: Validator,

@@ -28,14 +28,16 @@ dtype or 4 in fp32; t = mp), from the ops autograd records in the engine's two l
   output (SiLU's input), SiLU's output and the up projection's output (the product's inputs) and the
   product (the down projection's input), 4 f / t.
 The LM head saves the final norm's input and output and the fp32 log-softmax of its V / t logits (the
-loss runs on sharded logits); the embedding saves the token ids (8 bytes each).
+loss runs on sharded logits), and its stage keeps the logits (a bytes each) until its backward, which
+holds two fp32 gradients of their size at once (compiler/cost.py ``head_loss_bytes``); the embedding
+saves the token ids (8 bytes each).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.cost import LayerCost
+from compiler.cost import LayerCost, head_loss_bytes
 from compiler.precisions import PRECISIONS
 from models import spec_of
 
@@ -223,7 +225,8 @@ def analytic_layer_costs(shape: DecoderShape, *, micro_batch_size: int, precisio
     rows = -(-shape.vocab_size // mp)
     embed = LayerCost("embedding", 0.0, embedding_params(shape, mp), 8 * tokens)
     norm_saved = _norm_saved(shape) + d * (a if autocast else 4)
+    held, transient = head_loss_bytes(tokens, vocab_rows=rows, precision=precision)
     head = LayerCost("head", 6.0 * tokens * d * rows, head_params(shape, mp),
-                     tokens * (norm_saved + 4 * rows + 8), rows * d * a if autocast else 0)
+                     tokens * (norm_saved + 4 * rows + 8) + held, rows * d * a if autocast else 0, transient)
     return [embed, *(LayerCost(f"layers.{i}", block.flops, block.params, block.activation_bytes,
                                block.weight_copy_bytes) for i in range(shape.layers)), head]
