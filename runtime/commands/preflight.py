@@ -86,7 +86,15 @@ def candidate_of(cfg: TrainConfig) -> Candidate:
     p = cfg.pipeline
     return Candidate(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, p.schedule, p.stages_per_rank, p.microbatches,
                      p.micro_batch_size, cfg.precision, cfg.activation_checkpointing, dp_shard=shard,
-                     reshard_after_forward=cfg.data_parallel.reshard_after_forward)
+                     reshard_after_forward=cfg.data_parallel.reshard_after_forward,
+                     sequence_parallel=cfg.sequence_parallel and cfg.mesh.mp > 1)
+
+
+def predicted_tensor_bytes(cfg: TrainConfig) -> float:
+    """The memory model's peak tensor bytes of the fullest rank: what ``max_memory_allocated`` measures on a
+    GPU (summary.json's ``peak_bytes``) and ``--profile-memory`` on the CPU (``peak_tensor_bytes``)."""
+    _, peaks = rank_layers_and_memory(candidate_of(cfg), cfg=cfg.model, costs=CostTable(cfg.model, count=_analytic))
+    return max(peaks)
 
 
 def predicted_bytes(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory, costs: CostTable) -> float:

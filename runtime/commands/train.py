@@ -32,7 +32,7 @@ from runtime.checkpoint.state import TrainState, init_optimizer_state, load_chec
 from runtime.checkpoint.weights import read_init_weights
 from runtime.commands.flags import build_parser, config_from_args
 from runtime.commands.plan import auto_config
-from runtime.commands.preflight import check_memory, node_memory, node_ranks
+from runtime.commands.preflight import check_memory, node_memory, node_ranks, predicted_tensor_bytes
 from runtime.config import ConfigError, TrainConfig
 from runtime.device import (
     compact_cpu_heap,
@@ -279,6 +279,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
                    device=device_description(device), blocks_per_stage=plan.blocks_per_stage,
                    stage_costs=plan.stage_costs, stage_cost_unit=plan.unit, bound_cores=bound_cores,
                    world_size=env.world_size, parameters=parameter_count(cfg.model),
+                   predicted_peak_tensor_bytes=predicted_tensor_bytes(cfg),
                    local_parameters_max=max(all_gather_objects(local_parameter_count(stages.parameters()))))
     logger.write_json("summary.json", summary)
     logger.close()
