@@ -42,8 +42,9 @@ def _train_and_record_messages(out_dir: str) -> None:
     build = train_command.build_local_stages
     for name, precision, fp32_messages in RUNS:
         messages.clear()
-        # The behaviour before messages followed autocast: stages built without a message dtype.
-        train_command.build_local_stages = (lambda *a, **k: build(*a, **{**k, "message_dtype": None})) if fp32_messages else build
+        # The behaviour before messages followed autocast: every stage output (messages and logits) in fp32.
+        fp32 = {"message_dtype": torch.float32}
+        train_command.build_local_stages = (lambda *a, **k: build(*a, **{**k, **fp32})) if fp32_messages else build
         argv = [*COMMON, "--precision", precision, "--logdir", f"{out_dir}/{name}"]
         cfg, data, start = train_command.check_inputs(argv, env)
         summary = train_command.train(cfg, data, start, env=env, device=device)
