@@ -90,7 +90,8 @@ def main(argv: list[str]) -> int:
                                               micro_batch_size=4, microbatches=4, steps=settings.steps + 1)
         if "replicate" in sections and args.world >= 2 else [],
         "zero_bubble": zero_bubble.zero_bubble_specs(settings.zero_bubble_rounds, settings.zero_bubble_model.flags(),
-                                                     steps=settings.steps + 1, compiled=settings.zero_bubble_compiled)
+                                                     steps=settings.steps + 1, compiled=settings.zero_bubble_compiled,
+                                                     one_f_one_b=settings.zero_bubble_1f1b)
         if "zero_bubble" in sections and args.world >= 2 else [],
         "checkpointing": checkpointing.checkpoint_specs(args.world, settings.checkpoint_bench, out)
         if "checkpointing" in sections and args.world >= 2 else [],

@@ -82,6 +82,7 @@ class StudySettings:
     zero_bubble_model: ModelShape = ModelShape(4, 32, 2, 32)
     zero_bubble_rounds: int = 1
     zero_bubble_compiled: bool = True  # also interleaved v=2 with --compile (the smoke study skips inductor)
+    zero_bubble_1f1b: bool = True  # also 1f1b (--quick and --smoke time it in the throughput section only)
     # Schedules of the split section: the looped 1F1B and the V-shaped ZB-V (its own V-aware split).
     split_schedules: tuple[str, ...] = ("1f1b", "zbv")
     # Checkpoint pauses, foreground and background, and steady memory (study/checkpointing.py).
@@ -117,7 +118,7 @@ QUICK = StudySettings(
     # mesh against replication) and no inductor row: on 2026-11-25 the 8-rank sharding rows with the Llama
     # shape (6.4 min), the 3D throughput group (1.8 min) and the compiled row had grown it to 16.6 min.
     throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2", "zbv"), scaling_worlds=(1, 2, 4),
-    throughput_world=4, zero_bubble_compiled=False, sharding_world=4,
+    throughput_world=4, zero_bubble_compiled=False, zero_bubble_1f1b=False, sharding_world=4,
     replicate_model=ModelShape(4, 128, 4, 64), replicate_rounds=2,
     zero_bubble_model=ModelShape(8, 128, 8, 64),
     checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(4, 256, 4, 32, 4096).flags()), steps=8, every=4,
@@ -131,7 +132,7 @@ SMOKE = StudySettings(
     memory_model=ModelShape(2, 32, 2, 32), memory_budget_gb=0.002, memory_resolution=1.0, memory_start=4,
     split_model=ModelShape(4, 64, 4, 32, 2048), timeout_s=300,
     throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2"), scaling_worlds=(1, 2), overhead_pairs=1,
-    split_pps=(2,), split_schedules=("1f1b",), zero_bubble_compiled=False,
+    split_pps=(2,), split_schedules=("1f1b",), zero_bubble_compiled=False, zero_bubble_1f1b=False,
 )
 
 

@@ -19,25 +19,26 @@ from runtime.commands.launch import RunSpec
 from runtime.commands.study.analysis import pooled_samples_per_sec, ratio_by_round
 
 # (label, --schedule, v, extra flags)
-CONTENDERS = (("naive", "naive", 1, ()), ("zbv", "zbv", 2, ()), ("interleaved-1f1b v=2", "interleaved-1f1b", 2, ()),
-              ("1f1b", "1f1b", 1, ()))
+CONTENDERS = (("naive", "naive", 1, ()), ("zbv", "zbv", 2, ()), ("interleaved-1f1b v=2", "interleaved-1f1b", 2, ()))
+ONE_F_ONE_B = ("1f1b", "1f1b", 1, ())  # the full study's: --quick and --smoke have 1f1b in their throughput section
 # The overlap targets on this model (issue 27): each schedule's samples/s over naive's, pooled over repetitions.
 TARGETS = {"zbv": 1.85, "interleaved-1f1b v=2": 1.80, "1f1b": 1.70}
 COMPILED = ("interleaved-1f1b v=2 --compile", "interleaved-1f1b", 2, ("--compile",))
 PP, MICROBATCHES, MICRO_BATCH_SIZE = 2, 8, 4
 
 
-def contenders(compiled: bool) -> tuple:
-    return (*CONTENDERS, COMPILED) if compiled else CONTENDERS
+def contenders(compiled: bool, one_f_one_b: bool = True) -> tuple:
+    return (*CONTENDERS, *[ONE_F_ONE_B] * one_f_one_b, *[COMPILED] * compiled)
 
 
-def zero_bubble_specs(rounds: int, model_flags: list[str], *, steps: int, compiled: bool = False) -> list[RunSpec]:
+def zero_bubble_specs(rounds: int, model_flags: list[str], *, steps: int, compiled: bool = False,
+                      one_f_one_b: bool = True) -> list[RunSpec]:
     common = ["--dp", "1", "--pp", str(PP), "--mp", "1", "--micro-batch-size", str(MICRO_BATCH_SIZE),
               "--microbatches", str(MICROBATCHES), "--precision", "fp32", "--data", "synthetic", "--steps", str(steps),
               "--log-every", str(steps), "--eval-every", "0", "--eval-batches", "1", "--seed", "1234"]
     specs = []
     for r in range(rounds):
-        order = contenders(compiled)
+        order = contenders(compiled, one_f_one_b)
         for label, schedule, v, extra in order if r % 2 == 0 else order[::-1]:
             meta = {"section": "zero_bubble", "label": label, "schedule": schedule, "v": v, "round": r}
             args = [*model_flags, *common, "--schedule", schedule, "--stages-per-rank", str(v), *extra]
@@ -51,7 +52,8 @@ def zero_bubble_summary(runs: list[dict]) -> list[dict]:
     and the bound its bubble formula gives."""
     naive = pooled_samples_per_sec([r for r in runs if r["label"] == "naive"])
     rows = []
-    for label, schedule, v, _ in contenders(any(r["label"] == COMPILED[0] for r in runs)):
+    ran = {r["label"] for r in runs}
+    for label, schedule, v, _ in contenders(COMPILED[0] in ran, ONE_F_ONE_B[0] in ran):
         rate = pooled_samples_per_sec([r for r in runs if r["label"] == label])
         rows.append({"label": label, "schedule": schedule, "samples_per_sec": rate,
                      "speedup_vs_naive": rate / naive if rate and naive else None,
