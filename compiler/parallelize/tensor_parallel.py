@@ -110,18 +110,16 @@ def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[s
     }
     held = dict(stage_module.named_modules())
     plan.update({key: _STYLES[style]() for key, style in (model_plan or {}).items() if key in held})
-    if any((model_plan or {}).get(key) == VOCAB_HEAD for key in plan):
+    heads = [key for key in plan if (model_plan or {}).get(key) == VOCAB_HEAD]
+    if heads:
         quiet_head_view_warning()
     if plan:
         parallelize_module(stage_module, mp_mesh, plan)
-    for key in plan:
-        if (model_plan or {}).get(key) == VOCAB_HEAD:
-            _trace_local_logits(stage_module, held[key])
+    for key in heads:
+        _trace_local_logits(stage_module, held[key])
     if sequence_parallel:
         scatter_sequence_at_stage_ends(stage_module, block_names(stage_module), mp_mesh)
     return stage_module
-
-
 
 
 def _trace_local_logits(stage_module: nn.Module, head: nn.Module) -> None:

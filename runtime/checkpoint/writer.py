@@ -146,8 +146,7 @@ class CpuSnapshotStager(AsyncStager):
 
     def __init__(self):
         self._stager = self._new()
-        self._used = False
-        self._reusable: bool | None = None  # learnt from the first save's stager
+        self._reusable: bool | None = None  # learnt after the first save
 
     @staticmethod
     def _new() -> DefaultStager:
@@ -155,9 +154,6 @@ class CpuSnapshotStager(AsyncStager):
                                             use_async_staging=False, use_non_blocking_copy=False))
 
     def stage(self, state_dict):
-        if self._used and not self._reusable:
-            self._stager.close()
-            self._stager = self._new()
         staged = self._stager.stage(state_dict)
         if self._reusable is None:  # stage a trivial dict again: 2.11's closed copier fails at once
             try:
@@ -165,7 +161,9 @@ class CpuSnapshotStager(AsyncStager):
                 self._reusable = True
             except KeyError:
                 self._reusable = False
-        self._used = True
+        if not self._reusable:  # the next save gets a copier of its own
+            self._stager.close()
+            self._stager = self._new()
         return staged
 
     def synchronize_staging(self) -> None:  # staging is synchronous
