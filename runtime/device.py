@@ -101,8 +101,12 @@ def configure_cpu_threads(local_world_size: int) -> int:
     return threads
 
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
 COMPACT_MMAP_THRESHOLD = 4 * 2**20
+# glibc's largest mapping threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX, malloc.c): what its dynamic
+# adjustment reaches, fixed from the start.
+RETAIN_MMAP_THRESHOLD = 32 * 2**20
+RETAIN_TRIM_THRESHOLD = 256 * 2**20
 
 
 def compact_cpu_heap() -> bool:
@@ -112,12 +116,32 @@ def compact_cpu_heap() -> bool:
     GPT-2 Large layers at 2x2x2 that doubled the ranks' resident memory over their live tensors (measured:
     18.8 -> 13.0 GB used by 8 ranks). Fixing the threshold also turns off that adjustment. Returns False
     where there is no glibc (other C libraries, macOS)."""
+    return _mallopt({M_MMAP_THRESHOLD: COMPACT_MMAP_THRESHOLD})
+
+
+def retain_cpu_heap() -> bool:
+    """Keep freed tensor memory in the process for the next micro-batch, as the CUDA caching allocator does,
+    instead of giving it back to the kernel and faulting it in again page by page.
+
+    glibc returns the top of its heap to the kernel once more than its trim threshold is free there (twice
+    the largest block freed so far: a few MiB for a small model), and a pipeline's activations in flight
+    grow and shrink the heap by tens of MiB within every step. Measured on 8 blocks of d 256 at pp=2
+    (8 x 4, fp32): 5,900 page faults per step under zbv and 4,500 under interleaved 1F1B (1,400 under the
+    naive loop, which holds one micro-batch), at ~3.2 us each on this VM; with these thresholds 770 and 630,
+    and every schedule's samples/s 1.5-3% higher (two alternated studies each way, 2026-11-26). The peak
+    resident memory is unchanged (within 1% on those runs); it just stays there between steps (up to 256 MiB
+    more per rank than glibc keeps). Returns False where there is no glibc."""
+    return _mallopt({M_MMAP_THRESHOLD: RETAIN_MMAP_THRESHOLD, M_TRIM_THRESHOLD: RETAIN_TRIM_THRESHOLD})
+
+
+def _mallopt(settings: dict[int, int]) -> bool:
+    """Apply glibc ``mallopt(parameter, value)`` settings to this process; False where that is impossible."""
     name = ctypes.util.find_library("c")
     if platform.system() != "Linux" or not name:
         return False
     try:
         libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, COMPACT_MMAP_THRESHOLD))
+        return all(libc.mallopt(parameter, value) for parameter, value in settings.items())
     except (OSError, AttributeError):
         return False
 

@@ -128,7 +128,8 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
                    help="CPU only (glibc): take every tensor of 4 MiB or more straight from the kernel and give it "
                         "back when freed (mallopt M_MMAP_THRESHOLD), so a rank's resident memory follows its live "
                         "tensors instead of the heap's high-water mark; about 10-20%% slower steps (page faults); "
-                        "for when memory, not speed, is the limit")
+                        "for when memory, not speed, is the limit (by default CPU ranks keep freed memory for the next "
+                        "micro-batch: runtime/device.py retain_cpu_heap)")
     g.add_argument("--skip-memory-check", action="store_true",
                    help="start even when the planner's memory model predicts the node's RAM (CPU) or a GPU's memory "
                         "would overflow (by default such a run stops before building anything, naming flags that fit)")

@@ -40,6 +40,7 @@ from runtime.device import (
     device_count,
     device_description,
     device_shortage,
+    retain_cpu_heap,
     select_device,
     stream_synchronizer,
 )
@@ -102,7 +103,9 @@ def main(argv: list[str]) -> int:
     device = select_device(env.local_rank, cfg.device)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
-        if cfg.pipeline.compact_cpu_memory and not compact_cpu_heap() and env.rank == 0:
+        if not cfg.pipeline.compact_cpu_memory:
+            retain_cpu_heap()  # no page faults per micro-batch; where glibc is absent, its allocator's own
+        elif not compact_cpu_heap() and env.rank == 0:
             print("warning: --compact-cpu-memory needs glibc's mallopt; not available here, ignored", flush=True)
     init_distributed(env, device, timeout_s=cfg.collective_timeout_s)
     try:

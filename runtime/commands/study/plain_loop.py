@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from compiler.precisions import PRECISIONS
 from models import build_model, named_config
-from runtime.device import configure_cpu_threads, peak_memory_bytes, select_device, synchronize
+from runtime.device import configure_cpu_threads, peak_memory_bytes, retain_cpu_heap, select_device, synchronize
 from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
 from runtime.engine.amp import autocast
 from runtime.engine.data import SyntheticBatches, inputs_and_targets, replica_rows
@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = select_device(env.local_rank)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
+        retain_cpu_heap()  # the engine's process settings (threads, allocator): only the code paths differ
     distributed = env.world_size > 1
     if distributed:
         init_distributed(env, device)
