@@ -39,16 +39,21 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def _resident_after_free(mode: str) -> float:
-    out = subprocess.run([sys.executable, "-c", PROBE, mode], cwd=ROOT, capture_output=True, text=True, timeout=120)
+GLIBC_ONLY = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                                reason="glibc only")
+
+
+def _probe(script: str, mode: str) -> float:
+    """Run ``script`` in a fresh process (the heap settings are process-wide) and return its last number."""
+    out = subprocess.run([sys.executable, "-c", script, mode], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return float(out.stdout.split()[-1])
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@GLIBC_ONLY
 def test_compact_heap_returns_freed_tensors_to_the_kernel():
-    assert _resident_after_free("default") > 200  # glibc's heap keeps the freed blocks resident
-    assert _resident_after_free("compact") < 20  # only the one kept tensor (5 MiB) stays
+    assert _probe(PROBE, "default") > 200  # glibc's heap keeps the freed blocks resident (MiB)
+    assert _probe(PROBE, "compact") < 20  # only the one kept tensor (5 MiB) stays
 
 
 # A pipeline step in miniature: 48 MiB of 1 MiB activations held, then freed, five times; prints the page
@@ -69,17 +74,11 @@ CYCLE = textwrap.dedent("""
 """)
 
 
-def _faults_over_cycles(mode: str) -> int:
-    out = subprocess.run([sys.executable, "-c", CYCLE, mode], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return int(out.stdout.split()[-1])
-
-
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@GLIBC_ONLY
 def test_retained_heap_reuses_freed_activations_without_page_faults():
     pages = 4 * 48 * 2**20 // 4096  # what faulting every activation back in would cost: 49,152
-    assert _faults_over_cycles("default") > pages // 4  # glibc trims the freed top of its heap (measured: half)
-    assert _faults_over_cycles("retain") < pages // 20
+    assert _probe(CYCLE, "default") > pages // 4  # glibc trims the freed top of its heap (measured: half)
+    assert _probe(CYCLE, "retain") < pages // 20
 
 
 def test_batches_stay_as_they_are_on_the_cpu():
