@@ -93,18 +93,18 @@ def candidate_of(cfg: TrainConfig) -> Candidate:
 def predicted_tensor_bytes(cfg: TrainConfig) -> float:
     """The memory model's peak tensor bytes of the fullest rank: what ``max_memory_allocated`` measures on a
     GPU (summary.json's ``peak_bytes``) and ``--profile-memory`` on the CPU (``peak_tensor_bytes``)."""
-    return max(_rank_peaks(cfg, CostTable(cfg.model, count=_analytic)))
+    return max(_rank_peaks(candidate_of(cfg), cfg, CostTable(cfg.model, count=_analytic)))
 
 
-def _rank_peaks(cfg: TrainConfig, costs: CostTable) -> list[float]:
-    """The memory model's peak tensor bytes of each pp rank."""
-    return rank_layers_and_memory(candidate_of(cfg), cfg=cfg.model, costs=costs)[1]
+def _rank_peaks(c: Candidate, cfg: TrainConfig, costs: CostTable) -> list[float]:
+    """The memory model's peak tensor bytes of each pp rank of ``c`` (``cfg``'s layout)."""
+    return rank_layers_and_memory(c, cfg=cfg.model, costs=costs)[1]
 
 
 def predicted_bytes(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory, costs: CostTable) -> float:
     """CPU: the node's ranks' tensors and runtime together; GPU: the fullest rank's tensors and reserve."""
     c = candidate_of(cfg)
-    peaks = _rank_peaks(cfg, costs)
+    peaks = _rank_peaks(c, cfg, costs)
     if memory.per_device:
         return max(peaks) + GPU_RESERVED
     return sum(peaks[(rank // c.mp) % c.pp] + CPU_RANK_OVERHEAD for rank in node_ranks)

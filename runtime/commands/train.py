@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
         if not cfg.pipeline.compact_cpu_memory:
-            retain_cpu_heap()  # no page faults per micro-batch; where glibc is absent, its allocator's own
+            retain_cpu_heap()  # no page faults per micro-batch (without glibc: the C library's default)
         elif not compact_cpu_heap() and env.rank == 0:
             print("warning: --compact-cpu-memory needs glibc's mallopt; not available here, ignored", flush=True)
     init_distributed(env, device, timeout_s=cfg.collective_timeout_s)
