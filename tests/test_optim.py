@@ -24,6 +24,12 @@ def test_weight_decay_only_on_matrices():
     assert not math.isnan(opt.defaults["lr"])
 
 
+def test_devices_without_a_fused_kernel_take_the_foreach_kernels():
+    params = [torch.nn.Parameter(torch.ones(2, 2, device="meta")), torch.nn.Parameter(torch.ones(2, device="meta"))]
+    opt = build_optimizer(params, lr=0.1, weight_decay=0.5)
+    assert opt.defaults["foreach"] is True and not opt.defaults["fused"]
+
+
 @pytest.fixture
 def one_rank_meshes():
     """A one-process gloo world and a (dp, mp) = (1, 1) mesh: DTensors on 1-D and 2-D meshes, in this process."""
@@ -39,8 +45,8 @@ def one_rank_meshes():
 
 def test_multi_tensor_adamw_over_plain_and_dtensor_parameters(one_rank_meshes):
     """A TP stage's mix (plain norms, DTensor weights on the mp mesh and, under FSDP, on the (dp, mp) and dp
-    meshes) takes the multi-tensor kernels, each group of one kind, and updates exactly like the
-    per-parameter loop (foreach=False)."""
+    meshes) takes the fused kernels (CPU has them, as CUDA does), each group of one kind, and updates exactly
+    like the per-parameter loop (foreach=False)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
     mesh = one_rank_meshes
@@ -59,7 +65,7 @@ def test_multi_tensor_adamw_over_plain_and_dtensor_parameters(one_rank_meshes):
 
     multi, loop = parameters(), parameters()
     opt = build_optimizer(multi, lr=0.1, weight_decay=0.5)
-    assert opt.defaults["foreach"] is True
+    assert opt.defaults["fused"] is True
     for group in opt.param_groups:
         kinds = {(type(p), p.device_mesh if isinstance(p, DTensor) else None) for p in group["params"]}
         assert len(kinds) == 1, f"a group mixes {kinds}"

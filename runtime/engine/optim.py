@@ -8,13 +8,19 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+# Device types with a fused AdamW kernel in torch 2.11 and 2.13 (torch/optim/adam.py, ``fused``), that
+# this engine runs on.
+FUSED_ADAMW_DEVICES = ("cuda", "cpu")
+
 
 def build_optimizer(params: list[nn.Parameter], *, lr: float, weight_decay: float) -> torch.optim.AdamW:
     """Weight decay on matrices only; biases, norms stay undecayed (as in GPT-2 / nanoGPT).
 
-    The update runs as multi-tensor kernels: ``fused`` (one kernel per group) where every parameter is on
-    CUDA, ``foreach`` elsewhere; a per-parameter loop costs ~10 kernel launches per parameter. Those
-    kernels take one list of tensors of one kind: all plain, or all DTensors (on a mesh that DTensor's
+    The update runs as multi-tensor kernels: ``fused`` (one pass over each tensor) where every parameter is
+    on a device torch has a fused AdamW for (CUDA, CPU), ``foreach`` elsewhere; a per-parameter loop costs
+    ~10 kernel launches per parameter, and ``foreach`` still makes ~10 passes over memory (on one CPU core:
+    3.3M parameters step in ~3 ms fused against 12-19 ms foreach, 2026-11-26). Those kernels take one list
+    of tensors of one kind: all plain, or all DTensors (on a mesh that DTensor's
     foreach and fused strategies resolve per list). A stage under TP mixes plain tensors (layer norms,
     the position embedding) with DTensors on the mp mesh, or, under FSDP too, DTensors on the dp mesh
     with DTensors on the (dp, mp) mesh; so each kind gets a parameter group of its own, with the same
@@ -25,8 +31,8 @@ def build_optimizer(params: list[nn.Parameter], *, lr: float, weight_decay: floa
     groups = [{"params": group, "weight_decay": wd}
               for members, wd in ((decay, weight_decay), (no_decay, 0.0))
               for group in layout_groups(members)]
-    on_cuda = bool(params) and all(p.device.type == "cuda" for p in params)
-    kernels = {"fused": True} if on_cuda else {"foreach": True}
+    fusable = bool(params) and all(p.device.type in FUSED_ADAMW_DEVICES for p in params)
+    kernels = {"fused": True} if fusable else {"foreach": True}
     return torch.optim.AdamW(groups or [{"params": []}], lr=lr, betas=(0.9, 0.95), **kernels)
 
 
