@@ -44,12 +44,16 @@ VOCAB_HEAD = "vocab_head"  # output features (vocabulary) sharded, logits left s
 SEQUENCE_NORM = "sequence_norm"  # a norm on a (B, T/mp, D) sequence shard
 GATHER_SEQUENCE = "gather_sequence"  # module input: all-gather the sequence shards
 ROWWISE_SCATTER = "rowwise_scatter"  # row-parallel linear whose output is reduce-scattered over the sequence
+VOCAB_HEAD_FROM_SEQUENCE = "vocab_head_from_sequence"  # VOCAB_HEAD whose input arrives as sequence shards
 
 # The naming contract's fixed names (see the module docstring).
 TOKEN_EMBEDDING = "tok_emb"
 FINAL_NORM = "norm"
 LM_HEAD = "head"
 VOCAB_TP_PLAN: Mapping[str, str] = {TOKEN_EMBEDDING: VOCAB_EMBEDDING, LM_HEAD: VOCAB_HEAD}
+# --sequence-parallel keeps the residual stream on sequence shards up to the head (Megatron-LM): the final norm
+# runs on shards and the head all-gathers the sequence. (Where the embedding splits it: compiler/parallelize.)
+SEQUENCE_PARALLEL_MODEL_PLAN: Mapping[str, str] = {FINAL_NORM: SEQUENCE_NORM, LM_HEAD: VOCAB_HEAD_FROM_SEQUENCE}
 TIED_EMBEDDINGS: Mapping[str, str] = {f"{LM_HEAD}.weight": f"{TOKEN_EMBEDDING}.weight"}
 
 
@@ -105,6 +109,10 @@ class ModelSpec:
 
     def block_plan(self, *, sequence_parallel: bool) -> dict[str, str]:
         return {**self.block_tp_plan, **(self.sequence_parallel_plan if sequence_parallel else {})}
+
+    def model_plan(self, *, sequence_parallel: bool) -> dict[str, str]:
+        """Styles of the model-level modules (embedding, final norm, head) by name."""
+        return {**self.model_tp_plan, **(SEQUENCE_PARALLEL_MODEL_PLAN if sequence_parallel else {})}
 
 
 def document_mask(positions: torch.Tensor) -> torch.Tensor:

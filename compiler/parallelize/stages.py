@@ -99,7 +99,7 @@ def build_local_stages(
         restore_linear_modules(module, model)
         if meshes.mp.size() > 1:
             apply_tp(module, meshes.mp, block_plan=spec.block_plan(sequence_parallel=sequence_parallel),
-                     model_plan=spec.model_tp_plan, sequence_parallel=sequence_parallel)
+                     model_plan=spec.model_plan(sequence_parallel=sequence_parallel), sequence_parallel=sequence_parallel)
         share_tied_weights(module, tied)
         if activation_checkpointing:
             apply_ac(module)
