@@ -198,3 +198,10 @@ def unflatten_mesh(mesh: DeviceMesh, dim: str, sizes: tuple[int, ...], names: tu
     `_unflatten` is not in ('dp', 'pp', 'mp')" exactly when the name is there)."""
     return mesh._unflatten(mesh.mesh_dim_names.index(dim), sizes, names, backend_override=backend_override)
 
+
+
+# --- expert parallelism -----------------------------------------------------------------------------------
+
+# (input, output_split_sizes, input_split_sizes, group) -> output: the uneven all-to-all with autograd (its
+# backward is the reverse all-to-all); in _functional_collectives of 2.11 and 2.13 alike.
+all_to_all_single_autograd = _funcol.all_to_all_single_autograd
