@@ -115,6 +115,18 @@ class ModelSpec:
         return {**self.model_tp_plan, **(SEQUENCE_PARALLEL_MODEL_PLAN if sequence_parallel else {})}
 
 
+class EagerModule(nn.Module):
+    """A module the engine runs eagerly, outside the traced pipeline graph: its forward may loop over data
+    (documents, experts), exchange tokens with other ranks once the engine wraps it, or record what it saw
+    (tokens per expert). The pipeline tracer sees ``trace_forward`` instead (the same signature, output shapes
+    and dtypes, static shapes only; by default ``forward`` itself), and the engine then puts this very module,
+    holding the same parameters, back in place of its traced copy (compiler/trace.py): the parent graph calls
+    it by name."""
+
+    def trace_forward(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+
 def document_mask(positions: torch.Tensor) -> torch.Tensor:
     """The block-causal attention mask of packed documents, (B, T) positions -> (B, 1, T, T) bool (True:
     attend). ``positions`` holds each token's position within its document (0 starts a document), so token i

@@ -16,7 +16,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from compiler.torch_compat import stages_receive_integer_tensors
-from models.spec import TIED_EMBEDDINGS
+from models import spec_of
 from runtime.commands.flags import parse_train_config
 from tests.launch import spawn_ranks, train_each
 from tests.reference import train_reference
@@ -127,9 +127,10 @@ def test_losses_and_gradients_match_single_process(trained, dp, pp, mp, schedule
     assert error is None, error
     summary = json.loads((logdir / "summary.json").read_text())
 
-    args = _args(dp, pp, mp, schedule, extra, logdir)
-    reference = train_reference(parse_train_config(args, world_size=dp * pp * mp), steps=STEPS)
-    assert_gradients_match(gathered_gradients(logdir, world_size=dp * pp * mp), reference.first_step_grads)
+    cfg = parse_train_config(_args(dp, pp, mp, schedule, extra, logdir), world_size=dp * pp * mp)
+    reference = train_reference(cfg, steps=STEPS)
+    assert_gradients_match(gathered_gradients(logdir, world_size=dp * pp * mp, tied=spec_of(cfg.model).tied_weights
+                                              if cfg.model.tie_embeddings else {}), reference.first_step_grads)
     assert len(summary["losses"]) == STEPS
     for step, (got, want) in enumerate(zip(summary["losses"], reference.losses)):
         assert got == pytest.approx(want, rel=1e-4), f"step {step}: mesh loss {got} vs single process {want}"
@@ -170,14 +171,14 @@ def _dump_full_gradients(out_dir: str, stages) -> None:
     (Path(out_dir) / f"received_rank{dist.get_rank()}.json").write_text(json.dumps(received))
 
 
-def gathered_gradients(out_dir: Path, *, world_size: int) -> dict[str, torch.Tensor]:
+def gathered_gradients(out_dir: Path, *, world_size: int, tied: dict[str, str]) -> dict[str, torch.Tensor]:
     """Every parameter's full gradient, by the model's parameter name, from every rank's dump; the copies
-    held by dp and mp peers and a tied weight's two copies must agree exactly."""
+    held by dp and mp peers and a tied weight's two copies (``tied``: {copy: source}) must agree exactly."""
     seen: dict[str, torch.Tensor] = {}
     for rank in range(world_size):
         for name, grad in torch.load(out_dir / f"grads_rank{rank}.pt").items():
             assert grad is not None, f"rank {rank}: {name} got no gradient"
-            name = TIED_EMBEDDINGS.get(name, name)  # the head's copy of the tied embedding holds its gradient too
+            name = tied.get(name, name)  # the head's copy of the tied embedding holds its gradient too
             if name in seen:
                 torch.testing.assert_close(grad, seen[name], rtol=0, atol=0,
                                            msg=lambda m: f"rank {rank}'s copy of {name} differs: {m}")
