@@ -35,7 +35,7 @@ from runtime.checkpoint.weights import read_init_weights, resolve_checkpoint
 from runtime.commands import flag_groups as groups
 from runtime.commands.flags import config_from_args
 from runtime.config import ConfigError, TrainConfig, validate
-from runtime.device import configure_cpu_threads, select_device
+from runtime.device import configure_cpu_threads, configure_fp32_matmuls, select_device
 from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
 from runtime.distributed.process_group import LaunchEnv, collective_timeout, init_distributed, shutdown_distributed
 from runtime.engine.data import DataError, evaluation_corpus, replica_rows
@@ -103,7 +103,8 @@ def main(argv: list[str]) -> int:
         else:
             time.sleep(20)  # let rank 0 print before torchrun tears the job down (as training does)
         return 2
-    device = select_device(env.local_rank)
+    device = select_device(env.local_rank, inputs.cfg.device)
+    configure_fp32_matmuls(device, inputs.cfg.precision)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
     init_distributed(env, device, timeout_s=inputs.cfg.collective_timeout_s)

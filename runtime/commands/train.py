@@ -37,6 +37,7 @@ from runtime.config import ConfigError, TrainConfig
 from runtime.device import (
     compact_cpu_heap,
     configure_cpu_threads,
+    configure_fp32_matmuls,
     device_count,
     device_description,
     device_shortage,
@@ -101,6 +102,7 @@ def main(argv: list[str]) -> int:
 
     # 2. Device and process group.
     device = select_device(env.local_rank, cfg.device)
+    configure_fp32_matmuls(device, cfg.precision)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
         if not cfg.pipeline.compact_cpu_memory:
