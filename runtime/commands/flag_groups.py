@@ -142,7 +142,7 @@ def add_precision_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=tuple(PRECISIONS),
                    help="; ".join(f"{p.name} = {p.description}" for p in PRECISIONS.values()) + ". Default: bf16 "
                         "where the device computes it fast (CUDA compute capability >= 8.0, a CPU with AVX-512 BF16 "
-                        "or AMX), else fp32")
+                        "or AMX), else fp32. fp32 on CUDA computes matrix products in TF32 (runtime/device.py)")
 
 
 def add_optim_flags(p: argparse.ArgumentParser) -> None:
@@ -160,7 +160,8 @@ def add_optim_flags(p: argparse.ArgumentParser) -> None:
                         "job's time limit; the LR schedule still spans --steps and --resume continues")
     g.add_argument("--max-bad-steps", type=int, default=5,
                    help="stop after K consecutive steps with a non-finite loss or gradient norm (fp32/bf16), or "
-                        "after more than K consecutive skipped steps (fp16)")
+                        "after more than K consecutive skipped steps (fp16); a skipped step moves neither the weights nor "
+                        "the LR schedule")
     g.add_argument("--min-loss-scale", type=float, default=1.0,
                    help="fp16: stop when the loss scale falls below this floor")
 
