@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import struct
+from pathlib import Path
 
 import pytest
 import torch
 
+from models import FAMILIES
 from runtime.checkpoint.hf_weights import check_weights, read_hf_model, read_state_dict
 from runtime.commands.generate import build
 from runtime.commands.train import InputError, check_inputs
@@ -22,6 +24,8 @@ from tests.test_hf_gpt2 import gpt2_forward
 from tests.test_llama3 import llama_forward
 
 ENV = LaunchEnv(rank=0, world_size=1, local_rank=0, local_world_size=1)
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf-models"  # written by transformers
+HF_GPT2 = FAMILIES["gpt2"].hf
 N_POS = 32
 
 # name: (config, write_folder options)
@@ -94,12 +98,19 @@ def test_a_pytorch_model_bin_folder_reads_like_its_safetensors(tmp_path):
     assert torch.equal(state["head.weight"], tensors["model.embed_tokens.weight"])  # tied
 
 
-def test_a_shorter_seq_len_trains_on_the_first_rows_of_the_position_table(tmp_path):
-    folder = _folder(tmp_path, "gpt2-tied")
-    cfg, _, start = check_inputs(["--init-from", str(folder.path), "--steps", "1", "--seq-len", "16"], ENV)
-    assert cfg.model.seq_len == 16
-    state = read_state_dict(check_weights(read_hf_model(folder.path)), cfg.model)
-    assert torch.equal(state["pos_emb.weight"], read_folder(folder.path)["transformer.wpe.weight"][:16])
+def test_a_shorter_seq_len_keeps_the_models_context_and_every_shape_of_the_folder():
+    # transformers' own 256-position GPT-2 (tests/fixtures/hf-models/gpt2) trained on windows of 64 tokens
+    folder = FIXTURES / "gpt2"
+    cfg, _, _ = check_inputs(["--init-from", str(folder), "--steps", "1", "--seq-len", "64"], ENV)
+    assert (cfg.model.seq_len, cfg.model.context, cfg.model.n_positions) == (64, 256, 256)
+    state = read_state_dict(check_weights(read_hf_model(folder)), cfg.model)
+    tensors = read_folder(folder)
+    assert torch.equal(state["pos_emb.weight"], tensors["transformer.wpe.weight"])  # all 256 rows
+    written = HF_GPT2.to_hf(state, cfg.model)
+    assert {n: t.shape for n, t in written.items()} == {n: t.shape for n, t in tensors.items()}
+    assert HF_GPT2.config_to_hf(cfg.model)["n_positions"] == 256
+    line = _error(["--init-from", str(folder), "--steps", "1", "--seq-len", "257"])
+    assert "--seq-len 257" in line and "has 256 positions" in line and "1 to 256" in line, line
 
 
 @pytest.mark.parametrize(("flags", "words"), [

@@ -9,7 +9,8 @@ llm.c ``*_val_*`` shards, nanoGPT ``val.bin``; else every file), forward only, t
 and schedule as training, on any mesh; the result is one JSON line: loss, perplexity, bits per byte
 for byte-level text, tokens and windows. The flags are training's groups that evaluation reads (mesh,
 model, micro-batching, precision, data; runtime/commands/flag_groups.py), nothing of optimisation,
-checkpointing or metrics; ``--precision`` defaults to fp32 here. A checkpoint brings its own model shape.
+checkpointing or metrics; ``--precision`` defaults to fp32 here. A checkpoint brings its own model shape;
+``--seq-len`` evaluates it on windows of another length, up to the model's context.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from compiler.parallelize.stages import StageMeshes, build_local_stages
 from compiler.precisions import PRECISIONS
 from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import plan_stages
-from models import config_from_dict, spec_of
+from models import config_from_dict, spec_of, with_window
 from runtime.checkpoint.files import CheckpointError, CheckpointInfo
 from runtime.checkpoint.state import load_model_only
 from runtime.checkpoint.weights import read_init_weights, resolve_checkpoint
@@ -82,7 +83,12 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> EvalInputs:
     checkpoint, weights = None, None
     if args.checkpoint:
         checkpoint = resolve_checkpoint(Path(args.checkpoint))
-        cfg = dataclasses.replace(cfg, model=config_from_dict(checkpoint.config["model"]))  # the checkpoint's shape
+        model = config_from_dict(checkpoint.config["model"])  # the checkpoint's shape, at --seq-len if given
+        try:
+            model = with_window(model, args.seq_len) if args.seq_len else model
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        cfg = dataclasses.replace(cfg, model=model)
         validate(cfg, world_size=env.world_size)
     else:
         weights = read_init_weights(Path(args.init_from), cfg.model)

@@ -83,7 +83,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-heads", type=int,
                    help="override the number of key/value heads (grouped-query attention; llama3 models)")
     g.add_argument("--seq-len", type=int,
-                   help="override the sequence length (tokens per sample)")
+                   help="tokens per training window (default: the model's). A model with weights (--init-from "
+                        "FOLDER) keeps its context (GPT-2's n_positions and position table, Llama's "
+                        "max_position_embeddings): the window must fit in it. A model built from scratch gets "
+                        "this context (GPT-2: a position table of this many rows; Llama: at least this many)")
     g.add_argument("--vocab-size", type=int, help="override the vocabulary size (>= 256 for byte-level text)")
     g.add_argument("--mlp-width", type=int,
                    help="override the MLP hidden width (default: the family's rule, 4 x d-model for GPT-2, "
@@ -179,7 +182,7 @@ def add_init_flag(p: argparse.ArgumentParser) -> None:
                    help="start from these weights, on any mesh: a single-file export (`run.py export`), or a Hugging "
                         "Face model folder (config.json + safetensors or pytorch_model.bin; GPT-2 or Llama), whose "
                         "config.json sets the model: shape flags may be given only if they agree, --seq-len may be "
-                        "shorter than the folder's positions. With --resume, a checkpoint (when there is one) gives the weights instead")
+                        "shorter than the folder's context (the model keeps all of it). With --resume, a checkpoint (when there is one) gives the weights instead")
 
 
 def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:

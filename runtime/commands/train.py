@@ -295,7 +295,7 @@ def _initial_values(cfg: TrainConfig, start: StartPoint) -> Callable[[str, tuple
     """Each parameter's full initial value by name: from ``--init-from``'s Hugging Face folder (read lazily,
     only the tensors of this rank's parameters) or export, or name-seeded."""
     if start.init_from and start.init_from.is_dir():
-        return hf_initial_values(check_weights(read_hf_model(start.init_from)), cfg.model)
+        return hf_initial_values(check_weights(read_hf_model(start.init_from)))
     if start.init_from:
         weights = read_init_weights(start.init_from, cfg.model)  # memory-mapped: read as shards need it
         return lambda name, shape: weights[name]
