@@ -7,6 +7,7 @@ folder; broken folders are one error line naming the file and the tensor, before
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from models import FAMILIES
-from runtime.checkpoint.hf_weights import check_weights, read_hf_model, read_state_dict
+from runtime.checkpoint.hf_weights import CARRIED_FILES, carried_from, check_weights, read_hf_model, read_state_dict
 from runtime.commands.generate import build
 from runtime.commands.train import InputError, check_inputs
 from runtime.distributed.process_group import LaunchEnv
@@ -111,6 +112,23 @@ def test_a_shorter_seq_len_keeps_the_models_context_and_every_shape_of_the_folde
     assert HF_GPT2.config_to_hf(cfg.model)["n_positions"] == 256
     line = _error(["--init-from", str(folder), "--steps", "1", "--seq-len", "257"])
     assert "--seq-len 257" in line and "has 256 positions" in line and "1 to 256" in line, line
+
+
+def test_an_export_carries_the_source_folders_token_ids_and_generation_config(tmp_path):
+    # An Instruct model's eos list, in a copy of the folder transformers wrote.
+    folder = tmp_path / "instruct"
+    shutil.copytree(FIXTURES / "gpt2", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": [0, 7], "pad_token_id": 3}))
+    carried = carried_from(str(folder))
+    assert carried.config == {"bos_token_id": 0, "eos_token_id": [0, 7], "pad_token_id": 3} and carried.note is None
+    assert CARRIED_FILES == ("generation_config.json",) and carried.files == {
+        "generation_config.json": (FIXTURES / "gpt2" / "generation_config.json").read_bytes()}
+    (tmp_path / "model.pt").write_bytes(b"")
+    for scratch_or_export in (None, str(tmp_path / "model.pt")):  # the family's defaults stand
+        assert carried_from(scratch_or_export) == type(carried)({}, {})
+    gone = carried_from(str(tmp_path / "moved-away"))
+    assert (gone.config, gone.files) == ({}, {}) and "moved-away, which cannot be read here" in gone.note
 
 
 @pytest.mark.parametrize(("flags", "words"), [

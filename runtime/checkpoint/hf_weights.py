@@ -1,4 +1,5 @@
-"""A Hugging Face model folder as a run's starting point (``--init-from FOLDER``) and as generate's model.
+"""A Hugging Face model folder as a run's starting point (``--init-from FOLDER``), as generate's model, and as
+the source of what an export of the trained model carries beyond its weights (``carried_from``).
 
 The folder's ``config.json`` names the family (``architectures``, else ``model_type``, against each
 family's Hugging Face adapter, models/spec.py) and the shape (the family's ``config_from_hf``), so no
@@ -32,6 +33,12 @@ from models import FAMILIES, ModelSpec, named_config, parameter_shapes, with_win
 from runtime.checkpoint.hf_folder import CONFIG_FILE, HFFolder, read_config
 from runtime.checkpoint.safetensors import TensorFileError
 from runtime.config import ConfigError
+
+# What ``run.py export`` takes from the folder a run started from, beyond the weights: files copied as they
+# are, and config.json keys the model does not compute (an Instruct model's eos list [128001, 128009], say).
+# Without a source folder the family's defaults stand (its config_to_hf). Tokenizer files join CARRIED_FILES.
+CARRIED_FILES = ("generation_config.json",)
+CARRIED_CONFIG_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 # Config fields the shape flags set, and the flag (what the user typed) for messages.
 SHAPE_FLAGS = {"n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "n_kv_heads": "--kv-heads",
@@ -189,3 +196,31 @@ def read_state_dict(weights: HFWeights, run_cfg: Any) -> dict[str, torch.Tensor]
     for one process."""
     value = initial_values(weights)
     return {name: value(name, shape).float() for name, shape in parameter_shapes(run_cfg).items()}
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What an export carries from a run's source folder."""
+
+    config: dict[str, Any]  # the CARRIED_CONFIG_KEYS the folder's config.json sets (not to null)
+    files: dict[str, bytes]  # the CARRIED_FILES the folder has, by name
+    note: str | None = None  # why nothing could be carried, for the user
+
+    def describe(self) -> str:
+        return ", ".join([*self.config, *self.files])
+
+
+def carried_from(init_from: str | None) -> Carried:
+    """What an export of a run that started from ``--init-from`` (as its checkpoint recorded it) carries:
+    nothing for a run from scratch or from a single-file export; a note when the folder cannot be read now
+    (moved, or a relative path recorded from another working directory)."""
+    if init_from is None or Path(init_from).is_file():
+        return Carried({}, {})
+    folder = Path(init_from)
+    try:
+        config = read_config(folder)
+        files = {name: (folder / name).read_bytes() for name in CARRIED_FILES if (folder / name).is_file()}
+    except (TensorFileError, OSError) as e:
+        return Carried({}, {}, note=f"the run started from --init-from {init_from}, which cannot be read here ({e}); "
+                                    f"writing the family's token ids and no {', '.join(CARRIED_FILES)}")
+    return Carried({k: config[k] for k in CARRIED_CONFIG_KEYS if config.get(k) is not None}, files)
