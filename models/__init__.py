@@ -36,6 +36,17 @@ def named_config(name: str, **overrides: Any) -> Any:
     return spec.with_overrides(base, **given) if given else base
 
 
+def with_window(cfg: Any, seq_len: int) -> Any:
+    """An existing model (a Hugging Face folder's, a checkpoint's) trained or evaluated on windows of ``seq_len``
+    tokens: its context and every parameter shape stay (GPT-2's position table keeps all its rows). ValueError
+    when the window is longer than the context (``cfg.context``: GPT-2's n_positions, Llama's
+    max_position_embeddings)."""
+    if seq_len > cfg.context:
+        raise ValueError(f"--seq-len {seq_len} is longer than the model's context of {cfg.context} positions; "
+                         f"valid --seq-len values: 1 to {cfg.context}")
+    return dataclasses.replace(cfg, seq_len=seq_len)
+
+
 def config_to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
 
@@ -85,4 +96,4 @@ def flops_per_token(cfg: Any) -> float:
 
 __all__ = ["FAMILIES", "KVCache", "MODEL_NAMES", "ModelSpec", "build_model", "config_from_dict", "config_to_dict",
            "flops_per_token", "generate", "init_weights", "named_config", "parameter_count", "parameter_shapes",
-           "spec_of"]
+           "spec_of", "with_window"]

@@ -4,7 +4,9 @@ A family (GPT-2, Llama 3, ...) is one folder of ``models/`` that exports one ``M
 it in ``models/__init__.py``; nothing outside ``models/`` imports a family's modules. The spec is a row of
 facts and functions, read by everyone:
 
-- its config dataclass and named sizes (``--model`` choices), and how flag overrides apply to a size;
+- its config dataclass and named sizes (``--model`` choices), and how flag overrides apply to a size; every
+  config has ``seq_len`` (the training window, what the engine traces) and ``context`` (the positions the
+  model takes, e.g. GPT-2's n_positions: a model's, never changed by the window; ``models.with_window``);
 - ``build(cfg, share_tied_weights=...)``: the module, on the current default device (the engine builds on
   the meta device and traces it, so ``forward`` must create no tensor on a device of its own: derive
   positions from the input with ``*_like``, never ``torch.arange(device=...)``);
@@ -64,7 +66,7 @@ class Architecture:
 
     mlp: str  # "gelu" (two matrices) or "swiglu" (gate, up, down)
     norm: str  # "layernorm" (weight and bias) or "rmsnorm" (weight)
-    positions: str  # "learned" (a table of seq_len rows) or "rope"
+    positions: str  # "learned" (a table of ``context`` rows) or "rope"
     biases: bool  # the linear layers have biases
     fused_qkv: bool  # one q/k/v projection
 
