@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
         else:
             time.sleep(20)  # let rank 0 print before torchrun tears the job down (as training does)
         return 2
-    device = select_device(env.local_rank)
+    device = select_device(env.local_rank, local_world_size=env.local_world_size)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
     init_distributed(env, device, timeout_s=inputs.cfg.collective_timeout_s)

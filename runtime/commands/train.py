@@ -37,9 +37,9 @@ from runtime.config import ConfigError, TrainConfig
 from runtime.device import (
     compact_cpu_heap,
     configure_cpu_threads,
+    device_assignment_error,
     device_count,
     device_description,
-    device_shortage,
     retain_cpu_heap,
     select_device,
     stream_synchronizer,
@@ -100,7 +100,7 @@ def main(argv: list[str]) -> int:
         return 0
 
     # 2. Device and process group.
-    device = select_device(env.local_rank, cfg.device)
+    device = select_device(env.local_rank, cfg.device, local_world_size=env.local_world_size)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
         if not cfg.pipeline.compact_cpu_memory:
@@ -142,9 +142,10 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
                   f"{best.memory_per_rank / 2**30:.2f} GiB/rank)", flush=True)
     else:
         cfg = config_from_args(args, world_size=env.world_size)
-    shortage = device_shortage(cfg.device, local_world_size=env.local_world_size, available=device_count(cfg.device))
-    if shortage:
-        raise ConfigError(shortage)
+    unassigned = device_assignment_error(cfg.device, local_world_size=env.local_world_size,
+                                         visible=device_count(cfg.device))
+    if unassigned:
+        raise ConfigError(unassigned)
     data = build_data_from_config(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
                                   global_batch_size=cfg.global_batch_size, seed=cfg.seed)
     start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
@@ -155,7 +156,7 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
         read_init_weights(start.init_from, cfg.model)
     if not args.skip_memory_check:
         # Before anything is built: a configuration predicted to overflow the node stops here, naming what fits.
-        warning = check_memory(cfg, world=env.world_size, memory=node_memory(env.local_rank),
+        warning = check_memory(cfg, world=env.world_size, memory=node_memory(env.local_rank, cfg.device),
                                node_ranks=node_ranks(rank=env.rank, local_world_size=env.local_world_size))
         if warning and env.rank == 0:
             print(warning, flush=True)

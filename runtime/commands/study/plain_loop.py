@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
 
     env = LaunchEnv.from_environ()
-    device = select_device(env.local_rank)
+    device = select_device(env.local_rank, local_world_size=env.local_world_size)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
         retain_cpu_heap()  # the engine's process settings (threads, allocator): only the code paths differ
