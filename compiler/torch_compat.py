@@ -177,6 +177,16 @@ def group_timeout(group: dist.ProcessGroup, device: torch.device) -> datetime.ti
     return group._get_backend(device).options._timeout
 
 
+def set_group_timeout(group: dist.ProcessGroup, timeout: datetime.timedelta) -> None:
+    """Bound ``group``'s waits by ``timeout`` from its next operation on (``distributed_c10d._set_pg_timeout``,
+    the same in 2.11 and 2.13: ``Backend::setTimeout`` on the group's gloo and NCCL backends). Gloo also
+    updates its contexts, whose timeout bounds every send, receive and collective when it starts; NCCL copies
+    the group's timeout into each work as it creates it (``work->opTimeout_ = options_->timeout``), which its
+    watchdog checks; a work already in flight keeps the bound it started with. Timeouts are local: each rank
+    sets its own."""
+    _c10d._set_pg_timeout(timeout, group)
+
+
 def process_groups() -> list[dist.ProcessGroup]:
     """Every process group this process has created (the world's first)."""
     return list(_c10d._world.pg_map)

@@ -69,6 +69,17 @@ def test_group_options_carry_the_timeout_for_each_backend():
         assert isinstance(nccl, dist.ProcessGroupNCCL.Options) and nccl._timeout == timeout
 
 
+def test_a_live_groups_timeout_can_be_changed():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=11))
+        compat.set_group_timeout(group, datetime.timedelta(seconds=12.5))
+        assert compat.group_timeout(group, torch.device("cpu")) == datetime.timedelta(seconds=12.5)
+        dist.all_reduce(torch.ones(2), group=group)  # and it still works
+    finally:
+        dist.destroy_process_group()
+
+
 def test_lr_schedule_state_round_trips():
     params = [torch.nn.Parameter(torch.zeros(2))]
     schedule = torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(params, lr=1.0), lambda step: 0.5 ** step)

@@ -29,6 +29,7 @@ from runtime.config import (
 )
 from runtime.device import DEVICE_CHOICES, has_fast_bf16, resolve_device_type
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
+from runtime.distributed.timeouts import DEFAULT_CHECKPOINT_TIMEOUT_S, DEFAULT_STARTUP_TIMEOUT_S
 from runtime.engine.data import DATA_FORMATS, TOKEN_DTYPES
 
 DEFAULT_MODEL = "tiny"
@@ -155,8 +156,10 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
                         "not with the split-backward schedules (zero-bubble, zbv, dualpipev)")
     g.add_argument("--seed", type=int, default=1234, help="seed for weights and data order")
     g.add_argument("--collective-timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT_S, metavar="SECONDS",
-                   help="bound on every collective and point-to-point wait, the first step's included; past it the "
-                        "ranks exit with one line naming the operation and peers (default: 300)")
+                   help="bound on every collective and point-to-point wait in steady steps (after the first); past "
+                        "it the ranks exit with one line naming the phase, operation and peers")
+    g.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S, metavar="SECONDS",
+                   help="that bound in start-up: process groups, tracing, --compile, the first step and first validation")
     g.add_argument("--stop-at-step", type=int,
                    help="end this run after step N (saving a checkpoint if --checkpoint-dir is set), e.g. to fit a "
                         "job's time limit; the LR schedule still spans --steps and --resume continues")
@@ -165,6 +168,8 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-dir", help="folder for checkpoints (torch.distributed.checkpoint, every rank writes "
                                             "its own shards); one is always saved at the end of the run")
     g.add_argument("--checkpoint-every", type=int, help="also save a checkpoint every N steps")
+    g.add_argument("--checkpoint-timeout", type=float, default=DEFAULT_CHECKPOINT_TIMEOUT_S, metavar="SECONDS",
+                   help="bound on waits for other ranks while saving or loading a checkpoint (a slow file system)")
     g.add_argument("--keep-checkpoints", type=int, help="keep the newest K complete checkpoints (default: 3)")
     g.add_argument("--async-checkpoint", action="store_true",
                    help="copy the state to CPU memory and write it in the background while training goes on "
@@ -279,6 +284,8 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         compile_blocks=args.compile,
         sequence_parallel=args.sequence_parallel,
         collective_timeout_s=args.collective_timeout,
+        startup_timeout_s=args.startup_timeout,
+        checkpoint_timeout_s=args.checkpoint_timeout,
         device=device,
     )
     vocab_size = cfg.model.vocab_size
