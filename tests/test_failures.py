@@ -178,16 +178,18 @@ def test_nccl_error_handling_lets_the_process_live_unless_the_user_chose():
         assert nccl_error_handling(chosen) == "3" and chosen == {name: "3"}
 
 
-# NCCL's init.cc (2.27, the wheels of torch 2.11 and 2.13) when two ranks' processes see the same GPU.
-DUPLICATE_GPU = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3690, invalid usage (run with "
-                 "NCCL_DEBUG=WARN for details), NCCL version 2.27.5\nncclInvalidUsage: This usually reflects invalid "
-                 "usage of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000")
+# What rank 1 of two raised from init_process_group(device_id=cuda:0) with CUDA_VISIBLE_DEVICES=0 in both processes
+# (torch 2.11.0+cu130, NCCL 2.28.9, an H100, 2026-11-26); rank 0's reads "rank 0 and rank 1".
+DUPLICATE_GPU = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid usage (run with "
+                 "NCCL_DEBUG=WARN for details), NCCL version 2.28.9\nncclInvalidUsage: This usually reflects invalid "
+                 "usage of NCCL library.\nLast error:\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 60")
 
 
 def test_two_ranks_on_one_gpu_is_one_line_naming_both_ranks_and_the_fix():
-    line, rank, other = describe_shared_device(dist.DistBackendError(DUPLICATE_GPU), visible_devices="CUDA_VISIBLE_DEVICES=0")
-    assert (rank, other) == (1, 0)
-    assert line.startswith("--device cuda: ranks 0 and 1 are on the same GPU (bus id 1000), which NCCL refuses: each "
+    shared = describe_shared_device(dist.DistBackendError(DUPLICATE_GPU), visible_devices="CUDA_VISIBLE_DEVICES=0")
+    assert (shared.rank, shared.other) == (1, 0)  # main() prints it on the lower rank only: one line per pair
+    line = shared.line
+    assert line.startswith("--device cuda: ranks 0 and 1 are on the same GPU (bus id 60), which NCCL refuses: each "
                            "process sees one device (CUDA_VISIBLE_DEVICES=0) but not its own")
     assert "CUDA_VISIBLE_DEVICES per process" in line and "\n" not in line
     assert describe_shared_device(dist.DistBackendError(NCCL_TIMEOUT), visible_devices=None) is None

@@ -50,12 +50,14 @@ def test_a_stopped_rank_ends_the_job_with_one_line_per_rank(tmp_path):
 
 def _train_with_a_late_rank(argv: list[str], out_dir: str, late_in: str) -> None:
     """One spawned rank of a 2-rank pipeline, trained as run.py trains it. Rank 1 stalls in ``late_in``
-    (building its stages: start-up; writing a checkpoint: checkpoint I/O) until rank 0 has given up on it;
-    each rank records the error line run.py would print (rank 0: the timeout; rank 1: its lost peer)."""
+    (building its stages: start-up; its second step: steady steps; writing a checkpoint: checkpoint I/O) until
+    rank 0 has given up on it; each rank records the error line run.py would print (rank 0: the timeout;
+    rank 1: its lost peer)."""
     from pathlib import Path
 
     import runtime.checkpoint.saving as saving
     import runtime.commands.train as train_module
+    import runtime.engine.loop as loop
     from runtime.commands.train import check_inputs, train
     from runtime.device import select_device
     from runtime.distributed.failures import describe_peer_failure
@@ -68,18 +70,21 @@ def _train_with_a_late_rank(argv: list[str], out_dir: str, late_in: str) -> None
     init_distributed(env, device, timeout_s=cfg.startup_timeout_s)
     given_up = Path(out_dir, "rank0.txt")
 
-    def late(fn):
+    def late(fn, *, on_call: int = 1):
+        calls = []
+
         def wait_then_run(*args, **kwargs):
+            calls.append(1)
             deadline = time.monotonic() + 90
-            while not given_up.exists() and time.monotonic() < deadline:
+            while len(calls) == on_call and not given_up.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
             return fn(*args, **kwargs)
         return wait_then_run
 
     if env.rank == 1:
-        owner = {"start-up": train_module, "checkpoint": saving}[late_in]
-        name = {"start-up": "build_local_stages", "checkpoint": "begin_save"}[late_in]
-        setattr(owner, name, late(getattr(owner, name)))
+        owner, name, on_call = {"start-up": (train_module, "build_local_stages", 1), "steady": (loop, "train_step", 2),
+                                "checkpoint": (saving, "begin_save", 1)}[late_in]
+        setattr(owner, name, late(getattr(owner, name), on_call=on_call))
     try:
         train(cfg, data, start, env=env, device=device)
         line = "trained to the end"
@@ -93,13 +98,17 @@ def _train_with_a_late_rank(argv: list[str], out_dir: str, late_in: str) -> None
     # the other phases' bounds are long: only the phase's own can end the wait within the test's time
     ("start-up", ["--startup-timeout", "3", "--collective-timeout", "600", "--checkpoint-timeout", "600"],
      "timed out after 3 s in start-up (--startup-timeout 3: process groups, tracing, --compile, the first step"),
+    # the pipeline's receives: gloo keeps the bound a group connected with (start-up's) unless the wait is given one
+    ("steady", ["--startup-timeout", "600", "--collective-timeout", "3", "--checkpoint-timeout", "600"],
+     "recv timed out after 3 s in steady steps (--collective-timeout 3: every later step and validation), in step 2, "
+     "during the pipeline schedule"),
     ("checkpoint", ["--startup-timeout", "600", "--collective-timeout", "600", "--checkpoint-timeout", "3"],
      "timed out after 3 s in checkpoint I/O (--checkpoint-timeout 3: saving, publishing and loading checkpoints), "
      "in step 1, during saving a checkpoint; waiting on all 2 ranks"),
 ])
 def test_a_rank_late_in_a_phase_is_given_up_on_after_that_phases_own_timeout(tmp_path, late_in, timeouts, expected):
     argv = ["--pp", "2", "--model", "tiny", "--precision", "fp32", "--micro-batch-size", "2", "--seq-len", "32",
-            "--steps", "1", "--eval-every", "0", "--peak-tflops", "1", "--data", "synthetic", "--device", "cpu",
+            "--steps", "2" if late_in == "steady" else "1", "--eval-every", "0", "--peak-tflops", "1", "--data", "synthetic", "--device", "cpu",
             "--checkpoint-dir", str(tmp_path / "ckpt"), "--logdir", str(tmp_path / "log"), *timeouts]
     started = time.monotonic()
     spawn_ranks(_train_with_a_late_rank, world_size=2, args=(argv, str(tmp_path), late_in), timeout=150)

@@ -116,9 +116,8 @@ def main(argv: list[str]) -> int:
         shared = describe_shared_device(e, visible_devices=visible_devices_setting(device.type))
         if shared is None:
             raise
-        line, rank, other = shared
-        if rank < other:  # one line per pair of ranks on one GPU
-            print(f"error: {line}", file=sys.stderr, flush=True)
+        if shared.rank < shared.other:  # one line per pair of ranks on one GPU
+            print(f"error: {shared.line}", file=sys.stderr, flush=True)
         else:
             time.sleep(20)  # as for bad input: the printing rank's exit ends this wait early
         return 2

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 import traceback
+from dataclasses import dataclass
 
 import torch.distributed as dist
 
@@ -125,11 +126,18 @@ def _peers(rank: int, layout: GridLayout, group: str) -> str:
 _DUPLICATE_GPU = re.compile(r"Duplicate GPU detected : rank (\d+) and rank (\d+) both on CUDA device (\w+)")
 
 
-def describe_shared_device(error: BaseException, *, visible_devices: str | None) -> tuple[str, int, int] | None:
-    """(error line, this rank, the rank on the same GPU) when NCCL refused to start because two ranks are on
-    one GPU (NCCL's init.cc: ``Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1000``), else
-    None. It happens where the launcher showed every process one device, but the same one (runtime/device.py
-    trusts a visible-devices variable to be set per process): ``visible_devices`` is that setting."""
+@dataclass(frozen=True)
+class SharedDevice:
+    line: str  # the error line
+    rank: int  # this rank
+    other: int  # the rank NCCL found on the same GPU
+
+
+def describe_shared_device(error: BaseException, *, visible_devices: str | None) -> SharedDevice | None:
+    """The error line when NCCL refused to start because two ranks are on one GPU (NCCL's init.cc:
+    ``Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 60``), else None. It happens where the
+    launcher showed every process one device, but the same one (runtime/device.py trusts a visible-devices
+    variable to be set per process): ``visible_devices`` is that setting."""
     found = next((m for e in _chain(error) if (m := _DUPLICATE_GPU.search(str(e)))), None)
     if found is None:
         return None
@@ -138,4 +146,4 @@ def describe_shared_device(error: BaseException, *, visible_devices: str | None)
             f"NCCL refuses: each process sees one device ({visible_devices or 'no visible-devices variable set'}) but "
             f"not its own; give every process a device of its own (CUDA_VISIBLE_DEVICES per process, e.g. srun "
             f"--gpus-per-task=1), or leave CUDA_VISIBLE_DEVICES unset so that local rank i takes device i")
-    return line, rank, other
+    return SharedDevice(line, rank, other)

@@ -13,9 +13,11 @@ differs by phase:
 So each phase has its own flag (torchtitan likewise keeps ``comm.init_timeout_seconds``, for initialisation
 and the first step, apart from ``comm.train_timeout_seconds``), and ``PhaseTimeouts`` sets every process group
 of the rank to its phase's timeout as it enters the phase. A group's timeout is read when an operation starts
-(compiler/torch_compat.py ``set_group_timeout``), so a switch takes effect from the next operation on, on
-gloo and NCCL alike. An error escaping a phase is tagged with it (an exception note, as the loop tags the step),
-so the error line names the phase and its flag.
+(compiler/torch_compat.py ``set_group_timeout``), so a switch takes effect from the next operation on: NCCL
+copies it into every work; gloo's collectives read it, while its sends and receives keep the bound the group
+connected with unless their wait is given one, which the pipeline's and the tied embedding's are
+(``bounded_p2p_works``). An error escaping a phase is tagged with it (an exception note, as the loop tags the
+step), so the error line names the phase and its flag.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Iterator
 
 import torch.distributed as dist
 
-from compiler.torch_compat import process_groups, set_group_timeout
+from compiler.torch_compat import bound_pipeline_p2p_waits, process_groups, set_group_timeout
 
 # Defaults. Start-up: torch's own default for a gloo group (30 min), time for a large model's weights to be
 # read and compiled on every rank. Checkpoints: the same, for a slow or shared file system.
@@ -84,6 +86,7 @@ class PhaseTimeouts:
         self.timeouts = timeouts
         self._exempt: list[dist.ProcessGroup] = []
         self.switch(STARTUP)  # the world's group too, whatever it was made with
+        bound_pipeline_p2p_waits()  # gloo's sends and receives too (compiler/torch_compat.py)
 
     def exempt(self, group: dist.ProcessGroup) -> dist.ProcessGroup:
         self._exempt.append(group)
