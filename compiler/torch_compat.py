@@ -177,6 +177,61 @@ def group_timeout(group: dist.ProcessGroup, device: torch.device) -> datetime.ti
     return group._get_backend(device).options._timeout
 
 
+def set_group_timeout(group: dist.ProcessGroup, timeout: datetime.timedelta) -> None:
+    """Bound ``group``'s waits by ``timeout`` from its next operation on (``distributed_c10d._set_pg_timeout``,
+    the same in 2.11 and 2.13: ``Backend::setTimeout`` on the group's gloo and NCCL backends). Gloo also
+    updates its contexts, whose timeout bounds every send, receive and collective when it starts; NCCL copies
+    the group's timeout into each work as it creates it (``work->opTimeout_ = options_->timeout``), which its
+    watchdog checks; a work already in flight keeps the bound it started with. Timeouts are local: each rank
+    sets its own. Checked on torch 2.11.0+cu130 (an H100, 2026-11-26): an NCCL subgroup's all-reduce posted after
+    the switch carried the new timeout (``ProcessGroupNCCL._verify_work_timeout``), and a gloo all-reduce gave up
+    at the new bound. Gloo's sends and receives do not follow it: ``bounded_p2p_works``."""
+    _c10d._set_pg_timeout(timeout, group)
+
+
+class _BoundedGlooWork:
+    """A gloo point-to-point work whose wait is bounded by its group's timeout as it is now. Gloo fixes the
+    bound of a send or receive waited on without one when the group connects (its transport context's
+    timeout; ``Backend::setTimeout`` reaches only the collectives' ``gloo::Context``): without this a pipeline's
+    receives would keep the start-up bound for the whole run. ``Work.wait(timeout)`` bounds that wait instead
+    and fails the same way ("Timed out waiting 300000ms for recv operation"): seen on 2.13 here and 2.11 on the
+    GPU machine, where a receive from a group created with 60 s, waited on with 2 s, gave up after 2.0 s."""
+
+    def __init__(self, work: dist.Work, group: dist.ProcessGroup):
+        self._work, self._group = work, group
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        return self._work.wait(timeout or group_timeout(self._group, torch.device("cpu")))
+
+    def __getattr__(self, name: str):
+        return getattr(self._work, name)
+
+
+def bounded_p2p_works(works: list[dist.Work], ops: list[dist.P2POp]) -> list:
+    """``works`` of ``ops`` (``batch_isend_irecv``'s), each bounded by its group's current timeout where the group
+    is gloo's (one work per operation there). NCCL's are returned as they are: each copied its group's timeout
+    when it was created, and a timeout given to its wait would block the host."""
+    if len(works) != len(ops):
+        return works
+    groups = [op.group or dist.group.WORLD for op in ops]
+    return [_BoundedGlooWork(w, g) if dist.get_backend(g) == "gloo" else w for w, g in zip(works, groups)]
+
+
+def bound_pipeline_p2p_waits() -> None:
+    """Make every pipeline schedule's sends and receives (``schedules._batch_p2p(p2p_ops, desc)``, through which
+    2.11's and 2.13's schedules post them all) waited on within their group's current timeout
+    (``bounded_p2p_works``). Once per process; the profiler's wrapper (runtime/observe/profiling.py) goes around it."""
+    if getattr(_schedules._batch_p2p, "_bounded", False):
+        return
+    batch_p2p = _schedules._batch_p2p
+
+    def bounded(p2p_ops, desc=None):
+        return bounded_p2p_works(batch_p2p(p2p_ops, desc), p2p_ops)
+
+    bounded._bounded = True
+    _schedules._batch_p2p = bounded
+
+
 def process_groups() -> list[dist.ProcessGroup]:
     """Every process group this process has created (the world's first)."""
     return list(_c10d._world.pg_map)

@@ -20,6 +20,7 @@ from compiler.schedules import SCHEDULES
 from compiler.torch_compat import stages_receive_integer_tensors
 from models import spec_of
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
+from runtime.distributed.timeouts import DEFAULT_CHECKPOINT_TIMEOUT_S, DEFAULT_STARTUP_TIMEOUT_S, Timeouts
 
 
 class ConfigError(ValueError):
@@ -126,12 +127,19 @@ class TrainConfig:
     guard: GuardConfig
     compile_blocks: bool = False  # --compile: torch.compile each transformer block
     sequence_parallel: bool = False  # --sequence-parallel: norms and residual stream on sequence shards (mp > 1)
-    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # --collective-timeout: bound on every collective and p2p wait
+    collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # --collective-timeout: a wait's bound in steady steps
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S  # --startup-timeout: groups, tracing, compile, first step
+    checkpoint_timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S  # --checkpoint-timeout: saving and loading
     device: str = "cpu"  # --device, resolved: "cpu" (gloo) or the accelerator's type ("cuda": NCCL)
 
     @property
     def global_batch_size(self) -> int:
         return self.pipeline.micro_batch_size * self.pipeline.microbatches * self.mesh.dp
+
+    @property
+    def timeouts(self) -> Timeouts:
+        return Timeouts(startup_s=self.startup_timeout_s, steady_s=self.collective_timeout_s,
+                        checkpoint_s=self.checkpoint_timeout_s)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -173,8 +181,10 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_pipeline(cfg.pipeline, cfg.model, cfg.mesh)
     _check_compile(cfg.compile_blocks, cfg.pipeline.schedule)
     _check_document_positions(cfg.data.document_mask, cfg.mesh.pp)
-    if not cfg.collective_timeout_s > 0:
-        raise ConfigError(f"--collective-timeout must be a positive number of seconds, got {cfg.collective_timeout_s:g}")
+    for flag, seconds in (("--collective-timeout", cfg.collective_timeout_s), ("--startup-timeout", cfg.startup_timeout_s),
+                          ("--checkpoint-timeout", cfg.checkpoint_timeout_s)):
+        if not seconds > 0:
+            raise ConfigError(f"{flag} must be a positive number of seconds, got {seconds:g}")
 
 
 def _check_compile(compile_blocks: bool, schedule: str) -> None:

@@ -9,7 +9,7 @@ import ctypes.util
 import os
 import platform
 import resource
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -36,34 +36,65 @@ def device_count(device_type: str) -> int:
     return torch.accelerator.device_count()
 
 
-def device_shortage(device_type: str, *, local_world_size: int, available: int) -> str | None:
-    """Why ``local_world_size`` ranks on this node cannot each have a ``device_type`` device of their own, or
-    None when they can. NCCL refuses two ranks on one GPU at the first collective ("Duplicate GPU
-    detected"), so more ranks than devices is an input error, not a device to share."""
+# Where a launcher gives each process devices of its own (SLURM's --gpus-per-task, Kubernetes' device plugins,
+# MPI wrappers): the process then sees only those, numbered from 0. ROCm builds of torch report "cuda" and
+# honour HIP_VISIBLE_DEVICES as well.
+VISIBLE_DEVICES_VARIABLES = {"cuda": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"), "xpu": ("ZE_AFFINITY_MASK",)}
+
+
+def visible_devices_setting(device_type: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """``NAME=value`` of the variable restricting which ``device_type`` devices this process sees, or None
+    where none is set (the process sees every device of the node)."""
+    environ = os.environ if environ is None else environ
+    return next((f"{name}={environ[name]}" for name in VISIBLE_DEVICES_VARIABLES.get(device_type, ())
+                 if name in environ), None)
+
+
+def device_assignment_error(device_type: str, *, local_world_size: int, visible: int,
+                            environ: Mapping[str, str] | None = None) -> str | None:
+    """Why ``local_world_size`` ranks on this node, each seeing ``visible`` ``device_type`` devices, cannot
+    each have a device of their own, or None when they can (``device_index`` says which). Two layouts work:
+    every process sees one device, its own, because the launcher set ``CUDA_VISIBLE_DEVICES`` (or its
+    kind's variable) per process; or every process sees the node's devices, at least one per local rank.
+    NCCL refuses two ranks on one GPU at its first collective ("Duplicate GPU detected"), so anything
+    else is an input error, not a device to share."""
     if device_type == "cpu":
         return None
-    if available == 0:
-        return (f"--device {device_type}: no {device_type} device is visible to this process; use --device cpu "
+    setting = visible_devices_setting(device_type, environ)
+    variable = VISIBLE_DEVICES_VARIABLES.get(device_type, ("a visible-devices variable",))[0]
+    why = f"({setting})" if setting else f"({variable} is unset)"
+    if visible == 0:
+        return (f"--device {device_type}: no {device_type} device is visible to this process {why}; use --device cpu "
                 f"(gloo) or --device auto")
-    if local_world_size > available:
-        return (f"--device {device_type}: {local_world_size} ranks on this node but {available} {device_type} "
-                f"device{'s' if available != 1 else ''}; each rank needs a device of its own (NCCL refuses two ranks "
-                f"on one GPU): start at most {available} rank{'s' if available != 1 else ''} per node "
-                f"(torchrun --nproc_per_node={available}) or train on the CPU with gloo (--device cpu)")
-    return None
+    if visible >= local_world_size or (visible == 1 and setting):
+        return None
+    seen = f"sees {visible} {device_type} device{'s' if visible != 1 else ''} {why}"
+    return (f"--device {device_type}: {local_world_size} ranks on this node but each process {seen}; each rank "
+            f"needs a device of its own (NCCL refuses two ranks on one GPU): start at most {visible} "
+            f"rank{'s' if visible != 1 else ''} per node (torchrun --nproc_per_node={visible}), let the launcher "
+            f"give each process one device ({variable} per process, e.g. srun --gpus-per-task=1), or train on "
+            f"the CPU with gloo (--device cpu)")
 
 
-def select_device(local_rank: int, device_type: str | None = None) -> torch.device:
-    """This rank's device: local rank i takes device i (``device_shortage`` has checked there is one), or
-    the CPU. ``device_type`` None: ``--device auto``."""
+def device_index(local_rank: int, *, visible: int) -> int:
+    """The device this rank takes among the ``visible`` ones: its only one (the launcher gave each process
+    its own), else local rank i takes device i (``device_assignment_error`` has checked there is one)."""
+    return 0 if visible == 1 else local_rank
+
+
+def select_device(local_rank: int, device_type: str | None = None, *, local_world_size: int = 1) -> torch.device:
+    """This rank's device (``device_index``), or the CPU. ``device_type`` None: ``--device auto``."""
     device_type = resolve_device_type(device_type or "auto")
     if device_type == "cpu":
         return torch.device("cpu")
-    count = device_count(device_type)
-    if local_rank >= count:
-        raise RuntimeError(device_shortage(device_type, local_world_size=local_rank + 1, available=count))
-    torch.accelerator.set_device_index(local_rank)
-    return torch.device(device_type, local_rank)
+    visible = device_count(device_type)
+    error = device_assignment_error(device_type, local_world_size=max(local_world_size, local_rank + 1),
+                                    visible=visible)
+    if error:
+        raise RuntimeError(error)
+    index = device_index(local_rank, visible=visible)
+    torch.accelerator.set_device_index(index)
+    return torch.device(device_type, index)
 
 
 def configure_fp32_matmuls(device: torch.device, precision: str) -> None:

@@ -55,6 +55,8 @@ CASES = {
                                     ["--compile", "--schedule zbv", "1f1b", "looped-bfs"]),
     "non-positive-collective-timeout": (2, ["--dp", "2", "--collective-timeout", "0"],
                                         ["--collective-timeout", "positive number of seconds"]),
+    "non-positive-startup-timeout": (2, ["--dp", "2", "--startup-timeout", "0"], ["--startup-timeout", "positive"]),
+    "negative-checkpoint-timeout": (2, ["--dp", "2", "--checkpoint-timeout", "-5"], ["--checkpoint-timeout", "positive"]),
     "checkpoint-every-without-dir": (2, ["--dp", "2", "--checkpoint-every", "5"], ["--checkpoint-every", "--checkpoint-dir"]),
     "missing-resume-path": (2, ["--dp", "2", "--resume-from", "/nonexistent/step-000010"],
                             ["--resume-from /nonexistent/step-000010", "no such checkpoint folder"]),

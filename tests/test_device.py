@@ -1,4 +1,5 @@
-"""runtime/device.py: one device per rank (--device, checked with a fake device count) and the CPU heap
+"""runtime/device.py: one device per rank as clusters assign them (--device, checked with fake device counts and
+CUDA_VISIBLE_DEVICES) and the CPU heap
 settings: retained by default (no page faults per micro-batch), compact with --compact-cpu-memory."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from runtime import device as device_module
 from runtime.commands.train import check_inputs
 from runtime.config import ConfigError
-from runtime.device import configure_fp32_matmuls, device_shortage, select_device
+from runtime.device import configure_fp32_matmuls, device_assignment_error, device_index, select_device
 from runtime.distributed.process_group import LaunchEnv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,43 +127,99 @@ class FakeAccelerator:
         self.chosen.append(index)
 
 
-@pytest.fixture
-def one_gpu(monkeypatch):
-    fake = FakeAccelerator(1)
+def _fake_gpus(monkeypatch, count: int, visible_devices: str | None = None) -> FakeAccelerator:
+    """This process sees ``count`` CUDA devices; ``visible_devices``: the launcher's CUDA_VISIBLE_DEVICES."""
+    fake = FakeAccelerator(count)
     monkeypatch.setattr(device_module.torch, "accelerator", fake)
+    for name in device_module.VISIBLE_DEVICES_VARIABLES["cuda"]:
+        monkeypatch.delenv(name, raising=False)
+    if visible_devices is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible_devices)
     return fake
 
 
-def test_more_ranks_than_gpus_is_an_input_error_naming_both_counts_and_the_fixes(one_gpu):
+@pytest.fixture
+def one_gpu(monkeypatch):
+    return _fake_gpus(monkeypatch, 1)
+
+
+def _check(env: LaunchEnv, *flags: str):
+    return check_inputs(["--model", "tiny", "--dp", str(env.world_size), "--steps", "1", *flags], env)
+
+
+def test_ranks_sharing_the_one_gpu_they_see_is_an_input_error_naming_the_counts_and_the_fixes(one_gpu):
     env = LaunchEnv(rank=0, world_size=8, local_rank=0, local_world_size=8)
     with pytest.raises(ConfigError) as raised:
-        check_inputs(["--model", "tiny", "--dp", "8", "--steps", "1"], env)  # --device auto finds the GPU
+        _check(env)  # --device auto finds the GPU
     line = str(raised.value)
-    for words in ("--device cuda", "8 ranks on this node but 1 cuda device", "--nproc_per_node=1", "--device cpu"):
+    for words in ("--device cuda", "8 ranks on this node but each process sees 1 cuda device (CUDA_VISIBLE_DEVICES "
+                  "is unset)", "--nproc_per_node=1", "CUDA_VISIBLE_DEVICES per process", "--gpus-per-task=1",
+                  "--device cpu"):
         assert words in line, line
     assert "\n" not in line
+    with pytest.raises(RuntimeError, match="2 ranks on this node but each process sees 1 cuda device"):
+        select_device(1, "cuda", local_world_size=2)  # the old local_rank % device_count() put it on cuda:0 too
+    assert one_gpu.chosen == []
 
 
-def test_a_rank_takes_the_device_of_its_local_rank_never_a_shared_one(one_gpu):
-    assert select_device(0, "cuda") == torch.device("cuda", 0) and one_gpu.chosen == [0]
-    with pytest.raises(RuntimeError, match="2 ranks on this node but 1 cuda device"):
-        select_device(1, "cuda")  # the old local_rank % device_count() put it on cuda:0 beside rank 0
-    assert one_gpu.chosen == [0]
+@pytest.mark.parametrize("variable", ["0", "3", "GPU-8f1e2a"])  # srun --gpus-per-task=1 sets one index or UUID
+def test_a_launcher_that_gives_each_process_one_gpu_puts_every_local_rank_on_its_device_0(monkeypatch, variable):
+    fake = _fake_gpus(monkeypatch, 1, visible_devices=variable)
+    for local_rank in range(8):
+        env = LaunchEnv(rank=8 + local_rank, world_size=16, local_rank=local_rank, local_world_size=8)
+        cfg, _, _ = _check(env)
+        assert cfg.device == "cuda"
+        assert select_device(local_rank, cfg.device, local_world_size=8) == torch.device("cuda", 0)
+    assert fake.chosen == [0] * 8
+
+
+@pytest.mark.parametrize("visible_devices", [None, "0,1,2,3,4,5,6,7", "7,6,5,4,3,2,1,0"])
+def test_with_a_device_per_local_rank_in_view_local_rank_i_takes_device_i(monkeypatch, visible_devices):
+    fake = _fake_gpus(monkeypatch, 8, visible_devices=visible_devices)
+    for local_rank in range(8):
+        env = LaunchEnv(rank=local_rank, world_size=8, local_rank=local_rank, local_world_size=8)
+        _check(env)
+        assert select_device(local_rank, "cuda", local_world_size=8) == torch.device("cuda", local_rank)
+    # fewer ranks than devices (torchrun --nproc_per_node=4 on an 8-GPU node): the rest stay idle
+    _check(LaunchEnv(rank=3, world_size=4, local_rank=3, local_world_size=4))
+    assert select_device(3, "cuda", local_world_size=4) == torch.device("cuda", 3)
+    assert fake.chosen == [0, 1, 2, 3, 4, 5, 6, 7, 3]
+
+
+def test_some_devices_per_process_but_fewer_than_its_local_ranks_is_one_line_naming_the_variable(monkeypatch):
+    fake = _fake_gpus(monkeypatch, 2, visible_devices="4,5")  # e.g. srun --gpus-per-task=2 under torchrun x 4
+    env = LaunchEnv(rank=0, world_size=4, local_rank=0, local_world_size=4)
+    with pytest.raises(ConfigError) as raised:
+        _check(env)
+    line = str(raised.value)
+    for words in ("--device cuda: 4 ranks on this node but each process sees 2 cuda devices "
+                  "(CUDA_VISIBLE_DEVICES=4,5)", "--nproc_per_node=2", "--device cpu"):
+        assert words in line, line
+    with pytest.raises(RuntimeError, match="CUDA_VISIBLE_DEVICES=4,5"):
+        select_device(0, "cuda", local_world_size=4)
+    assert fake.chosen == []
+
+
+def test_no_visible_gpu_with_device_cuda_is_one_line(monkeypatch):
+    _fake_gpus(monkeypatch, 0, visible_devices="")
+    env = LaunchEnv(rank=0, world_size=1, local_rank=0, local_world_size=1)
+    with pytest.raises(ConfigError, match=r"--device cuda: no cuda device is visible to this process \(CUDA_VISIBLE_DEVICES=\)"):
+        _check(env, "--device", "cuda")
 
 
 def test_device_cpu_runs_gloo_on_a_gpu_machine(one_gpu):
     env = LaunchEnv(rank=0, world_size=8, local_rank=3, local_world_size=8)
-    cfg, _, _ = check_inputs(["--model", "tiny", "--dp", "8", "--steps", "1", "--device", "cpu"], env)
+    cfg, _, _ = _check(env, "--device", "cpu")
     assert cfg.device == "cpu"
-    device = select_device(env.local_rank, cfg.device)
+    device = select_device(env.local_rank, cfg.device, local_world_size=8)
     assert device == torch.device("cpu") and one_gpu.chosen == []
     assert device_module.backend_for(device) == "gloo"
 
 
-def test_one_rank_per_gpu_fits_and_the_cpu_is_never_short():
-    assert device_shortage("cuda", local_world_size=8, available=8) is None
-    assert device_shortage("cpu", local_world_size=64, available=0) is None
-    assert "no cuda device is visible" in device_shortage("cuda", local_world_size=1, available=0)
+def test_the_cpu_is_never_short_of_devices():
+    assert device_assignment_error("cpu", local_world_size=64, visible=0, environ={}) is None
+    assert device_assignment_error("cuda", local_world_size=8, visible=8, environ={}) is None
+    assert device_index(5, visible=8) == 5 and device_index(5, visible=1) == 0
 
 
 # --- fast bf16: the default precision's detection ---------------------------------------------------------

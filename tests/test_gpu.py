@@ -1,6 +1,7 @@
 """The engine on a CUDA device (``pytest -m gpu``): one-rank training in bf16 and fp16 against the CPU fp32
 reference, --compile, background checkpoints, MFU against the datasheet peak, the profiler's time split
-against torch.profiler's CUDA view, and the one-line error for more ranks than GPUs.
+against torch.profiler's CUDA view, the one-line errors for more ranks than GPUs and for ranks shown the same GPU,
+and each phase's timeout reaching NCCL.
 
 Skipped where torch.cuda.is_available() is False (tests/conftest.py), so CI on the CPU is unchanged. Written
 for the machines this project borrows (one H100 or H200, torch 2.11.0+cu130): all ten passed on an H200 on 2026-11-26.
@@ -172,12 +173,62 @@ def test_the_profilers_time_split_holds_the_gpus_kernel_time(tmp_path):
     assert split["idle"] < 0.05 * split["step_time"]  # one rank waits for no neighbour
 
 
-def test_more_ranks_than_gpus_is_one_line_and_exit_2():
+def test_more_ranks_than_gpus_is_one_line_and_exit_2(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     gpus = torch.cuda.device_count()
     ranks = gpus + 1
     check_clean_failure(ranks, [*TINY, "--steps", "1", "--dp", str(ranks), "--device", "cuda"],
-                        [f"{ranks} ranks on this node but {gpus} cuda device", "--device cpu",
+                        [f"{ranks} ranks on this node but each process sees {gpus} cuda device", "--device cpu",
                          f"--nproc_per_node={gpus}"])
+
+
+def test_ranks_shown_the_same_gpu_are_refused_by_nccl_in_one_line_and_exit_2(monkeypatch):
+    # CUDA_VISIBLE_DEVICES set alike for every process (not per process, as srun --gpus-per-task=1 sets it):
+    # each sees one device and takes it, and NCCL finds two ranks on one GPU when the world's group starts.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    check_clean_failure(2, [*TINY, "--steps", "1", "--dp", "2", "--device", "cuda"],
+                        ["--device cuda: ranks 0 and 1 are on the same GPU", "CUDA_VISIBLE_DEVICES=0",
+                         "CUDA_VISIBLE_DEVICES per process"], max_seconds=90)
+
+
+def _switch_nccl_timeouts(out_dir: str) -> None:
+    """A world of one on NCCL: each phase's timeout reaches the group's backend and the works it creates."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from compiler.torch_compat import group_timeout
+    from runtime.device import select_device
+    from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
+    from runtime.distributed.timeouts import CHECKPOINT, STEADY, PhaseTimeouts, Timeouts
+
+    env = LaunchEnv.from_environ()
+    device = select_device(env.local_rank, "cuda")
+    init_distributed(env, device, timeout_s=5)
+    world = dist.group.WORLD
+    backend = world._get_backend(device)
+    phases = PhaseTimeouts(Timeouts(startup_s=41, steady_s=7, checkpoint_s=93))
+    seen = {}
+    for phase in (STEADY, CHECKPOINT):
+        phases.switch(phase)
+        work = dist.all_reduce(torch.ones(4, device=device), async_op=True)
+        timeout = datetime.timedelta(seconds=phases.timeouts.of(phase))
+        seen[phase.name] = {"group": group_timeout(world, device).total_seconds(),
+                            "backend": type(backend).__name__,
+                            # ProcessGroupNCCL's test hook, where this torch has it: the timeout the work got
+                            "work": backend._verify_work_timeout(work, timeout)
+                            if hasattr(backend, "_verify_work_timeout") else None}
+        work.wait()
+    Path(out_dir, "nccl_timeouts.json").write_text(json.dumps(seen))
+    shutdown_distributed()
+
+
+def test_each_phase_sets_the_nccl_groups_timeout(tmp_path):
+    spawn_ranks(_switch_nccl_timeouts, world_size=1, args=(str(tmp_path),), timeout=120)
+    seen = json.loads((tmp_path / "nccl_timeouts.json").read_text())
+    assert seen["steady steps"]["backend"] == "ProcessGroupNCCL"
+    assert (seen["steady steps"]["group"], seen["checkpoint I/O"]["group"]) == (7, 93)
+    assert all(phase["work"] in (True, None) for phase in seen.values()), seen
 
 
 def test_device_cpu_runs_gloo_on_a_gpu_machine(tmp_path):

@@ -73,7 +73,7 @@ def test_meminfo_and_node_ranks(tmp_path):
 def test_train_checks_memory_before_any_process_group(monkeypatch):
     """runtime/commands/train.py's check_inputs, as each of the 8 ranks runs it: refused in well under the
     issue's 3 minutes (the model is priced in closed form), unless --skip-memory-check."""
-    monkeypatch.setattr(train, "node_memory", lambda local_rank: THIS_MACHINE)
+    monkeypatch.setattr(train, "node_memory", lambda local_rank, device_type: THIS_MACHINE)
     env = LaunchEnv(rank=3, world_size=8, local_rank=3, local_world_size=8)
     with pytest.raises(ConfigError, match="--reshard-after-forward --activation-checkpointing --compact-cpu-memory"):
         train.check_inputs(LARGE, env)

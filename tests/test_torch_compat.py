@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
+from torch.distributed.pipelining import schedules
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
 from compiler import torch_compat as compat
@@ -67,6 +68,40 @@ def test_group_options_carry_the_timeout_for_each_backend():
     if dist.is_nccl_available():
         nccl = compat.group_options("nccl", timeout)
         assert isinstance(nccl, dist.ProcessGroupNCCL.Options) and nccl._timeout == timeout
+
+
+def test_a_live_groups_timeout_can_be_changed():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=11))
+        compat.set_group_timeout(group, datetime.timedelta(seconds=12.5))
+        assert compat.group_timeout(group, torch.device("cpu")) == datetime.timedelta(seconds=12.5)
+        dist.all_reduce(torch.ones(2), group=group)  # and it still works
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gloo_sends_and_receives_are_waited_on_within_their_groups_timeout_now():
+    class Work:
+        def wait(self, timeout=None):
+            self.timeout = timeout
+            return True
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=600))
+        ops = [dist.P2POp(dist.irecv, torch.zeros(1), group=group, group_peer=0)]
+        works = [Work()]
+        (bounded,) = compat.bounded_p2p_works(works, ops)
+        compat.set_group_timeout(group, datetime.timedelta(seconds=3))  # a phase switch after posting
+        assert bounded.wait() and works[0].timeout == datetime.timedelta(seconds=3)
+        assert compat.bounded_p2p_works(works, ops * 2) is works  # coalesced (NCCL): left as they are
+        compat.bound_pipeline_p2p_waits()
+        installed = schedules._batch_p2p
+        compat.bound_pipeline_p2p_waits()
+        assert schedules._batch_p2p is installed and installed([], None) == []  # once per process
+    finally:
+        dist.destroy_process_group()
 
 
 def test_lr_schedule_state_round_trips():

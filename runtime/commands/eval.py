@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
         else:
             time.sleep(20)  # let rank 0 print before torchrun tears the job down (as training does)
         return 2
-    device = select_device(env.local_rank, inputs.cfg.device)
+    device = select_device(env.local_rank, inputs.cfg.device, local_world_size=env.local_world_size)
     configure_fp32_matmuls(device, inputs.cfg.precision)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)

@@ -16,6 +16,7 @@ from models import FAMILIES, MODEL_NAMES
 from runtime.config import ConfigError
 from runtime.device import DEVICE_CHOICES
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
+from runtime.distributed.timeouts import DEFAULT_CHECKPOINT_TIMEOUT_S, DEFAULT_STARTUP_TIMEOUT_S
 from runtime.engine.data import DATA_FORMATS, TOKEN_DTYPES
 
 DEFAULT_MODEL = "tiny"
@@ -173,8 +174,12 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("seed and timeouts")
     g.add_argument("--seed", type=int, default=1234, help="seed for weights and data order")
     g.add_argument("--collective-timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT_S, metavar="SECONDS",
-                   help="bound on every collective and point-to-point wait, the first step's included; past it the "
-                        "ranks exit with one line naming the operation and peers (default: 300)")
+                   help="bound on every collective and point-to-point wait in steady steps (after the first); past "
+                        "it the ranks exit with one line naming the phase, operation and peers")
+    g.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S, metavar="SECONDS",
+                   help="that bound in start-up: process groups, tracing, --compile, the first step and first validation")
+    g.add_argument("--checkpoint-timeout", type=float, default=DEFAULT_CHECKPOINT_TIMEOUT_S, metavar="SECONDS",
+                   help="bound on waits for other ranks while saving or loading a checkpoint (a slow file system)")
 
 
 def add_init_flag(p: argparse.ArgumentParser) -> None:

@@ -95,6 +95,8 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         compile_blocks=args.compile,
         sequence_parallel=args.sequence_parallel,
         collective_timeout_s=args.collective_timeout,
+        startup_timeout_s=args.startup_timeout,
+        checkpoint_timeout_s=args.checkpoint_timeout,
         device=device,
     )
     vocab_size = cfg.model.vocab_size

@@ -32,6 +32,7 @@ from compiler.planner.gpu_cluster import GpuCluster
 from compiler.planner.search import CostTable, rank_layers_and_memory
 from compiler.planner.shape import DecoderShape, analytic_layer_costs
 from runtime.config import ConfigError, TrainConfig, plan_error
+from runtime.device import device_index
 from runtime.planning import rank_plans
 
 GIB = 2**30
@@ -66,10 +67,11 @@ def _analytic(model, **kwargs):
     return analytic_layer_costs(DecoderShape.from_config(model), **kwargs)
 
 
-def node_memory(local_rank: int) -> NodeMemory | None:
-    """This rank's device memory on CUDA, else the node's RAM."""
-    if torch.cuda.is_available():
-        index = local_rank % torch.cuda.device_count()
+def node_memory(local_rank: int, device_type: str) -> NodeMemory | None:
+    """On CUDA the memory of the device this rank takes (runtime/device.py ``device_index``), else the
+    node's RAM (``--device cpu`` on a GPU machine included)."""
+    if device_type == "cuda" and torch.cuda.is_available():
+        index = device_index(local_rank, visible=torch.cuda.device_count())
         return NodeMemory(float(torch.cuda.get_device_properties(index).total_memory), per_device=True)
     return node_ram()
 

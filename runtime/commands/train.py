@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 
 from compiler.flops import training_flops_per_token
 from compiler.parallelize.data_parallel import DataParallelOptions
@@ -38,16 +39,17 @@ from runtime.device import (
     compact_cpu_heap,
     configure_cpu_threads,
     configure_fp32_matmuls,
+    device_assignment_error,
     device_count,
     device_description,
-    device_shortage,
     retain_cpu_heap,
     select_device,
     stream_synchronizer,
+    visible_devices_setting,
 )
 from runtime.distributed.collectives import all_gather_objects, broadcast_object
 from runtime.distributed.cpu_binding import bind_node_ranks
-from runtime.distributed.failures import PEER_FAILURE_EXIT_CODE, describe_peer_failure
+from runtime.distributed.failures import PEER_FAILURE_EXIT_CODE, describe_peer_failure, describe_shared_device
 from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
 from runtime.distributed.process_group import (
     LaunchEnv,
@@ -57,6 +59,7 @@ from runtime.distributed.process_group import (
     init_distributed,
     shutdown_distributed,
 )
+from runtime.distributed.timeouts import CHECKPOINT, PhaseTimeouts
 from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
 from runtime.engine.data import DataError, DataSources, build_data_from_config, replica_rows
 from runtime.engine.guards import DivergenceError, DivergenceGuard
@@ -101,7 +104,7 @@ def main(argv: list[str]) -> int:
         return 0
 
     # 2. Device and process group.
-    device = select_device(env.local_rank, cfg.device)
+    device = select_device(env.local_rank, cfg.device, local_world_size=env.local_world_size)
     configure_fp32_matmuls(device, cfg.precision)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
@@ -109,7 +112,17 @@ def main(argv: list[str]) -> int:
             retain_cpu_heap()  # no page faults per micro-batch (without glibc: the C library's default)
         elif not compact_cpu_heap() and env.rank == 0:
             print("warning: --compact-cpu-memory needs glibc's mallopt; not available here, ignored", flush=True)
-    init_distributed(env, device, timeout_s=cfg.collective_timeout_s)
+    try:
+        init_distributed(env, device, timeout_s=cfg.startup_timeout_s)
+    except dist.DistBackendError as e:
+        shared = describe_shared_device(e, visible_devices=visible_devices_setting(device.type))
+        if shared is None:
+            raise
+        if shared.rank < shared.other:  # one line per pair of ranks on one GPU
+            print(f"error: {shared.line}", file=sys.stderr, flush=True)
+        else:
+            time.sleep(20)  # as for bad input: the printing rank's exit ends this wait early
+        return 2
     try:
         summary = train(cfg, data, start, env=env, device=device)
     except (CheckpointError, DivergenceError) as e:
@@ -120,7 +133,7 @@ def main(argv: list[str]) -> int:
         return 1
     except RuntimeError as e:
         line = describe_peer_failure(e, rank=env.rank, layout=GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp),
-                                     timeout_s=cfg.collective_timeout_s)
+                                     timeouts=cfg.timeouts)
         if line is None:
             shutdown_distributed()
             raise
@@ -144,9 +157,10 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
                   f"{best.memory_per_rank / 2**30:.2f} GiB/rank)", flush=True)
     else:
         cfg = config_from_args(args, world_size=env.world_size)
-    shortage = device_shortage(cfg.device, local_world_size=env.local_world_size, available=device_count(cfg.device))
-    if shortage:
-        raise ConfigError(shortage)
+    unassigned = device_assignment_error(cfg.device, local_world_size=env.local_world_size,
+                                         visible=device_count(cfg.device))
+    if unassigned:
+        raise ConfigError(unassigned)
     data = build_data_from_config(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
                                   global_batch_size=cfg.global_batch_size, seed=cfg.seed)
     start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
@@ -157,7 +171,7 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
         read_init_weights(start.init_from, cfg.model)
     if not args.skip_memory_check:
         # Before anything is built: a configuration predicted to overflow the node stops here, naming what fits.
-        warning = check_memory(cfg, world=env.world_size, memory=node_memory(env.local_rank),
+        warning = check_memory(cfg, world=env.world_size, memory=node_memory(env.local_rank, cfg.device),
                                node_ranks=node_ranks(rank=env.rank, local_world_size=env.local_world_size))
         if warning and env.rank == 0:
             print(warning, flush=True)
@@ -165,10 +179,20 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
 
 
 def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: LaunchEnv, device: torch.device) -> dict:
+    """Train on the world ``init_distributed`` formed. Every wait on a peer is bounded by the timeout of the
+    phase the rank is in (start-up until the first step is done, then steady steps, checkpoint I/O around
+    saves and loads: runtime/distributed/timeouts.py); an error leaving it is tagged with that phase."""
+    phases = PhaseTimeouts(cfg.timeouts)
+    with phases.noting():
+        return _train(cfg, data, start, env=env, device=device, phases=phases)
+
+
+def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: LaunchEnv, device: torch.device,
+           phases: PhaseTimeouts) -> dict:
     torch.manual_seed(cfg.seed)
     # 3. Mesh.
     layout = GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, cfg.data_parallel.shard)
-    timeout = collective_timeout(cfg.collective_timeout_s)
+    timeout = collective_timeout(cfg.startup_timeout_s)  # groups are made in start-up; phases.switch moves them on
     mesh = build_mesh(device.type, layout, timeout=timeout)
     dp_rank, pp_rank, _ = layout.coordinates(env.rank)
     if env.rank == 0:
@@ -225,7 +249,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     profiler = (Profiler(rank=env.rank, stages=stages.stages, schedule=schedule, steps=profiled_steps(cfg.optim.last_step),
                          sync=stream_synchronizer(device)) if cfg.metrics.profile else None)
     # The profiles travel to the logging rank over gloo, in host memory, whatever the world's backend.
-    profile_group = host_group(cfg.collective_timeout_s) if profiler and device.type != "cpu" else None
+    profile_group = host_group(cfg.startup_timeout_s) if profiler and device.type != "cpu" else None
     ctx = StepContext(
         schedule=schedule, schedule_name=cfg.pipeline.schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
         device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
@@ -239,10 +263,15 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
     init_optimizer_state(optimizer)
     guard = DivergenceGuard(cfg.guard.max_bad_steps, cfg.guard.min_loss_scale, loss_scaling=scaler.is_enabled())
     state = TrainState(stages, optimizer, lr_schedule, scaler, guard, config=cfg.to_dict())
-    start_step = load_checkpoint(state, start.resume) if start.resume else 0
+    start_step = 0
+    if start.resume:
+        with phases.during(CHECKPOINT):
+            start_step = load_checkpoint(state, start.resume)
     checkpointer = (Checkpointer(Path(cfg.checkpoint.dir), cfg.checkpoint.every, cfg.checkpoint.keep, state,
                                  verbose=env.rank == logging_rank,
-                                 group=background_group(cfg.collective_timeout_s) if cfg.checkpoint.async_write else None)
+                                 # its waits are checkpoint I/O whatever the training thread is doing
+                                 group=phases.exempt(background_group(cfg.checkpoint_timeout_s))
+                                 if cfg.checkpoint.async_write else None)
                     if cfg.checkpoint.dir else None)
 
     # 7. Metrics, from the last pipeline stage of replica 0, mp rank 0.
@@ -263,13 +292,14 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
                 ctx, data=data, replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
                 optim=cfg.optim, data_cfg=cfg.data, metrics_cfg=cfg.metrics, throughput=throughput, logger=logger,
                 is_logging_rank=env.rank == logging_rank, guard=guard, start_step=start_step,
-                checkpointer=checkpointer, profiler=profiler, stop=stop,
+                checkpointer=checkpointer, profiler=profiler, stop=stop, phases=phases,
             )
     except (CheckpointError, DivergenceError):
         # Raised on every rank at the same point: a background save of an earlier step can still be published.
         if checkpointer and checkpointer.pending:
             try:
-                checkpointer.finish()
+                with phases.during(CHECKPOINT):
+                    checkpointer.finish()
             except CheckpointError as e:
                 if env.rank == 0:
                     print(f"error: {e}", file=sys.stderr, flush=True)

@@ -12,9 +12,10 @@ import torch.distributed as dist
 
 from runtime.device import backend_for
 
-# --collective-timeout's default: long enough for a slow first step (tracing, p2p warm-up, a large
-# model's materialisation) on an oversubscribed CPU, short enough that a rank stuck on a dead or
-# stopped peer gives up instead of hanging a job for torch's default 30 minutes.
+# --collective-timeout's default, the bound in steady steps (start-up and checkpoints have their own:
+# runtime/distributed/timeouts.py): minutes of slack over a step of a few seconds on an oversubscribed CPU,
+# short enough that a rank stuck on a dead or stopped peer gives up instead of hanging a job for torch's
+# default 30 minutes.
 DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
 
@@ -72,9 +73,10 @@ def collective_timeout(timeout_s: float) -> datetime.timedelta:
 
 def init_distributed(env: LaunchEnv, device, *, timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S) -> None:
     """Join the job's process group; a lone process forms a world of one on a free local port. Its waits
-    are bounded by ``timeout_s``; so are those of every group the engine creates later, each given the
-    timeout where it is made (mesh.py, tied.py, ``background_group``): torch's module defaults, which a
-    group made without one takes, are 10 minutes for NCCL and 30 for gloo."""
+    are bounded by ``timeout_s`` (run.py: ``--startup-timeout``); every group the engine creates later is
+    given a timeout where it is made (mesh.py, ``background_group``, ``host_group``): torch's module
+    defaults, which a group made without one takes, are 10 minutes for NCCL and 30 for gloo. Training then
+    moves every group to its phase's timeout (runtime/distributed/timeouts.py)."""
     if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     timeout = collective_timeout(timeout_s)

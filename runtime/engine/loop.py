@@ -14,6 +14,7 @@ from runtime.checkpoint.saving import Checkpointer
 from runtime.config import DataConfig, MetricsConfig, OptimConfig
 from runtime.device import host_to_device, peak_memory_bytes, peak_reserved_bytes
 from runtime.distributed.collectives import all_gather_objects, max_over_ranks
+from runtime.distributed.timeouts import CHECKPOINT, STARTUP, STEADY, PhaseTimeouts
 from runtime.engine.data import DataSources, inputs_and_targets
 from runtime.engine.evaluation import language_model_metrics
 from runtime.engine.gc_control import collect_if_due, garbage_collection_between_steps
@@ -72,7 +73,11 @@ def training_loop(
     checkpointer: Checkpointer | None = None,
     profiler: Profiler | None = None,
     stop: StopRequest | None = None,
+    phases: PhaseTimeouts,
 ) -> dict:
+    """Train from ``start_step`` to ``optim.last_step``. ``phases``: the first step of this process (and its
+    first validation: new graphs to trace or compile) runs in start-up, the later ones in steady steps, and
+    checkpoint saves in checkpoint I/O, each bounded by its own timeout."""
     def batch(source, step):
         inputs, targets = inputs_and_targets(source.rows(step, *replica_rows))
         if data_cfg.document_mask:  # packed documents: the model also takes each token's position in its document
@@ -103,6 +108,8 @@ def training_loop(
                 logger.scalars(step + 1, {"mem/peak_tensor_bytes": peak_tensor_bytes})
             else:
                 stats, step_time = timed(run_step, ctx.device)
+            if step == start_step:
+                phases.switch(STEADY)
             if profiling:
                 profiler.end()
             throughput.step_times.append(step_time)
@@ -135,7 +142,8 @@ def training_loop(
             guard.observe(n, loss=stats.loss, grad_norm=stats.grad_norm, skipped=stats.skipped,
                           loss_scale=ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0)
             if data_cfg.eval_every and (n % data_cfg.eval_every == 0 or n == last_step):
-                val = evaluate(ctx, val_batches)
+                with phases.during(STARTUP) if not val_losses else contextlib.nullcontext():
+                    val = evaluate(ctx, val_batches)
                 val_losses.append((n, val))
                 val_metrics = language_model_metrics(val, byte_level=data.byte_level)
                 logger.scalars(n, {f"val/{k}": v for k, v in val_metrics.items()})
@@ -143,10 +151,12 @@ def training_loop(
                     print(f"step {n}: validation " + " | ".join(f"{k.replace('_', ' ')} {v:.4f}" for k, v in val_metrics.items()),
                           flush=True)
             if checkpointer and checkpointer.pending and not stats.writing:
-                checkpointer.finish()  # every rank's background write is done: publish it
+                with phases.during(CHECKPOINT):
+                    checkpointer.finish()  # every rank's background write is done: publish it
             if checkpointer and checkpointer.due(n, last=n == last_step or stats.stop):
                 if guard.weights_trustworthy:
-                    checkpointer.save(n, wait=n == last_step or stats.stop)
+                    with phases.during(CHECKPOINT):
+                        checkpointer.save(n, wait=n == last_step or stats.stop)
                 elif is_logging_rank:
                     print(f"step {n}: not saving a checkpoint: the loss or gradient norm is not finite", flush=True)
             if stats.stop:  # every rank saw the same all-reduced flag
@@ -158,7 +168,8 @@ def training_loop(
                 break
             collect_if_due(n)
         if checkpointer:
-            checkpointer.finish()  # a background save still in flight (the last step's was not trustworthy)
+            with phases.during(CHECKPOINT):
+                checkpointer.finish()  # a background save still in flight (the last step's was not trustworthy)
 
     steady = throughput.steady_step_time()
     memory = all_gather_objects((peak_memory_bytes(ctx.device), peak_reserved_bytes(ctx.device)))

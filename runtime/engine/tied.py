@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from compiler.torch_compat import bounded_p2p_works
 
 
 def _local(grad: torch.Tensor) -> torch.Tensor:
@@ -63,8 +64,9 @@ class TiedWeights:
             # waiting for the other rank's second one, would deadlock). a + b == b + a in floating point:
             # both copies end bit-identical, as after an all-reduce of the pair.
             received = torch.empty_like(grads[0])
-            for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, grads[0], group=self.group, group_peer=self.peer),
-                                                dist.P2POp(dist.irecv, received, group=self.group, group_peer=self.peer)]):
+            ops = [dist.P2POp(dist.isend, grads[0], group=self.group, group_peer=self.peer),
+                   dist.P2POp(dist.irecv, received, group=self.group, group_peer=self.peer)]
+            for work in bounded_p2p_works(dist.batch_isend_irecv(ops), ops):  # within the phase's timeout
                 work.wait()
             grads[0].add_(received)
 

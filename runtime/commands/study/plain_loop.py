@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
 
     env = LaunchEnv.from_environ()
-    device = select_device(env.local_rank)
+    device = select_device(env.local_rank, local_world_size=env.local_world_size)
     configure_fp32_matmuls(device, args.precision)  # as the engine's fp32 (TF32 on CUDA)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
