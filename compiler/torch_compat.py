@@ -245,6 +245,12 @@ def stages_receive_integer_tensors() -> bool:
     return "is_floating_point" in inspect.getsource(_PipelineStage._create_act_recv_info)
 
 
+def flatten_mesh(mesh: DeviceMesh, name: str, *, backend_override: _C10dBackend.Options) -> DeviceMesh:
+    """The dimensions of ``mesh`` (a slice of a mesh, its dimensions not necessarily adjacent) as one
+    dimension ``name`` (``DeviceMesh._flatten``, in 2.11 and 2.13), its group created with ``backend_override``."""
+    return mesh._flatten(name, backend_override=backend_override)
+
+
 def unflatten_mesh(mesh: DeviceMesh, dim: str, sizes: tuple[int, ...], names: tuple[str, ...],
                    backend_override: dict[str, _C10dBackend.Options]) -> DeviceMesh:
     """Split mesh dimension ``dim`` into ``names`` of ``sizes`` (``DeviceMesh._unflatten``, the same

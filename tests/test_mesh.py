@@ -71,3 +71,42 @@ def test_device_mesh_groups_match_the_printed_layout(tmp_path, shape):
             expected = next(g for g in layout.groups(dim) if rank in g)
             assert report["groups"][dim] == expected, (rank, dim)
             assert report["timeouts"][dim] == 41, (rank, dim)  # not torch's 30-minute default for gloo groups
+
+
+@pytest.mark.parametrize("dp,pp,cp,mp,ep,shard", [(2, 2, 2, 1, 2, None), (4, 1, 2, 2, 2, 2), (2, 1, 1, 2, 2, 1),
+                                                  (4, 2, 1, 1, 2, 2), (1, 2, 2, 2, 1, None)])
+def test_cp_and_ep_meshes_hold_the_layouts_groups(dp, pp, cp, mp, ep, shard, monkeypatch):
+    """The meshes torch builds for context and expert parallelism have the members GridLayout prints, for
+    every rank of the world (torch's fake process group: no processes, and no group options: the timeouts
+    are tested on real groups in tests/test_process_group.py)."""
+    from runtime.distributed import mesh as mesh_module
+    from runtime.distributed.mesh import build_mesh, data_parallel_mesh, expert_meshes, fsdp_mesh
+    from tests.fake_world import fake_world
+
+    monkeypatch.setattr(mesh_module, "_timed_groups", lambda sizes, device_type, timeout: {})
+    monkeypatch.setattr(mesh_module, "_timed", lambda device_type, timeout: None)
+
+    layout = GridLayout(dp, pp, mp, shard, cp=cp, ep=ep)
+    timeout = datetime.timedelta(seconds=30)
+    for rank in range(layout.world):
+        with fake_world(rank=rank, world_size=layout.world):
+            mesh = build_mesh("cpu", layout, timeout=timeout)
+            mine = lambda groups: next(g for g in groups if rank in g)  # noqa: E731
+            d, p, m = layout.coordinates(rank)
+            assert layout.rank(d, p, m, layout.cp_index(rank)) == rank
+            if cp > 1:
+                assert mesh["cp"].mesh.tolist() == mine(layout.groups("cp"))
+            flat = data_parallel_mesh(mesh, layout, timeout=timeout).mesh.flatten().tolist()
+            want = sorted(layout.rank(i, p, m, c) for i in range(dp) for c in range(cp))
+            assert sorted(flat) == want, (flat, want)
+            fsdp = fsdp_mesh(mesh, layout, timeout=timeout)
+            if layout.shard == 1 or dp * cp == 1:
+                assert fsdp is None
+            else:
+                assert sorted(fsdp.mesh.flatten().tolist()) == want and fsdp.size(fsdp.ndim - 1) == layout.shard * cp
+            ep_mesh, sharded = expert_meshes(mesh, layout, timeout=timeout)
+            if ep > 1:
+                assert ep_mesh.mesh.tolist() == mine(layout.ep_groups())
+            holders = sorted(layout.rank(o * ep + d % ep, p, mm, c) for o in range(dp // ep) for c in range(cp)
+                             for mm in range(mp))
+            assert (sharded is None and holders == [rank]) or sorted(sharded.mesh.flatten().tolist()) == holders

@@ -1,10 +1,17 @@
-"""The (dp, pp, mp) device mesh and its rank layout.
+"""The (dp, pp, mp) device mesh and its rank layout, with the context-parallel (cp) and expert-parallel (ep)
+dimensions when asked for.
 
-Ranks are laid out row-major over (dp, pp, mp): rank = (d * pp + p) * mp + m. MP is the fastest
-dimension so that tensor-parallel peers, which all-reduce twice per block, are neighbours on one node.
+Ranks are laid out row-major over (dp, pp, cp, mp): rank = ((d * pp + p) * cp + c) * mp + m (cp = 1 gives the
+(dp, pp, mp) layout). MP is the fastest dimension so that tensor-parallel peers, which all-reduce twice per
+block, are neighbours on one node; context-parallel peers, which all-gather keys and values in every
+attention layer, come next.
 
 With hybrid sharding (``dp_shard`` < dp) the dp index splits as d = r * dp_shard + s: a shard group is
 dp_shard consecutive replicas (near each other, like a node's GPUs) and the replicate groups span them.
+Expert parallelism borrows from data parallelism without changing any rank's place: the dp index splits as
+d = o * ep + e, and an EP group is ep consecutive replicas (the same pp, cp and mp), each holding 1/ep of every
+mixture-of-experts layer's experts; the experts are sharded over the other dp/ep replicas (and cp and mp ranks,
+which hold different tokens) by FSDP.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from compiler.torch_compat import group_options, unflatten_mesh
+from compiler.torch_compat import flatten_mesh, group_options, unflatten_mesh
 
 MESH_DIMS = ("dp", "pp", "mp")
 
@@ -27,27 +34,41 @@ class GridLayout:
     pp: int
     mp: int
     dp_shard: int | None = None  # ranks a parameter is sharded over in data parallelism (None: dp)
+    cp: int = 1  # context-parallel ranks: each holds 1/cp of every sequence
+    ep: int = 1  # expert-parallel ranks, borrowed from dp: each holds 1/ep of every MoE layer's experts
 
     @property
     def shard(self) -> int:
         return self.dp_shard or self.dp
 
-    def coordinates(self, rank: int) -> tuple[int, int, int]:
-        d, rest = divmod(rank, self.pp * self.mp)
-        p, m = divmod(rest, self.mp)
-        return d, p, m
+    @property
+    def dims(self) -> tuple[str, ...]:
+        """The mesh's dimension names, outermost first: (dp, pp, mp), or (dp, pp, cp, mp) with cp > 1."""
+        return ("dp", "pp", "cp", "mp") if self.cp > 1 else MESH_DIMS
 
-    def rank(self, dp: int, pp: int, mp: int) -> int:
-        return (dp * self.pp + pp) * self.mp + mp
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp * self.cp * self.mp
+
+    def coordinates(self, rank: int) -> tuple[int, int, int]:
+        """(dp, pp, mp) indices of ``rank`` (its cp index: ``cp_index``)."""
+        d, rest = divmod(rank, self.pp * self.cp * self.mp)
+        p, rest = divmod(rest, self.cp * self.mp)
+        return d, p, rest % self.mp
+
+    def cp_index(self, rank: int) -> int:
+        return rank // self.mp % self.cp
+
+    def rank(self, dp: int, pp: int, mp: int, cp: int = 0) -> int:
+        return ((dp * self.pp + pp) * self.cp + cp) * self.mp + mp
 
     def groups(self, dim: str) -> list[list[int]]:
-        """Every process group along ``dim``: the ranks that differ only in that coordinate."""
-        sizes = {"dp": self.dp, "pp": self.pp, "mp": self.mp}
-        others = [k for k in MESH_DIMS if k != dim]
+        """Every process group along ``dim`` (dp, pp, cp, mp): the ranks that differ only in that coordinate."""
+        sizes = {"dp": self.dp, "pp": self.pp, "cp": self.cp, "mp": self.mp}
         groups = []
-        for a in range(sizes[others[0]]):
-            for b in range(sizes[others[1]]):
-                coords = {others[0]: a, others[1]: b}
+        for r in range(self.world):
+            coords = dict(zip(("dp", "pp", "mp"), self.coordinates(r)), cp=self.cp_index(r))
+            if coords[dim] == 0:
                 groups.append([self.rank(**{**coords, dim: i}) for i in range(sizes[dim])])
         return sorted(groups)
 
@@ -59,17 +80,27 @@ class GridLayout:
             replicate_groups += [group[s::self.shard] for s in range(self.shard)]
         return sorted(shard_groups), sorted(replicate_groups)
 
+    def ep_groups(self) -> list[list[int]]:
+        """The expert-parallel groups: ep consecutive dp replicas of each (pp, cp, mp) place."""
+        return sorted(group[i:i + self.ep] for group in self.groups("dp") for i in range(0, self.dp, self.ep))
+
     def describe(self) -> str:
-        world = self.dp * self.pp * self.mp
-        lines = [f"3D grid (dp={self.dp}, pp={self.pp}, mp={self.mp}), {world} ranks:"]
-        lines += [f"  rank {r}: dp={d} pp={p} mp={m}" for r in range(world) for d, p, m in [self.coordinates(r)]]
-        for dim in ("mp", "pp", "dp"):
+        cp = f", cp={self.cp}" if self.cp > 1 else ""
+        lines = [f"{'4D' if self.cp > 1 else '3D'} grid (dp={self.dp}, pp={self.pp}{cp}, mp={self.mp}), {self.world} ranks:"]
+        for r in range(self.world):
+            d, p, m = self.coordinates(r)
+            lines.append(f"  rank {r}: dp={d} pp={p}" + (f" cp={self.cp_index(r)}" if self.cp > 1 else "") + f" mp={m}")
+        for dim in ("mp", "cp", "pp", "dp") if self.cp > 1 else ("mp", "pp", "dp"):
             lines.append(f"  {dim.upper()} groups: " + " ".join(str(g) for g in self.groups(dim)))
+        if self.ep > 1:
+            lines.append("  EP groups (each holds 1/%d of every MoE layer's experts): " % self.ep
+                         + " ".join(str(g) for g in self.ep_groups()))
         if self.dp > 1:
             shard, replicate = self.dp_subgroups()
-            mode = ("FSDP: shard over all dp ranks" if self.shard == self.dp else
-                    "replicate: every dp rank holds the whole stage" if self.shard == 1 else
-                    f"HSDP: shard over {self.shard} ranks, replicate over {self.dp // self.shard}")
+            over = " x cp" if self.cp > 1 else ""
+            mode = (f"FSDP: shard over all dp{over} ranks" if self.shard == self.dp else
+                    f"replicate: every dp{over} rank holds the whole stage" if self.shard == 1 else
+                    f"HSDP: shard over {self.shard}{over} ranks, replicate over {self.dp // self.shard}")
             lines.append(f"  data parallelism: {mode}")
             if 1 < self.shard < self.dp:
                 lines.append("  DP shard groups: " + " ".join(str(g) for g in shard))
@@ -78,30 +109,62 @@ class GridLayout:
 
 
 def build_mesh(device_type: str, layout: GridLayout, *, timeout: datetime.timedelta) -> DeviceMesh:
-    """The (dp, pp, mp) mesh; every group it creates bounds its waits by ``timeout`` (--collective-timeout).
-    Collective: every rank calls it after the world's process group exists."""
-    sizes = dict(zip(MESH_DIMS, (layout.dp, layout.pp, layout.mp)))
-    mesh = init_device_mesh(device_type, tuple(sizes.values()), mesh_dim_names=MESH_DIMS,
+    """The (dp, pp, mp) mesh, (dp, pp, cp, mp) with cp > 1; every group it creates bounds its waits by
+    ``timeout``. Collective: every rank calls it after the world's process group exists."""
+    sizes = {"dp": layout.dp, "pp": layout.pp, "cp": layout.cp, "mp": layout.mp}
+    sizes = {dim: sizes[dim] for dim in layout.dims}
+    mesh = init_device_mesh(device_type, tuple(sizes.values()), mesh_dim_names=layout.dims,
                             backend_override=_timed_groups(sizes, device_type, timeout))
     # init_device_mesh uses the same row-major layout; fail loudly if that ever changes.
-    expected = torch.arange(layout.dp * layout.pp * layout.mp).reshape(layout.dp, layout.pp, layout.mp)
+    expected = torch.arange(layout.world).reshape(*sizes.values())
     if not torch.equal(mesh.mesh.cpu(), expected):
         raise RuntimeError(f"unexpected device-mesh layout {mesh.mesh.tolist()}")
     return mesh
 
 
-def fsdp_mesh(mesh: DeviceMesh, layout: GridLayout, *, timeout: datetime.timedelta) -> DeviceMesh | None:
-    """The mesh FSDP shards over: mesh["dp"] (FSDP), dp unflattened into (replicate, shard) for HSDP, or
-    None where nothing is sharded (one replica, or replication: runtime/engine/replicate.py).
-    Collective: every rank calls it (it creates the subgroups)."""
-    if layout.dp == 1 or layout.shard == 1:
-        return None
-    if layout.shard == layout.dp:
+def data_parallel_mesh(mesh: DeviceMesh, layout: GridLayout, *, timeout: datetime.timedelta) -> DeviceMesh:
+    """The ranks that hold the same parameters and see different tokens: the dp replicas, times the cp ranks
+    (each holds other positions of the same sequences). Gradients are averaged over them."""
+    if layout.cp == 1:
         return mesh["dp"]
-    sizes = {"dp_replicate": layout.dp // layout.shard, "dp_shard": layout.shard}
-    hybrid = unflatten_mesh(mesh, "dp", tuple(sizes.values()), tuple(sizes),
+    return flatten_mesh(mesh["dp", "cp"], "dp_cp", backend_override=_timed(mesh.device_type, timeout))
+
+
+def fsdp_mesh(mesh: DeviceMesh, layout: GridLayout, *, timeout: datetime.timedelta) -> DeviceMesh | None:
+    """The mesh FSDP shards over: the data-parallel ranks (dp x cp: ``data_parallel_mesh``) for FSDP, unflattened
+    into (replicate, shard x cp) for HSDP, or None where nothing is sharded (one rank, or replication:
+    runtime/engine/replicate.py). Collective: every rank calls it (it creates the subgroups)."""
+    if layout.dp * layout.cp == 1 or layout.shard == 1:
+        return None
+    flat = data_parallel_mesh(mesh, layout, timeout=timeout)
+    if layout.shard == layout.dp:
+        return flat
+    sizes = {"dp_replicate": layout.dp // layout.shard, "dp_shard": layout.shard * layout.cp}
+    hybrid = unflatten_mesh(flat, flat.mesh_dim_names[0], tuple(sizes.values()), tuple(sizes),
                             backend_override=_timed_groups(sizes, mesh.device_type, timeout))
     return hybrid["dp_replicate", "dp_shard"]
+
+
+def expert_meshes(mesh: DeviceMesh, layout: GridLayout, *,
+                  timeout: datetime.timedelta) -> tuple[DeviceMesh | None, DeviceMesh | None]:
+    """(EP mesh, the mesh the experts are FSDP-sharded over) for a mixture-of-experts model: ep consecutive dp
+    replicas hold 1/ep of the experts each; every other rank that routes other tokens through the same experts
+    (the other dp/ep replicas, the cp and mp ranks) holds a shard of them. None where a dimension has one rank."""
+    sizes = {"dp_outer": layout.dp // layout.ep, "ep": layout.ep}
+    regrouped = mesh if layout.ep == 1 else unflatten_mesh(
+        mesh, "dp", tuple(sizes.values()), tuple(sizes), backend_override=_timed_groups(sizes, mesh.device_type, timeout))
+    ep_mesh = regrouped["ep"] if layout.ep > 1 else None
+    outer = [name for name, size in (("dp_outer" if layout.ep > 1 else "dp", layout.dp // layout.ep), ("cp", layout.cp),
+                                     ("mp", layout.mp)) if size > 1]
+    if not outer:
+        return ep_mesh, None
+    sharded = regrouped[outer[0]] if len(outer) == 1 else flatten_mesh(
+        regrouped[tuple(outer)], "expert_shard", backend_override=_timed(mesh.device_type, timeout))
+    return ep_mesh, sharded
+
+
+def _timed(device_type: str, timeout: datetime.timedelta):
+    return group_options(dist.get_backend(), timeout)
 
 
 def _timed_groups(sizes: dict[str, int], device_type: str, timeout: datetime.timedelta) -> dict:
