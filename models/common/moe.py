@@ -45,8 +45,7 @@ from models.common.grouped_mm import grouped_mm
 from models.common.load_balance import attach_aux_loss, sequence_balance_loss
 from models.common.mlp import SwiGLU
 from models.common.router import Router, Routing
-
-DENSE, MOE = "dense", "moe"  # block kinds (models/spec.py ModelSpec.block_kinds)
+from models.spec import DENSE, MOE
 
 
 class GroupedExperts(nn.Module):
