@@ -43,7 +43,7 @@ def sequence_balance_loss(scores: torch.Tensor, experts: torch.Tensor, *, batch:
     k = experts.shape[1]
     per_sequence = n // batch  # T
     chosen = experts.reshape(batch, per_sequence * k)  # (B, T k)
-    counts = scores.new_zeros(batch, n_experts).scatter_add(1, chosen, torch.ones_like(chosen, dtype=scores.dtype))
+    counts = scores.new_zeros(batch, n_experts).scatter_add(1, chosen, scores.new_ones(chosen.shape))  # (B, E)
     f = counts * (n_experts / (k * per_sequence))  # (B, E)
     p = (scores / scores.sum(-1, keepdim=True)).reshape(batch, per_sequence, n_experts).mean(1)  # (B, E)
     return (f * p).sum(-1).mean()

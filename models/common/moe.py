@@ -106,13 +106,12 @@ class MoE(nn.Module):
         out = y.new_zeros(tokens.shape).index_add(0, token_of, y)  # (N, D): each token's k outputs summed
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
-        if self.training and self.aux_loss_coef > 0 and torch.is_grad_enabled():
-            aux = sequence_balance_loss(routes.scores, routes.experts, batch=B)
-            out = attach_aux_loss(out, aux, grad_scale=self.aux_loss_coef * self.aux_loss_grad_scale)
-            if not torch.compiler.is_exporting():
-                self.aux_loss = aux.detach()
-        if self.training and not torch.compiler.is_exporting():
+        if self.training and not torch.compiler.is_exporting():  # a traced graph keeps neither (module docstring)
             self._count(counts.detach())
+            if self.aux_loss_coef > 0 and torch.is_grad_enabled():
+                aux = sequence_balance_loss(routes.scores, routes.experts, batch=B)
+                out = attach_aux_loss(out, aux, grad_scale=self.aux_loss_coef * self.aux_loss_grad_scale)
+                self.aux_loss = aux.detach()
         return out.view(B, T, D)
 
     def _count(self, counts: torch.Tensor) -> None:
