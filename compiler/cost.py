@@ -86,13 +86,13 @@ def layer_costs(cfg, *, micro_batch_size: int, precision: str = "fp32", mp: int 
         for i in first_of_kind.values():
             model.layers[str(i)] = tensor_parallel_shard(model.layers[str(i)], spec.block_tp_plan, mp)
         vocabulary_parallel_shard(model, mp)
-        forwards = layer_group_forwards(model, seq_len=cfg.seq_len, micro_batch_size=micro_batch_size,
-                                        device=torch.device("cpu"))
+        forwards = {i: layer_group_forwards(model, seq_len=cfg.seq_len, micro_batch_size=micro_batch_size,
+                                            device=torch.device("cpu"), block=str(i)) for i in first_of_kind.values()}
         groups = layer_group_modules(model)
-        embed = _profile("embedding", forwards["embedding"], groups["embedding"], precision)
-        blocks = {kind: _profile("block", forwards[f"block {i}"], [model.layers[str(i)]], precision)
+        embed = _profile("embedding", forwards[0]["embedding"], groups["embedding"], precision)
+        blocks = {kind: _profile("block", forwards[i]["block"], [model.layers[str(i)]], precision)
                   for kind, i in first_of_kind.items()}
-        head = _profile("head", forwards["head"], groups["head"], precision)
+        head = _profile("head", forwards[0]["head"], groups["head"], precision)
     held, transient = head_loss_bytes(micro_batch_size * cfg.seq_len, vocab_rows=-(-cfg.vocab_size // mp),
                                       precision=precision)
     head = replace(head, activation_bytes=head.activation_bytes + held, transient_bytes=transient)
@@ -116,8 +116,10 @@ def layer_group_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
             "head": [m for n, m in model.named_children() if n in ends]}
 
 
-def layer_group_forwards(model: nn.Module, *, seq_len: int, micro_batch_size: int, device: torch.device) -> dict:
-    """Forward of each layer group as its pipeline stage runs it, returning what backward starts from.
+def layer_group_forwards(model: nn.Module, *, seq_len: int, micro_batch_size: int, device: torch.device,
+                         block: str = "0") -> dict:
+    """Forward of each layer group as its pipeline stage runs it (of the blocks, ``layers[block]``), returning
+    what backward starts from.
     The head's includes the loss (the last stage computes it): at a large vocabulary the softmax over
     [micro-batch x seq, vocab] logits is a large share of the head's time but no matmul FLOPs."""
     table = getattr(model, TOKEN_EMBEDDING)
@@ -125,8 +127,7 @@ def layer_group_forwards(model: nn.Module, *, seq_len: int, micro_batch_size: in
     hidden = torch.randn(micro_batch_size, seq_len, table.embedding_dim, device=device, requires_grad=True)  # [b, t, d]
     return {
         "embedding": lambda: model.embed(tokens),
-        "block": lambda: model.layers["0"](hidden),
-        **{f"block {i}": (lambda block=block: block(hidden)) for i, block in model.layers.items()},
+        "block": lambda: model.layers[block](hidden),
         "head": lambda: F.cross_entropy(model.logits(hidden).float().flatten(0, 1), tokens.flatten()),
     }
 

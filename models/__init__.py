@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from models import gpt2, llama3, mixtral, qwen3, qwen3_moe
-from models.common.grouped_mm import GROUPED_MM_FLOPS
+from models.common.grouped_mm import GROUPED_MM_FLOPS, GROUPED_MM_OPS, grouped_mm_by_expert, weight_grad_by_expert
 from models.common.load_balance import update_expert_bias
 from models.common.moe import MoE, inactive_expert_parameters
 from models.generation import generate
@@ -97,6 +97,7 @@ def flops_per_token(cfg: Any) -> float:
     return spec_of(cfg).flops_per_token(cfg)
 
 
-__all__ = ["FAMILIES", "GROUPED_MM_FLOPS", "KVCache", "MODEL_NAMES", "MoE", "ModelSpec", "activated_parameter_count",
+__all__ = ["FAMILIES", "GROUPED_MM_FLOPS", "GROUPED_MM_OPS", "KVCache", "MODEL_NAMES", "MoE", "ModelSpec", "activated_parameter_count",
            "build_model", "config_from_dict", "config_to_dict", "flops_per_token", "generate", "init_weights",
-           "named_config", "parameter_count", "parameter_shapes", "spec_of", "update_expert_bias"]
+           "grouped_mm_by_expert", "named_config", "parameter_count", "parameter_shapes", "spec_of", "update_expert_bias",
+           "weight_grad_by_expert"]

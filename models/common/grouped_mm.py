@@ -24,9 +24,8 @@ import torch
 NAMESPACE = "moe"
 
 
-@torch.library.custom_op(f"{NAMESPACE}::grouped_mm", mutates_args=())
-def grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """(M, K) rows sorted by expert, (E, N, K) weights, (E,) int32 cumulative row counts -> (M, N)."""
+def grouped_mm_by_expert(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The portable kernel: one ``mm`` per expert with rows."""
     out = x.new_zeros(x.shape[0], w.shape[1])
     start = 0
     for e, end in enumerate(offsets.tolist()):  # one host sync: the group sizes decide the slices
@@ -34,6 +33,23 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch
             torch.mm(x[start:end], w[e].t(), out=out[start:end])
         start = end
     return out
+
+
+def weight_grad_by_expert(grad: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """The portable kernel of ``grouped_mm_weight_grad``."""
+    out = grad.new_zeros(n_groups, grad.shape[1], x.shape[1])
+    start = 0
+    for e, end in enumerate(offsets.tolist()):
+        if end > start:
+            torch.mm(grad[start:end].t(), x[start:end], out=out[e])
+        start = end
+    return out
+
+
+@torch.library.custom_op(f"{NAMESPACE}::grouped_mm", mutates_args=())
+def grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """(M, K) rows sorted by expert, (E, N, K) weights, (E,) int32 cumulative row counts -> (M, N)."""
+    return grouped_mm_by_expert(x, w, offsets)
 
 
 @grouped_mm.register_fake
@@ -45,13 +61,7 @@ def _grouped_mm_shape(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -
 def grouped_mm_weight_grad(grad: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor, n_groups: int) -> torch.Tensor:
     """The gradient of ``grouped_mm``'s weights: (M, N) output gradients, (M, K) inputs -> (E, N, K), expert
     e's block being grad[rows of e].T @ x[rows of e] (zero for an expert without rows)."""
-    out = grad.new_zeros(n_groups, grad.shape[1], x.shape[1])
-    start = 0
-    for e, end in enumerate(offsets.tolist()):
-        if end > start:
-            torch.mm(grad[start:end].t(), x[start:end], out=out[e])
-        start = end
-    return out
+    return weight_grad_by_expert(grad, x, offsets, n_groups)
 
 
 @grouped_mm_weight_grad.register_fake
@@ -84,6 +94,8 @@ def grouped_mm_weight_grad_flops(grad_shape: tuple[int, ...], x_shape: tuple[int
     return 2 * grad_shape[0] * grad_shape[1] * x_shape[1]
 
 
-# For FlopCounterMode(custom_mapping=...): each operator and its count, from its arguments' shapes.
+# The operators by name (``torch.library.register_kernel`` takes these), and for FlopCounterMode(custom_mapping=...)
+# each operator's count from its arguments' shapes.
+GROUPED_MM_OPS = (f"{NAMESPACE}::grouped_mm", f"{NAMESPACE}::grouped_mm_weight_grad")
 GROUPED_MM_FLOPS = {torch.ops.moe.grouped_mm: grouped_mm_flops,
                     torch.ops.moe.grouped_mm_weight_grad: grouped_mm_weight_grad_flops}
