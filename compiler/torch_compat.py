@@ -108,7 +108,8 @@ def _grouped_mm_cuda(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) ->
     if not grouped_gemm_applies(x, w, x.shape[1], w.shape[1]):
         return grouped_mm_by_expert(x, w, offsets)
     out = torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets)  # (M, K) x (E, K, N), w's strides as they are
-    # Rows past offsets[-1] (none in a mixture's dispatch) are not written by the kernel: zeros, as the loop's.
+    # Rows past offsets[-1] (none in a mixture's dispatch) are left unwritten (seen on an H100, 2.11): zeros, as the
+    # loop's.
     rows = torch.ones_like(x[:, 0], dtype=torch.int32).cumsum(0)  # 1..M
     return out.masked_fill((rows > offsets[-1]).unsqueeze(-1), 0)
 
@@ -117,7 +118,11 @@ def _grouped_mm_weight_grad_cuda(grad: torch.Tensor, x: torch.Tensor, offsets: t
     """(M, N) and (M, K), groups of rows -> (E, N, K)."""
     if not grouped_gemm_applies(grad, x, grad.shape[1], x.shape[1]):
         return weight_grad_by_expert(grad, x, offsets, n_groups)
-    return torch._grouped_mm(grad.t(), x, offs=offsets)  # (N, M) x (M, K), groups along M
+    out = torch._grouped_mm(grad.t(), x, offs=offsets)  # (N, M) x (M, K), groups along M -> (E, N, K)
+    # An expert without rows: zero, as the loop's (2.11 on an H100 wrote zeros, but no contract says so; rows past
+    # the last offset in the forward are left unwritten there).
+    empty = torch.diff(offsets, prepend=offsets.new_zeros(1)) == 0  # (E,)
+    return out.masked_fill(empty[:, None, None], 0)
 
 
 def use_grouped_gemm_on_cuda() -> None:
