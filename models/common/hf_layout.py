@@ -23,7 +23,7 @@ from typing import Callable, Mapping
 
 import torch
 
-from models.common.moe import DENSE, MOE
+from models.spec import DENSE, MOE
 
 _BLOCK = {"attn_norm": "input_layernorm", "attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj",
           "attn.v": "self_attn.v_proj", "attn.o": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm"}

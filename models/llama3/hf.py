@@ -24,7 +24,7 @@ import torch
 
 from models.common import hf_layout
 from models.common.hf_config import rope_from_hf
-from models.common.moe import DENSE
+from models.spec import DENSE
 from models.llama3.config import DEFAULT_MULTIPLE_OF, MODEL_SIZES, LlamaConfig
 
 DEFAULT_TRAINING_SEQ_LEN = 8192  # Llama 3's pre-training context, before its long-context stage
