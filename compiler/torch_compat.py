@@ -243,3 +243,27 @@ def unflatten_mesh(mesh: DeviceMesh, dim: str, sizes: tuple[int, ...], names: tu
     `_unflatten` is not in ('dp', 'pp', 'mp')" exactly when the name is there)."""
     return mesh._unflatten(mesh.mesh_dim_names.index(dim), sizes, names, backend_override=backend_override)
 
+
+
+# --- expert parallelism -----------------------------------------------------------------------------------
+
+# (input, output_split_sizes, input_split_sizes, group) -> output: the uneven all-to-all with autograd (its
+# backward is the reverse all-to-all); in _functional_collectives of 2.11 and 2.13 alike.
+all_to_all_single_autograd = _funcol.all_to_all_single_autograd
+
+
+# --- context parallelism ----------------------------------------------------------------------------------
+
+def cpu_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                        is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU flash-attention kernel (the one F.scaled_dot_product_attention runs on the CPU), with its
+    log-sum-exp: q (B, H, Lq, hd), k and v (B, Hkv, Lk, hd), Hkv dividing H (grouped heads shared) ->
+    (out (B, H, Lq, hd), lse (B, H, Lq) fp32). Causality is aligned top-left (query i sees keys j <= i)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, is_causal)
+
+
+def cpu_flash_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 out: torch.Tensor, lse: torch.Tensor, *,
+                                 is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Its backward given the output and log-sum-exp of the softmax the gradient is taken through (d q, d k, d v)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, 0.0, is_causal)

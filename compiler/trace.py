@@ -6,7 +6,9 @@ specialised to the example micro-batch shape: a different micro-batch size needs
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -14,6 +16,7 @@ from torch.distributed.pipelining import Pipe, SplitPoint, pipeline
 
 from compiler.partition import split_points
 from compiler.torch_compat import run_generated_code
+from models.spec import EagerModule
 
 # build_stage() warns once per restored nn.Linear / nn.Embedding that it skips rewriting devices in
 # a non-graph module; that is expected after restore_linear_modules, not a problem.
@@ -34,12 +37,39 @@ def trace_pipeline(model: nn.Module, *, example_microbatch: torch.Tensor | tuple
     split_spec = {(f"layers.{i}" if i < n_blocks else "norm"): SplitPoint.BEGINNING
                   for i in split_points(blocks_per_stage)}
     args = example_microbatch if isinstance(example_microbatch, tuple) else (example_microbatch,)
-    pipe = pipeline(model, mb_args=args, split_spec=split_spec)
+    with traced_as_stand_ins(model):
+        pipe = pipeline(model, mb_args=args, split_spec=split_spec)
     if pipe.num_stages != len(blocks_per_stage):
         raise RuntimeError(f"tracer produced {pipe.num_stages} stages, expected {len(blocks_per_stage)}")
     for stage in range(pipe.num_stages):
         use_generated_code(pipe.get_stage_module(stage))
     return pipe
+
+
+@contextlib.contextmanager
+def traced_as_stand_ins(model: nn.Module) -> Iterator[None]:
+    """While tracing, every ``EagerModule`` of ``model`` runs its ``trace_forward`` (models/spec.py)."""
+    eager = [m for m in model.modules() if isinstance(m, EagerModule)]
+    for module in eager:
+        module.forward = module.trace_forward  # an instance attribute: nn.Module.__call__ finds it first
+    try:
+        yield
+    finally:
+        for module in eager:
+            del module.forward
+
+
+def restore_eager_modules(stage_module: nn.Module, reference: nn.Module) -> list[str]:
+    """Put ``reference``'s ``EagerModule``s back in place of their traced copies in the stage (the parent graph
+    calls them by name; the tracer keeps the model's Parameter objects, so they are the stage's own). Returns
+    their names."""
+    held = dict(stage_module.named_modules())
+    restored = []
+    for name, module in reference.named_modules():
+        if isinstance(module, EagerModule) and name in held and not any(name.startswith(r + ".") for r in restored):
+            stage_module.set_submodule(name, module)
+            restored.append(name)
+    return restored
 
 
 def use_generated_code(stage_module: nn.Module) -> None:

@@ -15,7 +15,7 @@ from torch import nn
 from models import gpt2, llama3, mixtral, qwen3, qwen3_moe
 from models.common.grouped_mm import GROUPED_MM_FLOPS, GROUPED_MM_OPS, grouped_mm_by_expert, weight_grad_by_expert
 from models.common.load_balance import update_expert_bias
-from models.common.moe import MoE, inactive_expert_parameters
+from models.common.moe import MoE, experts_swiglu, inactive_expert_parameters
 from models.generation import generate
 from models.kv_cache import KVCache
 from models.spec import ModelSpec
@@ -38,6 +38,17 @@ def named_config(name: str, **overrides: Any) -> Any:
     spec, base = MODEL_NAMES[name]
     given = {k: v for k, v in overrides.items() if v is not None}
     return spec.with_overrides(base, **given) if given else base
+
+
+def with_window(cfg: Any, seq_len: int) -> Any:
+    """An existing model (a Hugging Face folder's, a checkpoint's) trained or evaluated on windows of ``seq_len``
+    tokens: its context and every parameter shape stay (GPT-2's position table keeps all its rows). ValueError
+    when the window is longer than the context (``cfg.context``: GPT-2's n_positions, Llama's
+    max_position_embeddings)."""
+    if seq_len > cfg.context:
+        raise ValueError(f"--seq-len {seq_len} is longer than the model's context of {cfg.context} positions; "
+                         f"valid --seq-len values: 1 to {cfg.context}")
+    return dataclasses.replace(cfg, seq_len=seq_len)
 
 
 def config_to_dict(cfg: Any) -> dict:
@@ -97,7 +108,7 @@ def flops_per_token(cfg: Any) -> float:
     return spec_of(cfg).flops_per_token(cfg)
 
 
-__all__ = ["FAMILIES", "GROUPED_MM_FLOPS", "GROUPED_MM_OPS", "KVCache", "MODEL_NAMES", "MoE", "ModelSpec", "activated_parameter_count",
-           "build_model", "config_from_dict", "config_to_dict", "flops_per_token", "generate", "init_weights",
-           "grouped_mm_by_expert", "named_config", "parameter_count", "parameter_shapes", "spec_of", "update_expert_bias",
-           "weight_grad_by_expert"]
+__all__ = ["FAMILIES", "GROUPED_MM_FLOPS", "GROUPED_MM_OPS", "KVCache", "MODEL_NAMES", "MoE", "ModelSpec",
+           "activated_parameter_count", "build_model", "config_from_dict", "config_to_dict", "experts_swiglu",
+           "flops_per_token", "generate", "grouped_mm_by_expert", "init_weights", "named_config", "parameter_count",
+           "parameter_shapes", "spec_of", "update_expert_bias", "weight_grad_by_expert", "with_window"]

@@ -4,7 +4,9 @@ A family (GPT-2, Llama 3, ...) is one folder of ``models/`` that exports one ``M
 it in ``models/__init__.py``; nothing outside ``models/`` imports a family's modules. The spec is a row of
 facts and functions, read by everyone:
 
-- its config dataclass and named sizes (``--model`` choices), and how flag overrides apply to a size;
+- its config dataclass and named sizes (``--model`` choices), and how flag overrides apply to a size; every
+  config has ``seq_len`` (the training window, what the engine traces) and ``context`` (the positions the
+  model takes, e.g. GPT-2's n_positions: a model's, never changed by the window; ``models.with_window``);
 - ``build(cfg, share_tied_weights=...)``: the module, on the current default device (the engine builds on
   the meta device and traces it, so ``forward`` must create no tensor on a device of its own: derive
   positions from the input with ``*_like``, never ``torch.arange(device=...)``);
@@ -45,6 +47,7 @@ VOCAB_HEAD = "vocab_head"  # output features (vocabulary) sharded, logits left s
 SEQUENCE_NORM = "sequence_norm"  # a norm on a (B, T/mp, D) sequence shard
 GATHER_SEQUENCE = "gather_sequence"  # module input: all-gather the sequence shards
 ROWWISE_SCATTER = "rowwise_scatter"  # row-parallel linear whose output is reduce-scattered over the sequence
+VOCAB_HEAD_FROM_SEQUENCE = "vocab_head_from_sequence"  # VOCAB_HEAD whose input arrives as sequence shards
 
 # Block kinds (``ModelSpec.block_kinds``): a block's feed-forward part is a dense MLP (``mlp``) or a mixture of
 # experts (``moe``, models/common/moe.py). Costs differ by kind (compiler/cost.py profiles one block of each).
@@ -55,6 +58,9 @@ TOKEN_EMBEDDING = "tok_emb"
 FINAL_NORM = "norm"
 LM_HEAD = "head"
 VOCAB_TP_PLAN: Mapping[str, str] = {TOKEN_EMBEDDING: VOCAB_EMBEDDING, LM_HEAD: VOCAB_HEAD}
+# --sequence-parallel keeps the residual stream on sequence shards up to the head (Megatron-LM): the final norm
+# runs on shards and the head all-gathers the sequence. (Where the embedding splits it: compiler/parallelize.)
+SEQUENCE_PARALLEL_MODEL_PLAN: Mapping[str, str] = {FINAL_NORM: SEQUENCE_NORM, LM_HEAD: VOCAB_HEAD_FROM_SEQUENCE}
 TIED_EMBEDDINGS: Mapping[str, str] = {f"{LM_HEAD}.weight": f"{TOKEN_EMBEDDING}.weight"}
 
 
@@ -65,7 +71,7 @@ class Architecture:
 
     mlp: str  # "gelu" (two matrices) or "swiglu" (gate, up, down)
     norm: str  # "layernorm" (weight and bias) or "rmsnorm" (weight)
-    positions: str  # "learned" (a table of seq_len rows) or "rope"
+    positions: str  # "learned" (a table of ``context`` rows) or "rope"
     biases: bool  # the linear layers have biases
     fused_qkv: bool  # one q/k/v projection
 
@@ -111,6 +117,22 @@ class ModelSpec:
 
     def block_plan(self, *, sequence_parallel: bool) -> dict[str, str]:
         return {**self.block_tp_plan, **(self.sequence_parallel_plan if sequence_parallel else {})}
+
+    def model_plan(self, *, sequence_parallel: bool) -> dict[str, str]:
+        """Styles of the model-level modules (embedding, final norm, head) by name."""
+        return {**self.model_tp_plan, **(SEQUENCE_PARALLEL_MODEL_PLAN if sequence_parallel else {})}
+
+
+class EagerModule(nn.Module):
+    """A module the engine runs eagerly, outside the traced pipeline graph: its forward may loop over data
+    (documents, experts), exchange tokens with other ranks once the engine wraps it, or record what it saw
+    (tokens per expert). The pipeline tracer sees ``trace_forward`` instead (the same signature, output shapes
+    and dtypes, static shapes only; by default ``forward`` itself), and the engine then puts this very module,
+    holding the same parameters, back in place of its traced copy (compiler/trace.py): the parent graph calls
+    it by name."""
+
+    def trace_forward(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
 
 
 def document_mask(positions: torch.Tensor) -> torch.Tensor:

@@ -168,6 +168,7 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     """Raise ConfigError (one line naming the flag and the valid values) if the engine cannot run ``cfg``."""
     check_world(cfg.mesh, world_size)
     _check_model(cfg.model, cfg.mesh)
+    _check_window(cfg.model)
     _check_sequence_parallel(cfg.sequence_parallel, cfg.model.seq_len, cfg.mesh.mp)
     _check_experts_with_sequence_parallel(cfg.sequence_parallel, cfg.model)
     _check_data_parallel(cfg.data_parallel, cfg.mesh)
@@ -213,6 +214,14 @@ def _check_model(model: Any, mesh: MeshShape) -> None:
     problem = spec_of(model).check(model, mesh.mp)
     if problem:
         raise ConfigError(problem)
+
+
+def _check_window(model: Any) -> None:
+    """The training window fits the model's context (positions beyond it have no embedding, or no RoPE the
+    model was trained for)."""
+    if model.seq_len > model.context:
+        raise ConfigError(f"--seq-len {model.seq_len} is longer than the model's context of {model.context} "
+                          f"positions; valid --seq-len values: 1 to {model.context}")
 
 
 def _check_sequence_parallel(enabled: bool, seq_len: int, mp: int) -> None:

@@ -66,6 +66,16 @@ def select_device(local_rank: int, device_type: str | None = None) -> torch.devi
     return torch.device(device_type, local_rank)
 
 
+def configure_fp32_matmuls(device: torch.device, precision: str) -> None:
+    """``--precision fp32`` on CUDA: matrix products on the tensor cores in TF32 (fp32's range and accumulation,
+    a 10-bit mantissa), as torchtitan and Megatron-LM train fp32, instead of torch's default "highest", which
+    keeps them on the CUDA cores (H100 SXM: 67 TFLOP/s dense FP32 against 494.7 TF32, NVIDIA's datasheet).
+    cuDNN convolutions already default to TF32. MFU's peak then takes the datasheet's TF32 column
+    (runtime/observe/peak_flops.py reads the same setting). The CPU's products are left as they are."""
+    if device.type == "cuda" and precision == "fp32":
+        torch.set_float32_matmul_precision("high")
+
+
 def has_fast_bf16(device_type: str) -> bool:
     """Whether bf16 matrix products run faster than fp32 here: CUDA from compute capability 8.0 (Ampere's
     bf16 tensor cores; ``is_bf16_supported(including_emulation=False)`` tests exactly that), a CPU with

@@ -152,7 +152,7 @@ def _measure_rank(folder: str, mesh_shape: tuple[int, int, int], source: str, ou
     timeout = collective_timeout(600)
     mesh = build_mesh("cpu", layout, timeout=timeout)
     _, pp_rank, _ = layout.coordinates(dist.get_rank())
-    source_fn = (initial_values(check_weights(hf), cfg) if source == "hf"
+    source_fn = (initial_values(check_weights(hf)) if source == "hf"
                  else functools.partial(spec_of(cfg).initial_value, seed=0, cfg=cfg))
     peak = {"anon": 0}
     largest = {"bytes": 0, "read": 0}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch.distributed.checkpoint as dcp
 
-from models import build_model, named_config
+from models import build_model, config_from_dict, named_config
 from runtime.checkpoint.files import (
     CheckpointError,
     PartialCheckpointError,
@@ -120,6 +120,18 @@ def test_a_checkpoint_of_another_model_shape_is_foreign(tmp_path):
     folder = _save(tmp_path, 10, model=dataclasses.replace(TINY, d_model=32, mlp_width=128))
     with pytest.raises(CheckpointError, match="different model shape: --d-model 32 in the checkpoint, 64 in this run"):
         check_same_model(read_checkpoint(folder), TINY)
+
+
+def test_a_checkpoint_recorded_before_the_model_had_a_context_still_fits_its_model(tmp_path):
+    # GPT-2 configs recorded before n_positions existed: their position table had seq_len rows.
+    folder = _save(tmp_path, 10)
+    manifest = json.loads((folder / "checkpoint.json").read_text())
+    del manifest["config"]["model"]["n_positions"]
+    info = dataclasses.replace(read_checkpoint(folder), config=manifest["config"])
+    check_same_model(info, TINY)
+    assert config_from_dict(manifest["config"]["model"]) == TINY and TINY.n_positions == 32
+    with pytest.raises(CheckpointError, match="the model's context \\(n_positions\\) 32 in the checkpoint, 64"):
+        check_same_model(info, dataclasses.replace(TINY, n_positions=64))
 
 
 @pytest.mark.parametrize("indexed", [True, False], ids=["index", "metadata"])

@@ -1,10 +1,12 @@
 """Config defaults and derivations (the error cases run end to end in test_bad_input.py)."""
 
+import dataclasses
+
 import pytest
 
 from runtime.commands import flags
 from runtime.commands.flags import build_parser, config_from_args, parse_train_config
-from runtime.config import ConfigError
+from runtime.config import ConfigError, validate
 
 
 @pytest.fixture(params=[False, True], ids=["slow-bf16", "fast-bf16"])
@@ -93,3 +95,15 @@ def test_packed_documents_across_stages_need_a_torch_whose_stages_take_integer_t
     with pytest.raises(ConfigError, match="--document-mask with --pp 2 needs torch 2.13"):
         parse_train_config(argv, world_size=2)
     assert parse_train_config(argv[2:], world_size=1).data.document_mask  # one stage receives nothing
+
+
+def test_a_fresh_model_has_a_table_as_long_as_its_window_and_a_longer_window_than_a_models_context_is_refused():
+    # From scratch, --seq-len sizes GPT-2's position table (rows past the window would never train, as with
+    # Megatron-LM's default max_position_embeddings); an existing model keeps its context (models.with_window).
+    assert parse_train_config(["--model", "small", "--seq-len", "128"], world_size=1).model.n_positions == 128
+    assert parse_train_config(["--model", "llama3-debug", "--seq-len", "128"], world_size=1).model.context == 128
+    cfg = parse_train_config(["--seq-len", "32"], world_size=1)
+    too_long = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, seq_len=48))
+    with pytest.raises(ConfigError, match="--seq-len 48 is longer than the model's context of 32 positions; "
+                                          "valid --seq-len values: 1 to 32"):
+        validate(too_long, world_size=1)

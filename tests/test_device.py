@@ -15,7 +15,7 @@ import torch
 from runtime import device as device_module
 from runtime.commands.train import check_inputs
 from runtime.config import ConfigError
-from runtime.device import device_shortage, select_device
+from runtime.device import configure_fp32_matmuls, device_shortage, select_device
 from runtime.distributed.process_group import LaunchEnv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -186,3 +186,16 @@ def test_a_gpu_computes_bf16_fast_from_compute_capability_8(monkeypatch, major, 
 def test_cpu_flags_are_read_from_proc_cpuinfo():
     flags = device_module.cpu_flags()
     assert not flags or "fpu" in flags  # every x86 CPU lists fpu; elsewhere there may be no flags line
+
+
+@pytest.mark.parametrize(("device", "precision", "tf32"), [
+    ("cuda", "fp32", True), ("cuda", "bf16", False), ("cpu", "fp32", False)])
+def test_fp32_on_cuda_computes_matrix_products_in_tf32(device, precision, tf32):
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        configure_fp32_matmuls(torch.device(device), precision)  # a cuda device object needs no GPU
+        assert (torch.get_float32_matmul_precision() == "high") is tf32
+        assert torch.backends.cuda.matmul.allow_tf32 is tf32
+    finally:
+        torch.set_float32_matmul_precision(before)

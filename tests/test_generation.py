@@ -57,7 +57,7 @@ def test_greedy_decoding_with_the_cache_gives_the_tokens_of_the_full_sequence_lo
     cfg = CONFIGS[name]
     model = _random_model(cfg)
     prompt = torch.randint(0, cfg.vocab_size, (2, 5), generator=torch.Generator().manual_seed(0))
-    steps = cfg.seq_len - prompt.shape[1]  # up to the last position (GPT-2's table has seq_len rows)
+    steps = cfg.context - prompt.shape[1]  # up to the last position of the model's context (GPT-2: its table)
     got = generate(model, prompt, n_layers=cfg.n_layers, max_new_tokens=steps)
     assert got.shape == (2, steps)
     if name != "gpt2-tied":  # varied output: a wrong cache could not hide behind a repeated token

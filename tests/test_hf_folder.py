@@ -145,6 +145,19 @@ def test_rewriting_a_folder_keeps_other_files_and_drops_stale_weights(tmp_path):
     assert HFFolder.open(folder).config == {"model_type": "gpt2"}
 
 
+def test_carried_files_are_written_with_the_weights_into_a_new_or_an_existing_folder(tmp_path):
+    tensors = {name: torch_tensor(name) for name in WEIGHTS}
+    carried = {"generation_config.json": b'{"eos_token_id": [2, 7]}\n'}
+    for folder in (tmp_path / "new", make_folder(tmp_path / "old", "safetensors")):
+        write_hf_folder(folder, tensors, CONFIG, files=carried)
+        assert (folder / "generation_config.json").read_bytes() == carried["generation_config.json"]
+        assert HFFolder.open(folder).config == CONFIG
+    for name in ("config.json", "model.safetensors", "../escape.json"):
+        with pytest.raises(TensorFileError, match="not a file an export carries"):
+            write_hf_folder(tmp_path / "bad", tensors, CONFIG, files={name: b"{}"})
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "escape.json").exists()
+
+
 def test_a_failed_write_leaves_no_folder(tmp_path):
     with pytest.raises(NotImplementedError):  # a meta tensor has no bytes to copy out
         write_hf_folder(tmp_path / "out", {"a": torch.ones(2), "b": torch.empty(2, device="meta")}, CONFIG)

@@ -1,7 +1,9 @@
 """Hugging Face folders on real ranks: ``--init-from FOLDER`` starts 1x1x1 and 2x2x2 runs whose first loss is
 the loss a reference forward of the folder's tensors computes; ``export --format hf`` writes the folder back
-(identical tensors, an equivalent config.json, sharded past --max-shard-size); ``generate --checkpoint`` gives
-the reference model's greedy tokens.
+(identical tensors, an equivalent config.json, sharded past --max-shard-size, and what the engine does not model
+carried from the folder: token ids, generation_config.json), also after training on windows shorter than the
+folder's context (transformers' own 256-position GPT-2 at --seq-len 64); ``generate --checkpoint`` gives the
+reference model's greedy tokens.
 
 Two launches in all: one rank trains every 1x1x1 case in turn, eight ranks every 2x2x2 case (train_each).
 The 1x1x1 runs take one step at a learning rate of 1e-30, so their checkpoints hold the folder's values
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +38,11 @@ COMMON = ["--precision", "fp32", "--steps", "1", "--micro-batch-size", "2", "--w
           "--log-every", "1", "--eval-every", "0", "--eval-batches", "1", "--peak-tflops", "1"]
 GENERATION_STD = (1.0, 0.05)  # an untied GPT-2 whose greedy decoding varies (tests/hf_folders.py)
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf-models"  # written by transformers
+# A copy of transformers' GPT-2 (256 positions) as an Instruct model's would be: a list of end-of-text ids.
+TRANSFORMERS_GPT2 = "transformers-gpt2-256-positions-at-64"
+EOS_LIST = [0, 7]
+
 # name: (config, write_folder options, flags); every folder has 4 layers (2x2x2 interleaved cuts 4 stages)
 ONE_RANK = {
     "gpt2-tied": (gpt2_config(n_positions=32), {}, []),
@@ -42,6 +50,7 @@ ONE_RANK = {
     "llama-4x-tied": (llama_config(generation=4), {}, ["--seq-len", "32"]),
     "llama-5x-untied-bf16": (llama_config(generation=5, tied=False, head_dim=24), dict(dtype="BF16", shards=2),
                              ["--seq-len", "32"]),
+    TRANSFORMERS_GPT2: (None, {}, ["--seq-len", "64"]),  # 3 layers: one rank only
 }
 EIGHT_RANKS = {
     # bf16 shards, old attention-mask buffers, trained on 16 of the folder's 32 positions
@@ -62,6 +71,13 @@ class Run:
     seq_len: int
 
 
+def _transformers_folder(path: Path) -> Folder:
+    shutil.copytree(FIXTURES / "gpt2", path)
+    config = {**json.loads((path / "config.json").read_text()), "eos_token_id": EOS_LIST}
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    return Folder(path, config, tuple(parse_safetensors(path / "model.safetensors")[2]))
+
+
 def _argv(folder: Folder, flags: list[str], root: Path, mesh: list[str]) -> list[str]:
     return ["--init-from", str(folder.path), *mesh, *COMMON, *flags, "--logdir", str(root / "log"),
             "--checkpoint-dir", str(root / "ckpt")]
@@ -76,9 +92,10 @@ def runs(tmp_path_factory) -> dict[str, Run]:
     for world, (cases, mesh, global_batch) in jobs.items():
         argvs = []
         for name, (config, options, flags) in cases.items():
-            folder = write_folder(root / "folders" / name, config, **options)
+            folder = (_transformers_folder(root / "folders" / name) if name == TRANSFORMERS_GPT2 else
+                      write_folder(root / "folders" / name, config, **options))
             argvs.append(_argv(folder, flags, root / name, mesh))
-            seq_len = int(flags[flags.index("--seq-len") + 1]) if "--seq-len" in flags else config["n_positions"]
+            seq_len = int(flags[flags.index("--seq-len") + 1]) if "--seq-len" in flags else folder.config["n_positions"]
             out[name] = Run(folder, {}, root / name / "ckpt", global_batch, seq_len)
         if world == 1:
             # A restart with the same command line plus --resume: the folder gives the model (no flag could:
@@ -129,19 +146,44 @@ def _tensors(folder: Path) -> dict[str, tuple]:
     ("gpt2-untied", ["--max-shard-size", "100kB"]),
     ("llama-4x-tied", ["--max-shard-size", "0.2MB"]),
     ("llama-5x-untied-bf16", ["--dtype", "bf16"]),
+    (TRANSFORMERS_GPT2, []),  # trained on 64 of its 256 positions: every tensor comes back whole
 ])
 def test_export_hf_writes_the_folder_back(runs, tmp_path, name, flags):
     run, out = runs[name], tmp_path / "exported"
     assert export.main(["--checkpoint", str(run.checkpoint), "--out", str(out), "--format", "hf", *flags]) == 0
     assert _tensors(out) == _tensors(run.folder.path)
+    carried = sorted(p.name for p in run.folder.path.glob("generation_config.json"))
     if "--max-shard-size" in flags:
         assert (out / "model.safetensors.index.json").exists() and len(list(out.glob("model-*-of-*.safetensors"))) > 2
     else:
-        assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+        assert sorted(p.name for p in out.iterdir()) == sorted(["config.json", "model.safetensors", *carried])
+    for file in carried:
+        assert (out / file).read_bytes() == (run.folder.path / file).read_bytes()
     original, written = run.folder.config, json.loads((out / "config.json").read_text())
     adapter = next(s.hf for s in FAMILIES.values() if original["architectures"][0] in s.hf.architectures)
     assert adapter.config_from_hf(written) == adapter.config_from_hf(original)  # the same model, either generation
     assert written["architectures"] == original["architectures"]
+    assert {k: written.get(k) for k in TOKEN_IDS} == {k: original.get(k) for k in TOKEN_IDS}
+
+
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def test_export_after_a_shorter_window_keeps_the_context_and_the_eos_list_in_either_format(runs, tmp_path, capsys):
+    run = runs[TRANSFORMERS_GPT2]
+    assert run.summary["config"]["model"]["seq_len"] == 64
+    source = {name: shape for name, (_, shape, _) in _tensors(run.folder.path).items()}
+    assert source["transformer.wpe.weight"] == [256, 48]
+    for fmt in ("hf", "gpt2"):
+        out = tmp_path / fmt
+        assert export.main(["--checkpoint", str(run.checkpoint), "--out", str(out), "--format", fmt]) == 0
+        config = json.loads((out / "config.json").read_text())
+        assert (config["n_positions"], config["n_ctx"], config["eos_token_id"]) == (256, 256, EOS_LIST)
+        assert (out / "generation_config.json").read_bytes() == (FIXTURES / "gpt2" / "generation_config.json").read_bytes()
+        shapes = ({name: shape for name, (_, shape, _) in _tensors(out).items()} if fmt == "hf" else
+                  {name: list(t.shape) for name, t in torch.load(out / "pytorch_model.bin", weights_only=True).items()})
+        assert shapes == source
+    assert f"carried bos_token_id, eos_token_id, generation_config.json from {run.folder.path}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("name", "new"), [("gpt2-untied", 30), ("llama-4x-tied", 60)])

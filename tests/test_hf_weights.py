@@ -7,12 +7,15 @@ folder; broken folders are one error line naming the file and the tensor, before
 from __future__ import annotations
 
 import json
+import shutil
 import struct
+from pathlib import Path
 
 import pytest
 import torch
 
-from runtime.checkpoint.hf_weights import check_weights, read_hf_model, read_state_dict
+from models import FAMILIES
+from runtime.checkpoint.hf_weights import CARRIED_FILES, carried_from, check_weights, read_hf_model, read_state_dict
 from runtime.commands.generate import build
 from runtime.commands.train import InputError, check_inputs
 from runtime.distributed.process_group import LaunchEnv
@@ -22,6 +25,8 @@ from tests.test_hf_gpt2 import gpt2_forward
 from tests.test_llama3 import llama_forward
 
 ENV = LaunchEnv(rank=0, world_size=1, local_rank=0, local_world_size=1)
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf-models"  # written by transformers
+HF_GPT2 = FAMILIES["gpt2"].hf
 N_POS = 32
 
 # name: (config, write_folder options)
@@ -94,12 +99,36 @@ def test_a_pytorch_model_bin_folder_reads_like_its_safetensors(tmp_path):
     assert torch.equal(state["head.weight"], tensors["model.embed_tokens.weight"])  # tied
 
 
-def test_a_shorter_seq_len_trains_on_the_first_rows_of_the_position_table(tmp_path):
-    folder = _folder(tmp_path, "gpt2-tied")
-    cfg, _, start = check_inputs(["--init-from", str(folder.path), "--steps", "1", "--seq-len", "16"], ENV)
-    assert cfg.model.seq_len == 16
-    state = read_state_dict(check_weights(read_hf_model(folder.path)), cfg.model)
-    assert torch.equal(state["pos_emb.weight"], read_folder(folder.path)["transformer.wpe.weight"][:16])
+def test_a_shorter_seq_len_keeps_the_models_context_and_every_shape_of_the_folder():
+    # transformers' own 256-position GPT-2 (tests/fixtures/hf-models/gpt2) trained on windows of 64 tokens
+    folder = FIXTURES / "gpt2"
+    cfg, _, _ = check_inputs(["--init-from", str(folder), "--steps", "1", "--seq-len", "64"], ENV)
+    assert (cfg.model.seq_len, cfg.model.context, cfg.model.n_positions) == (64, 256, 256)
+    state = read_state_dict(check_weights(read_hf_model(folder)), cfg.model)
+    tensors = read_folder(folder)
+    assert torch.equal(state["pos_emb.weight"], tensors["transformer.wpe.weight"])  # all 256 rows
+    written = HF_GPT2.to_hf(state, cfg.model)
+    assert {n: t.shape for n, t in written.items()} == {n: t.shape for n, t in tensors.items()}
+    assert HF_GPT2.config_to_hf(cfg.model)["n_positions"] == 256
+    line = _error(["--init-from", str(folder), "--steps", "1", "--seq-len", "257"])
+    assert "--seq-len 257" in line and "has 256 positions" in line and "1 to 256" in line, line
+
+
+def test_an_export_carries_the_source_folders_token_ids_and_generation_config(tmp_path):
+    # An Instruct model's eos list, in a copy of the folder transformers wrote.
+    folder = tmp_path / "instruct"
+    shutil.copytree(FIXTURES / "gpt2", folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": [0, 7], "pad_token_id": 3}))
+    carried = carried_from(str(folder))
+    assert carried.config == {"bos_token_id": 0, "eos_token_id": [0, 7], "pad_token_id": 3} and carried.note is None
+    assert CARRIED_FILES == ("generation_config.json",) and carried.files == {
+        "generation_config.json": (FIXTURES / "gpt2" / "generation_config.json").read_bytes()}
+    (tmp_path / "model.pt").write_bytes(b"")
+    for scratch_or_export in (None, str(tmp_path / "model.pt")):  # the family's defaults stand
+        assert carried_from(scratch_or_export) == type(carried)({}, {})
+    gone = carried_from(str(tmp_path / "moved-away"))
+    assert (gone.config, gone.files) == ({}, {}) and "moved-away, which cannot be read here" in gone.note
 
 
 @pytest.mark.parametrize(("flags", "words"), [

@@ -1,6 +1,9 @@
-"""The Llama 3 family: a forward written here from Hugging Face's LlamaForCausalLM math, run on the state dict
-our ``to_hf`` writes, gives our logits; both config.json generations read alike; Meta's widths and parameter
-counts; overrides; document masking; the meta-device trace; the tensor-parallel checks' messages."""
+"""The Llama 3 family: a forward written here from Hugging Face's LlamaForCausalLM math (itself checked against
+transformers' own logits in tests/test_hf_fixtures.py, which also runs our model on a folder transformers wrote:
+tied, grouped-query, Llama 3.1 scaling) gives our logits on the variants that folder does not have (untied, a
+short original context, plain RoPE, a head_dim other than d/h); both config.json generations read alike; Meta's
+widths and parameter counts; overrides; document masking; the meta-device trace; the tensor-parallel checks'
+messages."""
 
 from __future__ import annotations
 
@@ -91,8 +94,9 @@ def llama_forward(hf: dict[str, torch.Tensor], config: dict, tokens: torch.Tenso
 
 # A RoPE scaling whose original context (16) is shorter than the sequence, so that it changes the logits.
 SHORT_CONTEXT_ROPE = dict(rope_theta=10000.0, rope_factor=8.0, rope_original_context=16)
+# Variants of the debug size (tied, 4 heads over 2 key/value heads, Llama 3.1 scaling: tests/test_hf_fixtures.py
+# checks that combination against transformers itself).
 CASES = {
-    "tied-gqa2-scaled": dict(),  # the debug size: tied, 4 heads over 2 key/value heads, Llama 3.1 scaling
     "untied": dict(tie_embeddings=False),
     "short-context-scaling": SHORT_CONTEXT_ROPE,
     "plain-rope": dict(rope_factor=None, rope_theta=10000.0),

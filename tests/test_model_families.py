@@ -8,7 +8,17 @@ import pytest
 import torch
 from torch import nn
 
-from models import FAMILIES, MODEL_NAMES, build_model, config_from_dict, config_to_dict, parameter_count, spec_of
+from models import (
+    FAMILIES,
+    MODEL_NAMES,
+    build_model,
+    config_from_dict,
+    config_to_dict,
+    parameter_count,
+    parameter_shapes,
+    spec_of,
+    with_window,
+)
 from models.spec import (
     COLWISE,
     GATHER_SEQUENCE,
@@ -146,3 +156,18 @@ def test_packed_documents_attend_only_within_their_document(spec):
         whole = torch.arange(16).unsqueeze(0)
         torch.testing.assert_close(model(packed, whole), model(packed), rtol=1e-5, atol=1e-5)
         assert not torch.allclose(logits[:, 6:], model(packed)[:, 6:], atol=1e-4)  # the mask does something
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+def test_a_shorter_window_keeps_the_models_context_and_every_shape(spec):
+    cfg = _debug(spec)
+    short = with_window(cfg, cfg.seq_len // 4)
+    assert short.seq_len == cfg.seq_len // 4 and short.context == cfg.context
+    assert parameter_shapes(short) == parameter_shapes(cfg)
+    assert spec.hf.config_to_hf(short) == spec.hf.config_to_hf(cfg)  # an export writes the same model
+    assert config_from_dict(config_to_dict(short)) == short
+    with pytest.raises(ValueError, match=f"longer than the model's context of {cfg.context} positions"):
+        with_window(cfg, cfg.context + 1)
+    tokens = torch.randint(0, cfg.vocab_size, (1, short.seq_len), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # the same weights at either window compute the same logits
+        torch.testing.assert_close(build_model(short, seed=1)(tokens), build_model(cfg, seed=1)(tokens))

@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 from compiler.parallelize.tensor_parallel import restore_linear_modules
-from compiler.trace import trace_pipeline
+from compiler.trace import restore_eager_modules, trace_pipeline
 from models import MODEL_NAMES, build_model, named_config
+from models.spec import EagerModule
 
 # The engine traces a tied model with a weight for each end (they may land on different stages):
 # the split itself is what is tested here.
@@ -86,3 +87,42 @@ def test_graph_keeps_head_count_symbolic():
     attention_graph = str(pipe.get_stage_module(0).get_submodule("layers.0.attn").graph)
     assert f"[2, {cfg.seq_len}, -1, 3, {cfg.head_dim}]" in attention_graph
     assert f"[2, {cfg.seq_len}, {cfg.n_heads}, 3, {cfg.head_dim}]" not in attention_graph
+
+
+class _PerRowScale(EagerModule):
+    """A data-dependent loop with a side effect: the tracer cannot keep either, so it traces the stand-in."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(8))
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return torch.stack([row * self.weight * (1 + int(row.abs().sum() > 1.0)) for row in x])
+
+    def trace_forward(self, x):
+        return x * self.weight
+
+
+class _Toy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleDict({str(i): nn.Sequential(nn.Linear(8, 8), _PerRowScale()) for i in range(2)})
+
+    def forward(self, x):
+        for layer in self.layers.values():
+            x = layer(x)
+        return x
+
+
+def test_eager_modules_are_traced_as_stand_ins_and_run_for_real_in_the_stages():
+    model = _Toy()
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(0))
+    pipe = trace_pipeline(model, example_microbatch=x, blocks_per_stage=[1, 1])
+    stages = [pipe.get_stage_module(i) for i in range(2)]
+    assert [restore_eager_modules(s, model) for s in stages] == [["layers.0.1"], ["layers.1.1"]]
+    assert all(not isinstance(m, EagerModule) or "forward" not in vars(m) for m in model.modules())  # stand-ins gone
+    got = _chain(stages, x)
+    assert [model.layers[str(i)][1].calls for i in range(2)] == [1, 1]  # the real modules ran, once each
+    torch.testing.assert_close(got, model(x))

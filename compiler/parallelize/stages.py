@@ -24,7 +24,7 @@ from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_p
 from compiler.parallelize.materialize import materialize
 from compiler.parallelize.message_dtype import apply_message_dtype
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
-from compiler.trace import trace_pipeline
+from compiler.trace import restore_eager_modules, trace_pipeline
 from models import spec_of
 
 
@@ -96,10 +96,11 @@ def build_local_stages(
     modules, stages = [], []
     for index in indices:
         module = pipe.get_stage_module(index)
+        restore_eager_modules(module, model)
         restore_linear_modules(module, model)
         if meshes.mp.size() > 1:
             apply_tp(module, meshes.mp, block_plan=spec.block_plan(sequence_parallel=sequence_parallel),
-                     model_plan=spec.model_tp_plan, sequence_parallel=sequence_parallel)
+                     model_plan=spec.model_plan(sequence_parallel=sequence_parallel), sequence_parallel=sequence_parallel)
         share_tied_weights(module, tied)
         if activation_checkpointing:
             apply_ac(module)

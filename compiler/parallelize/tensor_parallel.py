@@ -16,16 +16,19 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
-from compiler.parallelize.sequence_parallel import GatherSequence, scatter_sequence_at_stage_ends
+from compiler.parallelize.sequence_parallel import GatherSequence, shard_stage_boundaries
 from compiler.parallelize.vocab_parallel import VocabParallelEmbedding
 from models.spec import (
     COLWISE,
     GATHER_SEQUENCE,
+    LM_HEAD,
     ROWWISE,
     ROWWISE_SCATTER,
     SEQUENCE_NORM,
+    TOKEN_EMBEDDING,
     VOCAB_EMBEDDING,
     VOCAB_HEAD,
+    VOCAB_HEAD_FROM_SEQUENCE,
 )
 
 _STYLES = {
@@ -39,7 +42,10 @@ _STYLES = {
     SEQUENCE_NORM: SequenceParallel,
     GATHER_SEQUENCE: GatherSequence,
     ROWWISE_SCATTER: lambda: RowwiseParallel(output_layouts=Shard(1)),
+    # The head after a sequence-parallel final norm: all-gather the sequence (backward: reduce-scatter).
+    VOCAB_HEAD_FROM_SEQUENCE: lambda: ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1)),
 }
+_HEAD_STYLES = (VOCAB_HEAD, VOCAB_HEAD_FROM_SEQUENCE)
 
 # FSDP2 warns when a module it wraps returns a view ("... returned a view tensor. An in-place op on this view
 # ... can cause backward to fail or produce wrong gradients"): an in-place op on the view would drop the
@@ -101,8 +107,8 @@ def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[s
              model_plan: dict[str, str] | None = None, sequence_parallel: bool = False) -> nn.Module:
     """Shard every block of the stage over ``mp_mesh`` following ``block_plan``, and the model-level parts
     of ``model_plan`` the stage holds (the vocabulary-parallel embedding and head), Megatron layout.
-    ``sequence_parallel``: ``block_plan`` includes the sequence-parallel entries, and the stage's run of
-    blocks takes its (B, T, D) input as sequence shards and gives its output back whole."""
+    ``sequence_parallel``: both plans include the sequence-parallel entries, and the stage receives and sends
+    (B, T/mp, D) sequence shards (compiler/parallelize/sequence_parallel.py)."""
     plan = {
         f"{block}.{key}": _STYLES[style]()
         for block in block_names(stage_module)
@@ -110,7 +116,7 @@ def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[s
     }
     held = dict(stage_module.named_modules())
     plan.update({key: _STYLES[style]() for key, style in (model_plan or {}).items() if key in held})
-    heads = [key for key in plan if (model_plan or {}).get(key) == VOCAB_HEAD]
+    heads = [key for key in plan if (model_plan or {}).get(key) in _HEAD_STYLES]
     if heads:
         quiet_head_view_warning()
     if plan:
@@ -118,7 +124,8 @@ def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[s
     for key in heads:
         _trace_local_logits(stage_module, held[key])
     if sequence_parallel:
-        scatter_sequence_at_stage_ends(stage_module, block_names(stage_module), mp_mesh)
+        shard_stage_boundaries(stage_module, mp_mesh, embedding=TOKEN_EMBEDDING, head=LM_HEAD,
+                               blocks=block_names(stage_module), embedding_module=held.get(TOKEN_EMBEDDING))
     return stage_module
 
 

@@ -6,6 +6,10 @@ the others, and the ranks' partial embeddings are summed (one all-reduce; backwa
 through unchanged, since every rank's part contributes to the sum). Written out rather than using
 DTensor's ``RowwiseParallel`` on ``nn.Embedding``: that one's backward returns the whole [V, D] table's
 gradient on every rank, V/mp times what the rank's shard needs.
+
+Under sequence parallelism, when nothing is added to the token embeddings before the first block, the partial
+sums are reduce-scattered over the sequence instead (``scatter_sequence``, set by
+compiler/parallelize/sequence_parallel.py): each rank gets its (B, T/mp, D) shard of the residual stream.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle
 
+from compiler.parallelize.sequence_parallel import reduce_scatter_sequence
 from compiler.torch_compat import compute_local_shape_and_global_offset
 
 
@@ -45,6 +50,8 @@ def _forward(self: nn.Embedding, tokens: torch.Tensor) -> torch.Tensor:
     local = tokens - offset
     outside = (local < 0) | (local >= table.shape[0])
     partial = F.embedding(local.masked_fill(outside, 0), table).masked_fill(outside.unsqueeze(-1), 0.0)
+    if self.scatter_sequence:
+        return reduce_scatter_sequence(partial, self.weight.device_mesh)  # (B, T/mp, D)
     return _SumOverRanks.apply(partial, self.weight.device_mesh.get_group())  # (B, T, D)
 
 
@@ -57,4 +64,5 @@ class VocabParallelEmbedding(ParallelStyle):
         # src_data_rank=None: no broadcast; every rank holds (or will compute) the same values.
         module.weight = nn.Parameter(distribute_tensor(module.weight, device_mesh, [Shard(0)], src_data_rank=None))
         module.forward = types.MethodType(_forward, module)
+        module.scatter_sequence = False
         return module

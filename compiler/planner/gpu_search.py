@@ -184,7 +184,7 @@ def _held(s: _Shape, c: Candidate, n_blocks: int, embedding: bool, head: bool) -
     parts = [(x, n) for x, n in parts if n]
     params = sum(x.params * n for x, n in parts)
     if s.shape.tied and embedding and head:  # one copy of a tied weight on a rank holding both ends
-        params -= costs[0].params - (s.shape.seq_len * s.shape.d_model if s.shape.positions == "learned" else 0)
+        params -= costs[0].params - (s.shape.position_rows * s.shape.d_model if s.shape.positions == "learned" else 0)
     return HeldLayers(params, max(x.params for x, _ in parts), sum(x.activation_bytes * n for x, n in parts),
                       max(x.activation_bytes for x, _ in parts), sum(x.weight_copy_bytes * n for x, n in parts),
                       sum(n for _, n in parts), n_blocks, max(x.transient_bytes for x, _ in parts))

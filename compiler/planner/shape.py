@@ -56,8 +56,14 @@ class DecoderShape:
     tied: bool  # the LM head is the token embedding
     biases: bool  # linear layers and norms carry biases (GPT-2) or not (Llama)
     norm: str  # "layernorm" | "rmsnorm"
-    positions: str = "learned"  # "learned" (a [T, d] table, GPT-2) | "rope" (no parameters)
+    positions: str = "learned"  # "learned" (a [context, d] table, GPT-2) | "rope" (no parameters)
     fused_qkv: bool = True  # one q/k/v projection (GPT-2) or three (Llama)
+    context: int | None = None  # positions the model takes (a learned table's rows); None: seq_len
+
+    @property
+    def position_rows(self) -> int:
+        """Rows of a learned position table: the model's context, whatever window it trains on."""
+        return self.context or self.seq_len
 
     @staticmethod
     def from_config(cfg) -> "DecoderShape":
@@ -68,7 +74,7 @@ class DecoderShape:
             layers=cfg.n_layers, d_model=cfg.d_model, heads=cfg.n_heads, kv_heads=cfg.n_kv_heads,
             head_dim=cfg.head_dim, mlp_width=cfg.mlp_width, mlp=arch.mlp, seq_len=cfg.seq_len,
             vocab_size=cfg.vocab_size, tied=cfg.tie_embeddings, biases=arch.biases, norm=arch.norm,
-            positions=arch.positions, fused_qkv=arch.fused_qkv)
+            positions=arch.positions, fused_qkv=arch.fused_qkv, context=cfg.context)
 
     @staticmethod
     def from_flags(*, layers: int, d_model: int, heads: int, seq_len: int, vocab_size: int, kv_heads: int | None = None,
@@ -136,7 +142,7 @@ def block_params(shape: DecoderShape, mp: int = 1) -> int:
 
 def embedding_params(shape: DecoderShape, mp: int = 1) -> int:
     rows = -(-shape.vocab_size // mp)
-    return rows * shape.d_model + (shape.seq_len * shape.d_model if shape.positions == "learned" else 0)
+    return rows * shape.d_model + (shape.position_rows * shape.d_model if shape.positions == "learned" else 0)
 
 
 def head_params(shape: DecoderShape, mp: int = 1) -> int:

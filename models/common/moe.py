@@ -31,8 +31,9 @@ What the engine reads and sets, on each ``MoE`` module (``isinstance(m, MoE)`` o
   training forward's auxiliary loss (0-d, detached), for logging.
 - ``router.expert_bias``: updated with load_balance.py's ``update_expert_bias`` after the optimizer step.
 
-The engine may run this module eagerly after tracing (putting the real module back in place of its traced copy):
-the counting and the auxiliary loss's backward live in Python, which a traced graph does not keep.
+An ``EagerModule`` (models/spec.py): the engine runs it eagerly, putting it back in place of its traced copy, since
+the counting and the auxiliary loss's backward live in Python, which a traced graph does not keep. Its forward has
+static shapes, so it is its own ``trace_forward``; while exported it neither counts nor attaches the loss.
 """
 
 from __future__ import annotations
@@ -45,17 +46,29 @@ from models.common.grouped_mm import grouped_mm
 from models.common.load_balance import attach_aux_loss, sequence_balance_loss
 from models.common.mlp import SwiGLU
 from models.common.router import Router, Routing
-from models.spec import DENSE, MOE
+from models.spec import DENSE, MOE, EagerModule
+
+
+def experts_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: torch.Tensor,
+                   w2: torch.Tensor) -> torch.Tensor:
+    """E SwiGLU experts on rows sorted by expert: x (M, D), counts (E,) rows per expert (their sum at most M; rows
+    past it give zeros), w1 / w3 (E, F, D), w2 (E, D, F) -> (M, D), row r of expert e giving
+    w2[e] (silu(w1[e] x_r) * w3[e] x_r). The grouped matrix products of grouped_mm.py: torch's grouped GEMM where
+    the device has a fast one (CUDA SM90+, bf16; registered by compiler/torch_compat.py), a loop over the experts
+    elsewhere. Under autocast the experts compute in the autocast dtype, as an ``nn.Linear`` would. Expert
+    parallelism calls this with a rank's local experts' weights and rows (compiler/parallelize/expert_parallel.py)."""
+    offsets = counts.cumsum(0, dtype=torch.int32)  # (E,) where each expert's rows end
+    dtype = _autocast_dtype(x.device.type)
+    if dtype is not None:  # the custom operator is not on autocast's lists: cast as autocast would
+        x, w1, w3, w2 = (t.to(dtype) for t in (x, w1, w3, w2))
+    h = F.silu(grouped_mm(x, w1, offsets)) * grouped_mm(x, w3, offsets)  # (M, F)
+    return grouped_mm(h, w2, offsets)  # (M, D)
 
 
 class GroupedExperts(nn.Module):
-    """E SwiGLU experts, stacked: ``w1`` (gate) (E, F, D), ``w3`` (up) (E, F, D), ``w2`` (down) (E, D, F).
-
-    ``forward(x, counts)``: x (M, D) rows sorted by expert, counts (E,) rows per expert (their sum at most M;
-    rows past it give zeros) -> (M, D), row r of expert e giving w2[e] (silu(w1[e] x_r) * w3[e] x_r). Computed by
-    the grouped matrix product of grouped_mm.py: torch's grouped GEMM where the device has a fast one (CUDA SM90+,
-    bf16; registered by compiler/torch_compat.py), a loop over the experts elsewhere. Under autocast the experts
-    compute in the autocast dtype, as an ``nn.Linear`` would."""
+    """E SwiGLU experts, stacked: ``w1`` (gate) (E, F, D), ``w3`` (up) (E, F, D), ``w2`` (down) (E, D, F), registered
+    in that order (``experts_swiglu``'s). ``forward(x, counts)``: x (M, D) rows sorted by expert, counts (E,) rows
+    per expert -> (M, D)."""
 
     def __init__(self, d_model: int, width: int, n_experts: int):
         super().__init__()
@@ -65,16 +78,10 @@ class GroupedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(n_experts, d_model, width).normal_(std=0.02))
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        offsets = counts.cumsum(0, dtype=torch.int32)  # (E,) where each expert's rows end
-        w1, w3, w2 = self.w1, self.w3, self.w2
-        dtype = _autocast_dtype(x.device.type)
-        if dtype is not None:  # the custom operator is not on autocast's lists: cast as autocast would
-            x, w1, w3, w2 = (t.to(dtype) for t in (x, w1, w3, w2))
-        h = F.silu(grouped_mm(x, w1, offsets)) * grouped_mm(x, w3, offsets)  # (M, F)
-        return grouped_mm(h, w2, offsets)  # (M, D)
+        return experts_swiglu(x, counts, self.w1, self.w3, self.w2)
 
 
-class MoE(nn.Module):
+class MoE(EagerModule):
     def __init__(self, *, d_model: int, expert_width: int, n_experts: int, routing: Routing, shared_width: int = 0,
                  aux_loss_coef: float = 0.0):
         """``shared_width``: the shared experts' SwiGLU width (n_shared_experts x the expert width), 0 for none;

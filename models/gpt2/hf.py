@@ -82,7 +82,7 @@ def config_to_hf(cfg: GPTConfig) -> dict:
     approximation ("gelu_new") and LayerNorm eps 1e-5."""
     config = {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": cfg.vocab_size, "n_positions": cfg.seq_len, "n_ctx": cfg.seq_len, "n_embd": cfg.d_model,
+        "vocab_size": cfg.vocab_size, "n_positions": cfg.n_positions, "n_ctx": cfg.n_positions, "n_embd": cfg.d_model,
         "n_layer": cfg.n_layers, "n_head": cfg.n_heads, "n_inner": cfg.mlp_width,
         "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
         "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "summary_pdrop": 0.0,
@@ -111,8 +111,9 @@ def config_from_hf(config: dict) -> GPTConfig:
             raise ValueError(f"{key} true: not computed by this GPT-2")
     try:
         d = int(config["n_embd"])
+        context = int(config.get("n_positions", config.get("n_ctx", 1024)))
         return GPTConfig(n_layers=int(config["n_layer"]), d_model=d, n_heads=int(config["n_head"]),
-                         seq_len=int(config.get("n_positions", config.get("n_ctx", 1024))),
+                         seq_len=context, n_positions=context,  # the window defaults to the whole context
                          vocab_size=int(config["vocab_size"]),
                          mlp_width=int(config.get("n_inner") or GPT2_MLP_RATIO * d),
                          tie_embeddings=bool(config.get("tie_word_embeddings", True)))

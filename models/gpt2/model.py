@@ -32,11 +32,23 @@ class GPTConfig:
     n_layers: int
     d_model: int
     n_heads: int
-    seq_len: int
+    seq_len: int  # the training window: tokens per sample, what the engine traces (at most n_positions)
     vocab_size: int
     mlp_width: int  # hidden units of the MLP, GPT2_MLP_RATIO * d_model in GPT-2
     tie_embeddings: bool = True  # the LM head reuses the token embedding (GPT-2)
+    # The model's context: rows of the learned position table (Hugging Face's n_positions). None: seq_len, as
+    # in configs recorded before the two were told apart (their tables had seq_len rows).
+    n_positions: int | None = None
     family: str = field(default="gpt2", init=False)
+
+    def __post_init__(self) -> None:
+        if self.n_positions is None:
+            object.__setattr__(self, "n_positions", self.seq_len)
+
+    @property
+    def context(self) -> int:
+        """Positions the model takes (its table's rows): never changed by the training window."""
+        return self.n_positions
 
     @property
     def head_dim(self) -> int:
@@ -120,7 +132,7 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.n_positions, cfg.d_model)  # (context, D): the window uses its first T rows
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layers)})
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -176,13 +188,17 @@ def with_overrides(base: GPTConfig, *, n_layers: int | None = None, d_model: int
                    n_heads: int | None = None, n_kv_heads: int | None = None, seq_len: int | None = None,
                    vocab_size: int | None = None, mlp_width: int | None = None,
                    tie_embeddings: bool | None = None) -> GPTConfig:
-    """A named size with the flags' overrides; the MLP is GPT2_MLP_RATIO x d_model unless --mlp-width is given."""
+    """A named size with the flags' overrides, for a model built from scratch; the MLP is GPT2_MLP_RATIO x
+    d_model unless --mlp-width is given. A new seq_len makes a table of that many positions (as Megatron-LM's
+    max_position_embeddings defaults to the sequence length): rows past the window would never train. An
+    existing model's window changes with ``models.with_window`` instead, which keeps its table."""
     if n_kv_heads is not None and n_kv_heads != (n_heads or base.n_heads):
         raise ValueError(f"--kv-heads {n_kv_heads}: GPT-2 models use multi-head attention (one key/value head per "
                          f"query head); grouped-query attention is the llama3 family's (--model llama3-...)")
     d = d_model or base.d_model
     return GPTConfig(n_layers=n_layers or base.n_layers, d_model=d, n_heads=n_heads or base.n_heads,
-                     seq_len=seq_len or base.seq_len, vocab_size=vocab_size or base.vocab_size,
+                     seq_len=seq_len or base.seq_len, n_positions=seq_len or base.n_positions,
+                     vocab_size=vocab_size or base.vocab_size,
                      mlp_width=mlp_width or (base.mlp_width if d_model is None else GPT2_MLP_RATIO * d),
                      tie_embeddings=base.tie_embeddings if tie_embeddings is None else tie_embeddings)
 

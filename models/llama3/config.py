@@ -49,11 +49,16 @@ class LlamaConfig:
     rope_low_freq_factor: float = 1.0
     rope_high_freq_factor: float = 4.0
     rope_original_context: int = 8192  # "original_max_position_embeddings"
-    max_position_embeddings: int = 8192  # the published context, kept for config.json only
+    max_position_embeddings: int = 8192  # the model's context (config.json's), never changed by the window
     # The width rule's inputs, so that an override of d_model recomputes the width the size's way.
     ffn_dim_multiplier: float | None = None
     multiple_of: int = DEFAULT_MULTIPLE_OF
     family: str = field(default="llama3", init=False)
+
+    @property
+    def context(self) -> int:
+        """Positions the model takes (its published context): never changed by the training window."""
+        return self.max_position_embeddings
 
 
 _META = dict(vocab_size=128256, seq_len=8192, rope_theta=500000.0, rope_low_freq_factor=1.0,
@@ -95,8 +100,9 @@ def with_overrides(base: LlamaConfig, *, n_layers: int | None = None, d_model: i
                    tie_embeddings: bool | None = None) -> LlamaConfig:
     """A named size with the flags' overrides. A new d_model recomputes the SwiGLU width by the size's rule
     (unless --mlp-width is given); a new d_model or head count makes head_dim d_model / n_heads (kept when
-    neither changes, so a Hugging Face config's own head_dim survives other overrides). The published
-    context grows to a longer training sequence, never shrinks."""
+    neither changes, so a Hugging Face config's own head_dim survives other overrides). For a model built from
+    scratch, the context grows to a longer training sequence, never shrinks (RoPE has no table to size); an
+    existing model's window changes with ``models.with_window``, which keeps its context."""
     d = base.d_model if d_model is None else d_model
     heads = base.n_heads if n_heads is None else n_heads
     reshaped = d != base.d_model or heads != base.n_heads

@@ -35,6 +35,11 @@ class MixtralConfig:
     max_position_embeddings: int = 32768
     family: str = field(default="mixtral", init=False)
 
+    @property
+    def context(self) -> int:
+        """Positions the model takes (its published context): never changed by the training window."""
+        return self.max_position_embeddings
+
     def routing(self) -> Routing:
         return Routing(top_k=self.top_k, norm_topk_prob=True)  # Mixtral always renormalises the top-k weights
 

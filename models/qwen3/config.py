@@ -31,8 +31,13 @@ class Qwen3Config:
     tie_embeddings: bool = False
     norm_eps: float = 1e-6  # every RMSNorm, the q/k norms too
     rope_theta: float = 1000000.0
-    max_position_embeddings: int = 40960  # the published context, kept for config.json only
+    max_position_embeddings: int = 40960  # the model's context (config.json's), never changed by the window
     family: str = field(default="qwen3", init=False)
+
+    @property
+    def context(self) -> int:
+        """Positions the model takes (its published context): never changed by the training window."""
+        return self.max_position_embeddings
 
 
 def _published(*, n_layers: int, d_model: int, n_heads: int, mlp_width: int, tie: bool) -> Qwen3Config:

@@ -39,6 +39,11 @@ class Qwen3MoeConfig:
     max_position_embeddings: int = 40960
     family: str = field(default="qwen3_moe", init=False)
 
+    @property
+    def context(self) -> int:
+        """Positions the model takes (its published context): never changed by the training window."""
+        return self.max_position_embeddings
+
     def routing(self) -> Routing:
         return Routing(top_k=self.top_k, norm_topk_prob=self.norm_topk_prob)
 

@@ -41,7 +41,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from models import config_to_dict, parameter_shapes
+from models import config_from_dict, config_to_dict, parameter_shapes
 
 MANIFEST = "checkpoint.json"
 MARKER = "latest"
@@ -52,7 +52,9 @@ _DELETING = ".deleting-"
 
 # Model config field -> the flag that sets it, for error messages.
 _MODEL_FLAGS = {"family": "--model (family)", "n_kv_heads": "--kv-heads", "n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "seq_len": "--seq-len",
-                "vocab_size": "--vocab-size", "mlp_width": "--mlp-width", "tie_embeddings": "tied embeddings (--untie-embeddings)"}
+                "vocab_size": "--vocab-size", "mlp_width": "--mlp-width", "tie_embeddings": "tied embeddings (--untie-embeddings)",
+                "n_positions": "the model's context (n_positions)",
+                "max_position_embeddings": "the model's context (max_position_embeddings)"}
 
 
 class CheckpointError(RuntimeError):
@@ -167,8 +169,10 @@ def verify_files(info: CheckpointInfo, names: list[str]) -> list[str]:
 
 def check_same_model(info: CheckpointInfo, model) -> None:
     """A checkpoint of another model shape is an error naming the differing fields and flags."""
-    # Checkpoints written before model families existed hold GPT-2 configs without a family.
-    saved, ours = {"family": "gpt2", **info.config.get("model", {})}, config_to_dict(model)
+    # Read back through the family's config (models.config_from_dict), so fields added since a checkpoint was
+    # written take the values its model had (a GPT-2 config without n_positions: a table of seq_len rows;
+    # one without a family: GPT-2, as every checkpoint before families existed).
+    saved, ours = config_to_dict(config_from_dict(info.config.get("model", {}))), config_to_dict(model)
     diffs = [f"{_MODEL_FLAGS.get(k, k)} {saved.get(k)} in the checkpoint, {ours[k]} in this run"
              for k in ours if saved.get(k) != ours[k]]
     if diffs:

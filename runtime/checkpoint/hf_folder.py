@@ -36,6 +36,7 @@ from runtime.checkpoint.safetensors import (
     ShardedWrite,
     TensorFileError,
     save_sharded,
+    write_bytes,
     write_json,
 )
 
@@ -225,12 +226,14 @@ def _check_index(index: Path, weight_map: dict[str, str],
 
 
 def write_hf_folder(folder: str | os.PathLike, tensors: Mapping[str, torch.Tensor], config: Mapping, *,
-                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> ShardedWrite:
-    """``config.json`` plus ``model.safetensors`` (or shards and their index past ``max_shard_bytes``).
+                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                    files: Mapping[str, bytes] | None = None) -> ShardedWrite:
+    """``config.json`` plus ``model.safetensors`` (or shards and their index past ``max_shard_bytes``), and
+    ``files`` (name -> bytes: e.g. ``generation_config.json`` carried from the folder a run started from).
 
     A new folder is written beside its final name and renamed into place, so it appears whole or not
     at all. Into an existing folder (one with a tokenizer, say) each file is replaced atomically, the
-    weights first and ``config.json`` last, and weight files of an earlier write go."""
+    weights first, then ``files``, and ``config.json`` last, and weight files of an earlier write go."""
     folder = Path(folder)
     try:
         config_text = json.dumps(dict(config))  # refuse what JSON cannot hold before writing anything
@@ -238,6 +241,7 @@ def write_hf_folder(folder: str | os.PathLike, tensors: Mapping[str, torch.Tenso
         raise TensorFileError(f"{folder / CONFIG_FILE}: the config cannot be written as JSON ({e})") from None
     if folder.is_dir():
         written = save_sharded(tensors, folder, max_shard_bytes=max_shard_bytes, metadata=SAFETENSORS_METADATA)
+        _write_files(folder, files or {})
         write_json(folder / CONFIG_FILE, json.loads(config_text))
         return written
     staging = folder.with_name(f".{folder.name}.{secrets.token_hex(4)}.tmp")
@@ -247,6 +251,7 @@ def write_hf_folder(folder: str | os.PathLike, tensors: Mapping[str, torch.Tenso
         raise TensorFileError(f"{folder}: cannot be created ({e.strerror or e})") from None
     try:
         written = save_sharded(tensors, staging, max_shard_bytes=max_shard_bytes, metadata=SAFETENSORS_METADATA)
+        _write_files(staging, files or {})
         write_json(staging / CONFIG_FILE, json.loads(config_text))
         os.rename(staging, folder)
     except OSError as e:
@@ -256,3 +261,11 @@ def write_hf_folder(folder: str | os.PathLike, tensors: Mapping[str, torch.Tenso
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return written
+
+
+def _write_files(folder: Path, files: Mapping[str, bytes]) -> None:
+    for name, data in files.items():
+        if Path(name).name != name or name in (CONFIG_FILE, *WEIGHT_FILES):
+            raise TensorFileError(f"{folder}: {name!r} is not a file an export carries (a plain name, not "
+                                  f"config.json or a weight file)")
+        write_bytes(folder / name, data)

@@ -1,9 +1,11 @@
-"""A Hugging Face model folder as a run's starting point (``--init-from FOLDER``) and as generate's model.
+"""A Hugging Face model folder as a run's starting point (``--init-from FOLDER``), as generate's model, and as
+the source of what an export of the trained model carries beyond its weights (``carried_from``).
 
 The folder's ``config.json`` names the family (``architectures``, else ``model_type``, against each
 family's Hugging Face adapter, models/spec.py) and the shape (the family's ``config_from_hf``), so no
-``--model`` or shape flag is needed. Shape flags may be given if they agree; ``--seq-len`` may train on
-fewer positions than the folder's (GPT-2: the first rows of its learned position table), never more.
+``--model`` or shape flag is needed. Shape flags may be given if they agree; ``--seq-len`` sets the training
+window, at most the folder's context, which the model keeps whole (GPT-2's position table keeps every row,
+so an export after training has every tensor of the folder's shape).
 
 Everything is checked before any process group exists, from the headers alone (``check_weights``): each
 tensor our parameters are made of (``to_hf`` applied to meta tensors of our parameter shapes gives their
@@ -27,10 +29,16 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from models import FAMILIES, ModelSpec, named_config, parameter_shapes
+from models import FAMILIES, ModelSpec, named_config, parameter_shapes, with_window
 from runtime.checkpoint.hf_folder import CONFIG_FILE, HFFolder, read_config
 from runtime.checkpoint.safetensors import TensorFileError
 from runtime.config import ConfigError
+
+# What ``run.py export`` takes from the folder a run started from, beyond the weights: files copied as they
+# are, and config.json keys the model does not compute (an Instruct model's eos list [128001, 128009], say).
+# Without a source folder the family's defaults stand (its config_to_hf). Tokenizer files join CARRIED_FILES.
+CARRIED_FILES = ("generation_config.json",)
+CARRIED_CONFIG_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 # Config fields the shape flags set, and the flag (what the user typed) for messages.
 SHAPE_FLAGS = {"n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "n_kv_heads": "--kv-heads",
@@ -42,7 +50,7 @@ _SHOWN = 3  # unused tensor names listed in a note
 class HFModel:
     path: Path
     spec: ModelSpec
-    config: Any  # the model its config.json describes; seq_len: the family's default training length
+    config: Any  # the model its config.json describes; seq_len: the family's default training window
 
 
 def read_hf_model(path: str | Path) -> HFModel:
@@ -71,14 +79,15 @@ def family_of(config: dict, where: Path) -> ModelSpec:
 
 
 def position_limit(cfg: Any) -> int:
-    """Positions a model can take: GPT-2's learned table (seq_len rows), Llama's published context."""
-    return getattr(cfg, "max_position_embeddings", cfg.seq_len)
+    """Positions a model can take: its context (GPT-2's learned table's rows, Llama's published context)."""
+    return cfg.context
 
 
 def run_model_config(hf: HFModel, *, model_name: str | None, overrides: Mapping[str, int | None],
                      untie: bool) -> Any:
-    """The folder's model with the shape flags given: each must agree with the folder, except ``--seq-len``,
-    which may be up to the folder's position limit. ``overrides``: config field -> flag value (None: not given)."""
+    """The folder's model with the shape flags given: each must agree with the folder, except ``--seq-len``, the
+    training window, which may be up to the folder's context and leaves the model's shapes as they are.
+    ``overrides``: config field -> flag value (None: not given)."""
     cfg, where = hf.config, hf.path / CONFIG_FILE
     if model_name is not None:  # with the shape flags, as without a folder
         try:
@@ -108,7 +117,7 @@ def run_model_config(hf: HFModel, *, model_name: str | None, overrides: Mapping[
     if seq_len > position_limit(cfg):
         raise ConfigError(f"--seq-len {seq_len}: --init-from {hf.path} has {position_limit(cfg)} positions "
                           f"({where}); valid --seq-len values: 1 to {position_limit(cfg)}")
-    return hf.spec.with_overrides(cfg, seq_len=seq_len)
+    return with_window(cfg, seq_len)
 
 
 def run_name(path: str | Path) -> str:
@@ -167,7 +176,7 @@ def _find(folder: HFFolder, name: str) -> str | None:
     return base if "." in name and base in folder else None
 
 
-def initial_values(weights: HFWeights, run_cfg: Any) -> Callable[[str, tuple[int, ...]], torch.Tensor]:
+def initial_values(weights: HFWeights) -> Callable[[str, tuple[int, ...]], torch.Tensor]:
     """Each of our parameters' full value by name, read lazily from the folder (see the module docstring).
     The value keeps the folder's dtype; the shard it is cut into converts it (fp32 parameters)."""
     spec, cfg = weights.model.spec, weights.model.config
@@ -175,23 +184,43 @@ def initial_values(weights: HFWeights, run_cfg: Any) -> Callable[[str, tuple[int
     def value(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         hf_names, combine = spec.hf.from_hf(name, cfg)
         full = combine(*(weights.folder.read(weights.names[n]) for n in hf_names))
-        if tuple(full.shape) != tuple(shape):
-            full = _shorter_positions(full, shape, name=name, folder_cfg=cfg, run_cfg=run_cfg)
+        if tuple(full.shape) != tuple(shape):  # the run's model is the folder's: its window changes no shape
+            raise TensorFileError(f"{name}: the folder gives shape {list(full.shape)}, the model needs {list(shape)}")
         return full
 
     return value
 
 
-def _shorter_positions(full: torch.Tensor, shape: tuple[int, ...], *, name: str, folder_cfg: Any,
-                       run_cfg: Any) -> torch.Tensor:
-    """A parameter whose size follows the training length (GPT-2's position table) trained on fewer
-    positions than the folder holds: its first rows."""
-    if run_cfg.seq_len < folder_cfg.seq_len and full.shape[1:] == shape[1:] and full.shape[0] == folder_cfg.seq_len:
-        return full[: shape[0]]
-    raise TensorFileError(f"{name}: the folder gives shape {list(full.shape)}, the model needs {list(shape)}")
-
-
 def read_state_dict(weights: HFWeights, run_cfg: Any) -> dict[str, torch.Tensor]:
-    """Every parameter of ``run_cfg``'s model (both copies of a tied weight), fp32, for one process."""
-    value = initial_values(weights, run_cfg)
+    """Every parameter of ``run_cfg``'s model (the folder's, at any window; both copies of a tied weight), fp32,
+    for one process."""
+    value = initial_values(weights)
     return {name: value(name, shape).float() for name, shape in parameter_shapes(run_cfg).items()}
+
+
+@dataclass(frozen=True)
+class Carried:
+    """What an export carries from a run's source folder."""
+
+    config: dict[str, Any]  # the CARRIED_CONFIG_KEYS the folder's config.json sets (not to null)
+    files: dict[str, bytes]  # the CARRIED_FILES the folder has, by name
+    note: str | None = None  # why nothing could be carried, for the user
+
+    def describe(self) -> str:
+        return ", ".join([*self.config, *self.files])
+
+
+def carried_from(init_from: str | None) -> Carried:
+    """What an export of a run that started from ``--init-from`` (as its checkpoint recorded it) carries:
+    nothing for a run from scratch or from a single-file export; a note when the folder cannot be read now
+    (moved, or a relative path recorded from another working directory)."""
+    if init_from is None or Path(init_from).is_file():
+        return Carried({}, {})
+    folder = Path(init_from)
+    try:
+        config = read_config(folder)
+        files = {name: (folder / name).read_bytes() for name in CARRIED_FILES if (folder / name).is_file()}
+    except (TensorFileError, OSError) as e:
+        return Carried({}, {}, note=f"the run started from --init-from {init_from}, which cannot be read here ({e}); "
+                                    f"writing the family's token ids and no {', '.join(CARRIED_FILES)}")
+    return Carried({k: config[k] for k in CARRIED_CONFIG_KEYS if config.get(k) is not None}, files)

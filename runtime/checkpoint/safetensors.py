@@ -358,11 +358,15 @@ def save_sharded(tensors: Mapping[str, torch.Tensor], folder: str | os.PathLike,
 
 def write_json(path: Path, value: object) -> None:
     """Hugging Face's JSON layout (indent 2, sorted keys, final newline), atomically."""
-    text = json.dumps(value, indent=2, sort_keys=True) + "\n"
+    write_bytes(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """``data`` as the file ``path``, atomically (written beside it, then renamed over it)."""
     fd, tmp = _create_temporary(path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

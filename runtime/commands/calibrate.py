@@ -150,7 +150,7 @@ def processes_note(n: int) -> str:
     return f"{n} concurrent single-thread processes, gloo all-reduce between them"
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="run.py calibrate", description="Measure this machine (block FLOP/s per "
                                 "precision, fixed per-layer cost, gloo all-reduce latency and bandwidth, AdamW rate) "
                                 "and write a cluster file for `run.py plan` and --auto.")
@@ -163,7 +163,11 @@ def main(argv: list[str]) -> int:
                    "preset and only rerun the engine runs that fit its engine factors")
     p.add_argument("--refit", action="store_true", help="with --base: no new runs; refit the engine factors to the "
                    "engine runs recorded in that file (after a change of the time model)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
     if has_accelerator():
         print("error: calibrate measures CPU machines; for GPUs start from a preset in compiler/clusters/")
         return 2

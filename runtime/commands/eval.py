@@ -7,8 +7,10 @@
 Every window of the data set is evaluated once (the format's validation split when it names one:
 llm.c ``*_val_*`` shards, nanoGPT ``val.bin``; else every file), forward only, through the same stages
 and schedule as training, on any mesh; the result is one JSON line: loss, perplexity, bits per byte
-for byte-level text, tokens and windows. The flags are training's (mesh, micro-batching, precision,
-data format); ``--precision`` defaults to fp32 here. A checkpoint brings its own model shape.
+for byte-level text, tokens and windows. The flags are training's groups that evaluation reads (mesh,
+model, micro-batching, precision, data; runtime/commands/flag_groups.py), nothing of optimisation,
+checkpointing or metrics; ``--precision`` defaults to fp32 here. A checkpoint brings its own model shape;
+``--seq-len`` evaluates it on windows of another length, up to the model's context.
 """
 
 from __future__ import annotations
@@ -27,14 +29,14 @@ from compiler.parallelize.stages import StageMeshes, build_local_stages
 from compiler.precisions import PRECISIONS
 from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import plan_stages
-from models import config_from_dict, spec_of
+from models import config_from_dict, spec_of, with_window
 from runtime.checkpoint.files import CheckpointError, CheckpointInfo
 from runtime.checkpoint.state import load_model_only
 from runtime.checkpoint.weights import read_init_weights, resolve_checkpoint
-from runtime.commands.flags import build_parser as train_parser
+from runtime.commands import flag_groups as groups
 from runtime.commands.flags import config_from_args
 from runtime.config import ConfigError, TrainConfig, validate
-from runtime.device import configure_cpu_threads, select_device
+from runtime.device import configure_cpu_threads, configure_fp32_matmuls, select_device
 from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
 from runtime.distributed.process_group import LaunchEnv, collective_timeout, init_distributed, shutdown_distributed
 from runtime.engine.data import DataError, evaluation_corpus, replica_rows
@@ -45,13 +47,20 @@ from runtime.engine.step import StepContext
 InputError = (ConfigError, DataError, CheckpointError)
 
 
+# Training's flag groups that evaluation reads (forward only: no optimiser, checkpoint writing or metrics).
+EVAL_FLAG_GROUPS = (groups.add_mesh_flags, groups.add_data_parallel_flags, groups.add_model_flags,
+                    groups.add_pipeline_flags, groups.add_precision_flag, groups.add_run_flags, groups.add_init_flag,
+                    groups.add_data_flags)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = train_parser("run.py eval")
-    p.description = ("Evaluate a checkpoint or an export over every window of a validation set: one JSON line "
-                     "with loss, perplexity and tokens. Takes training's flags (mesh, batch, precision, data).")
+    p = groups.command_parser("run.py eval", "Evaluate a checkpoint or an export over every window of a validation "
+                              "set: one JSON line with loss, perplexity and tokens, on any mesh.")
     p.add_argument("--checkpoint", metavar="DIR",
                    help="a checkpoint folder (DIR/step-N) or a checkpoint directory (its latest complete checkpoint)")
-    p.set_defaults(precision="fp32", peak_tflops=1.0)
+    for add_flags in EVAL_FLAG_GROUPS:
+        add_flags(p)
+    p.set_defaults(precision="fp32")
     return p
 
 
@@ -70,11 +79,16 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> EvalInputs:
     args = build_parser().parse_args(argv)
     if (args.checkpoint is None) == (args.init_from is None):
         raise ConfigError("run.py eval needs exactly one of --checkpoint DIR and --init-from FILE")
-    cfg = config_from_args(args, world_size=env.world_size)
+    cfg = config_from_args(groups.with_training_defaults(args), world_size=env.world_size)
     checkpoint, weights = None, None
     if args.checkpoint:
         checkpoint = resolve_checkpoint(Path(args.checkpoint))
-        cfg = dataclasses.replace(cfg, model=config_from_dict(checkpoint.config["model"]))  # the checkpoint's shape
+        model = config_from_dict(checkpoint.config["model"])  # the checkpoint's shape, at --seq-len if given
+        try:
+            model = with_window(model, args.seq_len) if args.seq_len else model
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        cfg = dataclasses.replace(cfg, model=model)
         validate(cfg, world_size=env.world_size)
     else:
         weights = read_init_weights(Path(args.init_from), cfg.model)
@@ -95,7 +109,8 @@ def main(argv: list[str]) -> int:
         else:
             time.sleep(20)  # let rank 0 print before torchrun tears the job down (as training does)
         return 2
-    device = select_device(env.local_rank)
+    device = select_device(env.local_rank, inputs.cfg.device)
+    configure_fp32_matmuls(device, inputs.cfg.precision)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
     init_distributed(env, device, timeout_s=inputs.cfg.collective_timeout_s)

@@ -10,6 +10,11 @@ index) in the family's Hugging Face layout (models/<family>/hf.py: GPT-2's Conv1
 q/k/v, Llama's names; a tied head is not saved), which ``from_pretrained(folder)`` loads as it is and
 ``--init-from`` and ``run.py generate`` read. ``gpt2`` writes GPT-2 the older way, ``config.json`` and
 ``pytorch_model.bin``. It runs in one process (no torchrun) and reads only the model's tensors.
+
+A model trained from a Hugging Face folder (``--init-from FOLDER``, which the checkpoint records) comes back
+with what the engine does not model taken from that folder (runtime/checkpoint/hf_weights.py ``carried_from``):
+its ``bos_token_id`` / ``eos_token_id`` / ``pad_token_id`` (lists included) and its ``generation_config.json``;
+otherwise config.json holds the family's defaults. Its shapes are the folder's at any training ``--seq-len``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import torch
 from models import config_from_dict, spec_of
 from runtime.checkpoint.files import CheckpointError, verify_files
 from runtime.checkpoint.hf_folder import write_hf_folder
+from runtime.checkpoint.hf_weights import carried_from
+from runtime.checkpoint.safetensors import write_bytes
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
 
 
@@ -73,19 +80,20 @@ def main(argv: list[str]) -> int:
             raise CheckpointError(problems[0])
         weights = load_model_weights(info)
         out = Path(args.out)
+        carried = carried_from(info.config.get("checkpoint", {}).get("init_from"))
         if args.format == "hf":
             cfg = config_from_dict(info.config["model"])
             hf = spec_of(cfg).hf
             tensors = {name: t.to(DTYPES[args.dtype]) for name, t in hf.to_hf(weights, cfg).items()}
             dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
-            config = {**hf.config_to_hf(cfg), "torch_dtype": dtype, "dtype": dtype}  # transformers 4.x, 5.x
-            written = write_hf_folder(out, tensors, config, max_shard_bytes=max_shard_bytes)
+            config = {**hf.config_to_hf(cfg), **carried.config, "torch_dtype": dtype, "dtype": dtype}  # 4.x, 5.x
+            written = write_hf_folder(out, tensors, config, max_shard_bytes=max_shard_bytes, files=carried.files)
         elif args.format == "gpt2":
             cfg = config_from_dict(info.config["model"])
             if cfg.family != "gpt2":
                 raise CheckpointError(f"--format gpt2: {info.path} holds a {cfg.family} model; use --format hf")
             hf = spec_of(cfg).hf
-            _write_hf_folder(out, hf.to_hf(weights, cfg), hf.config_to_hf(cfg))
+            _write_hf_folder(out, hf.to_hf(weights, cfg), {**hf.config_to_hf(cfg), **carried.config}, carried.files)
         else:
             out.parent.mkdir(parents=True, exist_ok=True)
             _save_atomically(weights, out)
@@ -96,6 +104,10 @@ def main(argv: list[str]) -> int:
     files = f" in {', '.join(written.files)}" if args.format == "hf" else ""
     print(f"wrote {out} ({args.format}{files}): {len(weights)} tensors, {n:,} parameters, from {info.path} "
           f"(step {info.step})")
+    if args.format != "pt" and carried.describe():
+        print(f"carried {carried.describe()} from {info.config['checkpoint']['init_from']}")
+    if args.format != "pt" and carried.note:
+        print(f"note: {carried.note}", file=sys.stderr)
     return 0
 
 
@@ -105,9 +117,11 @@ def _save_atomically(obj, path: Path) -> None:
     os.replace(tmp, path)  # never leave a half-written export under the real name
 
 
-def _write_hf_folder(folder: Path, state: dict, config: dict) -> None:
+def _write_hf_folder(folder: Path, state: dict, config: dict, files: dict[str, bytes]) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     _save_atomically(state, folder / "pytorch_model.bin")
+    for name, data in files.items():
+        write_bytes(folder / name, data)
     tmp = folder / ".config.json.tmp"
     tmp.write_text(json.dumps(config, indent=2) + "\n")
     os.replace(tmp, folder / "config.json")

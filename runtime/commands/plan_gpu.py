@@ -66,7 +66,8 @@ def shape_from_args(args: argparse.Namespace) -> DecoderShape:
     width = args.mlp_width or (default_mlp_width(kind, d) if args.d_model else base.mlp_width)
     return dataclasses.replace(base, layers=args.layers or base.layers, d_model=d, heads=heads, kv_heads=kv,
                                head_dim=d // heads, mlp_width=width, seq_len=args.seq_len or base.seq_len,
-                               vocab_size=args.vocab_size or base.vocab_size)
+                               vocab_size=args.vocab_size or base.vocab_size,
+                               context=args.seq_len or base.context)  # a model built from scratch: as the engine's
 
 
 def constraints_from_args(args: argparse.Namespace, world: int) -> Constraints:

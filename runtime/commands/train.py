@@ -37,6 +37,7 @@ from runtime.config import ConfigError, TrainConfig
 from runtime.device import (
     compact_cpu_heap,
     configure_cpu_threads,
+    configure_fp32_matmuls,
     device_count,
     device_description,
     device_shortage,
@@ -101,6 +102,7 @@ def main(argv: list[str]) -> int:
 
     # 2. Device and process group.
     device = select_device(env.local_rank, cfg.device)
+    configure_fp32_matmuls(device, cfg.precision)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
         if not cfg.pipeline.compact_cpu_memory:
@@ -293,7 +295,7 @@ def _initial_values(cfg: TrainConfig, start: StartPoint) -> Callable[[str, tuple
     """Each parameter's full initial value by name: from ``--init-from``'s Hugging Face folder (read lazily,
     only the tensors of this rank's parameters) or export, or name-seeded."""
     if start.init_from and start.init_from.is_dir():
-        return hf_initial_values(check_weights(read_hf_model(start.init_from)), cfg.model)
+        return hf_initial_values(check_weights(read_hf_model(start.init_from)))
     if start.init_from:
         weights = read_init_weights(start.init_from, cfg.model)  # memory-mapped: read as shards need it
         return lambda name, shape: weights[name]

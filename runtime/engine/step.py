@@ -5,7 +5,7 @@ unscale fp16 gradients (world-wide found-inf vote), one world all-reduce of [gra
 requested, ranks still writing a background checkpoint] (the last two: runtime/engine/preemption.py,
 runtime/checkpoint/saving.py),
 clip to the global norm, optimizer step (skipped together on fp16 overflow, or on a non-finite loss or
-norm otherwise), scale update, LR step.
+norm otherwise), scale update, LR step (not after a skipped step).
 """
 
 from __future__ import annotations
@@ -127,7 +127,10 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
         skipped = not (math.isfinite(grad_norm) and math.isfinite(loss))
         if not skipped:
             ctx.optimizer.step()
-    ctx.lr_schedule.step()
+    # A skipped step changed no weight, so the schedule does not move either (Megatron-LM steps its
+    # scheduler only after a successful update): the run trains its --steps updates at the rates planned.
+    if not skipped:
+        ctx.lr_schedule.step()
     ctx.optimizer.zero_grad(set_to_none=True)
     return StepStats(loss=loss, grad_norm=grad_norm, loss_scale=scale, skipped=skipped, lr=lr, stop=stop_anywhere,
                      writing=writing_anywhere)

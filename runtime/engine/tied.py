@@ -77,10 +77,12 @@ def _grad_placed_like(param: nn.Parameter) -> torch.Tensor:
 
 
 def _as_param_placed(param: nn.Parameter) -> torch.Tensor:
-    """The parameter's gradient laid out like the parameter. DTensor's vocabulary-parallel embedding
-    backward returns the weight's gradient replicated over mp (every rank computes all V rows); the
-    head's is sharded like its weight. Exchanging shards needs both in the weight's layout (a local
-    slice of a replicated gradient: no communication)."""
+    """The parameter's gradient laid out like the parameter, as exchanging shards needs. Both copies'
+    gradients arrive that way under mp: the vocabulary-parallel embedding (compiler/parallelize/
+    vocab_parallel.py) computes the gradient of its own rows only, Shard(0) over mp like its weight (checked
+    on 2 gloo ranks: a [V/mp, D] local gradient), and the head's is sharded like its weight. The redistribute
+    guards a style whose backward returns another layout (DTensor's stock RowwiseParallel embedding returns
+    the whole table's gradient, replicated: slicing that locally needs no communication)."""
     grad = param.grad
     if isinstance(grad, DTensor) and grad.placements != param.placements:
         param.grad = grad.redistribute(param.device_mesh, param.placements)

@@ -27,7 +27,14 @@ from torch.nn.parallel import DistributedDataParallel
 
 from compiler.precisions import PRECISIONS
 from models import build_model, named_config
-from runtime.device import configure_cpu_threads, peak_memory_bytes, retain_cpu_heap, select_device, synchronize
+from runtime.device import (
+    configure_cpu_threads,
+    configure_fp32_matmuls,
+    peak_memory_bytes,
+    retain_cpu_heap,
+    select_device,
+    synchronize,
+)
 from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
 from runtime.engine.amp import autocast
 from runtime.engine.data import SyntheticBatches, inputs_and_targets, replica_rows
@@ -46,6 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     env = LaunchEnv.from_environ()
     device = select_device(env.local_rank)
+    configure_fp32_matmuls(device, args.precision)  # as the engine's fp32 (TF32 on CUDA)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
         retain_cpu_heap()  # the engine's process settings (threads, allocator): only the code paths differ

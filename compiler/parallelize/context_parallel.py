@@ -1,0 +1,164 @@
+"""Context parallelism: each of the ``cp`` ranks of a context-parallel group holds 1/cp of every sequence, and
+attention all-gathers keys and values over the group (as torchtitan's and Llama 3's long-context training do;
+Dubey et al. 2024 sec. 3.3.2): queries stay local, K and V are gathered (cheap under grouped-query attention:
+Hkv heads), and the backward reduce-scatters their gradients.
+
+**Load balance** (Llama 3; torch's head-tail balancer): a causal sequence is cut into 2·cp chunks of L = T/(2·cp)
+tokens and rank c keeps chunks c and 2·cp−1−c, so every rank's queries see the same number of keys in total.
+``local_chunks`` makes a rank's (B, T/cp, ...) slice of any per-token tensor; the model then runs on T/cp
+tokens with their global positions (RoPE, learned positions) and document ids.
+
+**Attention** of a rank's queries against the gathered, reordered keys: each contiguous run of queries of one
+document, at global positions [a, b) of a document that starts at s, attends to keys [s, a) without a mask (the
+"prefix") and to keys [a, b) causally (the "diagonal"). No mask of any (T, T) shape is built:
+- on CUDA one call does both: ``scaled_dot_product_attention`` with a lower-right causal bias over keys [s, b)
+  (the flash and memory-efficient kernels take it natively);
+- on the CPU, whose flash kernel aligns causality top-left, the two parts run as two flash calls whose outputs
+  are merged by their log-sum-exps (Milakov and Gimelshein 2018's online softmax, as ring attention does); the
+  backward runs the flash backward of each part with the merged output and log-sum-exp, which gives each part's
+  exact gradients (the softmax's normaliser and dO·O are the merged ones).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.nn.attention.bias import causal_lower_right
+
+from compiler.torch_compat import cpu_flash_attention, cpu_flash_attention_backward
+
+
+def chunk_order(cp: int) -> list[int]:
+    """The 2·cp chunks in the order the ranks hold them: rank 0's two, rank 1's two, ..."""
+    return [chunk for rank in range(cp) for chunk in (rank, 2 * cp - 1 - rank)]
+
+
+def local_chunks(x: torch.Tensor, *, rank: int, cp: int, dim: int = 1) -> torch.Tensor:
+    """(B, T, ...) -> this rank's (B, T/cp, ...): chunks ``rank`` and ``2·cp−1−rank`` of 2·cp along ``dim``."""
+    chunks = x.chunk(2 * cp, dim=dim)
+    return torch.cat([chunks[rank], chunks[2 * cp - 1 - rank]], dim=dim)
+
+
+def natural_order(gathered: torch.Tensor, *, cp: int, dim: int) -> torch.Tensor:
+    """The ranks' local slices concatenated in rank order (every rank's two chunks) -> the sequence's order."""
+    chunks = gathered.chunk(2 * cp, dim=dim)
+    held_at = {chunk: i for i, chunk in enumerate(chunk_order(cp))}
+    return torch.cat([chunks[held_at[c]] for c in range(2 * cp)], dim=dim)
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather ``x`` over ``group`` along ``dim`` (rank order); backward: reduce-scatter (sum) of the
+    gradient, since every rank's queries contribute to the gradient of every rank's keys."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup, dim: int) -> torch.Tensor:
+        ctx.group, ctx.dim = group, dim
+        front = x.movedim(dim, 0).contiguous()
+        out = front.new_empty((dist.get_world_size(group) * front.shape[0], *front.shape[1:]))
+        dist.all_gather_into_tensor(out, front, group=group)
+        return out.movedim(0, dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        front = grad.movedim(ctx.dim, 0).contiguous()
+        out = front.new_empty((front.shape[0] // dist.get_world_size(ctx.group), *front.shape[1:]))
+        dist.reduce_scatter_tensor(out, front, group=ctx.group)
+        return out.movedim(0, ctx.dim), None, None
+
+
+def gather_sequence(x: torch.Tensor, mesh: DeviceMesh, *, dim: int) -> torch.Tensor:
+    """Every rank's local slice of ``x`` along ``dim`` -> the whole sequence in its natural order."""
+    cp = mesh.size()
+    if x.requires_grad:
+        gathered = _GatherSequence.apply(x, mesh.get_group(), dim)
+    else:
+        front = x.movedim(dim, 0).contiguous()
+        out = front.new_empty((cp * front.shape[0], *front.shape[1:]))
+        dist.all_gather_into_tensor(out, front, group=mesh.get_group())
+        gathered = out.movedim(0, dim)
+    return natural_order(gathered, cp=cp, dim=dim)
+
+
+class _PrefixAndDiagonal(torch.autograd.Function):
+    """Queries (B, H, Lq, hd) against a prefix of keys without a mask and Lq diagonal keys causally, on the
+    CPU's flash kernel, merged by log-sum-exp (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, q, k_prefix, v_prefix, k_diag, v_diag):
+        out_p, lse_p = cpu_flash_attention(q, k_prefix, v_prefix, is_causal=False)
+        out_d, lse_d = cpu_flash_attention(q, k_diag, v_diag, is_causal=True)
+        lse = torch.logaddexp(lse_p, lse_d)  # (B, H, Lq) fp32
+        out = (torch.exp(lse_p - lse).unsqueeze(-1) * out_p + torch.exp(lse_d - lse).unsqueeze(-1) * out_d).to(q.dtype)
+        ctx.save_for_backward(q, k_prefix, v_prefix, k_diag, v_diag, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k_prefix, v_prefix, k_diag, v_diag, out, lse = ctx.saved_tensors
+        grad = grad.contiguous()
+        dq_p, dk_p, dv_p = cpu_flash_attention_backward(grad, q, k_prefix, v_prefix, out, lse, is_causal=False)
+        dq_d, dk_d, dv_d = cpu_flash_attention_backward(grad, q, k_diag, v_diag, out, lse, is_causal=True)
+        return dq_p + dq_d, dk_p, dv_p, dk_d, dv_d
+
+
+def causal_run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, prefix: int) -> torch.Tensor:
+    """Queries q (B, H, Lq, hd) at the last Lq of the keys' positions: k, v (B, Hkv, prefix + Lq, hd). Query i
+    attends to every prefix key and to diagonal keys j <= i (grouped heads shared, as enable_gqa)."""
+    if prefix == 0:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    if q.device.type == "cpu":
+        return _PrefixAndDiagonal.apply(q, k[:, :, :prefix], v[:, :, :prefix], k[:, :, prefix:], v[:, :, prefix:])
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) if group > 1 else t for t in (k, v))  # the kernels want equal heads
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
+
+
+class ContextParallelAttention(nn.Module):
+    """Replaces a model's attention core (models/common/attention_core.py ``CausalAttention``: q, k, v after RoPE,
+    (B, heads, T/cp, hd), and the tokens' document ids (B, T/cp) or None) in a context-parallel stage."""
+
+    def __init__(self, mesh: DeviceMesh):
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                documents: torch.Tensor | None = None) -> torch.Tensor:
+        cp, rank = self.mesh.size(), self.mesh.get_local_rank()
+        run = q.shape[2] // 2  # L: the two chunks' length
+        starts = [rank * run, (2 * cp - 1 - rank) * run]  # each local chunk's first global position
+        k_all, v_all = gather_sequence(k, self.mesh, dim=2), gather_sequence(v, self.mesh, dim=2)  # (B, Hkv, T, hd)
+        if documents is None:
+            return torch.cat([causal_run_attention(q[:, :, i * run:(i + 1) * run], k_all[:, :, :a + run],
+                                                   v_all[:, :, :a + run], prefix=a)
+                              for i, a in enumerate(starts)], dim=2)
+        docs_all = gather_sequence(documents, self.mesh, dim=1)  # (B, T)
+        rows = []
+        for b in range(q.shape[0]):
+            first = _document_starts(docs_all[b])  # (T,) each token's document's first position
+            pieces = []
+            for i, a in enumerate(starts):
+                for lo, hi in _runs(docs_all[b, a:a + run]):  # runs of one document within the chunk
+                    s, qa, qb = int(first[a + lo]), a + lo, a + hi
+                    local = slice(i * run + lo, i * run + hi)
+                    pieces.append(causal_run_attention(q[b:b + 1, :, local], k_all[b:b + 1, :, s:qb],
+                                                       v_all[b:b + 1, :, s:qb], prefix=qa - s))
+            rows.append(torch.cat(pieces, dim=2))
+        return torch.cat(rows, dim=0)
+
+
+def _runs(ids: torch.Tensor) -> list[tuple[int, int]]:
+    """[lo, hi) of each run of equal values in a 1-D tensor."""
+    change = torch.nonzero(ids[1:] != ids[:-1]).flatten().add(1).tolist()
+    edges = [0, *change, ids.numel()]
+    return list(zip(edges[:-1], edges[1:]))
+
+
+def _document_starts(documents: torch.Tensor) -> torch.Tensor:
+    """(T,) non-decreasing document ids -> each token's document's first position."""
+    positions = torch.arange(documents.numel(), device=documents.device)
+    is_start = torch.ones_like(documents, dtype=torch.bool)
+    is_start[1:] = documents[1:] != documents[:-1]
+    return torch.cummax(torch.where(is_start, positions, 0), dim=0).values

@@ -1,0 +1,94 @@
+"""Expert parallelism (Lepikhin et al. 2021, GShard; DeepSeek-V3 sec. 3.2): each of the ``ep`` ranks of an
+expert-parallel group holds E/ep of a mixture-of-experts layer's experts, and tokens travel to the rank
+holding their expert and back with two all-to-alls (dispatch and combine; their backward passes are two
+more).
+
+The model's MoE layer (models/common/moe.py) routes its tokens, sorts the N·k (token, expert) assignments
+by expert and calls its ``experts`` module with ``(x_sorted (M, D), counts (E,))``: rows of expert 0 first,
+then expert 1, and so on. ``ExpertParallel`` wraps that call; the experts' weights become DTensors sharded
+on their expert dimension over the group (rank r holds experts [r·L, (r+1)·L), L = E/ep), and:
+
+1. the counts are exchanged (all-to-all of E integers), so each rank knows how many rows every peer sends
+   each of its local experts: ``recv_counts`` (ep, L), source-major;
+2. rows are dispatched (uneven all-to-all: rank r's block for peer s is the rows of s's experts, already
+   contiguous since rows are sorted by expert); what arrives is source-major, expert-minor;
+3. rows are regrouped expert-major (a permutation), the local experts compute, the rows go back to
+   source-major (the inverse permutation) and are combined (the reverse all-to-all).
+
+Dropless: every assignment is computed; the row counts are uneven and data-dependent, hence the host copy
+of the splits (as torchtitan's dispatcher does). Autograd runs through the functional all-to-all (its
+backward is the reverse all-to-all). Every rank of the group must call the layer the same number of times
+in the same order: all ranks of an ep group run the same stage with the same schedule.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from compiler.torch_compat import all_to_all_single_autograd
+
+ExpertCompute = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (rows (R, D), counts (L,)) -> (R, D)
+
+
+def dispatch_to_experts(x_sorted: torch.Tensor, counts: torch.Tensor, *, group: dist.ProcessGroup,
+                        compute: ExpertCompute) -> torch.Tensor:
+    """The MoE layer's expert outputs for ``x_sorted`` (M, D) (rows sorted by global expert, ``counts`` (E,)
+    rows per expert), computed by the ranks of ``group`` that hold each expert: ``compute`` is this rank's
+    local experts on rows sorted by local expert. Returns (M, D) in ``x_sorted``'s order."""
+    ep = dist.get_world_size(group)
+    local_experts = counts.numel() // ep
+    send_counts = counts.reshape(ep, local_experts)  # rows for peer s's local expert l
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts.view(-1), send_counts.contiguous().view(-1), group=group)  # (ep, L)
+    in_splits = send_counts.sum(1).tolist()
+    out_splits = recv_counts.sum(1).tolist()
+    received = all_to_all_single_autograd(x_sorted, out_splits, in_splits, group)  # (R, D) source-major
+    order = expert_major_order(recv_counts)
+    y = compute(received[order], recv_counts.sum(0))  # (R, D), expert-major
+    y = y[torch.argsort(order)]  # back to source-major
+    return all_to_all_single_autograd(y, in_splits, out_splits, group)  # (M, D)
+
+
+def expert_major_order(counts: torch.Tensor) -> torch.Tensor:
+    """The permutation that takes rows laid out source-major, expert-minor (blocks of ``counts[s, l]`` rows for
+    s = 0.., l = 0..) to expert-major, source-minor order: ``rows[order]`` is grouped by expert."""
+    sizes = counts.flatten()  # block sizes, source-major
+    starts = torch.cumsum(sizes, 0) - sizes  # each block's first row, source-major
+    sizes_by_expert = counts.t().flatten()
+    starts_by_expert = starts.view(counts.shape).t().flatten()
+    total = int(sizes.sum())
+    # Row i of the expert-major layout: its block's first row plus its offset within the block.
+    block_offsets = torch.cumsum(sizes_by_expert, 0) - sizes_by_expert
+    within = torch.arange(total, device=counts.device) - torch.repeat_interleave(block_offsets, sizes_by_expert, output_size=total)
+    return torch.repeat_interleave(starts_by_expert, sizes_by_expert, output_size=total) + within
+
+
+def apply_expert_parallel(experts: nn.Module, ep_mesh: DeviceMesh, *, local_compute: Callable[..., torch.Tensor]) -> nn.Module:
+    """Shard ``experts``' parameters (each [E, ...]) on their expert dimension over ``ep_mesh`` and route its
+    calls through ``dispatch_to_experts``. ``local_compute(x, counts, *local_weights)`` computes with the local
+    experts' weights in the module's parameter order (the model's grouped product)."""
+    names = [name for name, _ in experts.named_parameters(recurse=False)]
+    for name in names:
+        param = getattr(experts, name)
+        # src_data_rank=None: no broadcast; each rank materialises (or loads) just its experts.
+        sharded = distribute_tensor(param.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
+        experts.register_parameter(name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+    group = ep_mesh.get_group()
+
+    def forward(x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        weights = [_local(getattr(experts, name)) for name in names]
+        return dispatch_to_experts(x_sorted, counts, group=group,
+                                   compute=lambda rows, local_counts: local_compute(rows, local_counts, *weights))
+
+    experts.forward = forward
+    return experts
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    return param.to_local() if isinstance(param, DTensor) else param
