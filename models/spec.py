@@ -132,7 +132,8 @@ class EagerModule(nn.Module):
     it by name."""
 
     def trace_forward(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        # The class's forward: while tracing, the instance's ``forward`` is this method (compiler/trace.py).
+        return type(self).forward(self, *args, **kwargs)
 
 
 def document_mask(positions: torch.Tensor) -> torch.Tensor:
