@@ -15,8 +15,11 @@ record:
   peak: on an H200, GPT-2 small (mbs 8, T 1024, bf16) peaked 4.7 GiB above the saved tensors alone.
 With ``mp > 1`` a block is profiled as one tensor-parallel shard (H/mp heads, mlp_width/mp hidden
 units) and the embedding and head as one vocabulary shard (ceil(V/mp) rows, the logits' V/mp columns;
-the loss runs on the sharded logits), so FLOPs, parameters and activations are per rank. All blocks
-have the same shape, so one block is profiled and its cost used for each of them.
+the loss runs on the sharded logits), so FLOPs, parameters and activations are per rank. Blocks of one
+kind have the same shape (a mixture's first dense blocks differ from its MoE blocks), so the first block of
+each kind is profiled and its cost used for every block of that kind. A mixture-of-experts block counts
+the FLOPs of the k experts each token visits (dropless: every assignment is computed) and all E experts'
+parameters.
 
 The measured-time alternative (forward + backward of each group timed on the real device) lives in
 runtime/observe/layer_timing.py: measuring needs a device, counting does not.
@@ -29,25 +32,35 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode
 
 from compiler.precisions import PRECISIONS
 from compiler.torch_compat import CPU_FLASH_ATTENTION, FakeTensorMode, tensor_base
-from models import spec_of
+from models import GROUPED_MM_FLOPS, spec_of
 from models.spec import COLWISE, FINAL_NORM, LM_HEAD, ROWWISE, TOKEN_EMBEDDING
 
 
 def _cpu_attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
+    """QK^T and the scores times V, each 2 b h s_q s_k d over the h *query* heads (grouped-query attention's
+    kernel shares the key/value heads, not these products): torch's formula, written here because torch 2.11's
+    asserts equal head counts."""
+    b, h, s_q, d = query_shape
+    s_k, d_v = key_shape[2], value_shape[3]
+    return 2 * b * h * s_q * s_k * (d + d_v)
 
 
 def _cpu_attention_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
-    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+    """Five products (torch's sdpa_backward_flop_count): the scores recomputed, the gradients of the scores, of
+    V, of Q and of K, over the query heads."""
+    b, h, s_q, d = query_shape
+    s_k, d_v = key_shape[2], value_shape[3]
+    return 2 * b * h * s_q * s_k * (3 * d + 2 * d_v)
 
 
 # FlopCounterMode knows the CUDA attention kernels; teach it the CPU flash-attention kernel that
-# F.scaled_dot_product_attention runs here, with torch's formulas (2 products forward, 5 backward).
-_CPU_ATTENTION_FLOPS = dict(zip(CPU_FLASH_ATTENTION, (_cpu_attention, _cpu_attention_backward)))
+# F.scaled_dot_product_attention runs here (2 products forward, 5 backward), and the grouped matrix product of a
+# mixture's experts (an opaque operator: models/common/grouped_mm.py gives its count, 2 M K N per call).
+_FLOPS = {**dict(zip(CPU_FLASH_ATTENTION, (_cpu_attention, _cpu_attention_backward))), **GROUPED_MM_FLOPS}
 
 
 @dataclass(frozen=True)
@@ -62,22 +75,28 @@ class LayerCost:
 
 
 def layer_costs(cfg, *, micro_batch_size: int, precision: str = "fp32", mp: int = 1) -> list[LayerCost]:
-    """Costs of [embedding, block 0, ..., block L-1, head], in model order, for any registered family."""
+    """Costs of [embedding, block 0, ..., block L-1, head], in model order, for any registered family. Blocks of
+    one kind (``ModelSpec.block_kinds``: dense, or a mixture of experts) have the same shape: the first block of
+    each kind is profiled and its cost used for every block of that kind."""
     spec = spec_of(cfg)
+    kinds = spec.block_kinds(cfg)
+    first_of_kind = {kind: kinds.index(kind) for kind in dict.fromkeys(kinds)}  # kind -> its first block
     with FakeTensorMode():
-        model = spec.build(replace(cfg, n_layers=1))
-        model.layers["0"] = tensor_parallel_shard(model.layers["0"], spec.block_tp_plan, mp)
+        model = spec.build(replace(cfg, n_layers=max(first_of_kind.values(), default=0) + 1))
+        for i in first_of_kind.values():
+            model.layers[str(i)] = tensor_parallel_shard(model.layers[str(i)], spec.block_tp_plan, mp)
         vocabulary_parallel_shard(model, mp)
-        forwards = layer_group_forwards(model, seq_len=cfg.seq_len, micro_batch_size=micro_batch_size,
-                                        device=torch.device("cpu"))
+        forwards = {i: layer_group_forwards(model, seq_len=cfg.seq_len, micro_batch_size=micro_batch_size,
+                                            device=torch.device("cpu"), block=str(i)) for i in first_of_kind.values()}
         groups = layer_group_modules(model)
-        embed = _profile("embedding", forwards["embedding"], groups["embedding"], precision)
-        blk = _profile("block", forwards["block"], [model.layers["0"]], precision)
-        head = _profile("head", forwards["head"], groups["head"], precision)
+        embed = _profile("embedding", forwards[0]["embedding"], groups["embedding"], precision)
+        blocks = {kind: _profile("block", forwards[i]["block"], [model.layers[str(i)]], precision)
+                  for kind, i in first_of_kind.items()}
+        head = _profile("head", forwards[0]["head"], groups["head"], precision)
     held, transient = head_loss_bytes(micro_batch_size * cfg.seq_len, vocab_rows=-(-cfg.vocab_size // mp),
                                       precision=precision)
     head = replace(head, activation_bytes=head.activation_bytes + held, transient_bytes=transient)
-    return [embed, *(replace(blk, name=f"layers.{i}") for i in range(cfg.n_layers)), head]
+    return [embed, *(replace(blocks[kind], name=f"layers.{i}") for i, kind in enumerate(kinds)), head]
 
 
 def head_loss_bytes(tokens: int, *, vocab_rows: int, precision: str) -> tuple[int, int]:
@@ -97,8 +116,10 @@ def layer_group_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
             "head": [m for n, m in model.named_children() if n in ends]}
 
 
-def layer_group_forwards(model: nn.Module, *, seq_len: int, micro_batch_size: int, device: torch.device) -> dict:
-    """Forward of each layer group as its pipeline stage runs it, returning what backward starts from.
+def layer_group_forwards(model: nn.Module, *, seq_len: int, micro_batch_size: int, device: torch.device,
+                         block: str = "0") -> dict:
+    """Forward of each layer group as its pipeline stage runs it (of the blocks, ``layers[block]``), returning
+    what backward starts from.
     The head's includes the loss (the last stage computes it): at a large vocabulary the softmax over
     [micro-batch x seq, vocab] logits is a large share of the head's time but no matmul FLOPs."""
     table = getattr(model, TOKEN_EMBEDDING)
@@ -106,7 +127,7 @@ def layer_group_forwards(model: nn.Module, *, seq_len: int, micro_batch_size: in
     hidden = torch.randn(micro_batch_size, seq_len, table.embedding_dim, device=device, requires_grad=True)  # [b, t, d]
     return {
         "embedding": lambda: model.embed(tokens),
-        "block": lambda: model.layers["0"](hidden),
+        "block": lambda: model.layers[block](hidden),
         "head": lambda: F.cross_entropy(model.logits(hidden).float().flatten(0, 1), tokens.flatten()),
     }
 
@@ -146,7 +167,7 @@ def _profile(name: str, forward, modules: list[nn.Module], precision: str) -> La
         saved[storage._cdata] = (storage.nbytes(), _is_weight(t, param_ids))
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False, custom_mapping=_CPU_ATTENTION_FLOPS) as counter:
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False, custom_mapping=_FLOPS) as counter:
         with PRECISIONS[precision].autocast("cpu"):
             out = forward()
         out.float().sum().backward()

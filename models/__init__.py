@@ -12,12 +12,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from models import gpt2, llama3
+from models import gpt2, llama3, mixtral, qwen3, qwen3_moe
+from models.common.grouped_mm import GROUPED_MM_FLOPS, GROUPED_MM_OPS, grouped_mm_by_expert, weight_grad_by_expert
+from models.common.load_balance import update_expert_bias
+from models.common.moe import MoE, experts_swiglu, inactive_expert_parameters
 from models.generation import generate
 from models.kv_cache import KVCache
 from models.spec import ModelSpec
 
-FAMILIES: dict[str, ModelSpec] = {spec.family: spec for spec in (gpt2.SPEC, llama3.SPEC)}
+FAMILIES: dict[str, ModelSpec] = {spec.family: spec for spec in (gpt2.SPEC, llama3.SPEC, qwen3.SPEC, qwen3_moe.SPEC,
+                                                                  mixtral.SPEC)}
 
 # Every named size of every family: the ``--model`` choices.
 MODEL_NAMES: dict[str, tuple[ModelSpec, Any]] = {
@@ -78,9 +82,19 @@ def init_weights(model: nn.Module, *, seed: int, cfg: Any) -> None:
 
 
 def parameter_count(cfg: Any) -> int:
-    """Parameters of the model, a tied weight counted once (GPT-2 small: 124,439,808)."""
+    """Parameters of the model, a tied weight counted once (GPT-2 small: 124,439,808); a router's selection bias
+    (not trained) is not counted."""
     with torch.device("meta"):
-        return sum(p.numel() for p in spec_of(cfg).build(cfg).parameters())
+        return sum(p.numel() for p in spec_of(cfg).build(cfg).parameters() if p.requires_grad)
+
+
+def activated_parameter_count(cfg: Any) -> int:
+    """Parameters one token uses: all of a dense model's; a mixture's less the routed experts it does not visit
+    ((E - k) / E of each MoE block's experts). Embeddings and head included, as model cards count (Qwen3-30B-A3B:
+    3.3B of 30.5B)."""
+    with torch.device("meta"):
+        model = spec_of(cfg).build(cfg)
+        return sum(p.numel() for p in model.parameters() if p.requires_grad) - inactive_expert_parameters(model)
 
 
 def parameter_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
@@ -94,6 +108,7 @@ def flops_per_token(cfg: Any) -> float:
     return spec_of(cfg).flops_per_token(cfg)
 
 
-__all__ = ["FAMILIES", "KVCache", "MODEL_NAMES", "ModelSpec", "build_model", "config_from_dict", "config_to_dict",
-           "flops_per_token", "generate", "init_weights", "named_config", "parameter_count", "parameter_shapes",
-           "spec_of", "with_window"]
+__all__ = ["FAMILIES", "GROUPED_MM_FLOPS", "GROUPED_MM_OPS", "KVCache", "MODEL_NAMES", "MoE", "ModelSpec",
+           "activated_parameter_count", "build_model", "config_from_dict", "config_to_dict", "experts_swiglu",
+           "flops_per_token", "generate", "grouped_mm_by_expert", "init_weights", "named_config", "parameter_count",
+           "parameter_shapes", "spec_of", "update_expert_bias", "weight_grad_by_expert", "with_window"]

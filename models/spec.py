@@ -16,7 +16,8 @@ facts and functions, read by everyone:
   split over the vocabulary; with ``--sequence-parallel`` the block plan adds the norms' styles;
 - its tied weights ({copy: source}, applied when the config ties embeddings);
 - ``check(cfg, mp)``: why a shape cannot run (one line naming the flag), e.g. ``--mp`` not dividing heads;
-- FLOPs per token (MFU's numerator) and, through ``build``, the per-layer costs the partitioner counts;
+- FLOPs per token (MFU's numerator: a mixture's activated parameters) and, through ``build``, the per-layer
+  costs the partitioner counts; each block's kind (dense or mixture of experts: ``block_kinds``);
   its ``Architecture`` (MLP kind, norm, positions, biases) for the planner's closed-form pricing at scale;
 - its Hugging Face adapter (names, transposes or permutations, ``config.json`` both ways).
 
@@ -47,6 +48,10 @@ SEQUENCE_NORM = "sequence_norm"  # a norm on a (B, T/mp, D) sequence shard
 GATHER_SEQUENCE = "gather_sequence"  # module input: all-gather the sequence shards
 ROWWISE_SCATTER = "rowwise_scatter"  # row-parallel linear whose output is reduce-scattered over the sequence
 VOCAB_HEAD_FROM_SEQUENCE = "vocab_head_from_sequence"  # VOCAB_HEAD whose input arrives as sequence shards
+
+# Block kinds (``ModelSpec.block_kinds``): a block's feed-forward part is a dense MLP (``mlp``) or a mixture of
+# experts (``moe``, models/common/moe.py). Costs differ by kind (compiler/cost.py profiles one block of each).
+DENSE, MOE = "dense", "moe"
 
 # The naming contract's fixed names (see the module docstring).
 TOKEN_EMBEDDING = "tok_emb"
@@ -108,6 +113,7 @@ class ModelSpec:
     model_tp_plan: Mapping[str, str] = field(default_factory=lambda: dict(VOCAB_TP_PLAN))
     tied_weights: Mapping[str, str] = field(default_factory=lambda: dict(TIED_EMBEDDINGS))
     config_from_dict: Callable[[dict], Any] | None = None  # default: config_type(**d)
+    block_kinds: Callable[[Any], tuple[str, ...]] = lambda cfg: (DENSE,) * cfg.n_layers  # each block's kind
 
     def block_plan(self, *, sequence_parallel: bool) -> dict[str, str]:
         return {**self.block_tp_plan, **(self.sequence_parallel_plan if sequence_parallel else {})}
@@ -126,7 +132,8 @@ class EagerModule(nn.Module):
     it by name."""
 
     def trace_forward(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        # The class's forward: while tracing, the instance's ``forward`` is this method (compiler/trace.py).
+        return type(self).forward(self, *args, **kwargs)
 
 
 def document_mask(positions: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ from compiler.planner.candidates import Candidate, meshes
 from compiler.schedules import SCHEDULES
 from compiler.torch_compat import stages_receive_integer_tensors
 from models import spec_of
+from models.spec import MOE
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 from runtime.distributed.timeouts import DEFAULT_CHECKPOINT_TIMEOUT_S, DEFAULT_STARTUP_TIMEOUT_S, Timeouts
 
@@ -177,6 +178,7 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_model(cfg.model, cfg.mesh)
     _check_window(cfg.model)
     _check_sequence_parallel(cfg.sequence_parallel, cfg.model.seq_len, cfg.mesh.mp)
+    _check_experts_with_sequence_parallel(cfg.sequence_parallel, cfg.model)
     _check_data_parallel(cfg.data_parallel, cfg.mesh)
     _check_pipeline(cfg.pipeline, cfg.model, cfg.mesh)
     _check_compile(cfg.compile_blocks, cfg.pipeline.schedule)
@@ -241,6 +243,14 @@ def _check_sequence_parallel(enabled: bool, seq_len: int, mp: int) -> None:
     if seq_len % mp:
         raise ConfigError(f"--sequence-parallel needs --mp {mp} to divide --seq-len {seq_len}; "
                           f"valid --seq-len values: multiples of {mp}")
+
+
+def _check_experts_with_sequence_parallel(enabled: bool, model: Any) -> None:
+    """Under SP a mixture-of-experts block would route each rank's T/mp tokens with replicated router and expert
+    weights whose gradients no style reduces over mp yet (models/common/tp_plan.py): refused, not run wrong."""
+    if enabled and MOE in spec_of(model).block_kinds(model):
+        raise ConfigError(f"--sequence-parallel: {model.family} has mixture-of-experts blocks, which do not run "
+                          f"sequence-parallel yet; drop --sequence-parallel (--mp without it works)")
 
 
 def _check_data_parallel(dp: DataParallelConfig, mesh: MeshShape) -> None:

@@ -1,5 +1,7 @@
 """Per-layer costs: counted FLOPs match the analytic count, TP shards divide the work, autocast halves activations."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -67,3 +69,21 @@ def test_measured_time_mode_times_the_head_with_its_loss(monkeypatch):
     cfg = named_config("tiny")
     measure_layer_times(cfg, micro_batch_size=2, precision="fp32", device=torch.device("cpu"))
     assert shapes == {0: (2, cfg.seq_len, cfg.d_model), 1: (2, cfg.seq_len, cfg.d_model), 2: ()}
+
+
+def test_a_mixture_counts_its_activated_experts_and_each_block_kind_on_its_own():
+    # Qwen3-MoE with block 1 dense (mlp_only_layers): two block kinds, each profiled on its own.
+    moe_cfg = dataclasses.replace(named_config("qwen3-moe-debug", n_layers=3, seq_len=32), mlp_only_layers=(1,))
+    B, T, d, c = 2, moe_cfg.seq_len, moe_cfg.d_model, moe_cfg
+    costs = layer_costs(moe_cfg, micro_batch_size=B)
+    q, kv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    attention = 2 * B * T * (2 * d * q + 2 * d * kv) * 3 + 3.5 * 4 * B * T * T * q  # projections, QK^T and AV
+    routed = 2 * B * T * (d * c.n_experts + c.top_k * 3 * d * c.expert_width)  # router; k experts per token
+    dense = 2 * B * T * 3 * d * c.mlp_width
+    assert costs[1].flops == costs[3].flops == pytest.approx(attention + 3 * routed, rel=1e-6)
+    assert costs[2].flops == pytest.approx(attention + 3 * dense, rel=1e-6)
+    moe_block = spec_of(moe_cfg).build(moe_cfg).layers["0"]
+    assert costs[1].params == sum(p.numel() for p in moe_block.parameters())  # all E experts held
+    # Tensor parallelism splits the attention, not the experts (they are replicated or expert-sharded).
+    half = layer_costs(moe_cfg, micro_batch_size=B, mp=2)[1]
+    assert half.flops == pytest.approx(attention / 2 + 3 * routed, rel=1e-6)

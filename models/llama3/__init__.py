@@ -1,7 +1,8 @@
 """The Llama 3 family (Dubey et al. 2024): RMSNorm, grouped-query attention, RoPE with Llama 3's frequency
 scaling, SwiGLU MLP, no biases; embeddings tied in the 1B and 3B sizes."""
 
-from models.llama3 import config, hf, model, tp_plan
+from models.common import tp_plan
+from models.llama3 import config, hf, model
 from models.spec import Architecture, HFAdapter, ModelSpec
 
 SPEC = ModelSpec(
@@ -16,8 +17,8 @@ SPEC = ModelSpec(
     with_overrides=config.with_overrides,
     check=config.check,
     flops_per_token=config.flops_per_token,
-    block_tp_plan=tp_plan.BLOCK_TP_PLAN,
-    sequence_parallel_plan=tp_plan.SEQUENCE_PARALLEL_PLAN,
+    block_tp_plan=tp_plan.DENSE_BLOCK_TP_PLAN,
+    sequence_parallel_plan=tp_plan.DENSE_SEQUENCE_PARALLEL_PLAN,
     architecture=Architecture(mlp="swiglu", norm="rmsnorm", positions="rope", biases=False, fused_qkv=False),
     hf=HFAdapter(architectures=("LlamaForCausalLM",), model_types=("llama",), config_to_hf=hf.config_to_hf,
                  config_from_hf=hf.config_from_hf, to_hf=hf.to_hf, from_hf=hf.from_hf),

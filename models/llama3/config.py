@@ -14,7 +14,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from models.spec import divisors
+from models.common import shapes
+from models.common.shapes import attention_params, check_attention, check_width
 
 # Meta's defaults (llama/model.py ModelArgs): the width rule rounds to multiples of 256 unless told otherwise.
 DEFAULT_MULTIPLE_OF = 256
@@ -119,42 +120,23 @@ def with_overrides(base: LlamaConfig, *, n_layers: int | None = None, d_model: i
 
 
 def check(cfg: LlamaConfig, mp: int) -> str | None:
-    """Why ``cfg`` cannot run with ``mp``-way tensor parallelism (one line naming the flag), or None.
-
-    Tensor parallelism shards q by query heads and k/v by key/value heads (tp_plan.py), so ``--mp`` must
-    divide both head counts; then every shard holds whole GQA groups (n_heads/mp query heads for the
-    n_kv_heads/mp key/value heads it holds)."""
-    if cfg.n_heads <= 0 or cfg.n_kv_heads <= 0:
-        return f"--heads {cfg.n_heads} and --kv-heads {cfg.n_kv_heads} must be positive"
-    if cfg.d_model % cfg.n_heads and cfg.head_dim == cfg.d_model // cfg.n_heads:  # head_dim derived, not given
-        return f"--heads {cfg.n_heads} must divide --d-model {cfg.d_model}; valid --heads values: {divisors(cfg.d_model)}"
-    if cfg.n_heads % cfg.n_kv_heads:
-        return (f"--kv-heads {cfg.n_kv_heads} must divide the head count (--heads {cfg.n_heads}); "
-                f"valid --kv-heads values: {divisors(cfg.n_heads)}")
-    if cfg.head_dim % 2:
-        return f"the head dimension (--d-model / --heads = {cfg.head_dim}) must be even for rotary embeddings"
-    if cfg.n_kv_heads % mp:
-        return (f"--mp {mp} must divide the key/value head count (--kv-heads {cfg.n_kv_heads}); "
-                f"valid --mp values: {divisors(cfg.n_kv_heads)}")
-    if cfg.n_heads % mp:
-        return f"--mp {mp} must divide the head count (--heads {cfg.n_heads}); valid --mp values: {divisors(cfg.n_heads)}"
-    if cfg.mlp_width % mp:
-        return (f"--mp {mp} must divide the MLP width (--mlp-width {cfg.mlp_width}); "
-                f"valid --mp values: {divisors(cfg.mlp_width)}")
-    return None  # d_model itself is never split (q, k, v, gate and up split their outputs; o and down their inputs)
+    """Why ``cfg`` cannot run with ``mp``-way tensor parallelism (one line naming the flag), or None: the attention's
+    head counts and the MLP width must divide by mp (models/common/shapes.py). d_model itself is never split (q, k,
+    v, gate and up split their outputs; o and down their inputs)."""
+    derived = cfg.head_dim == cfg.d_model // cfg.n_heads if cfg.n_heads > 0 else True
+    return (check_attention(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+                            mp=mp, head_dim_derived=derived) or check_width(cfg.mlp_width, mp))
 
 
 def matmul_params(cfg: LlamaConfig) -> int:
     """Parameters that take part in matrix products: the blocks (with their norms), the final norm and the
     head (a tied head too: it is a matrix product whatever it shares). Not the embedding lookup."""
-    d, f, q, kv = cfg.d_model, cfg.mlp_width, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    block = d * q + 2 * d * kv + q * d + 3 * d * f + 2 * d  # q, k, v, o; gate, up, down; two RMSNorms
-    return cfg.n_layers * block + d + d * cfg.vocab_size
+    attention = attention_params(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                                 head_dim=cfg.head_dim)
+    return cfg.n_layers * (attention + 3 * cfg.d_model * cfg.mlp_width) + cfg.d_model + cfg.d_model * cfg.vocab_size
 
 
 def flops_per_token(cfg: LlamaConfig) -> float:
-    """Training FLOPs per token, 6N + 12 L T (n_heads * head_dim) (PaLM, Chowdhery et al. 2022, appendix B):
-    N counts the matrix-product parameters; the second term is attention's QK^T and AV over all query
-    heads, forward and backward (GQA shares keys and values, not these products). Recomputation is not
-    counted: MFU measures useful work."""
-    return 6.0 * matmul_params(cfg) + 12.0 * cfg.n_layers * cfg.seq_len * cfg.n_heads * cfg.head_dim
+    """6N + attention (models/common/shapes.py), N the matrix-product parameters."""
+    return shapes.flops_per_token(matmul_params=matmul_params(cfg), n_layers=cfg.n_layers, seq_len=cfg.seq_len,
+                                  n_heads=cfg.n_heads, head_dim=cfg.head_dim)

@@ -22,47 +22,27 @@ from typing import Callable
 
 import torch
 
+from models.common import hf_layout
+from models.common.hf_config import rope_from_hf
+from models.spec import DENSE
 from models.llama3.config import DEFAULT_MULTIPLE_OF, MODEL_SIZES, LlamaConfig
 
-_BLOCK = {  # ours (in layers.i) -> Hugging Face (in model.layers.i); every one a .weight
-    "attn_norm": "input_layernorm", "attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj",
-    "attn.v": "self_attn.v_proj", "attn.o": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm",
-    "mlp.gate": "mlp.gate_proj", "mlp.up": "mlp.up_proj", "mlp.down": "mlp.down_proj",
-}
-_TOP = {"tok_emb.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
-_HEAD, _HF_HEAD = "head.weight", "lm_head.weight"
-
 DEFAULT_TRAINING_SEQ_LEN = 8192  # Llama 3's pre-training context, before its long-context stage
-_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-def _names(cfg: LlamaConfig) -> dict[str, str]:
-    """Our parameter name -> Hugging Face tensor name, the head included (the embedding's when tied)."""
-    names = dict(_TOP)
-    for i in range(cfg.n_layers):
-        names.update({f"layers.{i}.{ours}.weight": f"model.layers.{i}.{hf}.weight" for ours, hf in _BLOCK.items()})
-    names[_HEAD] = _TOP["tok_emb.weight"] if cfg.tie_embeddings else _HF_HEAD
-    return names
+def _names(cfg: LlamaConfig) -> dict[str, tuple[str, ...]]:
+    """Our parameter name -> its Hugging Face tensor, the head included (the embedding's when tied)."""
+    return hf_layout.hf_names(kinds=(DENSE,) * cfg.n_layers, tie_embeddings=cfg.tie_embeddings)
 
 
 def to_hf(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
     """Our state dict (a tied head may be listed or not) -> a ``LlamaForCausalLM`` state dict."""
-    out = {hf: state[ours] for ours, hf in _names(cfg).items() if ours != _HEAD}
-    if not cfg.tie_embeddings:
-        out[_HF_HEAD] = state[_HEAD]
-    return {k: v.contiguous() for k, v in out.items()}
+    return hf_layout.to_hf(state, _names(cfg))
 
 
 def from_hf(name: str, cfg: LlamaConfig) -> tuple[tuple[str, ...], Callable[[torch.Tensor], torch.Tensor]]:
     """The ``LlamaForCausalLM`` tensor our parameter ``name`` is (the inverse of ``to_hf``)."""
-    hf = _names(cfg).get(name)
-    if hf is None:
-        raise KeyError(f"{name} is not a parameter of the Llama 3 model")
-    return (hf,), _same
-
-
-def _same(t: torch.Tensor) -> torch.Tensor:
-    return t
+    return hf_layout.from_hf(name, _names(cfg), family="Llama 3")
 
 
 def config_to_hf(cfg: LlamaConfig) -> dict:
@@ -96,7 +76,7 @@ def config_from_hf(config: dict) -> LlamaConfig:
     for key in ("attention_bias", "mlp_bias"):
         if config.get(key):
             raise ValueError(f"{key} true: this Llama has no biases")
-    theta, rope = _rope_from_hf(config)
+    theta, rope = rope_from_hf(config, rope_types=("default", "llama3"))
     try:
         d, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
         width = int(config["intermediate_size"])
@@ -111,32 +91,6 @@ def config_from_hf(config: dict) -> LlamaConfig:
             ffn_dim_multiplier=multiplier, multiple_of=multiple_of, **rope)
     except KeyError as e:
         raise ValueError(f"missing key {e.args[0]!r}") from None
-
-
-def _rope_from_hf(config: dict) -> tuple[float, dict]:
-    """(rope_theta, our rope_* fields) from 5.x ``rope_parameters`` or 4.x ``rope_theta`` + ``rope_scaling``."""
-    if isinstance(config.get("rope_parameters"), dict):
-        key, params = "rope_parameters", config["rope_parameters"]
-        if "rope_theta" not in params and params and all(isinstance(v, dict) for v in params.values()):
-            raise ValueError(f"rope_parameters per layer type ({', '.join(params)}): this Llama has one RoPE")
-        theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    else:
-        key, params = "rope_scaling", config.get("rope_scaling") or {}
-        theta = config.get("rope_theta", 10000.0)  # LlamaConfig's default
-    for where in (config, params):
-        if float(where.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise ValueError(f"partial_rotary_factor {where['partial_rotary_factor']}: this Llama rotates whole heads")
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
-        return float(theta), {}
-    if rope_type != "llama3":
-        raise ValueError(f"{key} rope_type {rope_type!r}: this Llama computes plain RoPE (\"default\") or \"llama3\"")
-    missing = [k for k in _LLAMA3_KEYS if k not in params]
-    if missing:
-        raise ValueError(f"{key}: rope_type \"llama3\" needs {', '.join(missing)}")
-    return float(theta), dict(rope_factor=float(params["factor"]), rope_low_freq_factor=float(params["low_freq_factor"]),
-                              rope_high_freq_factor=float(params["high_freq_factor"]),
-                              rope_original_context=int(params["original_max_position_embeddings"]))
 
 
 def _width_rule(d_model: int, width: int) -> tuple[float | None, int]:

@@ -85,8 +85,8 @@ def main(argv: list[str]) -> int:
             cfg = config_from_dict(info.config["model"])
             hf = spec_of(cfg).hf
             tensors = {name: t.to(DTYPES[args.dtype]) for name, t in hf.to_hf(weights, cfg).items()}
-            config = {**hf.config_to_hf(cfg), **carried.config,
-                      "torch_dtype": str(DTYPES[args.dtype]).removeprefix("torch.")}
+            dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
+            config = {**hf.config_to_hf(cfg), **carried.config, "torch_dtype": dtype, "dtype": dtype}  # 4.x, 5.x
             written = write_hf_folder(out, tensors, config, max_shard_bytes=max_shard_bytes, files=carried.files)
         elif args.format == "gpt2":
             cfg = config_from_dict(info.config["model"])

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (RoFormer, Su et al. 2021) with Llama 3's frequency scaling.
+"""Rotary position embeddings (RoFormer, Su et al. 2021), plain or with Llama 3's frequency scaling.
 
 Convention: Hugging Face's "rotate half". Feature i of a head is paired with feature i + head_dim/2 and the
 pair rotated by angle position * inv_freq[i]; Hugging Face's Llama checkpoints are stored for this

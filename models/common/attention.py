@@ -1,0 +1,60 @@
+"""Grouped-query attention (Ainslie et al. 2023) with rotary positions, as Llama 3, Qwen3 and Mixtral compute it.
+
+q, k, v and o are separate projections without biases (a column-parallel shard of k and v then holds whole
+key/value heads, whatever the group size). Qwen3 (``qk_norm_eps``) adds an RMSNorm over each head's features of
+q and of k before RoPE (its q_norm / k_norm). Heads are ``-1`` in every reshape and the key/value heads are
+shared by ``scaled_dot_product_attention(enable_gqa=True)`` (key/value head h serves query heads h*g .. h*g+g-1,
+Hugging Face's repeat_kv order) instead of being copied out H wide: a tensor-parallel shard holding H/mp query
+heads and Hkv/mp key/value heads keeps the group size and traces the same graph.
+
+Positions: none (the traced case), 0..T-1 and causal attention; per-token ``positions`` (B, T) of packed
+documents, rotated by them and masked block-causally (models/spec.py document_mask); with a ``LayerCache``
+the new tokens at ``positions`` after the cached ones, attending to every cached key (models/kv_cache.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.common.norm import RMSNorm
+from models.common.rope import Rope, apply_rotary, rotary_cos_sin
+from models.kv_cache import LayerCache
+from models.spec import document_mask
+
+
+class Attention(nn.Module):
+    def __init__(self, *, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, rope: Rope,
+                 qk_norm_eps: float | None = None):
+        super().__init__()
+        self.head_dim = head_dim
+        self.rope = rope
+        self.q = nn.Linear(d_model, n_heads * head_dim, bias=False)
+        self.k = nn.Linear(d_model, n_kv_heads * head_dim, bias=False)
+        self.v = nn.Linear(d_model, n_kv_heads * head_dim, bias=False)
+        self.o = nn.Linear(n_heads * head_dim, d_model, bias=False)
+        self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: LayerCache | None = None) -> torch.Tensor:
+        B, T, _ = x.shape  # x: (B, T, D)
+        q = self.q(x).view(B, T, -1, self.head_dim)  # (B, T, H, hd)
+        k = self.k(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, hd)
+        v = self.v(x).view(B, T, -1, self.head_dim)  # (B, T, Hkv, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)  # per head, over hd
+        cos, sin = rotary_cos_sin(q, positions, self.rope)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hd)
+        mask, causal = None, False
+        if cache is not None:
+            mask = cache.mask(T, q.device)  # (T, cached + T), or None for one new token
+            k, v = cache.update(k, v)  # (B, Hkv, cached + T, hd): cached after RoPE, before any sharing
+        elif positions is not None:
+            mask = document_mask(positions)  # (B, 1, T, T)
+        else:
+            causal = True
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+        return self.o(y.transpose(1, 2).reshape(B, T, -1))  # (B, H, T, hd) -> (B, T, H*hd) -> (B, T, D)
