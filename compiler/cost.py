@@ -137,10 +137,11 @@ def tensor_parallel_shard(block: nn.Module, plan: dict[str, str], mp: int) -> nn
     a column-parallel linear keeps 1/mp of its output features, a row-parallel one 1/mp of its inputs."""
     if mp == 1:
         return block
+    held = dict(block.named_modules())
     for name, style in plan.items():
-        if style not in (COLWISE, ROWWISE):
+        if style not in (COLWISE, ROWWISE) or name not in held:  # a plan may name another kind of block's modules
             continue
-        linear = block.get_submodule(name)
+        linear = held[name]
         features = ((linear.in_features, linear.out_features // mp) if style == COLWISE
                     else (linear.in_features // mp, linear.out_features))
         block.set_submodule(name, nn.Linear(*features, bias=linear.bias is not None))

@@ -18,7 +18,7 @@ from models.common.load_balance import update_expert_bias
 from models.common.moe import MoE, experts_swiglu, inactive_expert_parameters
 from models.generation import generate
 from models.kv_cache import KVCache
-from models.spec import ModelSpec
+from models.spec import MOE, ModelSpec
 
 FAMILIES: dict[str, ModelSpec] = {spec.family: spec for spec in (gpt2.SPEC, llama3.SPEC, qwen3.SPEC, qwen3_moe.SPEC,
                                                                   mixtral.SPEC)}
@@ -104,11 +104,16 @@ def parameter_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
         return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
+def moe_layer_names(cfg: Any) -> list[str]:
+    """The model's mixture-of-experts modules ("layers.3.moe"), in order; none in a dense model."""
+    return [f"layers.{i}.moe" for i, kind in enumerate(spec_of(cfg).block_kinds(cfg)) if kind == MOE]
+
+
 def flops_per_token(cfg: Any) -> float:
     return spec_of(cfg).flops_per_token(cfg)
 
 
 __all__ = ["FAMILIES", "GROUPED_MM_FLOPS", "GROUPED_MM_OPS", "KVCache", "MODEL_NAMES", "MoE", "ModelSpec",
            "activated_parameter_count", "build_model", "config_from_dict", "config_to_dict", "experts_swiglu",
-           "flops_per_token", "generate", "grouped_mm_by_expert", "init_weights", "named_config", "parameter_count",
+           "flops_per_token", "generate", "grouped_mm_by_expert", "init_weights", "moe_layer_names", "named_config", "parameter_count",
            "parameter_shapes", "spec_of", "update_expert_bias", "weight_grad_by_expert", "with_window"]

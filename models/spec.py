@@ -48,6 +48,9 @@ SEQUENCE_NORM = "sequence_norm"  # a norm on a (B, T/mp, D) sequence shard
 GATHER_SEQUENCE = "gather_sequence"  # module input: all-gather the sequence shards
 ROWWISE_SCATTER = "rowwise_scatter"  # row-parallel linear whose output is reduce-scattered over the sequence
 VOCAB_HEAD_FROM_SEQUENCE = "vocab_head_from_sequence"  # VOCAB_HEAD whose input arrives as sequence shards
+# A norm applied per head (Qwen3's q/k norms) to a tensor whose heads are sharded over mp: its weight is shared by
+# every head, so its gradient is summed over the mp ranks' heads.
+HEAD_NORM = "head_norm"
 
 # Block kinds (``ModelSpec.block_kinds``): a block's feed-forward part is a dense MLP (``mlp``) or a mixture of
 # experts (``moe``, models/common/moe.py). Costs differ by kind (compiler/cost.py profiles one block of each).

@@ -9,6 +9,7 @@ comes from, since that is what the user typed.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,10 +34,12 @@ class MeshShape:
     dp: int
     pp: int
     mp: int
+    cp: int = 1  # context parallelism: ranks sharing each sequence (--cp)
+    ep: int = 1  # expert parallelism, borrowed from dp: ranks sharing each MoE layer's experts (--ep)
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.pp * self.mp
+        return self.dp * self.pp * self.cp * self.mp
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,7 @@ class TrainConfig:
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S  # --startup-timeout: groups, tracing, compile, first step
     checkpoint_timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S  # --checkpoint-timeout: saving and loading
     device: str = "cpu"  # --device, resolved: "cpu" (gloo) or the accelerator's type ("cuda": NCCL)
+    expert_bias_rate: float = 0.0  # --expert-bias-rate: gamma of the MoE selection-bias update (0: none)
 
     @property
     def global_batch_size(self) -> int:
@@ -178,7 +182,8 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_model(cfg.model, cfg.mesh)
     _check_window(cfg.model)
     _check_sequence_parallel(cfg.sequence_parallel, cfg.model.seq_len, cfg.mesh.mp)
-    _check_experts_with_sequence_parallel(cfg.sequence_parallel, cfg.model)
+    _check_context_parallel(cfg.mesh, cfg.model.seq_len, sequence_parallel=cfg.sequence_parallel)
+    _check_expert_parallel(cfg.mesh, cfg.model)
     _check_data_parallel(cfg.data_parallel, cfg.mesh)
     _check_pipeline(cfg.pipeline, cfg.model, cfg.mesh)
     _check_compile(cfg.compile_blocks, cfg.pipeline.schedule)
@@ -205,10 +210,11 @@ def _check_document_positions(document_mask: bool, pp: int) -> None:
 
 def check_world(mesh: MeshShape, world_size: int) -> None:
     if mesh.world_size != world_size:
+        cp = f" x --cp {mesh.cp}" if mesh.cp > 1 else ""
         raise ConfigError(
-            f"--dp {mesh.dp} x --pp {mesh.pp} x --mp {mesh.mp} = {mesh.world_size} must equal the number of "
-            f"processes (WORLD_SIZE={world_size}); valid meshes: {', '.join(valid_meshes(world_size))}"
-        )
+            f"--dp {mesh.dp} x --pp {mesh.pp}{cp} x --mp {mesh.mp} = {mesh.world_size} must equal the number of "
+            f"processes (WORLD_SIZE={world_size}); valid meshes: {', '.join(valid_meshes(world_size // mesh.cp))}"
+            + (f" (times --cp {mesh.cp})" if mesh.cp > 1 else ""))
 
 
 def valid_meshes(world_size: int) -> list[str]:
@@ -245,12 +251,33 @@ def _check_sequence_parallel(enabled: bool, seq_len: int, mp: int) -> None:
                           f"valid --seq-len values: multiples of {mp}")
 
 
-def _check_experts_with_sequence_parallel(enabled: bool, model: Any) -> None:
-    """Under SP a mixture-of-experts block would route each rank's T/mp tokens with replicated router and expert
-    weights whose gradients no style reduces over mp yet (models/common/tp_plan.py): refused, not run wrong."""
-    if enabled and MOE in spec_of(model).block_kinds(model):
-        raise ConfigError(f"--sequence-parallel: {model.family} has mixture-of-experts blocks, which do not run "
-                          f"sequence-parallel yet; drop --sequence-parallel (--mp without it works)")
+def _check_context_parallel(mesh: MeshShape, seq_len: int, *, sequence_parallel: bool) -> None:
+    """Each sequence is cut into 2 cp load-balanced chunks (compiler/parallelize/context_parallel.py); under SP a
+    rank's T/cp tokens are split over mp again."""
+    if mesh.cp < 1:
+        raise ConfigError(f"--cp must be at least 1, got {mesh.cp}")
+    if mesh.cp > 1 and seq_len % (2 * mesh.cp):
+        raise ConfigError(f"--cp {mesh.cp} cuts each sequence into {2 * mesh.cp} chunks: --seq-len {seq_len} must be a "
+                          f"multiple of {2 * mesh.cp}")
+    if mesh.cp > 1 and sequence_parallel and (seq_len // mesh.cp) % mesh.mp:
+        raise ConfigError(f"--sequence-parallel with --cp {mesh.cp} splits a rank's {seq_len // mesh.cp} tokens over "
+                          f"--mp {mesh.mp}: --seq-len must be a multiple of {2 * mesh.cp * mesh.mp // math.gcd(2, mesh.mp)}")
+
+
+def _check_expert_parallel(mesh: MeshShape, model: Any) -> None:
+    if mesh.ep < 1:
+        raise ConfigError(f"--ep must be at least 1, got {mesh.ep}")
+    if mesh.ep == 1:
+        return
+    if MOE not in spec_of(model).block_kinds(model):
+        raise ConfigError(f"--ep {mesh.ep}: {model.family} has no mixture-of-experts layers to split over expert-parallel "
+                          f"ranks; drop --ep (expert parallelism needs a mixture-of-experts model: qwen3_moe, mixtral)")
+    if mesh.dp % mesh.ep:
+        raise ConfigError(f"--ep {mesh.ep} borrows its ranks from data parallelism and must divide --dp {mesh.dp}; "
+                          f"valid --ep values: {_divisors(mesh.dp)}")
+    if model.n_experts % mesh.ep:
+        raise ConfigError(f"--ep {mesh.ep} must divide the model's {model.n_experts} experts; valid --ep values: "
+                          f"{', '.join(str(d) for d in range(1, mesh.dp + 1) if mesh.dp % d == 0 and model.n_experts % d == 0)}")
 
 
 def _check_data_parallel(dp: DataParallelConfig, mesh: MeshShape) -> None:

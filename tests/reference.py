@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from models import build_model
+from models import MoE, build_model, update_expert_bias
 from runtime.config import TrainConfig
 from runtime.engine.data import build_data_from_config, inputs_and_targets
 from runtime.engine.optim import build_lr_schedule, build_optimizer
@@ -39,12 +39,23 @@ def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         loss.backward()
         if step == 0:
-            run.first_step_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+            run.first_step_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
         max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         optimizer.step()
+        _update_expert_biases(model, rate=cfg.expert_bias_rate)
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         run.losses.append(loss.item())
         run.grad_norms.append(norm.item())
     return run
+
+
+def _update_expert_biases(model: torch.nn.Module, *, rate: float) -> None:
+    """DeepSeek-V3's auxiliary-loss-free balancing after the optimizer step, on the global batch's loads."""
+    for layer in (m for m in model.modules() if isinstance(m, MoE)):
+        counts = layer.take_tokens_per_expert()
+        bias = getattr(layer.router, "expert_bias", None)
+        if rate > 0 and bias is not None and counts is not None:
+            with torch.no_grad():
+                bias.copy_(update_expert_bias(bias, counts, rate))

@@ -80,7 +80,7 @@ def test_cp_and_ep_meshes_hold_the_layouts_groups(dp, pp, cp, mp, ep, shard, mon
     every rank of the world (torch's fake process group: no processes, and no group options: the timeouts
     are tested on real groups in tests/test_process_group.py)."""
     from runtime.distributed import mesh as mesh_module
-    from runtime.distributed.mesh import build_mesh, data_parallel_mesh, expert_meshes, fsdp_mesh
+    from runtime.distributed.mesh import build_mesh, data_parallel_mesh, fsdp_mesh, moe_meshes
     from tests.fake_world import fake_world
 
     monkeypatch.setattr(mesh_module, "_timed_groups", lambda sizes, device_type, timeout: {})
@@ -104,9 +104,14 @@ def test_cp_and_ep_meshes_hold_the_layouts_groups(dp, pp, cp, mp, ep, shard, mon
                 assert fsdp is None
             else:
                 assert sorted(fsdp.mesh.flatten().tolist()) == want and fsdp.size(fsdp.ndim - 1) == layout.shard * cp
-            ep_mesh, sharded = expert_meshes(mesh, layout, timeout=timeout)
+            moe = moe_meshes(mesh, layout, sequence_parallel=True, timeout=timeout)
             if ep > 1:
-                assert ep_mesh.mesh.tolist() == mine(layout.ep_groups())
+                assert moe.ep.mesh.tolist() == mine(layout.ep_groups())
             holders = sorted(layout.rank(o * ep + d % ep, p, mm, c) for o in range(dp // ep) for c in range(cp)
                              for mm in range(mp))
-            assert (sharded is None and holders == [rank]) or sorted(sharded.mesh.flatten().tolist()) == holders
+            assert (moe.experts is None and holders == [rank]) or sorted(moe.experts.mesh.flatten().tolist()) == holders
+            routers = sorted(layout.rank(i, p, mm, c) for i in range(dp) for c in range(cp) for mm in range(mp))
+            assert sorted(moe.tokens.mesh.flatten().tolist()) == routers
+            sequence = sorted(layout.rank(d, p, mm, c) for c in range(cp) for mm in range(mp))
+            assert (moe.sequence is None and sequence == [rank]) or sorted(moe.sequence.mesh.flatten().tolist()) == sequence
+            assert moe.replicas == dp * cp

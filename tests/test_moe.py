@@ -261,6 +261,26 @@ def test_the_auxiliary_loss_is_deepseeks_sequence_wise_balance_loss(score_func):
     assert sequence_balance_loss(*uniform, batch=1).item() == pytest.approx(1.0)  # balanced: 1
 
 
+def test_shares_of_a_sequence_split_over_ranks_add_up_to_its_loss_and_gradient():
+    """Sequence / context parallelism: each of 3 ranks holds a third of every sequence's tokens (interleaved
+    runs, as load-balanced chunks are); the shares sum to the loss of the whole sequences, and so do their
+    gradients."""
+    scores = torch.randn(2 * 12, E, generator=_gen(9), dtype=torch.float64).softmax(-1).requires_grad_()
+    experts = scores.detach().topk(2, dim=-1).indices
+    whole = sequence_balance_loss(scores, experts, batch=2)
+    pieces = [torch.tensor([0, 1, 2, 9]), torch.tensor([3, 4, 10, 11]), torch.tensor([5, 6, 7, 8])]  # positions of each rank
+    rows = [torch.cat([b * 12 + piece for b in range(2)]) for piece in pieces]
+
+    def counts_of(rows_):
+        chosen = experts[rows_].reshape(2, -1)
+        return torch.zeros(2, E, dtype=torch.float64).scatter_add(1, chosen, torch.ones(chosen.shape, dtype=torch.float64))
+    total_counts = sum(counts_of(r) for r in rows)
+    shares = [sequence_balance_loss(scores[r], experts[r], batch=2, shards=3, sum_over_shards=lambda c: total_counts)
+              for r in rows]
+    torch.testing.assert_close(sum(shares), whole)
+    torch.testing.assert_close(torch.autograd.grad(sum(shares), scores)[0], torch.autograd.grad(whole, scores)[0])
+
+
 def test_the_auxiliary_losss_gradient_is_exact():
     scores = torch.randn(12, E, generator=_gen(8), dtype=torch.float64).softmax(-1)
     experts = scores.topk(2, dim=-1).indices

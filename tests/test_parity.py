@@ -31,6 +31,9 @@ COMMON = ["--model", "tiny", "--precision", "fp32", "--steps", str(STEPS), "--mi
 
 LLAMA = ["--model", "llama3-debug", "--layers", "4", "--heads", "8", "--kv-heads", "4"]
 DOCUMENTS = ["--document-mask", "--eod-token", "10"]
+QWEN3 = ["--model", "qwen3-debug"]
+QWEN3_MOE = ["--model", "qwen3-moe-debug", "--layers", "4"]  # 8 experts, top 2, auxiliary loss 0.001
+MIXTRAL = ["--model", "mixtral-debug", "--layers", "4"]  # 8 experts, top 2, auxiliary loss 0.02
 
 # (dp, pp, mp, schedule, extra flags): every mesh of the issue, every schedule, activation checkpointing.
 CASES = [
@@ -77,6 +80,16 @@ CASES = [
     (2, 1, 4, "1f1b", [*LLAMA, "--sequence-parallel"]),
     (4, 2, 1, "interleaved-1f1b", [*LLAMA, "--dp-shard", "2"]),
     (2, 2, 2, "1f1b", [*LLAMA, "--reshard-after-forward"]),
+    # Mixtures of experts (dropless top-2 of 8, the sequence-wise auxiliary loss, experts as FSDP units of their
+    # own) with expert parallelism borrowed from dp: alone, under interleaved 1F1B with TP, over 4 ranks with SP
+    # (each mp rank routes its own tokens), under zbv's split backward, with HSDP; the bias update on Qwen3-MoE;
+    # Qwen3 dense (q/k norms, explicit head_dim).
+    (2, 1, 1, "1f1b", [*QWEN3_MOE, "--ep", "2", "--expert-bias-rate", "0.01"]),
+    (2, 2, 2, "interleaved-1f1b", [*QWEN3_MOE, "--ep", "2"]),
+    (4, 1, 2, "1f1b", [*MIXTRAL, "--ep", "4", "--sequence-parallel"]),
+    (2, 2, 1, "zbv", [*MIXTRAL, "--ep", "2"]),
+    (4, 2, 1, "interleaved-1f1b", [*QWEN3_MOE, "--ep", "2", "--dp-shard", "2"]),
+    (2, 2, 2, "1f1b", QWEN3),
     # Validation through the V placements (a forward-only action list: torch's V schedules cannot eval()).
     (1, 2, 1, "zbv", ["--eval-every", "3"]),
     (1, 2, 1, "dualpipev", ["--eval-every", "3"]),
@@ -93,7 +106,7 @@ def _args(dp, pp, mp, schedule, extra, logdir) -> list[str]:
 
 def _case_id(case) -> str:
     dp, pp, mp, schedule, extra = case
-    flags = [x for x in extra if x not in LLAMA[2:] and x != "10"]  # the Llama shape flags say nothing the family name does not
+    flags = [x for x in extra if x not in LLAMA[2:] and x not in ("10", "4")]  # shape flags say nothing the family does not
     return f"{dp}x{pp}x{mp}-{schedule}" + "".join(f"-{x.removeprefix('--').replace(',', '')}" for x in flags)
 
 
@@ -157,6 +170,8 @@ def _dump_full_gradients(out_dir: str, stages) -> None:
 
     grads = {}
     for name, param in stages.named_parameters():
+        if not param.requires_grad:  # a router's selection bias: moved by its own rule, not by gradients
+            continue
         # full_tensor() is a collective over the parameter's mesh (its dp and mp peers hold the same
         # stages, so they run the same sequence of these).
         grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad

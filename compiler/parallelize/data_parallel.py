@@ -35,6 +35,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from compiler.parallelize.expert_parallel import MoeMeshes, moe_modules
 from compiler.parallelize.tensor_parallel import block_names
 
 
@@ -45,10 +46,15 @@ class DataParallelOptions:
     reduce_dtype: torch.dtype | None = None  # gradient communication dtype; None: fp32
 
 
-def apply_data_parallel(stage_module: nn.Module, dp_mesh: DeviceMesh, options: DataParallelOptions) -> nn.Module:
-    """Shard the stage over ``dp_mesh`` (see the module docstring)."""
+def apply_data_parallel(stage_module: nn.Module, dp_mesh: DeviceMesh | None, options: DataParallelOptions, *,
+                        moe: MoeMeshes | None = None) -> nn.Module:
+    """Shard the stage over ``dp_mesh`` (see the module docstring); None: only its MoE layers (``moe``)."""
     reduce_dtype = options.reduce_dtype or torch.float32
     policy = MixedPrecisionPolicy(param_dtype=options.param_dtype, reduce_dtype=reduce_dtype)
+    if moe is not None:
+        apply_moe_data_parallel(stage_module, moe, policy=policy, zero3=options.zero3)
+    if dp_mesh is None:
+        return stage_module
     for name in block_names(stage_module):
         fully_shard(stage_module.get_submodule(name), mesh=dp_mesh, mp_policy=policy, reshard_after_forward=options.zero3)
     # The stage's outputs stay in the compute dtype: the dtype the pipeline sends them in (and the last stage's
@@ -57,6 +63,39 @@ def apply_data_parallel(stage_module: nn.Module, dp_mesh: DeviceMesh, options: D
     if options.zero3:
         _sync_every_microbatch(stage_module)
     return stage_module
+
+
+def apply_moe_data_parallel(stage_module: nn.Module, meshes: MoeMeshes, *, policy: MixedPrecisionPolicy,
+                            zero3: bool) -> None:
+    """Each MoE layer's experts become an FSDP unit over ``meshes.experts`` and the rest of the layer (router,
+    shared experts) one over ``meshes.tokens``: every rank in those meshes routes other tokens through the same
+    weights, so their gradients are summed there. FSDP then divides by its mesh's size, not by the number of
+    losses averaged (dp x cp; a sequence split over mp ranks under SP contributes parts of one loss, summed):
+    ``moe_gradient_factors`` says by how much to correct (FSDP's own divide factor would need gloo's missing
+    PREMUL_SUM). The router's selection bias is no gradient's: FSDP leaves it a plain tensor, the same on every
+    rank (runtime/engine/experts.py updates it)."""
+    for moe in moe_modules(stage_module):
+        bias = getattr(moe.router, "expert_bias", None)
+        ignored = {bias} if bias is not None else None
+        for module, mesh in ((moe.experts, meshes.experts), (moe, meshes.tokens)):
+            if mesh is not None:
+                fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=zero3,
+                            ignored_params=ignored if module is moe else None)
+
+
+def moe_gradient_factors(stage_module: nn.Module, meshes: MoeMeshes) -> dict[int, float]:
+    """id(parameter) -> the factor its reduced gradient takes: the gradient of the global batch's mean loss is
+    the sum over the unit's mesh divided by dp x cp, and FSDP divided by the mesh's size (no FSDP: nothing
+    divided). Only factors other than 1 are listed. Call after ``materialize`` (it gives parameters anew)."""
+    factors = {}
+    for moe in moe_modules(stage_module):
+        experts = {id(p) for p in moe.experts.parameters()}
+        for module, mesh in ((moe.experts, meshes.experts), (moe, meshes.tokens)):
+            factor = (mesh.size() if mesh is not None else 1) / meshes.replicas
+            if factor != 1:
+                factors.update({id(p): factor for p in module.parameters()
+                                if p.requires_grad and (module is moe.experts or id(p) not in experts)})
+    return factors
 
 
 def _sync_every_microbatch(fsdp_module: nn.Module) -> None:

@@ -23,6 +23,7 @@ in the same order: all ranks of an ep group run the same stage with the same sch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -32,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from compiler.torch_compat import all_to_all_single_autograd
+from models import MoE, experts_swiglu
 
 ExpertCompute = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (rows (R, D), counts (L,)) -> (R, D)
 
@@ -92,3 +94,42 @@ def apply_expert_parallel(experts: nn.Module, ep_mesh: DeviceMesh, *, local_comp
 
 def _local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if isinstance(param, DTensor) else param
+
+
+@dataclass(frozen=True)
+class MoeMeshes:
+    """Where a mixture-of-experts layer's pieces live (runtime/distributed/mesh.py ``moe_meshes``)."""
+
+    ep: DeviceMesh | None  # the expert-parallel group: each rank holds E/ep experts (None: ep = 1)
+    experts: DeviceMesh | None  # the other ranks that route tokens through the same experts: FSDP over them
+    tokens: DeviceMesh | None  # every rank that routes other tokens through the router and shared experts
+    sequence: DeviceMesh | None  # ranks holding parts of the same sequences (cp, and mp under SP)
+    replicas: int  # the losses averaged into a gradient (dp x cp): FSDP divides the summed gradients by it
+
+
+def moe_modules(stage_module: nn.Module) -> list[MoE]:
+    return [m for m in stage_module.modules() if isinstance(m, MoE)]
+
+
+def apply_moe_parallelism(stage_module: nn.Module, meshes: MoeMeshes, *, sequence_parallel: bool) -> list[MoE]:
+    """Expert parallelism over ``meshes.ep`` for every MoE layer of the stage, and the sequence splits the
+    auxiliary loss must see: a sequence's tokens spread over ``meshes.sequence`` (its f counts are summed there;
+    models/common/load_balance.py). Under sequence parallelism the layer takes its input (the sequence-parallel
+    norm's Shard(1) DTensor) as this rank's own (B, T/mp, D) tokens and routes them, returning a local shard."""
+    layers = moe_modules(stage_module)
+    for moe in layers:
+        if meshes.ep is not None:
+            apply_expert_parallel(moe.experts, meshes.ep, local_compute=experts_swiglu)
+        if meshes.sequence is not None:
+            group = meshes.sequence.get_group()
+            moe.sequence_shards = meshes.sequence.size()
+            moe.sum_over_sequence_shards = lambda t, group=group: _summed(t, group)
+        if sequence_parallel:
+            moe.register_forward_pre_hook(lambda _m, args: tuple(_local(a) for a in args))
+    return layers
+
+
+def _summed(t: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    t = t.detach().clone()
+    dist.all_reduce(t, group=group)
+    return t

@@ -10,7 +10,7 @@ share of the model, not the whole model on every rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -20,7 +20,8 @@ from torch.distributed.pipelining import PipelineStage
 
 from compiler.parallelize.activation_checkpointing import apply_ac, original_name
 from compiler.parallelize.compile import apply_compile
-from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel
+from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel, moe_gradient_factors
+from compiler.parallelize.expert_parallel import MoeMeshes, apply_moe_parallelism
 from compiler.parallelize.materialize import materialize
 from compiler.parallelize.message_dtype import apply_message_dtype
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
@@ -34,6 +35,7 @@ class LocalStages:
     modules: list[nn.Module]
     stages: list[PipelineStage]
     num_stages: int
+    gradient_factors: dict[int, float] = field(default_factory=dict)  # id(param) -> factor after the reduction
 
     @property
     def has_first(self) -> bool:
@@ -57,6 +59,7 @@ class StageMeshes:
     pp: DeviceMesh
     mp: DeviceMesh
     fsdp: DeviceMesh | None  # 1-D (FSDP), 2-D (replicate, shard: HSDP), or None: nothing sharded
+    moe: MoeMeshes | None = None  # a mixture-of-experts model's layers: expert parallelism and their FSDP units
 
 
 def build_local_stages(
@@ -93,7 +96,7 @@ def build_local_stages(
         # Packed documents: each token's position in its document, (b, T), the model's second input.
         example = (tokens, torch.zeros_like(tokens)) if document_positions else tokens
     pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage)
-    modules, stages = [], []
+    modules, stages, factors = [], [], {}
     for index in indices:
         module = pipe.get_stage_module(index)
         restore_eager_modules(module, model)
@@ -101,14 +104,18 @@ def build_local_stages(
         if meshes.mp.size() > 1:
             apply_tp(module, meshes.mp, block_plan=spec.block_plan(sequence_parallel=sequence_parallel),
                      model_plan=spec.model_plan(sequence_parallel=sequence_parallel), sequence_parallel=sequence_parallel)
+        if meshes.moe is not None:
+            apply_moe_parallelism(module, meshes.moe, sequence_parallel=sequence_parallel and meshes.mp.size() > 1)
         share_tied_weights(module, tied)
         if activation_checkpointing:
             apply_ac(module)
         if compile_blocks:
             apply_compile(module)
-        if meshes.fsdp is not None:
-            apply_data_parallel(module, meshes.fsdp, data_parallel)
+        if meshes.fsdp is not None or meshes.moe is not None:
+            apply_data_parallel(module, meshes.fsdp, data_parallel, moe=meshes.moe)
         materialize(module, device=device, initial_value=initial_value)
+        if meshes.moe is not None:
+            factors.update(moe_gradient_factors(module, meshes.moe))
         # to_empty gives every module a Parameter of its own; point the head at the embedding's (the one
         # FSDP keeps and re-points both modules to around each forward) again.
         share_tied_weights(module, tied)
@@ -118,7 +125,7 @@ def build_local_stages(
                                 receives=index > 0)
         modules.append(module)
         stages.append(pipe.build_stage(index, device, meshes.pp.get_group()))
-    return LocalStages(indices, modules, stages, n_stages)
+    return LocalStages(indices, modules, stages, n_stages, factors)
 
 
 def share_tied_weights(stage_module: nn.Module, tied_weights: dict[str, str]) -> None:

@@ -21,6 +21,7 @@ from compiler.parallelize.vocab_parallel import VocabParallelEmbedding
 from models.spec import (
     COLWISE,
     GATHER_SEQUENCE,
+    HEAD_NORM,
     LM_HEAD,
     ROWWISE,
     ROWWISE_SCATTER,
@@ -42,6 +43,9 @@ _STYLES = {
     SEQUENCE_NORM: SequenceParallel,
     GATHER_SEQUENCE: GatherSequence,
     ROWWISE_SCATTER: lambda: RowwiseParallel(output_layouts=Shard(1)),
+    # A norm over each head's features, its input (B, T, H/mp, hd) sharded by heads: DTensor's SequenceParallel
+    # on the heads' dimension keeps the weight Replicate and sums its gradient over the ranks' heads.
+    HEAD_NORM: lambda: SequenceParallel(sequence_dim=2, use_local_output=True),
     # The head after a sequence-parallel final norm: all-gather the sequence (backward: reduce-scatter).
     VOCAB_HEAD_FROM_SEQUENCE: lambda: ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1)),
 }
@@ -109,12 +113,14 @@ def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[s
     of ``model_plan`` the stage holds (the vocabulary-parallel embedding and head), Megatron layout.
     ``sequence_parallel``: both plans include the sequence-parallel entries, and the stage receives and sends
     (B, T/mp, D) sequence shards (compiler/parallelize/sequence_parallel.py)."""
+    held = dict(stage_module.named_modules())
+    # A family with blocks of two kinds (dense and mixture-of-experts) names both kinds' modules in one plan:
+    # each block takes the entries it has.
     plan = {
         f"{block}.{key}": _STYLES[style]()
         for block in block_names(stage_module)
-        for key, style in block_plan.items()
+        for key, style in block_plan.items() if f"{block}.{key}" in held
     }
-    held = dict(stage_module.named_modules())
     plan.update({key: _STYLES[style]() for key, style in (model_plan or {}).items() if key in held})
     heads = [key for key in plan if (model_plan or {}).get(key) in _HEAD_STYLES]
     if heads:

@@ -91,10 +91,10 @@ class Decoder(nn.Module):
 
 
 def initial_value(name: str, shape: tuple[int, ...], *, seed: int, n_layers: int,
-                  tie_embeddings: bool) -> torch.Tensor:
+                  tie_embeddings: bool, router_std: float = 0.02) -> torch.Tensor:
     """The initial value of parameter ``name`` (fp32, CPU), from a generator seeded by (seed, name): N(0, 0.02)
     for matrices, stacked experts and the embedding, residual projections (``RESIDUAL_PROJECTIONS``) scaled by
-    1/sqrt(2 * n_layers) (GPT-2's rule), norms ones, a router's selection bias zeros. A tied copy takes its
+    1/sqrt(2 * n_layers) (GPT-2's rule), routers N(0, router_std), norms ones, a router's selection bias zeros. A tied copy takes its
     source's name."""
     if tie_embeddings:
         name = TIED_EMBEDDINGS.get(name, name)
@@ -102,7 +102,7 @@ def initial_value(name: str, shape: tuple[int, ...], *, seed: int, n_layers: int
         return torch.ones(shape)
     if name.endswith(NON_TRAINABLE):
         return torch.zeros(shape)
-    std = 0.02
+    std = router_std if name.endswith("router.gate.weight") else 0.02
     if name.endswith(RESIDUAL_PROJECTIONS):
         std /= math.sqrt(2 * n_layers)
     return name_seeded_normal(name, shape, seed=seed, std=std)

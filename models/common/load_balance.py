@@ -33,19 +33,30 @@ expert during the step, summed over data-parallel ranks first (every replica mus
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
-def sequence_balance_loss(scores: torch.Tensor, experts: torch.Tensor, *, batch: int) -> torch.Tensor:
+def sequence_balance_loss(scores: torch.Tensor, experts: torch.Tensor, *, batch: int, shards: int = 1,
+                          sum_over_shards: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """L averaged over the sequences (0-d, fp32), from the router's (N, E) scores and (N, k) chosen experts of
-    N = batch * T tokens laid out sequence by sequence (the (B, T) order of the block's input)."""
+    N = batch * T tokens laid out sequence by sequence (the (B, T) order of the block's input).
+
+    A sequence may be split over ``shards`` ranks (sequence or context parallelism: each holds T/shards of its
+    tokens): ``sum_over_shards`` then sums a tensor over them (no gradient), giving f its whole-sequence counts,
+    and this rank's share of L is returned, sum_i f_i P_i^r with P_i^r its own tokens' part of P_i. The shares
+    add up to L, and each one's gradient is exactly L's gradient through this rank's tokens."""
     n, n_experts = scores.shape
     k = experts.shape[1]
-    per_sequence = n // batch  # T
+    per_sequence = n // batch  # this rank's tokens of each sequence
+    whole = per_sequence * shards  # T
     chosen = experts.reshape(batch, per_sequence * k)  # (B, T k)
     counts = scores.new_zeros(batch, n_experts).scatter_add(1, chosen, scores.new_ones(chosen.shape))  # (B, E)
-    f = counts * (n_experts / (k * per_sequence))  # (B, E)
-    p = (scores / scores.sum(-1, keepdim=True)).reshape(batch, per_sequence, n_experts).mean(1)  # (B, E)
+    if sum_over_shards is not None:
+        counts = sum_over_shards(counts)
+    f = counts * (n_experts / (k * whole))  # (B, E)
+    p = (scores / scores.sum(-1, keepdim=True)).reshape(batch, per_sequence, n_experts).sum(1) / whole  # (B, E)
     return (f * p).sum(-1).mean()
 
 

@@ -38,6 +38,8 @@ static shapes, so it is its own ``trace_forward``; while exported it neither cou
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -94,6 +96,10 @@ class MoE(EagerModule):
         self.aux_loss_grad_scale = 1.0  # S / m, set by the engine (load_balance.py)
         self.aux_loss: torch.Tensor | None = None
         self._tokens_per_expert: torch.Tensor | None = None
+        # A sequence split over ranks (sequence or context parallelism), set by the engine: how many ranks hold
+        # parts of each sequence, and a sum over them (load_balance.py sequence_balance_loss).
+        self.sequence_shards = 1
+        self.sum_over_sequence_shards: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def top_k(self) -> int:
@@ -116,7 +122,8 @@ class MoE(EagerModule):
         if self.training and not torch.compiler.is_exporting():  # a traced graph keeps neither (module docstring)
             self._count(counts.detach())
             if self.aux_loss_coef > 0 and torch.is_grad_enabled():
-                aux = sequence_balance_loss(routes.scores, routes.experts, batch=B)
+                aux = sequence_balance_loss(routes.scores, routes.experts, batch=B, shards=self.sequence_shards,
+                                            sum_over_shards=self.sum_over_sequence_shards)
                 out = attach_aux_loss(out, aux, grad_scale=self.aux_loss_coef * self.aux_loss_grad_scale)
                 self.aux_loss = aux.detach()
         return out.view(B, T, D)

@@ -3,32 +3,34 @@
 Attention: q, k and v are column-parallel, so each mp rank holds n_heads/mp query heads and n_kv_heads/mp
 key/value heads (k and v split by key/value heads because their output features are n_kv_heads * head_dim,
 head-major); with the group size n_heads // n_kv_heads the same on every rank, a rank's query heads are exactly
-those its key/value heads serve. Qwen3's per-head q/k norms act within a head and stay replicated. A dense MLP:
+those its key/value heads serve. Qwen3's per-head q/k norms are replicated, their gradients summed over the
+ranks' heads (``QK_NORM_BLOCK_TP_PLAN``). A dense MLP:
 gate and up column-parallel (mlp_width/mp hidden units each, multiplied elementwise on the rank that holds both
 halves); the row-parallel attention output and down projection all-reduce their partial sums. Keys are relative
 to one block (``layers.<i>``); the embedding and the head use the vocabulary plan (models/spec.py); the RMSNorms
 stay replicated.
 
 A mixture-of-experts block: attention as above; the router is replicated and the experts are not
-tensor-parallel (expert parallelism shards them by expert instead, outside the model), so the plan names the
-attention only. The blocks a mixture family keeps dense then run their MLP replicated, which is exact.
+tensor-parallel (expert parallelism shards them by expert instead, outside the model). A mixture family's plan
+is the dense one: the engine gives each block the entries it has (an MoE block has no ``mlp``), so the blocks it
+keeps dense (first-k-dense, mlp_only_layers) split their MLP as a dense model does.
 
 Sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2): the RMSNorms run on (B, T/mp, D) sequence shards;
 attention and a dense MLP all-gather the sequence before their column-parallel matrices and reduce-scatter it
-after their row-parallel one. A mixture's plan stops at ``mlp_norm``: its block then routes each rank's own T/mp
-tokens, which needs the expert-parallel pieces of the engine (runtime/config.py refuses the combination until
-they exist).
+after their row-parallel one. An MoE block's ``mlp_norm`` runs on shards too, and the layer routes each rank's own
+T/mp tokens (compiler/parallelize/expert_parallel.py).
 """
 
-from models.spec import COLWISE, GATHER_SEQUENCE, ROWWISE, ROWWISE_SCATTER, SEQUENCE_NORM
+from models.spec import COLWISE, GATHER_SEQUENCE, HEAD_NORM, ROWWISE, ROWWISE_SCATTER, SEQUENCE_NORM
 
 ATTENTION_TP_PLAN: dict[str, str] = {"attn.q": COLWISE, "attn.k": COLWISE, "attn.v": COLWISE, "attn.o": ROWWISE}
 DENSE_BLOCK_TP_PLAN: dict[str, str] = {**ATTENTION_TP_PLAN, "mlp.gate": COLWISE, "mlp.up": COLWISE,
                                        "mlp.down": ROWWISE}
-MOE_BLOCK_TP_PLAN: dict[str, str] = dict(ATTENTION_TP_PLAN)
+# Qwen3's q/k norms act within each head, but their weight is every head's: with the heads split over mp its
+# gradient is a sum over the ranks' heads (HEAD_NORM: input Shard(heads), weight Replicate).
+QK_NORM_BLOCK_TP_PLAN: dict[str, str] = {**DENSE_BLOCK_TP_PLAN, "attn.q_norm": HEAD_NORM, "attn.k_norm": HEAD_NORM}
 
 _ATTENTION_SEQUENCE_PARALLEL = {"attn_norm": SEQUENCE_NORM, "attn": GATHER_SEQUENCE, "attn.o": ROWWISE_SCATTER,
                                 "mlp_norm": SEQUENCE_NORM}
 DENSE_SEQUENCE_PARALLEL_PLAN: dict[str, str] = {**_ATTENTION_SEQUENCE_PARALLEL, "mlp": GATHER_SEQUENCE,
                                                 "mlp.down": ROWWISE_SCATTER}
-MOE_SEQUENCE_PARALLEL_PLAN: dict[str, str] = dict(_ATTENTION_SEQUENCE_PARALLEL)

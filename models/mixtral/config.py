@@ -30,6 +30,8 @@ class MixtralConfig:
     top_k: int = 2  # num_experts_per_tok
     router_aux_loss_coef: float = 0.02
     tie_embeddings: bool = False
+    expert_bias: bool = False  # a selection-only bias, moved by the engine's --expert-bias-rate (DeepSeek-V3)
+    router_init_std: float = 0.02  # the router's initial weights; the debug size's are wide apart (well-separated scores)
     norm_eps: float = 1e-5
     rope_theta: float = 1000000.0
     max_position_embeddings: int = 32768
@@ -41,7 +43,7 @@ class MixtralConfig:
         return self.max_position_embeddings
 
     def routing(self) -> Routing:
-        return Routing(top_k=self.top_k, norm_topk_prob=True)  # Mixtral always renormalises the top-k weights
+        return Routing(top_k=self.top_k, norm_topk_prob=True, expert_bias=self.expert_bias)  # Mixtral always renormalises
 
 
 def _published(*, n_layers: int, d_model: int, n_heads: int, mlp_width: int, context: int) -> MixtralConfig:
@@ -53,7 +55,7 @@ def _published(*, n_layers: int, d_model: int, n_heads: int, mlp_width: int, con
 MODEL_SIZES: dict[str, MixtralConfig] = {
     # For tests: 8 experts of width 64 (2 per token), 4 heads of 16 over 2 key/value heads, bytes as the vocabulary.
     "mixtral-debug": MixtralConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, seq_len=64,
-                                   vocab_size=256, mlp_width=64, max_position_embeddings=64),
+                                   vocab_size=256, mlp_width=64, max_position_embeddings=64, router_init_std=0.5),
     "mixtral-8x7b": _published(n_layers=32, d_model=4096, n_heads=32, mlp_width=14336, context=32768),
     "mixtral-8x22b": _published(n_layers=56, d_model=6144, n_heads=48, mlp_width=16384, context=65536),
 }

@@ -24,4 +24,5 @@ def build(cfg: MixtralConfig, *, share_tied_weights: bool = True) -> Decoder:
 
 
 def initial_value(name: str, shape: tuple[int, ...], *, seed: int, cfg) -> torch.Tensor:
-    return decoder_initial_value(name, shape, seed=seed, n_layers=cfg.n_layers, tie_embeddings=cfg.tie_embeddings)
+    return decoder_initial_value(name, shape, seed=seed, n_layers=cfg.n_layers, tie_embeddings=cfg.tie_embeddings,
+                                 router_std=cfg.router_init_std)

@@ -16,7 +16,7 @@ SPEC = ModelSpec(
     with_overrides=config.with_overrides,
     check=config.check,
     flops_per_token=config.flops_per_token,
-    block_tp_plan=tp_plan.DENSE_BLOCK_TP_PLAN,
+    block_tp_plan=tp_plan.QK_NORM_BLOCK_TP_PLAN,
     sequence_parallel_plan=tp_plan.DENSE_SEQUENCE_PARALLEL_PLAN,
     architecture=Architecture(mlp="swiglu", norm="rmsnorm", positions="rope", biases=False, fused_qkv=False),
     hf=HFAdapter(architectures=(hf.ARCHITECTURE,), model_types=(hf.MODEL_TYPE,), config_to_hf=hf.config_to_hf,

@@ -34,6 +34,8 @@ class Qwen3MoeConfig:
     mlp_only_layers: tuple[int, ...] = ()
     router_aux_loss_coef: float = 0.001
     tie_embeddings: bool = False
+    expert_bias: bool = False  # a selection-only bias, moved by the engine's --expert-bias-rate (DeepSeek-V3)
+    router_init_std: float = 0.02  # the router's initial weights; the debug size's are wide apart (well-separated scores)
     norm_eps: float = 1e-6
     rope_theta: float = 1000000.0
     max_position_embeddings: int = 40960
@@ -45,7 +47,7 @@ class Qwen3MoeConfig:
         return self.max_position_embeddings
 
     def routing(self) -> Routing:
-        return Routing(top_k=self.top_k, norm_topk_prob=self.norm_topk_prob)
+        return Routing(top_k=self.top_k, norm_topk_prob=self.norm_topk_prob, expert_bias=self.expert_bias)
 
 
 def block_kinds(cfg: Qwen3MoeConfig) -> tuple[str, ...]:
@@ -67,7 +69,7 @@ MODEL_SIZES: dict[str, Qwen3MoeConfig] = {
     # For tests: 8 experts of width 32, 2 per token, 4 heads of 16 over 2 key/value heads, bytes as the vocabulary.
     "qwen3-moe-debug": Qwen3MoeConfig(n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, seq_len=64,
                                       vocab_size=256, mlp_width=128, n_experts=8, top_k=2, expert_width=32,
-                                      max_position_embeddings=64),
+                                      max_position_embeddings=64, router_init_std=0.5),
     "qwen3-30b-a3b": _published(n_layers=48, d_model=2048, n_heads=32, expert_width=768, mlp_width=6144),
     "qwen3-235b-a22b": _published(n_layers=94, d_model=4096, n_heads=64, expert_width=1536, mlp_width=12288),
 }

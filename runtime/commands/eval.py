@@ -37,7 +37,7 @@ from runtime.commands import flag_groups as groups
 from runtime.commands.flags import config_from_args
 from runtime.config import ConfigError, TrainConfig, validate
 from runtime.device import configure_cpu_threads, configure_fp32_matmuls, select_device
-from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
+from runtime.distributed.mesh import build_mesh, fsdp_mesh, grid_layout
 from runtime.distributed.process_group import LaunchEnv, collective_timeout, init_distributed, shutdown_distributed
 from runtime.engine.data import DataError, evaluation_corpus, replica_rows
 from runtime.engine.data.corpus import Corpus
@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
 def evaluate(inputs: EvalInputs, *, env: LaunchEnv, device: torch.device) -> Evaluation:
     """Build this rank's stages as training does (forward only), load the weights, run every window."""
     cfg = inputs.cfg
-    layout = GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, cfg.data_parallel.shard)
+    layout = grid_layout(cfg)
     timeout = collective_timeout(cfg.collective_timeout_s)
     mesh = build_mesh(device.type, layout, timeout=timeout)
     dp_rank, pp_rank, _ = layout.coordinates(env.rank)

@@ -47,10 +47,17 @@ def command_parser(prog: str, description: str) -> argparse.ArgumentParser:
 # ---- flag groups: each adds one concern's flags (an argument group of its own in --help) ----
 
 def add_mesh_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("mesh (dp x pp x mp must equal the number of processes)")
+    g = p.add_argument_group("mesh (dp x pp x cp x mp must equal the number of processes)")
     g.add_argument("--dp", type=int, default=1, help="data-parallel degree (FSDP replicas)")
     g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (ranks per pipeline)")
     g.add_argument("--mp", type=int, default=1, help="model (tensor) parallel degree")
+    g.add_argument("--cp", type=int, default=1,
+                   help="context-parallel degree: each sequence is split over N ranks (2N load-balanced chunks, rank c "
+                        "keeping chunks c and 2N-1-c; attention all-gathers keys and values); dp x pp x cp x mp ranks")
+    g.add_argument("--ep", type=int, default=1,
+                   help="expert-parallel degree for mixture-of-experts models, borrowed from --dp: groups of N replicas "
+                        "each hold 1/N of every MoE layer's experts and exchange tokens all-to-all (N divides --dp and "
+                        "the expert count)")
     g.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
                    help="where the ranks compute: cuda (one GPU per rank, NCCL), cpu (gloo, also on a GPU machine), "
                         "auto = the accelerator when there is one, else the CPU")
@@ -94,6 +101,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "Llama's SwiGLU rule)")
     g.add_argument("--untie-embeddings", action="store_true",
                    help="give the LM head its own weight instead of reusing the token embedding (GPT-2 ties them)")
+    g.add_argument("--expert-bias-rate", type=float, default=0.0, metavar="GAMMA",
+                   help="mixture-of-experts models: auxiliary-loss-free load balancing (DeepSeek-V3): a selection-only "
+                        "bias per expert, moved by GAMMA toward the mean load after every step (DeepSeek-V3: 0.001); "
+                        "0: none")
 
 
 def add_pipeline_flags(p: argparse.ArgumentParser) -> None:

@@ -71,7 +71,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
     if args.stop_at_step is not None and args.stop_at_step > args.steps:
         raise ConfigError(f"--stop-at-step {args.stop_at_step} must be at most --steps {args.steps}")
 
-    mesh = MeshShape(args.dp, args.pp, args.mp)
+    mesh = MeshShape(args.dp, args.pp, args.mp, cp=args.cp, ep=args.ep)
     device = resolve_device_type(args.device)
     if world_size is not None:
         check_world(mesh, world_size)
@@ -98,6 +98,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         startup_timeout_s=args.startup_timeout,
         checkpoint_timeout_s=args.checkpoint_timeout,
         device=device,
+        expert_bias_rate=getattr(args, "expert_bias_rate", 0.0),
     )
     vocab_size = cfg.model.vocab_size
     if args.eod_token is not None and not 0 <= args.eod_token < vocab_size:
@@ -130,13 +131,27 @@ def model_config(args: argparse.Namespace):
     overrides = dict(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, n_kv_heads=args.kv_heads,
                      seq_len=args.seq_len, vocab_size=args.vocab_size, mlp_width=args.mlp_width)
     if _init_folder(args):
-        return run_model_config(read_hf_model(args.init_from), model_name=args.model, overrides=overrides,
-                                untie=args.untie_embeddings)
+        return _with_expert_bias(run_model_config(read_hf_model(args.init_from), model_name=args.model,
+                                                  overrides=overrides, untie=args.untie_embeddings),
+                                 getattr(args, "expert_bias_rate", 0.0))
     try:
-        return named_config(args.model or DEFAULT_MODEL, **overrides,
-                            tie_embeddings=False if args.untie_embeddings else None)
+        cfg = named_config(args.model or DEFAULT_MODEL, **overrides,
+                           tie_embeddings=False if args.untie_embeddings else None)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    return _with_expert_bias(cfg, getattr(args, "expert_bias_rate", 0.0))
+
+
+def _with_expert_bias(cfg, rate: float):
+    """``--expert-bias-rate``: the model's routers get a selection-only bias (mixture-of-experts models only)."""
+    if rate < 0:
+        raise ConfigError(f"--expert-bias-rate must be >= 0, got {rate}")
+    if rate == 0:
+        return cfg
+    if not hasattr(cfg, "expert_bias"):
+        raise ConfigError(f"--expert-bias-rate {rate}: {cfg.family} has no mixture-of-experts routers to balance; "
+                          f"drop it (mixture-of-experts families: qwen3_moe, mixtral)")
+    return dataclasses.replace(cfg, expert_bias=True)
 
 
 def _init_folder(args: argparse.Namespace) -> bool:

@@ -19,12 +19,14 @@ import torch.distributed as dist
 from compiler.flops import training_flops_per_token
 from compiler.parallelize.data_parallel import DataParallelOptions
 from compiler.parallelize.materialize import local_parameter_count
+from compiler.parallelize.expert_parallel import moe_modules
 from compiler.parallelize.stages import StageMeshes, build_local_stages
 from compiler.partition import rank_costs
 from compiler.precisions import PRECISIONS
 from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import StagePlan, plan_stages
-from models import parameter_count, spec_of
+from models import moe_layer_names, parameter_count, spec_of
+from models.spec import MOE
 from runtime.checkpoint.files import CheckpointError, StartPoint, resolve_start
 from runtime.checkpoint.hf_weights import check_weights, read_hf_model
 from runtime.checkpoint.hf_weights import initial_values as hf_initial_values
@@ -50,7 +52,7 @@ from runtime.device import (
 from runtime.distributed.collectives import all_gather_objects, broadcast_object
 from runtime.distributed.cpu_binding import bind_node_ranks
 from runtime.distributed.failures import PEER_FAILURE_EXIT_CODE, describe_peer_failure, describe_shared_device
-from runtime.distributed.mesh import GridLayout, build_mesh, fsdp_mesh
+from runtime.distributed.mesh import GridLayout, build_mesh, data_parallel_mesh, fsdp_mesh, grid_layout, moe_meshes
 from runtime.distributed.process_group import (
     LaunchEnv,
     background_group,
@@ -62,6 +64,7 @@ from runtime.distributed.process_group import (
 from runtime.distributed.timeouts import CHECKPOINT, PhaseTimeouts
 from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
 from runtime.engine.data import DataError, DataSources, build_data_from_config, replica_rows
+from runtime.engine.experts import ExpertBalance
 from runtime.engine.guards import DivergenceError, DivergenceGuard
 from runtime.engine.loop import training_loop
 from runtime.engine.optim import build_lr_schedule, build_optimizer
@@ -132,7 +135,7 @@ def main(argv: list[str]) -> int:
         shutdown_distributed()
         return 1
     except RuntimeError as e:
-        line = describe_peer_failure(e, rank=env.rank, layout=GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp),
+        line = describe_peer_failure(e, rank=env.rank, layout=grid_layout(cfg),
                                      timeouts=cfg.timeouts)
         if line is None:
             shutdown_distributed()
@@ -191,7 +194,7 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
            phases: PhaseTimeouts) -> dict:
     torch.manual_seed(cfg.seed)
     # 3. Mesh.
-    layout = GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, cfg.data_parallel.shard)
+    layout = grid_layout(cfg)
     timeout = collective_timeout(cfg.startup_timeout_s)  # groups are made in start-up; phases.switch moves them on
     mesh = build_mesh(device.type, layout, timeout=timeout)
     dp_rank, pp_rank, _ = layout.coordinates(env.rank)
@@ -213,7 +216,9 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
     bound_cores = _bind_cores(cfg.pipeline.bind_cores, rank_costs(plan.stage_costs, spec.placement, pp=cfg.mesh.pp),
                               layout, env, device)
     v = cfg.pipeline.stages_per_rank
-    meshes = StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout))
+    moe = (moe_meshes(mesh, layout, sequence_parallel=cfg.sequence_parallel, timeout=timeout)
+           if MOE in spec_of(cfg.model).block_kinds(cfg.model) else None)
+    meshes = StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout), moe=moe)
     stages = build_local_stages(
         cfg.model, blocks_per_stage=plan.blocks_per_stage,
         stage_indices=spec.stage_indices(pp_rank, pp=cfg.mesh.pp, stages_per_rank=v),
@@ -230,12 +235,15 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
                         first_pp=spec.stage_owner(0, pp=cfg.mesh.pp, stages_per_rank=v),
                         last_pp=spec.stage_owner(plan.n_stages - 1, pp=cfg.mesh.pp, stages_per_rank=v))
             if cfg.model.tie_embeddings else None)
-    replicated = (ReplicatedGradients(stages.parameters(), group=mesh["dp"].get_group(),
+    # Replication (DDP's layout) all-reduces the dense parameters; MoE layers are FSDP units of their own.
+    in_moe = {id(p) for module in stages.modules for layer in moe_modules(module) for p in layer.parameters()}
+    dense = [p for p in stages.parameters() if id(p) not in in_moe]
+    replicated = (ReplicatedGradients(dense, group=data_parallel_mesh(mesh, layout, timeout=timeout).get_group(),
                                       reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype),
                                       accumulations=cfg.pipeline.microbatches,
                                       deferred={id(p) for p in tied.copies} if tied else set(),
                                       stages=stages.stages)
-                  if cfg.mesh.dp > 1 and cfg.data_parallel.shard == 1 else None)
+                  if cfg.mesh.dp * cfg.mesh.cp > 1 and cfg.data_parallel.shard == 1 else None)
 
     # 5. Schedule, mixed precision, optimizer.
     scaler = build_grad_scaler(cfg.precision, device.type)
@@ -253,8 +261,14 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
     ctx = StepContext(
         schedule=schedule, schedule_name=cfg.pipeline.schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
         device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
-        loss_copies=cfg.mesh.dp * cfg.mesh.mp, plane_size=cfg.mesh.dp * cfg.mesh.mp,
+        loss_copies=cfg.mesh.dp * cfg.mesh.cp * cfg.mesh.mp, plane_size=cfg.mesh.dp * cfg.mesh.cp * cfg.mesh.mp,
         tied=tied, replicated=replicated, vocab_parallel=vocab_parallel, recorder=profiler.recorder if profiler else None,
+        experts=ExpertBalance.of(
+            [(n, m) for module in stages.modules for n, m in module.named_modules()],
+            moe_layer_names=moe_layer_names(cfg.model), token_group=moe.tokens.get_group() if moe and moe.tokens else None,
+            reports=layout.cp_index(env.rank) == 0 and layout.coordinates(env.rank)[::2] == (0, 0),
+            bias_rate=cfg.expert_bias_rate, device=device),
+        microbatches=cfg.pipeline.microbatches,
     )
 
     # 6. Resume: every tensor is keyed by its original parameter name, so DCP reshards the saved

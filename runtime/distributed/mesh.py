@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from compiler.parallelize.expert_parallel import MoeMeshes
 from compiler.torch_compat import flatten_mesh, group_options, unflatten_mesh
 
 MESH_DIMS = ("dp", "pp", "mp")
@@ -108,6 +109,11 @@ class GridLayout:
         return "\n".join(lines)
 
 
+def grid_layout(cfg) -> GridLayout:
+    """The layout of a run's config (runtime/config.py TrainConfig)."""
+    return GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, cfg.data_parallel.shard, cp=cfg.mesh.cp, ep=cfg.mesh.ep)
+
+
 def build_mesh(device_type: str, layout: GridLayout, *, timeout: datetime.timedelta) -> DeviceMesh:
     """The (dp, pp, mp) mesh, (dp, pp, cp, mp) with cp > 1; every group it creates bounds its waits by
     ``timeout``. Collective: every rank calls it after the world's process group exists."""
@@ -145,22 +151,36 @@ def fsdp_mesh(mesh: DeviceMesh, layout: GridLayout, *, timeout: datetime.timedel
     return hybrid["dp_replicate", "dp_shard"]
 
 
-def expert_meshes(mesh: DeviceMesh, layout: GridLayout, *,
-                  timeout: datetime.timedelta) -> tuple[DeviceMesh | None, DeviceMesh | None]:
-    """(EP mesh, the mesh the experts are FSDP-sharded over) for a mixture-of-experts model: ep consecutive dp
-    replicas hold 1/ep of the experts each; every other rank that routes other tokens through the same experts
-    (the other dp/ep replicas, the cp and mp ranks) holds a shard of them. None where a dimension has one rank."""
+def moe_meshes(mesh: DeviceMesh, layout: GridLayout, *, sequence_parallel: bool,
+               timeout: datetime.timedelta) -> MoeMeshes:
+    """The meshes a mixture-of-experts layer is parallelised over (compiler/parallelize/expert_parallel.py):
+    ep consecutive dp replicas hold 1/ep of the experts each; the ranks that route other tokens through the same
+    weights (the dp replicas, the cp ranks, and the mp ranks when sequence parallelism gives each its own tokens)
+    shard them with FSDP and sum their gradients. Collective: every rank calls it."""
     sizes = {"dp_outer": layout.dp // layout.ep, "ep": layout.ep}
     regrouped = mesh if layout.ep == 1 else unflatten_mesh(
         mesh, "dp", tuple(sizes.values()), tuple(sizes), backend_override=_timed_groups(sizes, mesh.device_type, timeout))
-    ep_mesh = regrouped["ep"] if layout.ep > 1 else None
-    outer = [name for name, size in (("dp_outer" if layout.ep > 1 else "dp", layout.dp // layout.ep), ("cp", layout.cp),
-                                     ("mp", layout.mp)) if size > 1]
-    if not outer:
-        return ep_mesh, None
-    sharded = regrouped[outer[0]] if len(outer) == 1 else flatten_mesh(
-        regrouped[tuple(outer)], "expert_shard", backend_override=_timed(mesh.device_type, timeout))
-    return ep_mesh, sharded
+    mp = layout.mp if sequence_parallel else 1
+    experts = [name for name, size in (("dp_outer" if layout.ep > 1 else "dp", layout.dp // layout.ep),
+                                       ("cp", layout.cp), ("mp", mp)) if size > 1]
+    if layout.ep > 1 and not experts:  # FSDP over one rank: it still divides the EP group's summed gradients
+        experts = ["dp_outer"]
+    tokens = [name for name, size in (("dp", layout.dp), ("cp", layout.cp), ("mp", mp)) if size > 1]
+    sequence = [name for name, size in (("cp", layout.cp), ("mp", mp)) if size > 1]
+    return MoeMeshes(ep=regrouped["ep"] if layout.ep > 1 else None,
+                     experts=_joined(regrouped, experts, "expert_shard", timeout),
+                     tokens=_joined(mesh, tokens, "moe_tokens", timeout),
+                     sequence=_joined(mesh, sequence, "sequence_shards", timeout),
+                     replicas=layout.dp * layout.cp)
+
+
+def _joined(mesh: DeviceMesh, dims: list[str], name: str, timeout: datetime.timedelta) -> DeviceMesh | None:
+    """``mesh``'s dimensions ``dims`` as one (None for none)."""
+    if not dims:
+        return None
+    if len(dims) == 1:
+        return mesh[dims[0]]
+    return flatten_mesh(mesh[tuple(dims)], name, backend_override=_timed(mesh.device_type, timeout))
 
 
 def _timed(device_type: str, timeout: datetime.timedelta):

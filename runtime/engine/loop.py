@@ -127,6 +127,12 @@ def training_loop(
                 peak = max_over_ranks(peak_memory_bytes(ctx.device), ctx.device)
                 peak_by_step[n] = peak
                 logger.scalars(n, {"mem/peak_bytes": peak})
+                if ctx.experts is not None:  # every rank: one world all-reduce of the MoE layers' loads
+                    loads = ctx.experts.loads()
+                    logger.scalars(n, {f"moe/max_over_mean_load/{name}": v for name, v in loads.items()})
+                    if is_logging_rank:
+                        print(f"step {n}: tokens per expert, max / mean per MoE layer: "
+                              + " ".join(f"{v:.2f}" for v in loads.values()), flush=True)
                 if is_logging_rank:
                     recent = throughput.step_times[-metrics_cfg.log_every:]
                     mean_time = sum(recent) / len(recent)

@@ -18,12 +18,14 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from compiler.parallelize.stages import LocalStages
 from compiler.schedules import evaluation_pass
 from runtime.device import synchronize
 from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value, vocab_parallel_loss
+from runtime.engine.experts import ExpertBalance
 from runtime.engine.grad_clip import clip_grads_, local_grad_sq_norm
 from runtime.engine.replicate import ReplicatedGradients
 from runtime.engine.tied import TiedWeights
@@ -60,6 +62,8 @@ class StepContext:
     replicated: ReplicatedGradients | None = None  # replicated data parallelism: averages gradients over dp
     vocab_parallel: bool = False  # the loss is computed on vocabulary-sharded logits (mp > 1)
     recorder: StepRecorder | None = None  # set when profiling: times the optimizer phase
+    experts: ExpertBalance | None = None  # a mixture-of-experts model's per-step bookkeeping (runtime/engine/experts.py)
+    microbatches: int = 1  # m per replica and step
 
 
 def run_schedule(ctx: StepContext, inputs: torch.Tensor | tuple[torch.Tensor, ...], targets: torch.Tensor, *,
@@ -84,13 +88,26 @@ def run_schedule(ctx: StepContext, inputs: torch.Tensor | tuple[torch.Tensor, ..
                 ctx.tied.sync_grads()
             if ctx.replicated is not None:
                 ctx.replicated.finish()
+            if ctx.stages.gradient_factors:
+                scale_reduced_gradients(ctx.stages.parameters(), ctx.stages.gradient_factors)
     return losses
+
+
+def scale_reduced_gradients(params: list[torch.nn.Parameter], factors: dict[int, float]) -> None:
+    """Multiply each reduced gradient by its factor (compiler/parallelize/data_parallel.py moe_gradient_factors:
+    a mixture's FSDP units divide by their mesh's size, the mean loss by dp x cp)."""
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None and id(p) in factors:
+                (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).mul_(factors[id(p)])
 
 
 def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *, stop_requested: bool = False,
                writing: bool = False) -> StepStats:
     scale = ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0
     lr = ctx.optimizer.param_groups[0]["lr"]
+    if ctx.experts is not None:
+        ctx.experts.before_step(loss_scale=scale, microbatches=ctx.microbatches)
     losses = run_schedule(ctx, inputs, targets, train=True)  # forward and backward of every micro-batch
 
     with ctx.recorder.span("optimizer", "optimizer") if ctx.recorder else contextlib.nullcontext():
@@ -127,6 +144,8 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
         skipped = not (math.isfinite(grad_norm) and math.isfinite(loss))
         if not skipped:
             ctx.optimizer.step()
+    if ctx.experts is not None:  # tokens per expert of the step; the selection bias after the optimizer step
+        ctx.experts.after_step(update_bias=not skipped)
     # A skipped step changed no weight, so the schedule does not move either (Megatron-LM steps its
     # scheduler only after a successful update): the run trains its --steps updates at the rates planned.
     if not skipped:
