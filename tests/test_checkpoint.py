@@ -159,6 +159,21 @@ def test_a_llama_checkpoint_of_2x2x2_resumes_on_1x2x4_exactly(tmp_path):
         assert got == pytest.approx(want, rel=1e-6)
 
 
+def test_an_expert_parallel_checkpoint_resumes_on_more_and_on_no_expert_parallel_ranks_exactly(tmp_path):
+    """Mixtral's experts, stacked [E, ...] and sharded by expert over --ep 2 (and by FSDP over the other replicas),
+    with the routers' selection biases: 4x1x2 ep 2 under SP saves at step 3; 4x1x2 ep 4 continues exactly, and so
+    does one process."""
+    moe = ["--model", "mixtral-debug", "--steps", "6", "--micro-batch-size", "1", "--expert-bias-rate", "0.01"]
+    a, _ = _train((4, 1, 2), tmp_path / "log_a", *moe, "--ep", "2", "--sequence-parallel", "--checkpoint-dir",
+                  str(tmp_path / "a"), "--checkpoint-every", "3")
+    for mesh, flags in (((4, 1, 2), ["--ep", "4"]), ((1, 1, 1), [])):
+        resumed, output = _train(mesh, tmp_path / f"log_{mesh[0]}", *moe, *flags,
+                                 "--resume-from", str(tmp_path / "a" / "step-000003"))
+        assert "resharding: saved on (dp, pp, mp) = (4, 1, 2), ep 2" in output and resumed["start_step"] == 3
+        for got, want in zip(resumed["losses"], a["losses"][3:], strict=True):
+            assert got == pytest.approx(want, rel=1e-6)
+
+
 # --- export and --init-from -------------------------------------------------------------------------------
 
 def test_export_writes_full_tensors_that_start_a_run_on_another_mesh(runs, tmp_path):

@@ -278,8 +278,10 @@ def global_batch_size(config: dict) -> int:
 def resume_notes(saved: dict, current: dict, *, path: Path, step: int) -> list[str]:
     """What a resumed run should be told: resharding, and settings that make it a different run."""
     notes = [f"resuming from {path} (step {step})"]
-    mesh = lambda c: f"({c['mesh']['dp']}, {c['mesh']['pp']}, {c['mesh']['mp']})"  # noqa: E731
-    if saved["mesh"] != current["mesh"]:
+    def mesh(c: dict) -> str:  # checkpoints written before cp and ep existed have neither
+        extra = "".join(f", {k} {c['mesh'][k]}" for k in ("cp", "ep") if c["mesh"].get(k, 1) > 1)
+        return f"({c['mesh']['dp']}, {c['mesh']['pp']}, {c['mesh']['mp']}){extra}"
+    if {**saved["mesh"], "cp": 1, "ep": 1, **saved["mesh"]} != {**current["mesh"], "cp": 1, "ep": 1, **current["mesh"]}:
         notes.append(f"resharding: saved on (dp, pp, mp) = {mesh(saved)}, loading on {mesh(current)}")
     if global_batch_size(saved) != global_batch_size(current):
         notes.append(f"warning: the global batch size changed from {global_batch_size(saved)} to "
