@@ -7,6 +7,7 @@ specialised to the example micro-batch shape: a different micro-batch size needs
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from typing import Iterator
 
@@ -48,10 +49,13 @@ def trace_pipeline(model: nn.Module, *, example_microbatch: torch.Tensor | tuple
 
 @contextlib.contextmanager
 def traced_as_stand_ins(model: nn.Module) -> Iterator[None]:
-    """While tracing, every ``EagerModule`` of ``model`` runs its ``trace_forward`` (models/spec.py)."""
+    """While tracing, every ``EagerModule`` of ``model`` runs its ``trace_forward`` (models/spec.py), its tensor
+    inputs first copied in the order of its signature: the copies tell ``restore_eager_modules`` which of the
+    traced module's inputs is which."""
     eager = [m for m in model.modules() if isinstance(m, EagerModule)]
     for module in eager:
-        module.forward = module.trace_forward  # an instance attribute: nn.Module.__call__ finds it first
+        # an instance attribute: nn.Module.__call__ finds it first
+        module.forward = functools.partial(_with_marked_inputs, module.trace_forward)
     try:
         yield
     finally:
@@ -59,17 +63,52 @@ def traced_as_stand_ins(model: nn.Module) -> Iterator[None]:
             del module.forward
 
 
+def _with_marked_inputs(trace_forward, *args):
+    return trace_forward(*(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+
+
 def restore_eager_modules(stage_module: nn.Module, reference: nn.Module) -> list[str]:
     """Put ``reference``'s ``EagerModule``s back in place of their traced copies in the stage (the parent graph
     calls them by name; the tracer keeps the model's Parameter objects, so they are the stage's own). Returns
-    their names."""
+    their names.
+
+    The tracer orders a traced module's inputs by where its graph first uses them, not as its signature does
+    (attention's (q, k, v) may arrive as (k, q, v)): each restored module gets the parent's arguments back in
+    its own order, read from the marks ``traced_as_stand_ins`` left."""
     held = dict(stage_module.named_modules())
     restored = []
     for name, module in reference.named_modules():
         if isinstance(module, EagerModule) and name in held and not any(name.startswith(r + ".") for r in restored):
+            order = _signature_order(held[name])
             stage_module.set_submodule(name, module)
+            take_arguments_in_order(module, order)
             restored.append(name)
     return restored
+
+
+def take_arguments_in_order(module: nn.Module, order: list[int]) -> None:
+    """``module`` (an eager module, or what replaces one) takes the traced parent's positional arguments, its own
+    i-th being the parent's ``order[i]``-th (recorded as ``module.traced_argument_order``)."""
+    module.traced_argument_order = order
+    if order != sorted(order):
+        module.register_forward_pre_hook(lambda _m, args: tuple(args[i] for i in order))
+
+
+def _signature_order(traced: nn.Module) -> list[int]:
+    """For each of the module's own inputs in signature order, its place among the traced module's inputs."""
+    graph = getattr(traced, "graph", None)
+    if graph is None:
+        return []
+    nodes = list(graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    first_copy = {}  # placeholder -> the graph position of the copy made of it first
+    for position, node in enumerate(nodes):
+        if node.op == "call_function" and "clone" in str(node.target) and node.args and node.args[0] in placeholders:
+            first_copy.setdefault(node.args[0], position)
+    if len(first_copy) != len(placeholders):
+        raise RuntimeError(f"cannot tell the inputs of a traced {type(traced).__name__} apart: "
+                           f"{len(placeholders)} inputs, {len(first_copy)} marked")
+    return [placeholders.index(p) for p in sorted(first_copy, key=first_copy.get)]
 
 
 def use_generated_code(stage_module: nn.Module) -> None:

@@ -58,11 +58,14 @@ class LayerCache:
         """New keys and values (B, Hkv, t, hd) -> every position's so far (B, Hkv, length + t, hd)."""
         return self.cache._update(self.index, k, v)
 
-    def mask(self, t: int, device: torch.device) -> torch.Tensor | None:
-        """The attention mask of t new queries over length + t keys, (t, length + t) bool (True: attend):
-        query i (position length + i) sees keys 0 .. length + i. None for a single query, which sees every key.
-        (``is_causal`` would not do: for t < keys, scaled_dot_product_attention aligns it top-left.)"""
-        if t == 1:
-            return None
+    def causal_arguments(self, t: int, device: torch.device) -> dict:
+        """``scaled_dot_product_attention``'s causality for t new queries over length + t keys: query i (position
+        length + i) sees keys 0 .. length + i. A prompt on an empty cache is plain causal attention (no mask); a
+        single query sees every key; t queries after cached ones take a (t, length + t) mask (``is_causal``
+        would align top-left)."""
         length = self.cache.length
-        return torch.ones(t, length + t, dtype=torch.bool, device=device).tril(diagonal=length)
+        if t == 1:
+            return {}
+        if length == 0:
+            return {"is_causal": True}
+        return {"attn_mask": torch.ones(t, length + t, dtype=torch.bool, device=device).tril(diagonal=length)}

@@ -139,29 +139,21 @@ class EagerModule(nn.Module):
         return type(self).forward(self, *args, **kwargs)
 
 
-def document_mask(positions: torch.Tensor) -> torch.Tensor:
-    """The block-causal attention mask of packed documents, (B, T) positions -> (B, 1, T, T) bool (True:
-    attend). ``positions`` holds each token's position within its document (0 starts a document), so token i
-    sees token j when both lie in the same document (document id = number of starts up to them) and j's
-    position is at most i's: causal within a document, nothing across (Megatron's reset_attention_mask).
-    Built from the positions alone, with no tensor created on a device of its own (the graph is traced)."""
-    document = (positions == 0).cumsum(-1)  # (B, T): 0 for a document begun before the window
-    same = document.unsqueeze(-1) == document.unsqueeze(-2)  # (B, T, T)
-    causal = positions.unsqueeze(-2) <= positions.unsqueeze(-1)  # (B, T, T): j's position <= i's
-    return (same & causal).unsqueeze(1)
-
-
-def run_blocks(layers: nn.ModuleDict, x: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-    """The blocks in order. With packed documents every block gets its own copy of the positions: the
-    tracer places the copy made before block i in the stage that precedes a split at block i, so the
-    positions travel from stage to stage with the activations (a pipeline stage other than the first
-    cannot read the model's inputs)."""
+def run_blocks(layers: nn.ModuleDict, x: torch.Tensor, positions: torch.Tensor | None,
+               documents: torch.Tensor | None = None) -> torch.Tensor:
+    """The blocks in order. With explicit positions (packed documents, a context-parallel slice of a sequence)
+    and document ids every block gets its own copies: the tracer places the copies made before block i in the
+    stage that precedes a split at block i, so they travel from stage to stage with the activations (a
+    pipeline stage other than the first cannot read the model's inputs)."""
     for block in layers.values():
         if positions is None:
-            x = block(x)  # the traced graph without documents calls each block with one input
-        else:
+            x = block(x)  # the traced graph of plain sequences calls each block with one input
+        elif documents is None:
             positions = positions.clone()
             x = block(x, positions)
+        else:
+            positions, documents = positions.clone(), documents.clone()
+            x = block(x, positions, documents)
     return x
 
 

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from models import MoE, build_model, update_expert_bias
 from runtime.config import TrainConfig
-from runtime.engine.data import build_data_from_config, inputs_and_targets
+from runtime.engine.data import build_data_from_config
+from runtime.engine.data.inputs import model_batch
 from runtime.engine.optim import build_lr_schedule, build_optimizer
 
 
@@ -33,9 +34,9 @@ def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
     schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
     run = ReferenceRun([], [], {})
     for step in range(steps):
-        inputs, targets = inputs_and_targets(data.train.rows(step, 0, cfg.global_batch_size))
         positions = data.train.positions(step, 0, cfg.global_batch_size) if cfg.data.document_mask else None
-        logits = model(inputs, positions)
+        inputs, targets = model_batch(data.train.rows(step, 0, cfg.global_batch_size), positions)
+        logits = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
         loss.backward()
         if step == 0:

@@ -21,6 +21,7 @@ from models.common.norm import RMSNorm
 from models.common.rope import Rope, inverse_frequencies
 from runtime.commands.train import InputError, check_inputs
 from runtime.distributed.process_group import LaunchEnv
+from runtime.engine.data.inputs import document_ids
 
 DEBUG = named_config("llama3-debug")
 SPEC = spec_of(DEBUG)
@@ -264,11 +265,12 @@ def test_a_document_packed_after_another_gets_the_logits_it_has_alone():
     first = 11
     positions = torch.cat((torch.arange(first), torch.arange(32 - first)))[None]  # two documents
     with torch.no_grad():
-        packed = model(tokens, positions)
+        packed = model(tokens, positions, document_ids(positions))
         alone = model(tokens[:, first:])
         torch.testing.assert_close(packed[:, first:], alone, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(packed[:, :first], model(tokens[:, :first]), rtol=1e-5, atol=1e-5)
-        assert not torch.allclose(model(tokens)[:, first:], alone, atol=1e-3)  # without positions: one document
+        assert not torch.allclose(model(tokens)[:, first:], alone, atol=1e-3)  # without documents: one document
+        assert not torch.allclose(model(tokens, positions)[:, first:], alone, atol=1e-3)
         torch.testing.assert_close(model(tokens, torch.arange(32)[None]), model(tokens), rtol=1e-5, atol=1e-6)
 
 

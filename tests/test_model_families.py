@@ -21,6 +21,7 @@ from models import (
     spec_of,
     with_window,
 )
+from runtime.engine.data.inputs import document_ids
 from models.spec import (
     COLWISE,
     HEAD_NORM,
@@ -168,12 +169,12 @@ def test_packed_documents_attend_only_within_their_document(spec):
     packed = torch.cat([first, second], dim=1)  # (1, 16): two documents
     positions = torch.cat([torch.arange(6), torch.arange(10)]).unsqueeze(0)
     with torch.no_grad():
-        logits = model(packed, positions)
+        logits = model(packed, positions, document_ids(positions))  # ids carried with the batch, not derived here
         torch.testing.assert_close(logits[:, 6:], model(second), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(logits[:, :6], model(first), rtol=1e-5, atol=1e-5)
         # One document spanning the window is plain causal attention.
         whole = torch.arange(16).unsqueeze(0)
-        torch.testing.assert_close(model(packed, whole), model(packed), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(packed, whole, torch.zeros_like(whole)), model(packed), rtol=1e-5, atol=1e-5)
         assert not torch.allclose(logits[:, 6:], model(packed)[:, 6:], atol=1e-4)  # the mask does something
 
 

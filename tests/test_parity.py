@@ -90,6 +90,14 @@ CASES = [
     (2, 2, 1, "zbv", [*MIXTRAL, "--ep", "2"]),
     (4, 2, 1, "interleaved-1f1b", [*QWEN3_MOE, "--ep", "2", "--dp-shard", "2"]),
     (2, 2, 2, "1f1b", QWEN3),
+    # Context parallelism (--cp in the flags: the world is dp x pp x cp x mp): each sequence in 2 cp load-balanced
+    # chunks per rank, K/V all-gathered; learned positions, Llama's GQA with RoPE at global positions, packed
+    # documents crossing chunk boundaries under PP + TP and under SP, and with expert parallelism.
+    (1, 1, 1, "1f1b", ["--cp", "2"]),
+    (2, 1, 1, "1f1b", [*LLAMA, "--cp", "2"]),
+    (1, 2, 2, "1f1b", ["--cp", "2", *DOCUMENTS]),
+    (2, 1, 2, "1f1b", [*LLAMA, "--cp", "2", "--sequence-parallel", *DOCUMENTS]),
+    (2, 1, 1, "1f1b", [*QWEN3_MOE, "--cp", "2", "--ep", "2"]),
     # Validation through the V placements (a forward-only action list: torch's V schedules cannot eval()).
     (1, 2, 1, "zbv", ["--eval-every", "3"]),
     (1, 2, 1, "dualpipev", ["--eval-every", "3"]),
@@ -102,6 +110,11 @@ if not stages_receive_integer_tensors():  # torch 2.11: --document-mask with --p
 def _args(dp, pp, mp, schedule, extra, logdir) -> list[str]:
     return [f"--dp={dp}", f"--pp={pp}", f"--mp={mp}", "--schedule", schedule, "--microbatches", str(2 * pp),
             "--logdir", str(logdir), *COMMON, *extra]
+
+
+def _world(case) -> int:
+    dp, pp, mp, _, extra = case
+    return dp * pp * mp * (int(extra[extra.index("--cp") + 1]) if "--cp" in extra else 1)
 
 
 def _case_id(case) -> str:
@@ -119,8 +132,7 @@ def trained(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
     root = tmp_path_factory.mktemp("parity")
     by_world: dict[int, list[str]] = {}
     for case in CASES:
-        dp, pp, mp, _, _ = case
-        by_world.setdefault(dp * pp * mp, []).append(_case_id(case))
+        by_world.setdefault(_world(case), []).append(_case_id(case))
     out = {}
     for world, ids in by_world.items():
         argvs = [_args(*CASES_BY_ID[i], root / i) for i in ids]
@@ -140,9 +152,10 @@ def test_losses_and_gradients_match_single_process(trained, dp, pp, mp, schedule
     assert error is None, error
     summary = json.loads((logdir / "summary.json").read_text())
 
-    cfg = parse_train_config(_args(dp, pp, mp, schedule, extra, logdir), world_size=dp * pp * mp)
+    world = _world((dp, pp, mp, schedule, extra))
+    cfg = parse_train_config(_args(dp, pp, mp, schedule, extra, logdir), world_size=world)
     reference = train_reference(cfg, steps=STEPS)
-    assert_gradients_match(gathered_gradients(logdir, world_size=dp * pp * mp, tied=spec_of(cfg.model).tied_weights
+    assert_gradients_match(gathered_gradients(logdir, world_size=world, tied=spec_of(cfg.model).tied_weights
                                               if cfg.model.tie_embeddings else {}), reference.first_step_grads)
     assert len(summary["losses"]) == STEPS
     for step, (got, want) in enumerate(zip(summary["losses"], reference.losses)):
@@ -218,10 +231,10 @@ def test_sequence_parallel_stages_exchange_sequence_shards(trained, case):
     dp, pp, mp, _, _ = case
     logdir, error = trained[_case_id(case)]
     assert error is None, error
-    cfg = parse_train_config(_args(*case, logdir), world_size=dp * pp * mp)
-    shard = [cfg.pipeline.micro_batch_size, cfg.model.seq_len // mp, cfg.model.d_model]
+    cfg = parse_train_config(_args(*case, logdir), world_size=_world(case))
+    shard = [cfg.pipeline.micro_batch_size, cfg.model.seq_len // cfg.mesh.cp // mp, cfg.model.d_model]
     received = {}
-    for rank in range(dp * pp * mp):
+    for rank in range(_world(case)):
         received.update(json.loads((logdir / f"received_rank{rank}.json").read_text()))
     assert sorted(int(i) for i in received) == list(range(pp * cfg.pipeline.stages_per_rank))
     for index, shapes in received.items():

@@ -29,6 +29,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.attention.bias import causal_lower_right
 
 from compiler.torch_compat import cpu_flash_attention, cpu_flash_attention_backward
+from compiler.trace import take_arguments_in_order
+from models import CausalAttention, document_runs
 
 
 def chunk_order(cp: int) -> list[int]:
@@ -120,6 +122,16 @@ class ContextParallelAttention(nn.Module):
     """Replaces a model's attention core (models/common/attention_core.py ``CausalAttention``: q, k, v after RoPE,
     (B, heads, T/cp, hd), and the tokens' document ids (B, T/cp) or None) in a context-parallel stage."""
 
+    @staticmethod
+    def apply(stage_module: nn.Module, mesh: DeviceMesh) -> int:
+        """Every attention core of the stage made context-parallel over ``mesh``; returns how many."""
+        cores = [(name, m) for name, m in stage_module.named_modules() if isinstance(m, CausalAttention)]
+        for name, core in cores:
+            replacement = ContextParallelAttention(mesh)
+            take_arguments_in_order(replacement, core.traced_argument_order)  # as the core took them (compiler/trace.py)
+            stage_module.set_submodule(name, replacement)
+        return len(cores)
+
     def __init__(self, mesh: DeviceMesh):
         super().__init__()
         self.mesh = mesh
@@ -140,20 +152,13 @@ class ContextParallelAttention(nn.Module):
             first = _document_starts(docs_all[b])  # (T,) each token's document's first position
             pieces = []
             for i, a in enumerate(starts):
-                for lo, hi in _runs(docs_all[b, a:a + run]):  # runs of one document within the chunk
+                for lo, hi in document_runs(docs_all[b, a:a + run]):  # runs of one document within the chunk
                     s, qa, qb = int(first[a + lo]), a + lo, a + hi
                     local = slice(i * run + lo, i * run + hi)
                     pieces.append(causal_run_attention(q[b:b + 1, :, local], k_all[b:b + 1, :, s:qb],
                                                        v_all[b:b + 1, :, s:qb], prefix=qa - s))
             rows.append(torch.cat(pieces, dim=2))
         return torch.cat(rows, dim=0)
-
-
-def _runs(ids: torch.Tensor) -> list[tuple[int, int]]:
-    """[lo, hi) of each run of equal values in a 1-D tensor."""
-    change = torch.nonzero(ids[1:] != ids[:-1]).flatten().add(1).tolist()
-    edges = [0, *change, ids.numel()]
-    return list(zip(edges[:-1], edges[1:]))
 
 
 def _document_starts(documents: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from torch.distributed.pipelining import PipelineStage
 
 from compiler.parallelize.activation_checkpointing import apply_ac, original_name
 from compiler.parallelize.compile import apply_compile
+from compiler.parallelize.context_parallel import ContextParallelAttention
 from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel, moe_gradient_factors
 from compiler.parallelize.expert_parallel import MoeMeshes, apply_moe_parallelism
 from compiler.parallelize.materialize import materialize
@@ -75,15 +76,17 @@ def build_local_stages(
     initial_value: Callable[[str, tuple[int, ...]], torch.Tensor],
     compile_blocks: bool = False,
     sequence_parallel: bool = False,
-    document_positions: bool = False,
+    model_inputs: int = 1,
+    context_parallel: DeviceMesh | None = None,
     message_dtype: torch.dtype | None = None,
 ) -> LocalStages:
     """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of ``cfg``'s
     model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
     embedding and head over the vocabulary; the norms over the sequence with ``sequence_parallel``),
     checkpointed, compiled (``compile_blocks``), data-parallel, and filled from ``initial_value(model name,
-    full shape)``. ``document_positions``: the model takes (tokens, positions) and attends block-causally
-    within packed documents. Activations and their gradients cross stages in ``message_dtype`` (the
+    full shape)``. ``model_inputs``: the model takes tokens (1), with positions (2: a context-parallel slice of
+    each sequence), and document ids (3: packed documents; runtime/engine/data/inputs.py). ``context_parallel``: the
+    cp mesh; each rank holds 1/cp of every sequence and attention gathers keys and values over it. Activations and their gradients cross stages in ``message_dtype`` (the
     autocast dtype; None: fp32, the traced dtype)."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
@@ -92,15 +95,17 @@ def build_local_stages(
     with torch.device("meta"):
         # A tied head gets a weight of its own: the two copies may live on different stages.
         model = spec.build(cfg, share_tied_weights=False)
-        tokens = torch.zeros(micro_batch_size, cfg.seq_len, dtype=torch.long)  # (b, T)
-        # Packed documents: each token's position in its document, (b, T), the model's second input.
-        example = (tokens, torch.zeros_like(tokens)) if document_positions else tokens
+        cp = context_parallel.size() if context_parallel is not None else 1
+        tokens = torch.zeros(micro_batch_size, cfg.seq_len // cp, dtype=torch.long)  # (b, T/cp)
+        example = (tokens, *(torch.zeros_like(tokens) for _ in range(model_inputs - 1))) if model_inputs > 1 else tokens
     pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage)
     modules, stages, factors = [], [], {}
     for index in indices:
         module = pipe.get_stage_module(index)
         restore_eager_modules(module, model)
         restore_linear_modules(module, model)
+        if context_parallel is not None:
+            ContextParallelAttention.apply(module, context_parallel)
         if meshes.mp.size() > 1:
             apply_tp(module, meshes.mp, block_plan=spec.block_plan(sequence_parallel=sequence_parallel),
                      model_plan=spec.model_plan(sequence_parallel=sequence_parallel), sequence_parallel=sequence_parallel)

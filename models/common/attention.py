@@ -7,9 +7,11 @@ shared by ``scaled_dot_product_attention(enable_gqa=True)`` (key/value head h se
 Hugging Face's repeat_kv order) instead of being copied out H wide: a tensor-parallel shard holding H/mp query
 heads and Hkv/mp key/value heads keeps the group size and traces the same graph.
 
-Positions: none (the traced case), 0..T-1 and causal attention; per-token ``positions`` (B, T) of packed
-documents, rotated by them and masked block-causally (models/spec.py document_mask); with a ``LayerCache``
-the new tokens at ``positions`` after the cached ones, attending to every cached key (models/kv_cache.py).
+Positions: none (the traced case of plain sequences), 0..T-1; else per-token ``positions`` (B, T) rotate q and k
+(packed documents restart them; a context-parallel slice of a sequence has its tokens' global positions).
+Causality is the core's (attention_core.py ``CausalAttention``, the submodule ``core``): within each document of
+``documents`` (B, T), without a T x T mask. With a ``LayerCache`` the new tokens at ``positions`` after the
+cached ones attend to every cached key (models/kv_cache.py).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from torch import nn
 
 from models.common.norm import RMSNorm
 from models.common.rope import Rope, apply_rotary, rotary_cos_sin
+from models.common.attention_core import CausalAttention
 from models.kv_cache import LayerCache
-from models.spec import document_mask
 
 
 class Attention(nn.Module):
@@ -36,8 +38,9 @@ class Attention(nn.Module):
         self.o = nn.Linear(n_heads * head_dim, d_model, bias=False)
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
+        self.core = CausalAttention()
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, documents: torch.Tensor | None = None,
                 cache: LayerCache | None = None) -> torch.Tensor:
         B, T, _ = x.shape  # x: (B, T, D)
         q = self.q(x).view(B, T, -1, self.head_dim)  # (B, T, H, hd)
@@ -48,13 +51,10 @@ class Attention(nn.Module):
         cos, sin = rotary_cos_sin(q, positions, self.rope)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hd)
-        mask, causal = None, False
         if cache is not None:
-            mask = cache.mask(T, q.device)  # (T, cached + T), or None for one new token
+            causal = cache.causal_arguments(T, q.device)  # before update: the new queries against cached keys
             k, v = cache.update(k, v)  # (B, Hkv, cached + T, hd): cached after RoPE, before any sharing
-        elif positions is not None:
-            mask = document_mask(positions)  # (B, 1, T, T)
+            y = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **causal)
         else:
-            causal = True
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=True)
+            y = self.core(q, k, v) if documents is None else self.core(q, k, v, documents)  # (B, H, T, hd)
         return self.o(y.transpose(1, 2).reshape(B, T, -1))  # (B, H, T, hd) -> (B, T, H*hd) -> (B, T, D)

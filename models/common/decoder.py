@@ -8,9 +8,10 @@ on a device of its own and the model has no buffers (the engine materialises par
 A block is ``attn_norm``, ``attn``, ``mlp_norm`` and either ``mlp`` (a dense SwiGLU) or ``moe`` (moe.py): the two
 feed-forward kinds have different names, so that tensor-parallel plans and checkpoints tell them apart.
 
-Document masking: ``forward(tokens, positions)`` takes each token's position within its document (B, T) int64,
-0 starting a document; RoPE rotates by those positions and attention is block-causal (attention.py). Without
-``positions``: positions 0..T-1 and plain causal attention (what the engine traces).
+Inputs: ``forward(tokens, positions, documents)``: ``positions`` (B, T) int64 rotate q and k (each token's position
+within its document for packed documents, or its global position in a context-parallel slice); ``documents``
+(B, T) int64 make attention causal within each document (attention_core.py). Without them: positions 0..T-1
+and plain causal attention.
 """
 
 from __future__ import annotations
@@ -40,15 +41,15 @@ class Block(nn.Module):
         self.ffn_name = "moe" if isinstance(feed_forward, MoE) else "mlp"  # the feed-forward submodule's name
         self.add_module(self.ffn_name, feed_forward)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, documents: torch.Tensor | None = None,
                 cache: LayerCache | None = None) -> torch.Tensor:
-        # Pre-norm residual blocks. The attention is called with positions only when there are some, so that
-        # the traced graph (and any input hook on it) sees the one input it has today.
+        # Pre-norm residual blocks. The attention is called with the inputs there are, so that the traced graph
+        # (and any input hook on it) sees only those.
         h = self.attn_norm(x)
         if cache is not None:
             x = x + self.attn(h, positions, cache=cache)
         else:
-            x = x + (self.attn(h) if positions is None else self.attn(h, positions))
+            x = x + self.attn(h, *(t for t in (positions, documents) if t is not None))
         return x + self.get_submodule(self.ffn_name)(self.mlp_norm(x))
 
 
@@ -73,11 +74,11 @@ class Decoder(nn.Module):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(x))  # (B, T, D) -> (B, T, V)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, documents: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
         if cache is not None:
             return self.decode(tokens, cache)
-        return self.logits(run_blocks(self.layers, self.embed(tokens, positions), positions))
+        return self.logits(run_blocks(self.layers, self.embed(tokens, positions), positions, documents))
 
     def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """(B, t) new tokens after the cache's positions -> their logits (B, t, V). RoPE rotates each at its

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.kv_cache import KVCache, LayerCache
-from models.spec import TIED_EMBEDDINGS, divisors, document_mask, name_seeded_normal, run_blocks
+from models.common.attention_core import CausalAttention
+from models.spec import TIED_EMBEDDINGS, divisors, name_seeded_normal, run_blocks
 
 # GPT-2's MLP hidden width per unit of d_model: the width whenever none is given.
 GPT2_MLP_RATIO = 4
@@ -79,24 +80,23 @@ class Attention(nn.Module):
         # parallelism all-reduces the input gradient once instead of three times.
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.o = nn.Linear(cfg.d_model, cfg.d_model)
+        self.core = CausalAttention()  # causal within documents, no T x T mask (models/common/attention_core.py)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+    def forward(self, x: torch.Tensor, documents: torch.Tensor | None = None,
                 cache: LayerCache | None = None) -> torch.Tensor:
         # x: (B, T, D). The head count is -1, never n_heads: the traced graph keeps the -1, so a
         # tensor-parallel shard holding H/mp heads (qkv: (B, T, 3D/mp)) runs the same graph.
-        # positions (B, T): packed documents, attention block-causal (models/spec.py document_mask).
+        # documents (B, T): packed documents' ids, attention causal within each.
         # cache: decoding (models/kv_cache.py); x holds the new tokens only.
         B, T, _ = x.shape
         qkv = self.qkv(x).view(B, T, -1, 3, self.head_dim)  # (B, T, H, 3, hd)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each (B, H, T, hd)
         if cache is not None:
-            mask = cache.mask(T, x.device)
+            causal = cache.causal_arguments(T, x.device)  # before update: the new queries against cached keys
             k, v = cache.update(k, v)  # (B, H, cached + T, hd)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        elif positions is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, H, T, hd)
+            y = F.scaled_dot_product_attention(q, k, v, **causal)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(positions))
+            y = self.core(q, k, v) if documents is None else self.core(q, k, v, documents)  # (B, H, T, hd)
         return self.o(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
 
 
@@ -118,10 +118,15 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None, documents: torch.Tensor | None = None,
                 cache: LayerCache | None = None) -> torch.Tensor:
+        # Learned positions enter at the embedding; a block takes positions only to pass them on (the stages'
+        # common signature). The attention is called with the inputs there are (the traced graph sees only those).
         h = self.ln1(x)
-        x = x + (self.attn(h, positions) if cache is None else self.attn(h, cache=cache))
+        if cache is not None:
+            x = x + self.attn(h, cache=cache)
+        else:
+            x = x + (self.attn(h) if documents is None else self.attn(h, documents))
         return x + self.mlp(self.ln2(x))
 
 
@@ -151,11 +156,14 @@ class GPT(nn.Module):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(x))  # (B, T, D) -> (B, T, V)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, documents: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
         if cache is not None:
             return self.decode(tokens, cache)
-        return self.logits(run_blocks(self.layers, self.embed(tokens, positions), positions))
+        x = self.embed(tokens, positions)
+        if documents is None:  # the blocks need no positions: the embedding used them
+            return self.logits(run_blocks(self.layers, x, None))
+        return self.logits(run_blocks(self.layers, x, positions, documents))
 
     def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """(B, t) new tokens after the cache's positions -> their logits (B, t, V). Each token's learned

@@ -29,7 +29,7 @@ from compiler.parallelize.stages import StageMeshes, build_local_stages
 from compiler.precisions import PRECISIONS
 from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import plan_stages
-from models import config_from_dict, spec_of, with_window
+from models import config_from_dict, moe_layer_names, spec_of, with_window
 from runtime.checkpoint.files import CheckpointError, CheckpointInfo
 from runtime.checkpoint.state import load_model_only
 from runtime.checkpoint.weights import read_init_weights, resolve_checkpoint
@@ -37,7 +37,8 @@ from runtime.commands import flag_groups as groups
 from runtime.commands.flags import config_from_args
 from runtime.config import ConfigError, TrainConfig, validate
 from runtime.device import configure_cpu_threads, configure_fp32_matmuls, select_device
-from runtime.distributed.mesh import build_mesh, fsdp_mesh, grid_layout
+from runtime.distributed.mesh import build_mesh, fsdp_mesh, grid_layout, moe_meshes
+from runtime.engine.data.inputs import ContextSlice, model_input_count
 from runtime.distributed.process_group import LaunchEnv, collective_timeout, init_distributed, shutdown_distributed
 from runtime.engine.data import DataError, evaluation_corpus, replica_rows
 from runtime.engine.data.corpus import Corpus
@@ -154,10 +155,14 @@ def evaluate(inputs: EvalInputs, *, env: LaunchEnv, device: torch.device) -> Eva
         cfg.model, blocks_per_stage=plan.blocks_per_stage,
         stage_indices=spec.stage_indices(pp_rank, pp=cfg.mesh.pp, stages_per_rank=v),
         micro_batch_size=cfg.pipeline.micro_batch_size, device=device, activation_checkpointing=False,
-        meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout)),
+        meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout),
+                           moe=(moe_meshes(mesh, layout, sequence_parallel=cfg.sequence_parallel, timeout=timeout)
+                                if moe_layer_names(cfg.model) else None)),
         data_parallel=DataParallelOptions(zero3=cfg.data_parallel.reshard_after_forward,
                                           param_dtype=PRECISIONS[cfg.precision].autocast_dtype, reduce_dtype=None),
-        initial_value=values, document_positions=cfg.data.document_mask)
+        initial_value=values, sequence_parallel=cfg.sequence_parallel,
+        model_inputs=model_input_count(document_mask=cfg.data.document_mask, cp=cfg.mesh.cp),
+        context_parallel=mesh["cp"] if cfg.mesh.cp > 1 else None)
     if inputs.checkpoint is not None:
         load_model_only(stages, inputs.checkpoint)
     vocab_parallel = cfg.mesh.mp > 1
@@ -167,9 +172,10 @@ def evaluate(inputs: EvalInputs, *, env: LaunchEnv, device: torch.device) -> Eva
     ctx = StepContext(schedule=schedule, schedule_name=cfg.pipeline.schedule, stages=stages, optimizer=None,
                       lr_schedule=None, scaler=None, device=device,
                       precision=cfg.precision, grad_clip=0.0, loss_copies=cfg.mesh.mp,
-                      plane_size=cfg.mesh.dp * cfg.mesh.mp, vocab_parallel=vocab_parallel)
+                      plane_size=cfg.mesh.dp * cfg.mesh.cp * cfg.mesh.mp, vocab_parallel=vocab_parallel)
     with torch.no_grad():
         return evaluate_windows(ctx, inputs.corpus, global_batch_size=cfg.global_batch_size,
                                 replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
                                 loss_copies=cfg.mesh.mp, byte_level=inputs.byte_level,
-                                document_mask=cfg.data.document_mask)
+                                document_mask=cfg.data.document_mask,
+                                context=ContextSlice(layout.cp_index(env.rank), cfg.mesh.cp) if cfg.mesh.cp > 1 else None)

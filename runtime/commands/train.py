@@ -64,6 +64,7 @@ from runtime.distributed.process_group import (
 from runtime.distributed.timeouts import CHECKPOINT, PhaseTimeouts
 from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
 from runtime.engine.data import DataError, DataSources, build_data_from_config, replica_rows
+from runtime.engine.data.inputs import ContextSlice, model_input_count
 from runtime.engine.experts import ExpertBalance
 from runtime.engine.guards import DivergenceError, DivergenceGuard
 from runtime.engine.loop import training_loop
@@ -228,7 +229,9 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
                                           param_dtype=PRECISIONS[cfg.precision].autocast_dtype,
                                           reduce_dtype=_reduce_dtype(cfg.data_parallel.reduce_dtype)),
         initial_value=_initial_values(cfg, start), compile_blocks=cfg.compile_blocks,
-        sequence_parallel=cfg.sequence_parallel, document_positions=cfg.data.document_mask,
+        sequence_parallel=cfg.sequence_parallel,
+        model_inputs=model_input_count(document_mask=cfg.data.document_mask, cp=cfg.mesh.cp),
+        context_parallel=mesh["cp"] if cfg.mesh.cp > 1 else None,
         message_dtype=PRECISIONS[cfg.precision].autocast_dtype)
     tied = (TiedWeights(stages.named_parameters(), tied_weights=spec_of(cfg.model).tied_weights,
                         pp_group=mesh["pp"].get_group(), pp_rank=pp_rank,
@@ -267,7 +270,7 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
             [(n, m) for module in stages.modules for n, m in module.named_modules()],
             moe_layer_names=moe_layer_names(cfg.model), token_group=moe.tokens.get_group() if moe and moe.tokens else None,
             reports=layout.cp_index(env.rank) == 0 and layout.coordinates(env.rank)[::2] == (0, 0),
-            bias_rate=cfg.expert_bias_rate, device=device),
+            bias_rate=cfg.expert_bias_rate, device=device, context_parallel=cfg.mesh.cp),
         microbatches=cfg.pipeline.microbatches,
     )
 
@@ -307,6 +310,7 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
                 optim=cfg.optim, data_cfg=cfg.data, metrics_cfg=cfg.metrics, throughput=throughput, logger=logger,
                 is_logging_rank=env.rank == logging_rank, guard=guard, start_step=start_step,
                 checkpointer=checkpointer, profiler=profiler, stop=stop, phases=phases,
+                context=ContextSlice(layout.cp_index(env.rank), cfg.mesh.cp) if cfg.mesh.cp > 1 else None,
             )
     except (CheckpointError, DivergenceError):
         # Raised on every rank at the same point: a background save of an earlier step can still be published.

@@ -21,7 +21,7 @@ from einops import rearrange
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
-from runtime.engine.data import inputs_and_targets
+from runtime.engine.data.inputs import ContextSlice, model_batch
 from runtime.engine.data.corpus import restart_at_window
 from runtime.engine.data.corpus import Corpus
 from runtime.engine.step import StepContext, run_schedule
@@ -63,20 +63,22 @@ class Evaluation:
 
 
 def evaluate_windows(ctx: StepContext, corpus: Corpus, *, global_batch_size: int, replica_rows: tuple[int, int],
-                     loss_copies: int, byte_level: bool, document_mask: bool = False) -> Evaluation:
+                     loss_copies: int, byte_level: bool, document_mask: bool = False,
+                     context: ContextSlice | None = None) -> Evaluation:
     """Every window of ``corpus`` once, in file order; this replica reads rows ``replica_rows`` of each batch.
-    ``loss_copies``: ranks reporting the same replica's sum (its mp last-stage ranks). ``document_mask``: the
-    model also takes each token's position in its document (counted from the window as in training)."""
+    ``loss_copies``: ranks reporting the same replica's sum (its mp last-stage ranks; context-parallel ranks sum
+    other tokens). ``document_mask``: the model also takes each token's position in its document and its
+    document's id (counted from the window as in training); ``context``: this rank's chunks of each window."""
     n, (start, stop) = corpus.windows, replica_rows
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for first in range(0, n, global_batch_size):
         windows = range(first + start, first + stop)
-        inputs, targets = inputs_and_targets(torch.stack([corpus.window(g if g < n else 0) for g in windows]))
+        rows = torch.stack([corpus.window(g if g < n else 0) for g in windows])
+        positions = (restart_at_window(torch.stack([corpus.positions(g if g < n else 0) for g in windows]))
+                     if document_mask else None)
+        inputs, targets = model_batch(rows, positions, context=context)
         targets[torch.tensor([g >= n for g in windows])] = IGNORE_INDEX  # padding rows of the last batch
-        inputs = inputs.to(ctx.device)
-        if document_mask:
-            positions = restart_at_window(torch.stack([corpus.positions(g if g < n else 0) for g in windows]))
-            inputs = (inputs, positions.to(ctx.device))
+        inputs = tuple(t.to(ctx.device) for t in inputs) if isinstance(inputs, tuple) else inputs.to(ctx.device)
         losses = run_schedule(ctx, inputs, targets.to(ctx.device), train=False)
         if losses:
             total += torch.stack(losses).detach().double().sum().to(ctx.device)

@@ -2,7 +2,7 @@
 the auxiliary-loss-free bias update (models/common/load_balance.py states the conventions).
 
 Before a step every MoE layer learns the scale its auxiliary loss's gradient takes (S / m: the fp16 loss scale
-over the micro-batches, as the cross-entropy's). After the optimizer step each layer's tokens per expert of the
+over the micro-batches, as the cross-entropy's; times cp under context parallelism, ``before_step``). After the optimizer step each layer's tokens per expert of the
 step are summed over the ranks that routed other tokens through it (``token_group``: dp x cp, and mp under
 sequence parallelism), and, with ``--expert-bias-rate``, every rank moves the router's selection bias by the
 same rule on the same counts (DeepSeek-V3 sec. 2.1.2). The loads since the last log (max / mean per layer, the
@@ -22,13 +22,14 @@ from models import MoE, update_expert_bias
 
 class ExpertBalance:
     def __init__(self, layers: dict[str, MoE], *, moe_layer_names: list[str], token_group: dist.ProcessGroup | None,
-                 reports: bool, bias_rate: float, device: torch.device):
+                 reports: bool, bias_rate: float, device: torch.device, context_parallel: int = 1):
         """``layers``: this rank's MoE modules by model name ("layers.3.moe"); ``moe_layer_names``: every MoE
         layer of the model, in order (the log's rows); ``reports``: this rank contributes its layers' loads to
         the log (one rank per stage: the plane's first)."""
         self.layers, self.names, self.token_group = layers, moe_layer_names, token_group
         self.reports, self.bias_rate, self.device = reports, bias_rate, device
         self.since_log = {name: None for name in layers}
+        self.context_parallel = context_parallel
 
     @classmethod
     def of(cls, named_modules, **kwargs) -> "ExpertBalance | None":
@@ -36,8 +37,11 @@ class ExpertBalance:
         return cls(layers, **kwargs) if kwargs["moe_layer_names"] else None
 
     def before_step(self, *, loss_scale: float, microbatches: int) -> None:
+        """S / m, as the cross-entropy's; times cp: a context-parallel rank's auxiliary loss is its share of its
+        sequences' loss (the shares add up), while data parallelism averages gradients over the cp ranks as it
+        must their cross-entropies (each a mean over its own tokens)."""
         for moe in self.layers.values():
-            moe.aux_loss_grad_scale = loss_scale / microbatches
+            moe.aux_loss_grad_scale = loss_scale / microbatches * self.context_parallel
 
     def after_step(self, *, update_bias: bool) -> None:
         """Tokens per expert of the step, summed over the token group; the bias update (every rank alike; not

@@ -15,7 +15,8 @@ from runtime.config import DataConfig, MetricsConfig, OptimConfig
 from runtime.device import host_to_device, peak_memory_bytes, peak_reserved_bytes
 from runtime.distributed.collectives import all_gather_objects, max_over_ranks
 from runtime.distributed.timeouts import CHECKPOINT, STARTUP, STEADY, PhaseTimeouts
-from runtime.engine.data import DataSources, inputs_and_targets
+from runtime.engine.data import DataSources
+from runtime.engine.data.inputs import ContextSlice, model_batch
 from runtime.engine.evaluation import language_model_metrics
 from runtime.engine.gc_control import collect_if_due, garbage_collection_between_steps
 from runtime.engine.guards import DivergenceGuard
@@ -73,17 +74,17 @@ def training_loop(
     checkpointer: Checkpointer | None = None,
     profiler: Profiler | None = None,
     stop: StopRequest | None = None,
+    context: ContextSlice | None = None,
     phases: PhaseTimeouts,
 ) -> dict:
     """Train from ``start_step`` to ``optim.last_step``. ``phases``: the first step of this process (and its
     first validation: new graphs to trace or compile) runs in start-up, the later ones in steady steps, and
     checkpoint saves in checkpoint I/O, each bounded by its own timeout."""
     def batch(source, step):
-        inputs, targets = inputs_and_targets(source.rows(step, *replica_rows))
-        if data_cfg.document_mask:  # packed documents: the model also takes each token's position in its document
-            positions = host_to_device(source.positions(step, *replica_rows), ctx.device)
-            return (host_to_device(inputs, ctx.device), positions), host_to_device(targets, ctx.device)
-        return host_to_device(inputs, ctx.device), host_to_device(targets, ctx.device)
+        positions = source.positions(step, *replica_rows) if data_cfg.document_mask else None
+        inputs, targets = model_batch(source.rows(step, *replica_rows), positions, context=context)
+        inputs = tuple(host_to_device(t, ctx.device) for t in inputs) if isinstance(inputs, tuple) else host_to_device(inputs, ctx.device)
+        return inputs, host_to_device(targets, ctx.device)
 
     val_batches = [batch(data.val, i) for i in range(data_cfg.eval_batches)] if data_cfg.eval_every else []
     losses, grad_norms, val_losses, skipped = [], [], [], 0
