@@ -187,7 +187,8 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_data_parallel(cfg.data_parallel, cfg.mesh)
     _check_pipeline(cfg.pipeline, cfg.model, cfg.mesh)
     _check_compile(cfg.compile_blocks, cfg.pipeline.schedule)
-    _check_document_positions(cfg.data.document_mask or cfg.mesh.cp > 1, cfg.mesh.pp)
+    _check_document_positions("--document-mask" if cfg.data.document_mask else f"--cp {cfg.mesh.cp}"
+                              if cfg.mesh.cp > 1 else None, cfg.mesh.pp)
     for flag, seconds in (("--collective-timeout", cfg.collective_timeout_s), ("--startup-timeout", cfg.startup_timeout_s),
                           ("--checkpoint-timeout", cfg.checkpoint_timeout_s)):
         if not seconds > 0:
@@ -201,11 +202,11 @@ def _check_compile(compile_blocks: bool, schedule: str) -> None:
                           f"support compiled stages yet; use --schedule {plain}")
 
 
-def _check_document_positions(positions_travel: bool, pp: int) -> None:
-    """Packed documents (--document-mask) and context parallelism give every block positions that travel between
-    stages with the activations."""
-    if positions_travel and pp > 1 and not stages_receive_integer_tensors():
-        raise ConfigError(f"--document-mask or --cp with --pp {pp} needs torch 2.13 or later: the positions travel between "
+def _check_document_positions(flag: str | None, pp: int) -> None:
+    """Packed documents (--document-mask) and context parallelism (--cp) give every block positions that travel
+    between stages with the activations; ``flag`` names the one given (None: neither)."""
+    if flag and pp > 1 and not stages_receive_integer_tensors():
+        raise ConfigError(f"{flag} with --pp {pp} needs torch 2.13 or later: the positions travel between "
                           f"pipeline stages as integers, and this torch ({torch.__version__}) marks every tensor a stage "
                           f"receives as requiring gradients, which integers cannot; use --pp 1 or upgrade torch")
 
