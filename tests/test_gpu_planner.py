@@ -65,11 +65,12 @@ def test_a_cuda_machine_defaults_to_its_gpus_preset_and_auto_uses_the_same_plann
     assert preset_for_device("NVIDIA H100 PCIe") is None and preset_for_device("NVIDIA A100-SXM4-40GB") is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
-    assert resolve_cluster(None).name == load_cluster("h100-80gb").name
+    assert resolve_cluster(None).name == load_cluster("h100-80gb-engine").name  # this engine's fitted factors
+    assert resolve_cluster(None).factors.compute_scale > 1
     assert not resolve_cluster("cpu-2core").is_gpu  # an explicit --cluster still wins
     argv = ["--auto", "--model", "tiny", "--precision", "bf16"]
     cfg, best, notes = plan_command.auto_config(build_parser().parse_args(argv), argv, world=8)
-    assert cfg.mesh.dp * cfg.mesh.pp * cfg.mesh.mp == 8 and best.fits and "DGX H100" in notes[-1]
+    assert cfg.mesh.dp * cfg.mesh.pp * cfg.mesh.mp == 8 and best.fits and "H100" in notes[-1]
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA Mystery 99GB")
     with pytest.raises(ValueError, match="no cluster preset matches"):
         resolve_cluster(None)

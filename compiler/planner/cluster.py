@@ -215,8 +215,9 @@ def preset_for_device(device_name: str) -> str | None:
 
 
 def resolve_cluster(name: str | None) -> Cluster:
-    """``--cluster``: a file or preset. By default, on a CUDA machine the preset of its GPU; otherwise this
-    machine's calibration, else the local preset."""
+    """``--cluster``: a file or preset. By default, on a CUDA machine the preset of its GPU, with this engine's
+    factors fitted to measured runs where a ``<preset>-engine`` file holds them; otherwise this machine's
+    calibration, else the local preset."""
     if name:
         return load_cluster(name)
     if torch.cuda.is_available():
@@ -225,7 +226,8 @@ def resolve_cluster(name: str | None) -> Cluster:
         if preset is None:
             raise ValueError(f"no cluster preset matches this machine's GPU ({device}); pass --cluster FILE.json "
                              f"(the format is in compiler/README.md; presets: {', '.join(preset_names())})")
-        return load_cluster(preset)
+        fitted = f"{preset}-engine"
+        return load_cluster(fitted if (PRESET_DIR / f"{fitted}.json").exists() else preset)
     return load_cluster(str(CALIBRATED) if CALIBRATED.exists() else LOCAL_PRESET)
 
 

@@ -23,7 +23,7 @@ from runtime.commands.flags import AUTO_CHOSEN, HelpFormatter, build_config, def
     named_model, with_default_logdir
 from runtime.commands.plan_flags import add_flags, constraints_from_args, describe_estimate, describe_shape, \
     shape_from_args
-from runtime.commands.plan_validation import validate
+from runtime.commands.plan_validation import validate, validate_measured
 from runtime.commands.precision_probe import check_calibration
 from runtime.commands.speed_probe import probe
 from runtime.config import ConfigError, TrainConfig, apply_plan, plan_error
@@ -59,6 +59,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--validate", action="store_true",
                    help="run the best plan of every feasible mesh of the tiny and small models on this machine and "
                         "compare predicted with measured step times")
+    p.add_argument("--measured", metavar="FILE", help="with --validate: compare with recorded engine runs of any device "
+                   "(summary.json or a results file, e.g. compiler/clusters/measured/h100-engine-runs.json) instead "
+                   "of running plans here")
     p.add_argument("--reproduce", metavar="FILE", nargs="*",
                    help="price published runs at their layouts (compiler/published/*.json; no FILE: all of them)")
     p.add_argument("--fit", action="store_true", help="with --reproduce: refit the GEMM efficiency constant to the "
@@ -72,8 +75,12 @@ def main(argv: list[str]) -> int:
     try:
         if args.reproduce is not None:
             return plan_reproduce.main(args)
-        if args.world is None or args.world < 1 or args.global_batch_size < 1:
+        if args.validate and args.measured:
+            pass
+        elif args.world is None or args.world < 1 or args.global_batch_size < 1:
             raise ConfigError("--world and --global-batch-size must be positive (--world is required)")
+        if args.validate and args.measured:
+            return validate_measured(args.measured, cluster=resolve_cluster(args.cluster), out=args.out)
         cluster = resolve_cluster(args.cluster)
         if not cluster.is_gpu:
             cluster = this_machine(args, cluster)
