@@ -76,7 +76,7 @@ class GemmEfficiency:
     ``k_half`` = 128 is fixed, not fitted: about four 32-deep main-loop iterations of a 128 x 256 tile of
     prologue and epilogue. ``max_efficiency`` is fitted to Table 1 of Narayanan et al. SC'21
     (compiler/planner/reproduce.py); these defaults are that A100 fit, used when a file has no ``gemm``."""
-    max_efficiency: float = 0.681
+    max_efficiency: float = 0.68
     k_half: float = 128.0
 
     def efficiency(self, k: float) -> float:

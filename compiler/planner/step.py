@@ -115,17 +115,21 @@ def data_parallel_seconds(c: Candidate, cluster: Cluster, traits: EngineTraits, 
         forward = backward = 0.0
     dtype = PRECISIONS[c.precision].autocast_dtype
     gather_bytes = dtype.itemsize if dtype else 4
-    shard_dims = [(c.cp, strides["cp"]), (g.dense_shard // c.cp, strides["dp"])]
+
+    def dense_link(members: int):  # cp ranks (inner) times dp ranks
+        return topology.dims_link([(min(members, c.cp), strides["cp"]), (max(1, members // c.cp), strides["dp"])])
+
     gather = scatter = replicas = allreduce = 0.0
-    for params, n, s, link in (
-            (dense_params, g.dense, g.dense_shard, topology.dims_link(shard_dims)),
-            (expert_params, g.experts, g.experts_shard, topology.group_link(g.experts_shard, c.ep))):
+    for params, n, s, link, whole in (
+            (dense_params, g.dense, g.dense_shard, dense_link(g.dense_shard), dense_link(g.dense)),
+            (expert_params, g.experts, g.experts_shard, topology.group_link(g.experts_shard, c.ep),
+             topology.group_link(g.experts, c.ep))):
         if not params or n == 1:
             continue
         grads = params * traits.grad_reduce_bytes
         if s == 1:
             buckets = max(1, -(-grads // BUCKET_BYTES))
-            allreduce += all_reduce_time(grads, n, link) + (buckets - 1) * link.steps(n) * link.latency
+            allreduce += all_reduce_time(grads, n, whole) + (buckets - 1) * whole.steps(n) * whole.latency
             continue
         per_unit = (units - 1) * link.steps(s) / 2 * link.latency  # each unit's collective pays its latency
         gather += all_gather_time(params * gather_bytes, s, link) + per_unit
