@@ -196,3 +196,16 @@ def test_a_priced_layout_holds_what_the_user_gave(cpu):
     c = best.candidate
     assert (c.dp, c.pp, c.mp, c.micro_batch_size, c.schedule, c.ac, c.dp_shard) == (2, 2, 1, 2, "1f1b", "full", 1)
     assert c.microbatches == 16 // 2 // 2
+
+
+def test_the_cpu_measured_tensor_parallel_buffers_are_charged_on_a_cpu_only():
+    """DTensor's two extra [B, T, d] fp32 buffers per block and in-flight micro-batch were measured on this CPU;
+    the GPU device charges none (issue 38: they made Llama 3 405B need ZeRO-3 on 80 GB)."""
+    shape = DecoderShape.from_config(TINY.model)
+    plan = Candidate(1, 2, 2, "1f1b", 1, 4, 8, "fp32", False)
+    cpu, gpu = load_cluster("cpu-2core"), load_cluster("h100-80gb")
+    in_flight = in_flight_stage_microbatches("1f1b", p=2, m=4, v=1)
+    blocks = Pricer(shape, cpu).holdings("1f1b", 2, 1)
+    first = next(h for h, r in blocks.items() if r == 0)
+    extra = 2 * 8 * shape.seq_len * shape.d_model * 4 * first.blocks * in_flight
+    assert Pricer(shape, cpu).rank_memories(plan)[0] - Pricer(shape, gpu).rank_memories(plan)[0] == pytest.approx(extra)
