@@ -2,7 +2,8 @@
 # Engine runs on one lent GPU for the planner (issue 38): step times and peak memory of a few models and plans,
 # each summary kept with its config, so that `run.py calibrate --measured` can refit the GPU preset's engine
 # factors and `run.py plan --validate --measured` can compare predictions with them. From the repository root:
-#   OUT=results bash tests/gpu_planner_runs.sh        # ~4 min on an H100; writes $OUT/results.json
+#   OUT=results bash tests/gpu_planner_runs.sh        # 195 s on an H100 (2026-11-26); writes $OUT/results.json
+# then: python run.py calibrate --measured results/results.json --out my-gpu.json
 set -uo pipefail
 OUT=${OUT:-gpu_planner_out}
 PY=${PYTHON:-python3}
@@ -20,9 +21,9 @@ run() {  # NAME FLAGS...
 }
 run gpt2-small --model small --seq-len 1024 --micro-batch-size 8
 run llama-1b --model llama3-1b --seq-len 2048 --micro-batch-size 4
-run gpt2-medium --model medium --seq-len 1024 --micro-batch-size 8
 run llama-1b-ac --model llama3-1b --seq-len 2048 --micro-batch-size 8 --activation-checkpointing
 run llama-3b-ac --model llama3-3b --seq-len 2048 --micro-batch-size 2 --activation-checkpointing
+run gpt2-medium --model medium --seq-len 1024 --micro-batch-size 8
 $PY - "$WORK" "$OUT/results.json" <<'PYEOF'
 import json, sys
 from pathlib import Path
