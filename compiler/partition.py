@@ -40,6 +40,8 @@ def balanced_split(costs: list[float], n_stages: int, *, memory: list[float] | N
     for s in range(1, n_stages + 1):
         for i in range(s, n - (n_stages - s) + 1):
             for j in range(s - 1, i):
+                if mem_prefix is None and best[s - 1][j] >= best[s][i]:
+                    break  # best[s - 1][j] never falls as j grows (costs >= 0): no later cut is better
                 if not fits(j, i):
                     continue
                 value = max(best[s - 1][j], prefix[i] - prefix[j])

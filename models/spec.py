@@ -18,7 +18,9 @@ facts and functions, read by everyone:
 - ``check(cfg, mp)``: why a shape cannot run (one line naming the flag), e.g. ``--mp`` not dividing heads;
 - FLOPs per token (MFU's numerator: a mixture's activated parameters) and, through ``build``, the per-layer
   costs the partitioner counts; each block's kind (dense or mixture of experts: ``block_kinds``);
-  its ``Architecture`` (MLP kind, norm, positions, biases) for the planner's closed-form pricing at scale;
+  its ``Architecture`` (MLP kind, norm, positions, biases) and, for a mixture of experts, its ``Experts``
+  (``experts(cfg)``: counts and widths, shared experts, the dense layers), the planner's description of it:
+  data only, so a new family is priced at any scale without planner code;
 - its Hugging Face adapter (names, transposes or permutations, ``config.json`` both ways).
 
 The module a family builds follows one naming contract, so that splitting, tying and vocabulary
@@ -77,6 +79,35 @@ class Architecture:
     positions: str  # "learned" (a table of ``context`` rows) or "rope"
     biases: bool  # the linear layers have biases
     fused_qkv: bool  # one q/k/v projection
+    qk_norm: bool = False  # a norm over each head's queries and keys before attention (Qwen3)
+
+
+@dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts MLP as the planner prices it (compiler/planner/shape.py reads it; data only).
+
+    Each block's MLP is a router (d x ``count`` logits), ``count`` routed experts of hidden width ``width``
+    of which every token uses ``top_k`` (weighted by the router), and ``shared`` experts of width
+    ``shared_width`` every token passes through; an expert is an MLP of the family's kind (SwiGLU: gate, up,
+    down). The blocks listed in ``dense_layers`` keep the dense MLP of the config's ``mlp_width`` instead
+    (DeepSeek's first-k-dense layers: ``dense_layers=range(k)``). Activated parameters per token count
+    ``top_k + shared`` experts, total parameters all of them."""
+
+    count: int
+    top_k: int
+    width: int
+    shared: int = 0
+    shared_width: int = 0  # 0: ``width``
+    dense_layers: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if not 1 <= self.top_k <= self.count:
+            raise ValueError(f"experts: top_k {self.top_k} must be between 1 and the {self.count} experts")
+
+
+def no_experts(cfg: Any) -> Experts | None:
+    """A dense family's ``experts``: every block has the dense MLP."""
+    return None
 
 
 @dataclass(frozen=True)
@@ -117,6 +148,7 @@ class ModelSpec:
     tied_weights: Mapping[str, str] = field(default_factory=lambda: dict(TIED_EMBEDDINGS))
     config_from_dict: Callable[[dict], Any] | None = None  # default: config_type(**d)
     block_kinds: Callable[[Any], tuple[str, ...]] = lambda cfg: (DENSE,) * cfg.n_layers  # each block's kind
+    experts: Callable[[Any], Experts | None] = no_experts  # experts(cfg): the MoE MLP of a size, or None
 
     def block_plan(self, *, sequence_parallel: bool) -> dict[str, str]:
         return {**self.block_tp_plan, **(self.sequence_parallel_plan if sequence_parallel else {})}

@@ -167,8 +167,16 @@ def apply_plan(cfg: TrainConfig, plan: Candidate) -> TrainConfig:
                                sequence_parallel=plan.sequence_parallel)
 
 
+# Dimensions the planner prices that the engine does not run yet (plan -> the flag it would need).
+_NOT_YET = (("--cp", lambda p: p.cp > 1), ("--ep", lambda p: p.ep > 1),
+            ("--selective-activation-checkpointing", lambda p: p.selective_ac), ("--chunked-loss", lambda p: p.chunked_loss))
+
+
 def plan_error(cfg: TrainConfig, plan: Candidate) -> str | None:
     """Why the engine would refuse ``plan`` for ``cfg``'s model, or None if it would run it."""
+    missing = [flag for flag, wants in _NOT_YET if wants(plan)]
+    if missing:
+        return f"{', '.join(missing)}: the engine does not run this yet (the planner prices it for plans at scale)"
     try:
         validate(apply_plan(cfg, plan), world_size=plan.dp * plan.pp * plan.mp)
     except ConfigError as e:

@@ -1,28 +1,45 @@
-"""Plans for a run: the planner (compiler/planner) asked about a TrainConfig's model, every plan it calls
-feasible being one the engine's own validation accepts once applied to that config."""
+"""Plans for a run: the planner (compiler/planner) asked about a TrainConfig's model on any cluster, every plan
+it calls feasible being one the engine's own validation accepts once applied to that config."""
 
 from __future__ import annotations
 
+from compiler.planner.candidates import Constraints
 from compiler.planner.cluster import Cluster
-from compiler.planner.search import Estimate, plan
+from compiler.planner.search import Estimate, SearchResult, search
+from compiler.planner.shape import DecoderShape
 from compiler.precisions import PRECISIONS
 from runtime.config import ConfigError, TrainConfig, plan_error
+
+# What the engine runs today: no context or expert parallelism, no selective recompute, no chunked loss
+# (runtime/config.py ``plan_error`` refuses them; the planner prices them for plans at scale).
+ENGINE_RUNS = Constraints(cp=1, ep=1, chunked_loss=False, ac_modes=("none", "full"))
+
+
+def engine_search(base: TrainConfig, *, world: int, global_batch_size: int, cluster: Cluster,
+                  precisions: tuple[str, ...], constraints: Constraints = ENGINE_RUNS, keep: int = 1,
+                  collect: bool = False) -> SearchResult:
+    """The planner's search for ``base``'s model, within what the engine runs, validated by it."""
+    return search(DecoderShape.from_config(base.model), world=world, global_batch_size=global_batch_size,
+                  cluster=cluster, precisions=precisions, constraints=constraints,
+                  validate=lambda candidate: plan_error(base, candidate), keep=keep, collect=collect)
 
 
 def rank_plans(base: TrainConfig, *, world: int, global_batch_size: int, cluster: Cluster,
                precisions: tuple[str, ...] = tuple(PRECISIONS),
                activation_checkpointing: tuple[bool, ...] = (False, True)) -> list[Estimate]:
-    """Every plan for ``base``'s model on ``world`` ranks: feasible first, fastest first."""
-    return plan(base.model, world=world, global_batch_size=global_batch_size, cluster=cluster,
-                validate=lambda candidate: plan_error(base, candidate), precisions=precisions,
-                activation_checkpointing=activation_checkpointing)
+    """Every plan for ``base``'s model on ``world`` ranks: feasible first, fastest first (infeasible ones with
+    their reason)."""
+    modes = tuple(m for m, on in (("none", False), ("full", True)) if on in activation_checkpointing)
+    constraints = Constraints(cp=1, ep=1, chunked_loss=False, ac_modes=modes)
+    return engine_search(base, world=world, global_batch_size=global_batch_size, cluster=cluster,
+                         precisions=precisions, constraints=constraints, collect=True).every
 
 
 def best_plan(base: TrainConfig, *, world: int, global_batch_size: int, cluster: Cluster,
               precisions: tuple[str, ...]) -> Estimate:
-    estimates = rank_plans(base, world=world, global_batch_size=global_batch_size, cluster=cluster,
+    """``--auto``: the fastest plan that fits, for a CPU machine or a GPU cluster alike."""
+    result = engine_search(base, world=world, global_batch_size=global_batch_size, cluster=cluster,
                            precisions=precisions)
-    if not estimates or not estimates[0].feasible:
-        raise ConfigError(f"--auto found no feasible plan for {world} ranks "
-                          f"({estimates[0].reason if estimates else 'no candidates'})")
-    return estimates[0]
+    if result.best is None:
+        raise ConfigError(f"--auto found no feasible plan for {world} ranks on {cluster.name} ({result.reasons()})")
+    return result.best

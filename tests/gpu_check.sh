@@ -6,7 +6,8 @@
 # 2. the planner's prediction for that run on this machine's preset (no --cluster: the GPU picks it);
 # 3. `pytest -m gpu tests`;
 # 4. one profiled run (the time split) and, while time is left, the same run with --compile.
-# Everything lands in $OUT: log.txt (all output), results.json (summaries), gpu_tests.xml.
+# Everything lands in $OUT: log.txt (all output), results.json (summaries with their configs: `run.py calibrate
+# --measured $OUT/results.json` refits the GPU preset to them), gpu_tests.xml.
 set -uo pipefail
 OUT=${OUT:-gpu_check_out}
 PY=${PYTHON:-python3}
@@ -68,8 +69,8 @@ for f in sorted(work.glob("*.json")):
         data = json.loads(f.read_text())
     except ValueError as e:
         data = {"unreadable": str(e)}
-    if "losses" in data:  # an engine summary: the figures, not the per-step lists
-        data = {k: v for k, v in data.items() if k not in ("grad_norms", "config", "data")}
+    if "losses" in data:  # an engine summary: the figures and its config (run.py calibrate --measured reads it)
+        data = {k: v for k, v in data.items() if k not in ("grad_norms", "data")}
     out[f.stem] = data
 Path(sys.argv[2]).write_text(json.dumps(out, indent=1))
 print("results:", ", ".join(out))

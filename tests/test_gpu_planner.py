@@ -1,41 +1,38 @@
-"""The GPU planner: cluster files, the device -> preset map, the search (exact under its pruning, fast at
-16,384 GPUs), Table 1 of Narayanan et al. SC'21 reproduced, and ``run.py plan``'s JSON."""
+"""The planner on GPU clusters: cluster files, the device -> preset map, the search (exact under its pruning,
+fast at 16,384 GPUs), a priced layout is the run it names, and ``run.py plan``'s JSON and advice."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import random
-import statistics
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from compiler.partition import balanced_split
 from compiler.planner.candidates import Constraints
-from compiler.planner.cluster import load_cluster, preset_for_device, resolve_cluster
-from compiler.planner.gpu_cluster import GemmEfficiency, GpuCluster, gpu_cluster_from_dict
-from compiler.planner.gpu_search import search
-from compiler.planner.reproduce import load_table, price_published, reproduce
+from compiler.planner.cluster import gpu_cluster_from_dict, load_cluster, preset_for_device, resolve_cluster
+from compiler.planner.devices import GemmEfficiency
+from compiler.planner.search import Pricer, search
 from compiler.planner.shape import DecoderShape
-from compiler.planner.split import min_max_split
 from compiler.schedules import bubble_fraction
 from models import named_config
+from models.spec import Experts
 from runtime.commands import plan as plan_command
 from runtime.commands.flags import build_parser
 
-TABLE1 = Path(__file__).resolve().parents[1] / "compiler" / "published" / "megatron_sc21_table1.json"
 NODE = {"devices_per_node": 8, "memory_gib": 80, "peak_tflops": {"bf16": 312, "fp16": 312, "fp32": 19.5},
         "intra_node_gb_per_s": 300, "inter_node_gb_per_s": 25}
 LLAMA_405B = DecoderShape.from_flags(layers=126, d_model=16384, heads=128, kv_heads=8, mlp_width=53248, mlp="swiglu",
                                      seq_len=8192, vocab_size=128256)
+MOE = DecoderShape.from_flags(layers=16, d_model=2048, heads=16, kv_heads=4, mlp="swiglu", mlp_width=6144,
+                              seq_len=4096, vocab_size=32000, experts=Experts(64, 8, 1024, 1, dense_layers=(0,)))
 
 
 def test_cluster_files_need_the_required_keys_and_take_documented_defaults(tmp_path):
     cluster = gpu_cluster_from_dict(NODE, default_name="mine")
-    assert cluster.name == "mine" and cluster.nodes is None and cluster.link_efficiency == 0.8
-    assert cluster.peak_flops["fp16"] == 312e12 and cluster.inter_node_bandwidth == 25e9
+    assert cluster.name == "mine" and cluster.topology.nodes is None and cluster.topology.efficiency == 0.8
+    assert cluster.device.peak_flops["fp16"] == 312e12 and cluster.topology.inter.bandwidth == 25e9
     for key in NODE:
         with pytest.raises(ValueError, match=key):
             gpu_cluster_from_dict({k: v for k, v in NODE.items() if k != key}, default_name="x")
@@ -44,11 +41,13 @@ def test_cluster_files_need_the_required_keys_and_take_documented_defaults(tmp_p
     with pytest.raises(ValueError, match="unknown key"):
         gpu_cluster_from_dict({**NODE, "memory_gb": 80}, default_name="x")
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({**NODE, "nodes": 2, "gemm": {"max_efficiency": 0.5}}))
+    path.write_text(json.dumps({**NODE, "nodes": 2, "gemm": {"max_efficiency": 0.5}, "compute_scale": 1.4}))
     loaded = load_cluster(str(path))
-    assert isinstance(loaded, GpuCluster) and loaded.gemm.max_efficiency == 0.5 and loaded.gemm.k_half == 128
+    assert loaded.is_gpu and loaded.device.gemm.max_efficiency == 0.5 and loaded.device.gemm.k_half == 128
+    assert loaded.factors.compute_scale == 1.4  # fitted factors live in the same file
     assert loaded.world_error(16) is None and "exceeds" in loaded.world_error(24)
     assert "multiple" in gpu_cluster_from_dict(NODE, default_name="x").world_error(12)
+    assert load_cluster(str(path)).to_json() == loaded.to_json()
 
 
 def test_the_gemm_curve_is_fitted_back_from_measured_points():
@@ -59,36 +58,22 @@ def test_the_gemm_curve_is_fitted_back_from_measured_points():
         GemmEfficiency.fit([(128, 0.5), (128, 0.6)])
 
 
-def test_a_cuda_machine_defaults_to_its_gpus_preset(monkeypatch):
+def test_a_cuda_machine_defaults_to_its_gpus_preset_and_auto_uses_the_same_planner(monkeypatch):
     assert preset_for_device("NVIDIA H100 80GB HBM3") == "h100-80gb"
     assert preset_for_device("NVIDIA A100-SXM4-80GB") == "a100-80gb"
     assert preset_for_device("NVIDIA H200") == "h200-141gb" and preset_for_device("NVIDIA H200 NVL") is None
     assert preset_for_device("NVIDIA H100 PCIe") is None and preset_for_device("NVIDIA A100-SXM4-40GB") is None
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
-    assert resolve_cluster(None).name == load_cluster("h100-80gb").name
-    assert not isinstance(resolve_cluster("cpu-2core"), GpuCluster)  # an explicit --cluster still wins
-    # --auto on that machine plans on the preset, with the engine's own validation of every plan.
+    assert resolve_cluster(None).name == load_cluster("h100-80gb-engine").name  # this engine's fitted factors
+    assert resolve_cluster(None).factors.compute_scale > 1
+    assert not resolve_cluster("cpu-2core").is_gpu  # an explicit --cluster still wins
     argv = ["--auto", "--model", "tiny", "--precision", "bf16"]
     cfg, best, notes = plan_command.auto_config(build_parser().parse_args(argv), argv, world=8)
-    assert cfg.mesh.dp * cfg.mesh.pp * cfg.mesh.mp == 8 and best.fits and "DGX H100" in notes[0]
+    assert cfg.mesh.dp * cfg.mesh.pp * cfg.mesh.mp == 8 and best.fits and "H100" in notes[-1]
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA Mystery 99GB")
     with pytest.raises(ValueError, match="no cluster preset matches"):
         resolve_cluster(None)
-
-
-def test_fast_split_reaches_the_exact_min_max():
-    rng = random.Random(0)
-    for _ in range(200):
-        costs = [rng.uniform(0.1, 5) for _ in range(rng.randint(2, 30))]
-        stages = rng.randint(1, len(costs))
-        fast, exact = min_max_split(costs, stages), balanced_split(costs, stages)
-        assert len(fast) == stages and min(fast) >= 1 and sum(fast) == len(costs)
-
-        def largest(sizes):
-            bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
-            return max(sum(costs[a:b]) for a, b in zip(bounds, bounds[1:]))
-        assert largest(fast) == pytest.approx(largest(exact), rel=1e-9)
 
 
 def test_looped_bubble_with_fewer_micro_batches_than_ranks():
@@ -97,75 +82,70 @@ def test_looped_bubble_with_fewer_micro_batches_than_ranks():
     assert bubble_fraction("looped-bfs", p=4, m=2, v=1) == pytest.approx(3 / 5)  # GPipe's (p-1)/(m+p-1)
 
 
-def test_pruned_search_finds_the_exhaustive_best():
-    shape = DecoderShape.from_config(named_config("medium"))
+@pytest.mark.parametrize("shape", [DecoderShape.from_config(named_config("medium")), MOE], ids=["dense", "moe"])
+def test_pruned_search_finds_the_exhaustive_best(shape):
     cluster = load_cluster("a100-80gb")
-    args = dict(world=16, global_batch_size=32, cluster=cluster, precisions=("bf16",))
-    pruned, everything = search(shape, **args), search(shape, keep=10**9, **args)
+    args = dict(world=8 if shape.experts else 16, global_batch_size=32, cluster=cluster, precisions=("bf16",))
+    pruned, everything = search(shape, **args), search(shape, collect=True, **args)
     assert pruned.priced < everything.priced
     assert pruned.best.step_time == everything.best.step_time
-    assert all(e.fits for e in everything.top) and everything.top[0].candidate == pruned.best.candidate
+    assert all(e.fits for e in everything.top)
 
 
 def test_a_16384_gpu_search_for_a_405b_gqa_swiglu_shape_is_fast():
-    """The issue's bound is 60 s on this 2-core machine; the search takes about a second alone."""
-    start = time.perf_counter()
+    """The issue's bound is 60 s on this 2-core machine (shared with other work: CPU time, not wall time)."""
+    start = time.process_time()
     result = search(LLAMA_405B, world=16384, global_batch_size=2048, cluster=load_cluster("h100-80gb"))
-    seconds = time.perf_counter() - start
+    seconds = time.process_time() - start
     assert result.best is not None and result.best.fits and result.considered > 10_000
-    assert result.best.candidate.mp <= 8 and result.best.memory_bytes <= 77 * 2**30
+    assert result.best.candidate.mp <= 8 and result.best.memory_per_rank <= 77 * 2**30
     assert seconds < 60, f"{seconds:.1f} s"
 
 
-def test_table1_published_layouts_are_predicted_within_15_percent():
-    runs, precision = load_table(TABLE1)
-    a100 = load_cluster("a100-80gb")
-    errors = []
-    for run in runs:
-        e = price_published(run, a100, precision=precision)
-        assert e is not None and e.fits, run
-        c = e.candidate
-        assert (c.mp, c.pp, c.dp, c.activation_checkpointing) == (run.tp, run.pp, run.dp, True)
-        errors.append(abs(e.hardware_tflops_per_gpu / run.tflops_per_gpu - 1))
-    assert max(errors) <= 0.15 and statistics.median(errors) <= 0.10, errors
-
-
-@pytest.mark.slow  # ten full searches over up to 3,072 GPUs (~30 s here)
-def test_table1_best_plans_are_at_least_as_fast_and_fit():
-    runs, precision = load_table(TABLE1)
-    for r in reproduce(runs, load_cluster("a100-80gb"), precision=precision):
-        assert r.best.fits and r.best.step_time <= r.published_layout.step_time * (1 + 1e-9)
-        same = (r.best.candidate.mp, r.best.candidate.pp, r.best.candidate.activation_checkpointing) == (
-            r.run.tp, r.run.pp, True)
-        assert same or r.reason, r.run
+def test_a_moe_search_considers_expert_parallelism_and_ep_trades_memory_for_all_to_alls():
+    cluster = load_cluster("h100-80gb")
+    result = search(MOE, world=64, global_batch_size=256, cluster=cluster, keep=200)
+    assert {e.candidate.ep for e in result.top} > {1}
+    one = search(MOE, world=64, global_batch_size=256, cluster=cluster,
+                 constraints=Constraints(ep=1, dp=64, micro_batch_size=4, ac="none", dp_mode="fsdp")).best
+    eight = Pricer(MOE, cluster).price(dataclasses.replace(one.candidate, ep=8))
+    assert eight.memory_per_rank < one.memory_per_rank and eight.breakdown.ep > 0 == one.breakdown.ep
 
 
 def test_plan_json_and_a_priced_plan(tmp_path, capsys):
     out = tmp_path / "plan.json"
     argv = ["--world", "64", "--cluster", "a100-80gb", "--layers", "24", "--d-model", "2048", "--heads", "16",
             "--kv-heads", "4", "--mlp", "swiglu", "--seq-len", "2048", "--vocab-size", "32000",
-            "--global-batch-size", "256", "--dp", "8", "--pp", "2", "--mp", "4", "--json", str(out)]
+            "--global-batch-size", "256", "--dp", "8", "--pp", "2", "--mp", "4", "--micro-batch-size", "2",
+            "--json", str(out)]
     assert plan_command.main(argv) == 0
     data = json.loads(out.read_text())
-    assert set(data) == {"best", "priced", "considered"} and data["considered"] > 0
-    keys = {"dp", "pp", "mp", "schedule", "stages_per_rank", "micro_batch_size", "activation_checkpointing", "dp_mode",
-            "step_time_s", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "memory_gib_per_gpu", "fits",
-            "breakdown"}
+    assert {"best", "priced", "considered", "binding", "advice"} <= set(data) and data["considered"] > 0
+    keys = {"dp", "pp", "mp", "cp", "ep", "schedule", "stages_per_rank", "micro_batch_size", "activation_checkpointing",
+            "sequence_parallel", "chunked_loss", "dp_mode", "precision", "step_time_s", "model_tflops_per_gpu",
+            "hardware_tflops_per_gpu", "mfu", "memory_gib_per_gpu", "fits", "breakdown"}
     assert set(data["best"]) == set(data["priced"]) == keys
-    assert set(data["best"]["breakdown"]) == {"compute", "bubble", "tp", "pp", "dp_exposed", "optimizer"}
     priced, best = data["priced"], data["best"]
-    assert (priced["dp"], priced["pp"], priced["mp"]) == (8, 2, 4) and best["step_time_s"] <= priced["step_time_s"]
+    assert (priced["dp"], priced["pp"], priced["mp"], priced["micro_batch_size"]) == (8, 2, 4, 2)
+    assert best["step_time_s"] <= priced["step_time_s"]
     assert sum(best["breakdown"].values()) == pytest.approx(best["step_time_s"])
     assert best["mfu"] == pytest.approx(best["model_tflops_per_gpu"] / 312)
+    assert "binding constraint" in capsys.readouterr().out and data["binding"]
     # A world beyond a bounded cluster file is an error, not time-sharing.
     assert plan_command.main(["--world", "4096", "--cluster", "h100-80gb-4x8-ib"]) == 2
     assert "exceeds" in capsys.readouterr().err
 
 
-def test_a_plan_that_does_not_fit_is_priced_and_says_so():
+def test_a_plan_that_does_not_fit_is_priced_says_so_and_names_the_cheapest_change(tmp_path, capsys):
     result = search(LLAMA_405B, world=64, global_batch_size=64, cluster=load_cluster("h100-80gb"),
-                    constraints=Constraints(dp=8, pp=1, mp=8))
+                     constraints=Constraints(dp=8, pp=1, mp=8))
     assert result.best is None and result.infeasible["out of memory"] > 0
     forced = search(LLAMA_405B, world=64, global_batch_size=64, cluster=load_cluster("h100-80gb"),
                     constraints=Constraints(dp=8, pp=1, mp=8), require_fit=False)
-    assert forced.best is not None and not forced.best.fits and forced.best.memory_bytes > 80 * 2**30
+    assert forced.best is not None and not forced.best.fits and forced.best.memory_per_rank > 80 * 2**30
+    out = tmp_path / "p.json"
+    argv = ["--world", "64", "--cluster", "h100-80gb", "--model", "llama3-70b", "--global-batch-size", "64",
+            "--dp", "8", "--pp", "1", "--mp", "8", "--activation-checkpointing", "none", "--json", str(out)]
+    assert plan_command.main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["priced"]["fits"] is False and data["advice"] and "add" in data["advice"]

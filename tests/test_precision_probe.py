@@ -64,9 +64,9 @@ def test_another_cpu_is_re_measured_per_precision(monkeypatch):
     monkeypatch.setattr(precision_probe, "block_seconds", fake_block)
     probed, line = precision_probe.check_calibration(other, ("fp32", "bf16"))
     assert "no avx512_bf16 avx512f here" in line and "bf16 x0.05" in line
-    assert probed.flops["bf16"] == pytest.approx(other.flops["bf16"] / 20)
-    assert probed.flops["fp32"] == pytest.approx(other.flops["fp32"] / 1.25)
-    assert probed.flops["fp16"] == other.flops["fp16"]  # not planned for, not measured
+    assert probed.device.flops["bf16"] == pytest.approx(other.device.flops["bf16"] / 20)
+    assert probed.device.flops["fp32"] == pytest.approx(other.device.flops["fp32"] / 1.25)
+    assert probed.device.flops["fp16"] == other.device.flops["fp16"]  # not planned for, not measured
 
     no_points = dataclasses.replace(other, notes={k: v for k, v in other.notes.items() if k != "block_points"})
     with pytest.raises(ValueError, match="cannot predict on this CPU"):

@@ -14,14 +14,19 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from compiler.cost import _profile, layer_costs
 from compiler.flops import training_flops_per_token
+from compiler.planner.activations import analytic_layer_costs
 from compiler.planner.shape import (
+    DENSE,
+    MOE,
     DecoderShape,
-    analytic_layer_costs,
+    activated_parameter_count,
     block_params,
     hardware_flops_per_token,
+    megatron_model_flops_per_token,
     model_flops_per_token,
     parameter_count,
 )
+from models.spec import Experts
 import models
 from models import named_config, spec_of
 
@@ -68,20 +73,20 @@ def test_hardware_flops_are_megatrons_table1_formula():
 
 
 class RMSNorm(nn.Module):
-    """x / rms(x) * weight with the statistics in fp32 (the engine's Llama norm, as Hugging Face's)."""
+    """x / rms(x) * weight, torch's fused rms_norm (the engine's Llama norm, as Hugging Face's)."""
 
     def __init__(self, d: int):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x):
-        square = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32).square()
-        return self.weight * (x * torch.rsqrt(square / x.shape[-1] + 1e-5)).type_as(x)
+        return self.weight * F.rms_norm(x, (x.shape[-1],), eps=1e-5)
 
 
 class LlamaBlock(nn.Module):
-    """GQA attention with separate q, k, v projections, rotate-half RoPE and k / v repeated to the query
-    heads, SwiGLU, RMSNorm, no biases: the layout shape.py prices (written here independently of it)."""
+    """GQA attention with separate q, k, v projections, rotate-half RoPE and the grouped k / v heads shared by
+    attention (enable_gqa, no copies), SwiGLU, RMSNorm, no biases: the layout shape.py prices (written here
+    independently of it)."""
 
     def __init__(self, d: int, heads: int, kv_heads: int, width: int, seq: int):
         super().__init__()
@@ -105,18 +110,16 @@ class LlamaBlock(nn.Module):
         half = self.hd // 2
         return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
 
-    def repeat(self, x):  # (B, T, kv, hd) -> (B, T, kv * group, hd)
-        return x if self.group == 1 else x.unsqueeze(3).expand(-1, -1, -1, self.group, -1).flatten(2, 3)
-
     def forward(self, x):
         B, T, _ = x.shape
         h = self.norm1(x)
         q = self.q(h).view(B, T, -1, self.hd)
         cos, sin = self.cos_sin(q)
         q = self.rope(q, cos, sin)
-        k = self.repeat(self.rope(self.k(h).view(B, T, -1, self.hd), cos, sin))
-        v = self.repeat(self.v(h).view(B, T, -1, self.hd))
-        y = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True)  # (B, H, T, hd)
+        k = self.rope(self.k(h).view(B, T, -1, self.hd), cos, sin)
+        v = self.v(h).view(B, T, -1, self.hd)
+        y = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True,
+                                           enable_gqa=True)  # (B, H, T, hd)
         x = x + self.o(y.transpose(1, 2).reshape(B, T, -1))
         h = self.norm2(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
@@ -133,7 +136,7 @@ def test_gqa_swiglu_formulas_against_a_counted_block(precision, kv_heads):
         x = torch.randn(b, 32, 64, requires_grad=True)
         counted = _profile("block", lambda: block(x), [block], precision)
     analytic = analytic_layer_costs(shape, micro_batch_size=b, precision=precision)[1]
-    assert counted.params == analytic.params == block_params(shape)
+    assert counted.params == analytic.params == block_params(shape).total
     # GQA's attention FLOPs are the query heads'; torch counts SDPA on the repeated k and v the same way.
     assert analytic.flops == pytest.approx(counted.flops, rel=1e-9)
     assert analytic.activation_bytes == pytest.approx(counted.activation_bytes, rel=1e-3)
@@ -148,3 +151,42 @@ def test_shapes_from_every_family_config():
     assert parameter_count(shape) == models.parameter_count(named_config("llama3-8b")) == 8_030_261_248
     assert DecoderShape.from_flags(layers=126, d_model=16384, heads=128, kv_heads=8, mlp_width=53248, mlp="swiglu",
                                    seq_len=8192, vocab_size=128256).shard_error(16) == "--mp 16 must divide --kv-heads 8"
+
+
+def test_a_mixture_of_experts_counts_total_and_activated_parameters_by_hand():
+    """Qwen3-30B-A3B's published shape (48 layers, d 2048, 32 heads of 128, 4 kv, 128 experts of 768, top 8,
+    vocabulary 151,936, untied, QK-norm): 30.5B parameters (keras-hub's preset lists 30,532,122,624), 3.3B
+    activated (its model card), by hand here."""
+    shape = DecoderShape.from_flags(layers=48, d_model=2048, heads=32, kv_heads=4, head_dim=128, mlp="swiglu",
+                                    mlp_width=6144, seq_len=4096, vocab_size=151936, tied=False, qk_norm=True,
+                                    experts=Experts(128, 8, 768))
+    d, q, kv, e, w = 2048, 32 * 128, 4 * 128, 128, 768
+    attention = d * q + 2 * d * kv + q * d
+    norms = 2 * d + 2 * 128
+    expert = 3 * d * w
+    block = attention + norms + d * e + e * expert
+    assert block_params(shape, kind=MOE).total == block
+    total = 48 * block + 2 * 151936 * d + d
+    assert parameter_count(shape) == total
+    assert total == 30_532_122_624
+    active = total - 48 * (e - 8) * expert
+    assert activated_parameter_count(shape) == active and 3.3e9 <= active < 3.4e9
+    # Expert parallelism holds count / ep experts; the rest of the block stays whole.
+    assert block_params(shape, kind=MOE, ep=8).experts == 16 * expert
+    # MFU counts the activated matrices (routed top-k), PaLM's attention term; Megatron's today halves it.
+    matmul = 48 * (attention + norms + d * e + 8 * expert) + 151936 * d + d
+    assert model_flops_per_token(shape) == 6 * matmul + 12 * 48 * 4096 * q
+    assert megatron_model_flops_per_token(shape) == pytest.approx(
+        6 * (48 * (attention + norms + d * e + 8 * expert) + 151936 * d) + 6 * 48 * 4096 * q)
+
+
+def test_first_k_dense_layers_keep_the_dense_mlp():
+    shape = DecoderShape.from_flags(layers=6, d_model=256, heads=4, mlp="swiglu", mlp_width=1024, seq_len=64,
+                                    vocab_size=1000, experts=Experts(8, 2, 128, shared=1, dense_layers=(0, 1)))
+    assert shape.kinds() == [DENSE, DENSE, MOE, MOE, MOE, MOE]
+    dense, moe = block_params(shape, kind=DENSE), block_params(shape, kind=MOE)
+    attention = 4 * 256 * 256
+    assert dense.total == attention + 3 * 256 * 1024 + 2 * 256
+    assert moe.dense == attention + 2 * 256 + 256 * 8 + 3 * 256 * 128  # router and the shared expert
+    assert moe.experts == 8 * 3 * 256 * 128
+    assert parameter_count(shape) == 2 * dense.total + 4 * moe.total + 2 * 1000 * 256 + 256

@@ -4,15 +4,19 @@ planner's step time is exactly the fitted combination of its terms."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 
 import pytest
 
-from compiler.planner.cluster import load_cluster
+from compiler.planner.cluster import EngineFactors, load_cluster
 from compiler.planner.fit import FACTORS, fit_factors
-from compiler.planner.time_model import StepTerms
+from compiler.planner.search import price
+from compiler.planner.shape import DecoderShape
+from compiler.planner.step import StepTerms
 from models import MODEL_NAMES, named_config
-from runtime.commands.flags import default_config
+from runtime.commands.flags import default_config, parse_train_config
+from runtime.commands.preflight import candidate_of
 from runtime.planning import rank_plans
 
 
@@ -63,14 +67,13 @@ def test_fit_needs_as_many_runs_as_factors():
 
 def test_step_time_is_the_calibrated_combination_of_its_terms():
     base = load_cluster("cpu-2core")
-    cluster = dataclasses.replace(base, compute_scale=1.3, comm_scale=2.5, dp_comm_scale=3.5, action_overhead=0.003,
-                                  step_overhead=0.05)
+    cluster = base.with_factors(compute_scale=1.3, comm_scale=2.5, dp_comm_scale=3.5, action_overhead=0.003,
+                                step_overhead=0.05)
     for e in rank_plans(default_config(named_config("tiny")), world=4, global_batch_size=16, cluster=cluster,
                          precisions=("fp32", "bf16"))[:40]:
         if e.feasible:
-            assert e.step_time == pytest.approx(e.terms.combine(cluster), rel=1e-12)
-            b = e.breakdown
-            assert b.step == pytest.approx(b.compute + b.tp_comm + b.pp_comm + b.bubble + b.dp_comm + b.optimizer + b.fixed)
+            assert e.step_time == pytest.approx(e.terms.combine(cluster.factors), rel=1e-12)
+            assert e.breakdown.step == pytest.approx(sum(e.breakdown.to_dict().values()), rel=1e-12)
 
 
 def test_calibration_plans_are_valid_and_use_models_the_validation_does_not():
@@ -102,12 +105,48 @@ def test_refit_recovers_factors_from_recorded_runs_and_refuses_foreign_records()
     rows = [{"plan": plan.describe(), "measured_s": _combine(predicted_terms(model, plan, base), truth)}
             for model, plan in runs]
     recorded = dataclasses.replace(base, notes={**base.notes, "engine_fit": {"world": 4, "runs": rows}})
+    base = base.with_factors(compute_scale=1.0, comm_scale=1.0, dp_comm_scale=1.0, action_overhead=0.0,
+                             step_overhead=0.0)
     refitted = refit_engine(base, recorded)
     for name in FACTORS:
-        assert getattr(refitted, name) == pytest.approx(truth[name], rel=1e-6)
+        assert getattr(refitted.factors, name) == pytest.approx(truth[name], rel=1e-6)
     assert "engine factors fitted to 8 engine runs on 4 ranks" in refitted.source
     foreign = dataclasses.replace(base, notes={"engine_fit": {"world": 4, "runs": rows[::-1]}})
     with pytest.raises(ValueError, match="not the current calibration set"):
         refit_engine(base, foreign)
     with pytest.raises(ValueError, match="no recorded engine runs"):
         refit_engine(base, dataclasses.replace(base, notes={}))
+
+
+def test_a_few_runs_fit_only_the_factors_they_determine_the_rest_stay():
+    """A lent GPU gives one or two runs: compute_scale alone is fitted, the other factors keep their values."""
+    rng = random.Random(2)
+    terms = [_terms(rng) for _ in range(2)]
+    fixed = EngineFactors(compute_scale=1.0, comm_scale=1.5, dp_comm_scale=2.0, action_overhead=0.001,
+                          step_overhead=0.02)
+    truth = {**dataclasses.asdict(fixed), "compute_scale": 2.4}
+    fit = fit_factors(terms, [_combine(t, truth) for t in terms], factors=("compute_scale",), fixed=fixed)
+    assert fit.factors == pytest.approx(truth, rel=1e-9)
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_factors(terms[:1], [1.0], factors=("compute_scale", "step_overhead"))
+
+
+def test_measured_gpu_runs_refit_a_gpu_preset(tmp_path):
+    """calibrate --measured: an engine summary (as tests/gpu_check.sh keeps it) refits the GPU preset's
+    compute_scale so that the planner predicts the measured step; plan --validate --measured compares."""
+    from runtime.commands.measured_runs import compare, fit_to_runs, read_runs
+
+    cfg = parse_train_config(["--model", "llama3-1b", "--seq-len", "2048", "--micro-batch-size", "4",
+                              "--microbatches", "2", "--precision", "bf16"], world_size=1)
+    h100 = load_cluster("h100-80gb")
+    predicted = price(DecoderShape.from_config(cfg.model), candidate_of(cfg), cluster=h100).step_time
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"engine1": {"config": cfg.to_dict(), "step_time_s": 1.3 * predicted,
+                                               "peak_bytes": 50 * 2**30, "device": "NVIDIA H100 80GB HBM3"},
+                                   "plain1": {"tokens_per_sec": 1.0}}))
+    runs = read_runs(results)
+    assert [r.name for r in runs] == ["engine1"] and runs[0].plan == candidate_of(cfg)
+    fitted = fit_to_runs(h100, runs)
+    assert fitted.factors.compute_scale > 1.0 and fitted.notes["engine_fit"]["factors"] == ["compute_scale"]
+    (row,) = compare(runs, fitted)
+    assert abs(row["error"]) < 1e-6 and row["predicted_peak_gib"] > 0

@@ -1,14 +1,17 @@
-"""The plan space: every (dp, pp, mp) of a world size with a schedule, v, micro-batching, precision, AC and
-DP mode."""
+"""A plan, and what a user fixes of it.
+
+A plan (``Candidate``) is the mesh (dp x pp x mp x cp ranks; ep borrows its ranks from dp x cp x mp), the
+schedule and its stages per rank, the micro-batching, the precision, activation checkpointing (none,
+selective or full), how data parallelism holds the state (FSDP, ZeRO-3, replicate, HSDP), sequence
+parallelism and the chunked loss. ``Constraints`` are the parts a user gave (``run.py plan --dp ... --cp``):
+the search holds them and chooses the rest.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
-from compiler.schedules import SCHEDULES
-
-# (schedule, v) pairs the planner considers, in the registry's order of preference.
-SCHEDULE_CHOICES = tuple((name, v) for name, spec in SCHEDULES.items() for v in spec.planner_v)
+AC_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -21,33 +24,51 @@ class Candidate:
     microbatches: int
     micro_batch_size: int
     precision: str
-    activation_checkpointing: bool
+    activation_checkpointing: bool  # full: keep each block's input, recompute the block in backward
     dp_shard: int | None = None  # ranks a parameter is sharded over (None: dp, FSDP; 1: replicate; else HSDP)
     reshard_after_forward: bool = False  # ZeRO-3: gather parameters again for every micro-batch's backward
     sequence_parallel: bool = False  # norms and residual stream on sequence shards (mp > 1)
+    cp: int = 1  # context parallelism: each sequence's tokens split over cp ranks
+    ep: int = 1  # expert parallelism: experts split over ep ranks borrowed from dp x cp x mp
+    selective_ac: bool = False  # keep matrix-product and attention outputs, recompute the rest
+    chunked_loss: bool = False  # the vocabulary-parallel loss a chunk of tokens at a time
 
     @property
     def shard(self) -> int:
         return self.dp_shard or self.dp
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp * self.mp * self.cp
+
+    @property
+    def ac(self) -> str:
+        return "full" if self.activation_checkpointing else "selective" if self.selective_ac else "none"
 
     def flags(self) -> list[str]:
         """run.py flags that train exactly this plan (model flags are added by the caller)."""
         flags = ["--dp", str(self.dp), "--pp", str(self.pp), "--mp", str(self.mp), "--schedule", self.schedule,
                  "--stages-per-rank", str(self.stages_per_rank), "--microbatches", str(self.microbatches),
                  "--micro-batch-size", str(self.micro_batch_size), "--precision", self.precision]
+        flags += ["--cp", str(self.cp)] if self.cp > 1 else []
+        flags += ["--ep", str(self.ep)] if self.ep > 1 else []
         flags += ["--dp-shard", str(self.dp_shard)] if self.dp_shard is not None else []
         flags += ["--reshard-after-forward"] if self.reshard_after_forward else []
         flags += ["--sequence-parallel"] if self.sequence_parallel else []
+        flags += ["--selective-activation-checkpointing"] if self.selective_ac else []
+        flags += ["--chunked-loss"] if self.chunked_loss else []
         return flags + (["--activation-checkpointing"] if self.activation_checkpointing else [])
 
     def describe(self) -> str:
-        ac = " +AC" if self.activation_checkpointing else ""
+        ac = " +AC" if self.activation_checkpointing else " +SAC" if self.selective_ac else ""
         dp_mode = ""
         if self.dp > 1 and self.shard != self.dp:
             dp_mode = " replicate" if self.shard == 1 else f" hsdp={self.shard}"
         dp_mode += " zero3" if self.reshard_after_forward else ""
         dp_mode += " +SP" if self.sequence_parallel else ""
-        return (f"{self.dp}x{self.pp}x{self.mp} {self.schedule} v={self.stages_per_rank} "
+        dp_mode += " +chunked loss" if self.chunked_loss else ""
+        extra = (f" cp={self.cp}" if self.cp > 1 else "") + (f" ep={self.ep}" if self.ep > 1 else "")
+        return (f"{self.dp}x{self.pp}x{self.mp}{extra} {self.schedule} v={self.stages_per_rank} "
                 f"m={self.microbatches} mbs={self.micro_batch_size} {self.precision}{ac}{dp_mode}")
 
     def to_dict(self) -> dict:
@@ -55,56 +76,29 @@ class Candidate:
 
 
 def meshes(world: int) -> list[tuple[int, int, int]]:
+    """(dp, pp, mp) with dp x pp x mp = ``world`` (the engine's meshes; ``mesh_shapes`` adds cp)."""
     return [(dp, pp, world // (dp * pp)) for dp in range(1, world + 1) if world % dp == 0
             for pp in range(1, world // dp + 1) if (world // dp) % pp == 0]
 
 
-def dp_modes(dp: int) -> list[tuple[int | None, bool]]:
-    """(dp_shard, reshard_after_forward) choices for dp ranks: FSDP, ZeRO-3, replicate, and HSDP over each
-    proper divisor of dp greater than one."""
+def mesh_shapes(world: int, *, max_cp: int = 1) -> list[tuple[int, int, int, int]]:
+    """(dp, pp, mp, cp) with dp x pp x mp x cp = ``world`` and cp <= ``max_cp``."""
+    return [(dp, pp, mp, cp) for cp in range(1, min(max_cp, world) + 1) if world % cp == 0
+            for dp, pp, mp in meshes(world // cp)]
+
+
+def hsdp_shards(dp: int, *, per_node: int) -> list[int]:
+    """HSDP's shard sizes: every proper divisor of a small dp; of a large one the powers of two and a node's members."""
+    if dp <= 16:
+        return [s for s in range(2, dp) if dp % s == 0]
+    return sorted({s for s in (per_node, *(2 ** i for i in range(1, 9))) if 1 < s < dp and dp % s == 0})
+
+
+def dp_modes(dp: int, *, per_node: int = 8) -> list[tuple[int | None, bool]]:
+    """(dp_shard, reshard_after_forward): FSDP, ZeRO-3, replicate and HSDP."""
     if dp == 1:
         return [(None, False)]
-    return [(None, False), (None, True), (1, False), *((s, False) for s in range(2, dp) if dp % s == 0)]
-
-
-def candidates(world: int, *, global_batch_size: int, precisions: tuple[str, ...],
-               activation_checkpointing: tuple[bool, ...] = (False, True)) -> list[Candidate]:
-    out = []
-    for dp, pp, mp in meshes(world):
-        if global_batch_size % dp:
-            continue
-        per_replica = global_batch_size // dp
-        schedules = SCHEDULE_CHOICES if pp > 1 else (("1f1b", 1),)  # without a pipeline they coincide
-        for schedule, v in schedules:
-            for mbs in (b for b in range(1, per_replica + 1) if per_replica % b == 0):
-                for precision in precisions:
-                    for ac in activation_checkpointing:
-                        for shard, zero3 in dp_modes(dp):
-                            out.append(Candidate(dp, pp, mp, schedule, v, per_replica // mbs, mbs, precision, ac,
-                                                 dp_shard=shard, reshard_after_forward=zero3))
-    return out
-
-
-@dataclass(frozen=True)
-class Constraints:
-    """What the user fixed (``run.py plan --dp --pp --mp ...``); None leaves it to the search."""
-    dp: int | None = None
-    pp: int | None = None
-    mp: int | None = None
-    micro_batch_size: int | None = None
-    schedule: str | tuple[str, ...] | None = None  # one schedule, or any of several
-    stages_per_rank: int | None = None
-    activation_checkpointing: bool | None = None
-    dp_mode: str | None = None  # "none" | "fsdp" | "zero3" | "replicate" | "hsdp:N" (compiler/planner/candidates.dp_mode)
-
-    def admits(self, c: Candidate) -> bool:
-        if self.schedule is not None and c.schedule not in ((self.schedule,) if isinstance(self.schedule, str)
-                                                            else self.schedule):
-            return False
-        return all(want is None or want == got for want, got in (
-            (self.dp, c.dp), (self.pp, c.pp), (self.mp, c.mp), (self.micro_batch_size, c.micro_batch_size),
-            (self.stages_per_rank, c.stages_per_rank),
-            (self.activation_checkpointing, c.activation_checkpointing), (self.dp_mode, dp_mode(c))))
+    return [(None, False), (None, True), (1, False), *((s, False) for s in hsdp_shards(dp, per_node=per_node))]
 
 
 def dp_mode(c: Candidate) -> str:
@@ -114,3 +108,42 @@ def dp_mode(c: Candidate) -> str:
     if c.shard == c.dp:
         return "zero3" if c.reshard_after_forward else "fsdp"
     return "replicate" if c.shard == 1 else f"hsdp:{c.shard}"
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """What the user fixed (``run.py plan --dp --pp --mp --cp --ep ...``); None leaves it to the search.
+    ``max_*`` bound the dimensions the search tries; ``headroom`` keeps a fraction of device memory free."""
+    dp: int | None = None
+    pp: int | None = None
+    mp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    micro_batch_size: int | None = None
+    schedule: str | tuple[str, ...] | None = None  # one schedule, or any of several
+    stages_per_rank: int | None = None
+    ac: str | None = None  # "none" | "selective" | "full"
+    ac_modes: tuple[str, ...] | None = None  # the AC modes the search tries (default: all three)
+    dp_mode: str | None = None  # "none" | "fsdp" | "zero3" | "replicate" | "hsdp:N"
+    sequence_parallel: bool | None = None
+    chunked_loss: bool | None = None
+    precision: str | None = None
+    max_mp: int | None = None  # default: a node's devices
+    max_cp: int | None = None  # default: compiler/planner/search.py ``default_max_cp``
+    max_ep: int | None = None
+    headroom: float = 0.0  # fraction of a device's memory left free
+
+    def admits(self, c: Candidate) -> bool:
+        if self.schedule is not None and c.schedule not in ((self.schedule,) if isinstance(self.schedule, str)
+                                                            else self.schedule):
+            return False
+        return all(want is None or want == got for want, got in (
+            (self.dp, c.dp), (self.pp, c.pp), (self.mp, c.mp), (self.cp, c.cp), (self.ep, c.ep),
+            (self.micro_batch_size, c.micro_batch_size), (self.stages_per_rank, c.stages_per_rank),
+            (self.ac, c.ac), (self.dp_mode, dp_mode(c)), (self.sequence_parallel, c.sequence_parallel),
+            (self.chunked_loss, c.chunked_loss), (self.precision, c.precision)))
+
+    def fixes_layout(self) -> bool:
+        """The user named a layout to price (any of the plan's own fields)."""
+        names = {f.name for f in fields(self)} - {"max_mp", "max_cp", "max_ep", "headroom", "ac_modes"}
+        return any(getattr(self, n) is not None for n in names)

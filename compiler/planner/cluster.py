@@ -1,21 +1,27 @@
-"""A cluster description the planner reasons about: devices, their speed and memory, and links.
+"""A cluster as the planner prices it: a device (compiler/planner/devices.py), the topology that links the
+devices (compiler/planner/collectives.py) and the engine factors fitted to measured runs (``EngineFactors``).
 
-Clusters are small JSON files users edit (presets in compiler/clusters/). Two kinds: a CPU machine as
-``python run.py calibrate`` measures it (``Cluster``: fitted rates and engine factors), and a GPU node
-kind from datasheets (``GpuCluster``, compiler/planner/gpu_cluster.py; its file format is in
-compiler/README.md). ``load_cluster`` tells them apart by the GPU format's ``devices_per_node``.
+Clusters are small JSON files users edit (presets in compiler/clusters/), in two formats that load into
+the same ``Cluster``:
+- a CPU machine as ``python run.py calibrate`` measured it (``ranks_per_node``, ``flops``, ``intra_node``
+  ...: the achieved block rates, the fixed costs and the gloo link it fitted);
+- a GPU node kind from datasheets (``devices_per_node``, ``memory_gib``, ``peak_tflops``, link rates: the
+  format compiler/README.md documents), repeated as many times as the world needs.
+Either may carry fitted engine factors (``compute_scale`` ... ``step_overhead``): ``run.py calibrate``
+fits them on this CPU, ``run.py calibrate --gpu-results FILE`` to GPU runs (tests/gpu_check.sh's output).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 
-from compiler.planner.gpu_cluster import GpuCluster, gpu_cluster_from_dict, is_gpu_cluster_file
+from compiler.planner.collectives import Link, Topology
+from compiler.planner.devices import CpuDevice, GemmEfficiency, GpuDevice
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "clusters"
 # Where `run.py calibrate` writes this machine's measurement, and the preset used when there is none
@@ -25,81 +31,172 @@ LOCAL_PRESET = "cpu-2core"
 
 
 @dataclass(frozen=True)
-class Link:
-    bandwidth: float  # bytes/s, one direction, per rank
-    latency: float  # seconds per message
+class EngineFactors:
+    """Turn the isolated prices of kernels and collectives into engine step times (fitted, compiler/planner/fit.py):
 
-    def transfer(self, nbytes: float) -> float:
-        return self.latency + nbytes / self.bandwidth
+        step = compute_scale x compute + comm_scale x (TP + CP + EP + PP) + dp_comm_scale x DP
+               + action_overhead x actions + optimizer + step_overhead
+    """
+    compute_scale: float = 1.0
+    comm_scale: float = 1.0
+    dp_comm_scale: float = 1.0
+    action_overhead: float = 0.0  # seconds per pipeline action (forward or backward of a stage micro-batch)
+    step_overhead: float = 0.0  # seconds per step (optimizer launch, loss and norm reductions, bookkeeping)
+
+
+FACTOR_NAMES = tuple(f.name for f in fields(EngineFactors))
 
 
 @dataclass(frozen=True)
 class Cluster:
     name: str
-    nodes: int
-    ranks_per_node: int  # GPUs per node; on CPU, the ranks we launch per node
-    compute_units_per_node: int  # GPUs, or cores: ranks beyond this time-share
-    memory_per_node: float  # bytes usable for tensors, shared by the node's ranks
-    flops: dict[str, float]  # achievable dense FLOP/s of ONE compute unit, per precision
-    intra_node: Link
-    inter_node: Link
-    # Fixed costs measured on the machine (0 in datasheet presets, where they are negligible):
-    layer_overhead: float = 0.0  # seconds per layer per micro-batch (fwd + bwd launch / framework cost)
-    step_overhead: float = 0.0  # seconds per training step (optimizer launch, bookkeeping)
-    # Fitted by `run.py calibrate` from short engine runs (time_model.py); 1 / 0 in datasheet presets.
-    compute_scale: float = 1.0  # engine compute time over the isolated-kernel estimate
-    comm_scale: float = 1.0  # engine TP collectives and PP sends over the ring / point-to-point formulas
-    dp_comm_scale: float = 1.0  # engine FSDP all-gathers / reduce-scatters over the ring formula
-    action_overhead: float = 0.0  # seconds per pipeline action (forward or backward of a stage micro-batch)
-    optimizer_bytes_per_s: float = 0.0  # AdamW throughput over parameter bytes (0: ignore)
+    device: CpuDevice | GpuDevice
+    topology: Topology
+    factors: EngineFactors = field(default_factory=EngineFactors)
     source: str = ""
     notes: dict = field(default_factory=dict)
 
     @property
-    def world_size(self) -> int:
-        return self.nodes * self.ranks_per_node
+    def is_gpu(self) -> bool:
+        return self.device.kind == "gpu"
 
-    def memory_per_rank(self, ranks_per_node: int | None = None) -> float:
-        return self.memory_per_node / (ranks_per_node or self.ranks_per_node)
+    @property
+    def devices_per_node(self) -> int:
+        return self.topology.devices_per_node
+
+    def memory_per_rank(self, world: int) -> float:
+        return self.device.memory_per_rank(min(world, self.topology.devices_per_node))
+
+    def world_error(self, world: int) -> str | None:
+        return self.topology.world_error(world, self.name)
+
+    def with_factors(self, **factors: float) -> "Cluster":
+        return replace(self, factors=replace(self.factors, **factors))
 
     def rescaled(self, ratio: float, why: str) -> "Cluster":
-        """The cluster with every time it prices multiplied by ``ratio`` (rates divided, latencies and fixed
-        costs multiplied): the machine measured ``ratio`` times slower (or faster, < 1) than calibrated."""
+        """Every time it prices multiplied by ``ratio`` (rates divided, latencies and fixed costs multiplied):
+        the machine measured ``ratio`` times slower (or faster, < 1) than calibrated (CPU clusters)."""
         def link(x: Link) -> Link:
-            return Link(bandwidth=x.bandwidth / ratio, latency=x.latency * ratio)
+            return replace(x, bandwidth=x.bandwidth / ratio, latency=x.latency * ratio)
 
-        return replace(self, flops={p: f / ratio for p, f in self.flops.items()},
-                       intra_node=link(self.intra_node), inter_node=link(self.inter_node),
-                       layer_overhead=self.layer_overhead * ratio, step_overhead=self.step_overhead * ratio,
-                       action_overhead=self.action_overhead * ratio,
-                       optimizer_bytes_per_s=self.optimizer_bytes_per_s / ratio,
-                       source=f"{self.source}; {why}")
+        d = self.device
+        device = replace(d, flops={p: f / ratio for p, f in d.flops.items()}, layer_overhead=d.layer_overhead * ratio,
+                         optimizer_bytes_per_s=d.optimizer_bytes_per_s / ratio)
+        f = self.factors
+        factors = replace(f, action_overhead=f.action_overhead * ratio, step_overhead=f.step_overhead * ratio)
+        return replace(self, device=device, topology=replace(self.topology, intra=link(self.topology.intra),
+                                                              inter=link(self.topology.inter)),
+                       factors=factors, source=f"{self.source}; {why}")
+
+    def with_precision_rates(self, ratios: dict[str, float], line: str) -> "Cluster":
+        """A CPU cluster with each precision's block rate and matmul peak scaled (runtime/commands/precision_probe.py)."""
+        d = self.device
+        device = replace(d, flops={p: v * ratios.get(p, 1.0) for p, v in d.flops.items()},
+                         peak_flops={p: v * ratios.get(p, 1.0) for p, v in d.peak_flops.items()})
+        return replace(self, device=device, source=f"{self.source}; {line}")
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
-    @staticmethod
-    def from_dict(d: dict) -> "Cluster":
-        d = dict(d)
-        d["intra_node"], d["inter_node"] = Link(**d["intra_node"]), Link(**d["inter_node"])
-        return Cluster(**d)
+        """The file format it was read from (CPU: calibrate's; GPU: compiler/README.md's), factors included."""
+        return json.dumps(cpu_file(self) if not self.is_gpu else gpu_file(self), indent=2)
 
 
-def load_cluster(path_or_name: str) -> Cluster | GpuCluster:
+# --- the CPU format (run.py calibrate) -----------------------------------------------------------------
+
+def cpu_cluster_from_dict(d: dict) -> Cluster:
+    intra, inter = Link(**d["intra_node"]), Link(**d["inter_node"])
+    notes = d.get("notes", {})
+    device = CpuDevice(flops=dict(d["flops"]), peak_flops=dict(notes.get("peak_flops", d["flops"])),
+                       units_per_node=int(d["compute_units_per_node"]), memory_per_node=float(d["memory_per_node"]),
+                       layer_overhead=float(d.get("layer_overhead", 0.0)),
+                       optimizer_bytes_per_s=float(d.get("optimizer_bytes_per_s", 0.0)))
+    factors = EngineFactors(**{k: float(d[k]) for k in FACTOR_NAMES if k in d})
+    return Cluster(d["name"], device, Topology(int(d["ranks_per_node"]), intra, inter), factors,
+                   d.get("source", ""), notes)
+
+
+def cpu_file(c: Cluster) -> dict:
+    d = c.device
+    return {"name": c.name, "nodes": 1, "ranks_per_node": c.topology.devices_per_node,
+            "compute_units_per_node": d.units_per_node, "memory_per_node": d.memory_per_node, "flops": d.flops,
+            "intra_node": {"bandwidth": c.topology.intra.bandwidth, "latency": c.topology.intra.latency},
+            "inter_node": {"bandwidth": c.topology.inter.bandwidth, "latency": c.topology.inter.latency},
+            "layer_overhead": d.layer_overhead, **asdict(c.factors), "optimizer_bytes_per_s": d.optimizer_bytes_per_s,
+            "source": c.source, "notes": {**c.notes, "peak_flops": d.peak_flops}}
+
+
+# --- the GPU format (compiler/README.md) -----------------------------------------------------------------
+
+PRECISION_KEYS = ("bf16", "fp16", "fp32")
+REQUIRED = ("devices_per_node", "memory_gib", "peak_tflops", "intra_node_gb_per_s", "inter_node_gb_per_s")
+OPTIONAL = ("name", "nodes", "memory_bandwidth_gb_per_s", "intra_node_latency_us", "inter_node_latency_us",
+            "link_efficiency", "memory_efficiency", "reserved_gib", "gemm", "source", "notes", *FACTOR_NAMES)
+
+
+def is_gpu_cluster_file(data: dict) -> bool:
+    return "devices_per_node" in data
+
+
+def gpu_cluster_from_dict(data: dict, *, default_name: str) -> Cluster:
+    """Parse the GPU cluster format; ValueError naming the missing or malformed key."""
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        raise ValueError(f"cluster file {default_name}: missing required key(s) {', '.join(missing)} "
+                         f"(required: {', '.join(REQUIRED)})")
+    peaks = data["peak_tflops"]
+    if not isinstance(peaks, dict) or not set(PRECISION_KEYS) <= set(peaks) <= {*PRECISION_KEYS, "fp8"}:
+        raise ValueError(f"cluster file {default_name}: peak_tflops must be an object with the keys "
+                         f"{', '.join(PRECISION_KEYS)} (and optionally fp8; dense TFLOP/s per device), got {peaks!r}")
+    unknown = set(data) - set(REQUIRED) - set(OPTIONAL)
+    if unknown:
+        raise ValueError(f"cluster file {default_name}: unknown key(s) {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(sorted((*REQUIRED, *OPTIONAL)))})")
+    defaults = GpuDevice(1.0, {})
+    gemm = data.get("gemm", {})
+    device = GpuDevice(
+        memory_gib=float(data["memory_gib"]), peak_flops={p: float(v) * 1e12 for p, v in peaks.items()},
+        memory_bandwidth=float(data.get("memory_bandwidth_gb_per_s", defaults.memory_bandwidth / 1e9)) * 1e9,
+        memory_efficiency=float(data.get("memory_efficiency", defaults.memory_efficiency)),
+        reserved_gib=float(data.get("reserved_gib", defaults.reserved_gib)),
+        gemm=GemmEfficiency(**{k: float(v) for k, v in gemm.items() if k in ("max_efficiency", "k_half")}))
+    topology = Topology(
+        devices_per_node=int(data["devices_per_node"]),
+        intra=Link(float(data["intra_node_gb_per_s"]) * 1e9, float(data.get("intra_node_latency_us", 5)) * 1e-6),
+        inter=Link(float(data["inter_node_gb_per_s"]) * 1e9, float(data.get("inter_node_latency_us", 10)) * 1e-6),
+        efficiency=float(data.get("link_efficiency", 0.8)), nodes=data.get("nodes"))
+    factors = EngineFactors(**{k: float(data[k]) for k in FACTOR_NAMES if k in data})
+    return Cluster(data.get("name", default_name), device, topology, factors, data.get("source", ""),
+                   data.get("notes", {}))
+
+
+def gpu_file(c: Cluster) -> dict:
+    d, t = c.device, c.topology
+    out = {"name": c.name, "devices_per_node": t.devices_per_node, "memory_gib": d.memory_gib,
+           "peak_tflops": {p: v / 1e12 for p, v in d.peak_flops.items()},
+           "intra_node_gb_per_s": t.intra.bandwidth / 1e9, "inter_node_gb_per_s": t.inter.bandwidth / 1e9,
+           "memory_bandwidth_gb_per_s": d.memory_bandwidth / 1e9, "intra_node_latency_us": t.intra.latency * 1e6,
+           "inter_node_latency_us": t.inter.latency * 1e6, "link_efficiency": t.efficiency,
+           "memory_efficiency": d.memory_efficiency, "reserved_gib": d.reserved_gib,
+           "gemm": {"max_efficiency": d.gemm.max_efficiency, "k_half": d.gemm.k_half}, **asdict(c.factors),
+           "source": c.source, "notes": c.notes}
+    return {**out, "nodes": t.nodes} if t.nodes is not None else out
+
+
+# --- loading ---------------------------------------------------------------------------------------------
+
+def load_cluster(path_or_name: str) -> Cluster:
     """A JSON file path, or the name of a preset in compiler/clusters/ (without .json)."""
     path = Path(path_or_name)
     if not path.exists():
         path = PRESET_DIR / f"{path_or_name}.json"
     if not path.exists():
-        names = ", ".join(sorted(p.stem for p in PRESET_DIR.glob("*.json")))
-        raise ValueError(f"--cluster {path_or_name}: no such file or preset (presets: {names})")
+        raise ValueError(f"--cluster {path_or_name}: no such file or preset (presets: {', '.join(preset_names())})")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"--cluster {path_or_name}: not JSON ({e})") from None
     if is_gpu_cluster_file(data):
         return gpu_cluster_from_dict(data, default_name=path.stem)
-    return Cluster.from_dict(data)
+    return cpu_cluster_from_dict(data)
 
 
 # CUDA device names (torch.cuda.get_device_name) -> the preset of their node kind. SXM parts only: a PCIe
@@ -117,9 +214,10 @@ def preset_for_device(device_name: str) -> str | None:
                  if all(w in device_name for w in words) and not any(w in device_name for w in unlike)), None)
 
 
-def resolve_cluster(name: str | None) -> Cluster | GpuCluster:
-    """``--cluster``: a file or preset. By default, on a CUDA machine the preset of its GPU; otherwise this
-    machine's calibration, else the local preset."""
+def resolve_cluster(name: str | None) -> Cluster:
+    """``--cluster``: a file or preset. By default, on a CUDA machine the preset of its GPU, with this engine's
+    factors fitted to measured runs where a ``<preset>-engine`` file holds them; otherwise this machine's
+    calibration, else the local preset."""
     if name:
         return load_cluster(name)
     if torch.cuda.is_available():
@@ -128,7 +226,8 @@ def resolve_cluster(name: str | None) -> Cluster | GpuCluster:
         if preset is None:
             raise ValueError(f"no cluster preset matches this machine's GPU ({device}); pass --cluster FILE.json "
                              f"(the format is in compiler/README.md; presets: {', '.join(preset_names())})")
-        return load_cluster(preset)
+        fitted = f"{preset}-engine"
+        return load_cluster(fitted if (PRESET_DIR / f"{fitted}.json").exists() else preset)
     return load_cluster(str(CALIBRATED) if CALIBRATED.exists() else LOCAL_PRESET)
 
 

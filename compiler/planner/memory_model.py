@@ -1,39 +1,35 @@
-"""Per-rank memory of a plan, in tensor bytes (the quantity max_memory_allocated and the engine's
+"""Per-rank memory of a plan, in tensor bytes (what ``max_memory_allocated`` and the engine's
 ``--profile-memory`` measure).
 
-- Weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter), split by mp (TP shards
-  the block matrices, the embedding and the head over the vocabulary; norms and the position
-  embedding are replicated), by DP mode (``weight_memory``):
+- Weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter) of the rank's layers (per TP
+  shard, experts per EP rank), by how data parallelism holds them (``weight_memory``):
   - no DP or replicate: the whole 16 bytes; replicate adds its gradient buckets' flat copies (4 bytes),
     all in flight at the end of the last backward.
-  - FSDP / HSDP over ``shard`` ranks: 16 / shard bytes of shards. Under pipelining FSDP keeps the
-    stage's parameters gathered (in the autocast dtype, FSDP's param_dtype) from the first forward to
-    the last backward and accumulates unsharded fp32 gradients until the step's single reduce-scatter.
-  - ZeRO-3 (reshard after forward): the shards, plus the gathered parameters and unsharded gradient of
-    the unit in use and of the one prefetched.
-  A tied embedding counts once on a rank that holds both ends (the caller passes its parameters once).
-- Activations: per micro-batch and layer, the bytes autograd saves (measured by compiler/cost.py
-  under the plan's autocast dtype and TP shard), times the micro-batches the schedule keeps in
-  flight on the busiest rank, as the schedule registry states them (compiler/schedules.py: GPipe all m,
-  1F1B min(m, p), interleaved 1F1B its warm-up depth), each of 1/v of the rank's layers. With activation
-  checkpointing a layer keeps only its fp32 input, plus one layer's full activations while it is
-  recomputed.
-- The loss's backward: two fp32 gradients of the logits' size at once, on the rank holding the head
-  (compiler/cost.py ``transient_bytes``), once: backward passes run one at a time.
-- Autocast's low-precision weight copies, cached for the step, where parameters are fp32 (no FSDP);
-  FSDP gathers them in the autocast dtype, so there are none.
-- Tensor parallelism (mp > 1) keeps more than the shard's own saved tensors: DTensor's redistributions
-  (the all-reduces of Megatron's f / g operators) hold full-size [B, T, d] fp32 buffers. We have not
-  traced which; the term is measured: on 4 blocks, d 128, T 64 the TP runs' peak exceeded the rest
-  of this model by 2.2 MiB (bf16, B 8), 4.0-5.5 MiB (bf16, B 16) and 6.5 MiB (fp32, B 16), i.e. about
-  two such buffers per block and in-flight micro-batch, which is what we add.
+  - FSDP / HSDP over ``shard`` ranks: 16 / shard bytes of shards. FSDP keeps the stage's parameters
+    gathered (in the autocast dtype, FSDP's param_dtype) from the first forward to the last backward and,
+    over several micro-batches, accumulates unsharded fp32 gradients until the step's single reduce-scatter
+    (one micro-batch: each unit's gradient is reduce-scattered in its backward, two units at once).
+  - ZeRO-3 (reshard after forward): the shards, plus the gathered parameters and unsharded gradient of the
+    unit in use and of the one prefetched.
+  Context parallelism shards like data parallelism (FSDP over dp x cp: cp ranks hold the same parameters).
+  Experts are held by ep ranks each and replicated over the rest of dp x cp x mp: their FSDP shards span
+  that expert-data-parallel group. A tied embedding counts once on a rank that holds both ends.
+- Activations: per micro-batch and layer the bytes autograd saves (compiler/planner/activations.py), times
+  the stage-micro-batches the schedule keeps in flight on the rank (compiler/schedules.py: GPipe all m,
+  1F1B min(m, p - rank), interleaved 1F1B its warm-up depth), each of 1/v of the rank's layers; with full
+  activation checkpointing a block keeps its input, plus one block's whole activations while it is
+  recomputed; the largest transient of a layer once (the loss's fp32 gradients of the logits, K/V gathered
+  by context parallelism, the expert dispatch's buffers): backward passes run one at a time.
+- Autocast's low-precision weight copies, cached for the step, where parameters are fp32 (no FSDP).
+- On a CPU, tensor parallelism keeps two more full [B, T, d] fp32 buffers per block and in-flight
+  micro-batch than the saved tensors (DTensor's redistributions; measured here on 4 blocks, d 128, T 64: the
+  TP runs' peak exceeded the rest of this model by 2.2-6.5 MiB). Not measured on a GPU, where it is 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.cost import LayerCost
 from compiler.schedules import SCHEDULES
 
 
@@ -53,13 +49,9 @@ def in_flight_stage_microbatches(schedule: str, *, p: int, m: int, v: int, rank:
     return SCHEDULES[schedule].stage_microbatches_in_flight(p=p, m=m, v=v, rank=rank)
 
 
-NORMS_PER_BLOCK = 2  # pre-norm blocks (GPT-2, Llama): one norm before attention, one before the MLP
-TP_BUFFERS_PER_BLOCK = 2  # full [B, T, d] fp32 buffers per block and in-flight micro-batch when mp > 1 (measured)
-
-
 @dataclass(frozen=True)
 class DataParallelLayout:
-    dp: int = 1
+    dp: int = 1  # ranks holding the same parameters (dp x cp for a dense parameter)
     shard: int = 1  # ranks a parameter is sharded over: dp (FSDP), 1 (replicate), or between (HSDP)
     zero3: bool = False  # parameters resharded after every forward and backward
     gather_bytes: int = 4  # bytes of a gathered parameter (FSDP's param_dtype: the autocast dtype)
@@ -69,62 +61,40 @@ class DataParallelLayout:
         return self.dp > 1 and self.shard > 1
 
 
-def weight_memory(params: int, largest_unit: int, layout: DataParallelLayout) -> float:
-    """Bytes of parameters, gradients and AdamW state of ``params`` elements (see the module docstring);
-    ``largest_unit``: parameters of the largest FSDP unit (a block)."""
+def weight_memory(params: float, largest_unit: float, layout: DataParallelLayout, *, accumulate: bool = True) -> float:
+    """Bytes of parameters, gradients and AdamW state of ``params`` elements (module docstring);
+    ``largest_unit``: parameters of the largest FSDP unit (a block); ``accumulate``: several micro-batches."""
     if not layout.fsdp:
         return params * (20 if layout.dp > 1 else 16)
     shards = params * 16 / layout.shard
     if layout.zero3:
         return shards + 2 * largest_unit * (layout.gather_bytes + 4)
-    return shards + params * (layout.gather_bytes + 4)
+    gradients = params * 4 if accumulate else 2 * largest_unit * 4
+    return shards + params * layout.gather_bytes + gradients
 
 
 @dataclass(frozen=True)
-class HeldLayers:
-    """What a rank's layers add up to, all the memory model needs of them (per mp shard)."""
-    params: int
-    largest_params: int  # the largest FSDP unit's parameters (a block, or the embedding / head)
-    activation_bytes: float  # summed over the layers, one micro-batch
-    largest_activation_bytes: float  # the layer recomputed at once under activation checkpointing
-    weight_copy_bytes: float
-    layers: int
+class RankLoad:
+    """What one pp rank holds, all the memory model needs of it (per TP shard and EP rank)."""
+    dense_params: float  # parameters sharded over the dense data-parallel group
+    expert_params: float  # parameters sharded over the expert data-parallel group
+    largest_unit: float  # the largest FSDP unit's parameters (a block, or the embedding / head)
+    saved_bytes: float  # activations one micro-batch leaves across the rank's layers
+    recompute_bytes: float  # one block's whole activations while recomputed (full AC), else 0
+    transient_bytes: float  # the largest transient of one of its layers
+    weight_copy_bytes: float  # autocast's copies of its weights (no FSDP)
     blocks: int
-    transient_bytes: float = 0.0  # the largest layer's backward transient (the loss's, on the head's rank)
-
-    @staticmethod
-    def of(layers: list[LayerCost]) -> "HeldLayers":
-        return HeldLayers(sum(c.params for c in layers), max(c.params for c in layers),
-                          sum(c.activation_bytes for c in layers), max(c.activation_bytes for c in layers),
-                          sum(c.weight_copy_bytes for c in layers), len(layers),
-                          sum(1 for c in layers if c.name.startswith("layers.")),
-                          max(c.transient_bytes for c in layers))
+    tp_buffer_bytes: float = 0.0  # device-specific extra bytes per block and in-flight micro-batch (CPU TP)
 
 
-def rank_memory(layers: list[LayerCost] | HeldLayers, *, schedule: str, p: int, m: int, v: int,
-                layout: DataParallelLayout, rank: int, activation_checkpointing: bool, micro_batch_size: int,
-                seq_len: int, d_model: int, mp: int = 1, input_shards: int = 1, sequence_parallel: bool = False,
-                activation_itemsize: int = 4) -> MemoryEstimate:
-    """Memory of pp rank ``rank`` holding ``layers`` (already per mp shard) across its v stages.
-    ``input_shards``: ranks a block's input is split over (mp under sequence parallelism).
-    ``sequence_parallel`` (the engine's, without AC): each block's two norm inputs, the (B, T, D) activations
-    the norms save in ``activation_itemsize`` bytes, are kept as T/mp sequence shards (compiler/parallelize/
-    sequence_parallel.py); the gathered inputs of the column-parallel matrices stay whole, as DTensor saves them."""
-    held = layers if isinstance(layers, HeldLayers) else HeldLayers.of(layers)
-    weights = weight_memory(held.params, held.largest_params, layout)
+def rank_memory(load: RankLoad, *, schedule: str, p: int, m: int, v: int, rank: int, dense: DataParallelLayout,
+                experts: DataParallelLayout) -> MemoryEstimate:
+    """Memory of pp rank ``rank`` across its v stages (module docstring)."""
+    weights = weight_memory(load.dense_params, load.largest_unit, dense, accumulate=m > 1)
+    if load.expert_params:
+        weights += weight_memory(load.expert_params, load.largest_unit, experts, accumulate=m > 1)
     in_flight = in_flight_stage_microbatches(schedule, p=p, m=m, v=v, rank=rank)
-    per_stage_microbatch = held.activation_bytes / v
-    if activation_checkpointing:
-        block_input = micro_batch_size * seq_len * d_model * 4 / input_shards
-        per_stage_microbatch = block_input * held.layers / v
-        recompute = held.largest_activation_bytes
-    else:
-        recompute = 0.0
-    if mp > 1 and not activation_checkpointing:
-        per_stage_microbatch += TP_BUFFERS_PER_BLOCK * held.blocks / v * micro_batch_size * seq_len * d_model * 4
-        if sequence_parallel:
-            norm_inputs = NORMS_PER_BLOCK * micro_batch_size * seq_len * d_model * activation_itemsize
-            per_stage_microbatch -= held.blocks / v * norm_inputs * (1 - 1 / mp)
-    copies = 0 if layout.fsdp else held.weight_copy_bytes
-    # One backward at a time: the largest transient (the loss's fp32 gradients of the logits) comes on top once.
-    return MemoryEstimate(weights, in_flight * per_stage_microbatch + recompute + held.transient_bytes, copies)
+    per_stage_microbatch = (load.saved_bytes + load.blocks * load.tp_buffer_bytes) / v
+    activations = in_flight * per_stage_microbatch + load.recompute_bytes + load.transient_bytes
+    copies = 0.0 if dense.fsdp else load.weight_copy_bytes
+    return MemoryEstimate(weights, activations, copies)

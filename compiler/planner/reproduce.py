@@ -1,17 +1,17 @@
-"""Published large-scale runs priced by the GPU model: Table 1 of Narayanan et al., SC'21 (Megatron-LM,
-GPT models of 1.7B to 1T parameters on 32 to 3,072 A100s), and the one constant fitted to it.
+"""Published large-scale runs priced by the cost model (compiler/published/*.json), and the one constant
+fitted to them.
 
-Each row is priced at its published layout (tp, pp, dp = GPUs / (tp pp), full activation recompute,
-1F1B or its interleaved form, fp16; what the paper leaves open, the micro-batch size, the number of
-model chunks and how data-parallel state is held, is chosen as the best for that layout), with the
-engine traits of Megatron-LM at the time (gpu_time.MEGATRON_2021), and compared with the published
-TFLOP/s per GPU, which count the recompute (the paper's formula; shape.hardware_flops_per_token). The
-planner's own best plan for the same model, GPUs and batch is searched alongside, and where its
-layout differs the reason is the part of the step it shortens most.
+A file names its source, the cluster preset it ran on, the engine that ran it (compiler/planner/engines.py),
+the metric it reports and, per row, the model, GPUs, sequence, global batch, the layout the source states
+(dp, pp, mp, cp, ep, micro-batch, schedule, v, checkpointing, DP mode, SP) and the reported figure (and
+peak memory where given). Each row is priced as the best plan within what the source states: what it leaves
+open is searched. ``fitted`` marks the files a constant was fitted to (in-sample): Megatron-LM's Table 1
+(Narayanan et al. SC'21) for the GEMM efficiency's ``max_efficiency``; every other file is out of sample.
+Features a row used that the model does not describe are listed in its ``unmodelled`` (torch.compile,
+async TP, a dispatcher): their rows are reported apart as well.
 
-``fit_max_efficiency`` is the fit: the GEMM efficiency model's ``max_efficiency`` (the one free
-constant of the A100 preset; ``k_half`` is fixed) chosen so that the mean log error over the rows
-is zero.
+Metrics: ``hardware_tflops_per_gpu`` (Megatron's count with the recompute, shape.hardware_flops_per_token),
+``model_tflops_per_gpu`` (PaLM's 6N + 12 L T d), ``tokens_per_s_per_gpu`` and ``step_time_s``.
 """
 
 from __future__ import annotations
@@ -22,117 +22,172 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from compiler.planner.candidates import Constraints, dp_mode
-from compiler.planner.gpu_cluster import GemmEfficiency, GpuCluster
-from compiler.planner.gpu_search import GpuEstimate, search
-from compiler.planner.gpu_time import MEGATRON_2021, EngineTraits
-from compiler.planner.shape import DecoderShape
+from compiler.planner.candidates import Constraints
+from compiler.planner.cluster import Cluster, load_cluster
+from compiler.planner.devices import GemmEfficiency
+from compiler.planner.engines import ENGINES, EngineTraits
+from compiler.planner.search import Estimate, search
+from compiler.planner.shape import DecoderShape, hardware_flops_per_token
+from models import named_config
+from models.spec import Experts
 
-PUBLISHED_SCHEDULES = ("1f1b", "interleaved-1f1b")  # 1F1B is the interleaved schedule with one chunk
+PUBLISHED_DIR = Path(__file__).resolve().parent.parent / "published"
+LAYOUT_KEYS = {"dp": "dp", "pp": "pp", "mp": "mp", "cp": "cp", "ep": "ep", "micro_batch_size": "micro_batch_size",
+               "schedule": "schedule", "stages_per_rank": "stages_per_rank", "ac": "ac", "dp_mode": "dp_mode",
+               "sequence_parallel": "sequence_parallel"}
 
 
 @dataclass(frozen=True)
 class PublishedRun:
-    params_billion: float
+    label: str
     shape: DecoderShape
-    tp: int
-    pp: int
     gpus: int
-    global_batch: int
-    tflops_per_gpu: float  # published, counting the recompute
+    global_batch: int  # sequences per step
+    layout: Constraints  # what the source states
+    reported: float
+    memory_gib: float | None = None
+    float8: bool = False
+    unmodelled: tuple[str, ...] = ()
+    note: str = ""
 
-    @property
-    def dp(self) -> int:
-        return self.gpus // (self.tp * self.pp)
+
+@dataclass(frozen=True)
+class PublishedTable:
+    name: str
+    source: str
+    cluster: str
+    engine: EngineTraits
+    precision: str
+    metric: str
+    fitted: bool
+    runs: list[PublishedRun]
+
+
+def _shape(spec: dict | str, seq_len: int) -> DecoderShape:
+    """A model of the registry by name, or explicit sizes (``run.py plan``'s shape flags as JSON keys)."""
+    if isinstance(spec, str):
+        return DecoderShape.from_config(named_config(spec, seq_len=seq_len))
+    d = dict(spec)
+    experts = Experts(**d.pop("experts")) if "experts" in d else None
+    positions = d.pop("positions", None)
+    shape = DecoderShape.from_flags(seq_len=seq_len, experts=experts, **d)
+    return replace(shape, positions=positions) if positions else shape
+
+
+def _columns_table(data: dict) -> PublishedTable:
+    """The SC'21 Table 1 file (columns, rows, setup)."""
+    setup = data["setup"]
+    seq_len, vocab = int(setup["seq_len"]), int(setup["vocab"])
+    runs = []
+    for values in data["rows"]:
+        row = dict(zip(data["columns"], values))
+        shape = DecoderShape.from_flags(layers=int(row["layers"]), d_model=int(row["hidden"]), heads=int(row["heads"]),
+                                        seq_len=seq_len, vocab_size=vocab)
+        dp = int(row["gpus"]) // (int(row["tp"]) * int(row["pp"]))
+        layout = Constraints(dp=dp, pp=int(row["pp"]), mp=int(row["tp"]), cp=1, ac="full",
+                             schedule=("1f1b", "interleaved-1f1b"))
+        runs.append(PublishedRun(f"{row['params_billion']}B", shape, int(row["gpus"]), int(row["global_batch"]), layout,
+                                 float(row["tflops_per_gpu"])))
+    precision = "fp16" if "fp16" in setup.get("precision", "fp16") else "bf16"
+    return PublishedTable("Megatron-LM SC'21 Table 1", data["source"], data.get("cluster", "a100-80gb"),
+                          ENGINES[data.get("engine", "megatron-2021")], precision,
+                          data.get("metric", "hardware_tflops_per_gpu"), bool(data.get("fitted", True)), runs)
+
+
+def load_table(path: str | Path) -> PublishedTable:
+    data = json.loads(Path(path).read_text())
+    if "columns" in data:
+        return _columns_table(data)
+    models = data.get("models", {})
+    runs = []
+    for row in data["rows"]:
+        shape = _shape(models.get(row["model"], row["model"]), int(row["seq_len"]))
+        layout = {k: row["layout"][key] for key, k in LAYOUT_KEYS.items() if key in row["layout"]}
+        if isinstance(layout.get("schedule"), list):
+            layout["schedule"] = tuple(layout["schedule"])
+        runs.append(PublishedRun(row["label"], shape, int(row["gpus"]), int(row["global_batch"]),
+                                 Constraints(**layout), float(row["reported"]), row.get("memory_gib"),
+                                 bool(row.get("float8", False)), tuple(row.get("unmodelled", ())), row.get("note", "")))
+    source = data["source"]
+    source = source if isinstance(source, str) else f"{source['citation']} ({source.get('url', '')})"
+    return PublishedTable(data["name"], source, data["cluster"], ENGINES[data["engine"]], data["precision"],
+                          data["metric"], bool(data["fitted"]), runs)
+
+
+def published_files() -> list[Path]:
+    return sorted(PUBLISHED_DIR.glob("*.json"))
 
 
 @dataclass(frozen=True)
 class RowResult:
+    table: PublishedTable
     run: PublishedRun
-    published_layout: GpuEstimate | None  # None: infeasible in the memory model
-    best: GpuEstimate | None
-    reason: str  # why the best plan differs from the published layout ("" when it does not)
+    priced: Estimate | None  # the best plan within the stated layout (fitting, else the fastest)
+
+    @property
+    def predicted(self) -> float | None:
+        return None if self.priced is None else metric_value(self.table.metric, self.priced, self.run)
 
     @property
     def error(self) -> float | None:
-        """Predicted over published TFLOP/s per GPU, minus one."""
-        if self.published_layout is None:
+        """Predicted over published, minus one (for step times: published over predicted, so that + is optimistic)."""
+        if self.predicted is None:
             return None
-        return self.published_layout.hardware_tflops_per_gpu / self.run.tflops_per_gpu - 1
+        if self.table.metric == "step_time_s":
+            return self.run.reported / self.predicted - 1
+        return self.predicted / self.run.reported - 1
+
+    @property
+    def memory_error(self) -> float | None:
+        if self.priced is None or self.run.memory_gib is None:
+            return None
+        return self.priced.memory_per_rank / 2**30 / self.run.memory_gib - 1
 
 
-def load_table(path: str | Path) -> tuple[list[PublishedRun], str]:
-    """The rows of a published-table JSON (the megatron_sc21_table1.json layout) and its precision."""
-    data = json.loads(Path(path).read_text())
-    columns, setup = data["columns"], data["setup"]
-    seq_len, vocab = int(setup["seq_len"]), int(setup["vocab"])
-    precision = "fp16" if "fp16" in setup.get("precision", "fp16") else "bf16"
-    runs = []
-    for values in data["rows"]:
-        row = dict(zip(columns, values))
-        shape = DecoderShape.from_flags(layers=int(row["layers"]), d_model=int(row["hidden"]), heads=int(row["heads"]),
-                                        seq_len=seq_len, vocab_size=vocab)
-        runs.append(PublishedRun(row["params_billion"], shape, int(row["tp"]), int(row["pp"]), int(row["gpus"]),
-                                 int(row["global_batch"]), float(row["tflops_per_gpu"])))
-    return runs, precision
+def metric_value(metric: str, e: Estimate, run: PublishedRun) -> float:
+    tokens = e.tokens_per_sec
+    if metric == "tokens_per_s_per_gpu":
+        return tokens / run.gpus
+    if metric == "step_time_s":
+        return e.step_time
+    if metric == "model_tflops_per_gpu":
+        return e.model_tflops_per_gpu
+    if metric == "hardware_tflops_per_gpu":
+        full = e.candidate.ac == "full"
+        return hardware_flops_per_token(run.shape, activation_checkpointing=full) * tokens / run.gpus / 1e12
+    raise ValueError(f"unknown metric {metric}")
 
 
-def price_published(run: PublishedRun, cluster: GpuCluster, *, precision: str,
-                    traits: EngineTraits = MEGATRON_2021) -> GpuEstimate | None:
-    layout = Constraints(dp=run.dp, pp=run.pp, mp=run.tp, activation_checkpointing=True, schedule=PUBLISHED_SCHEDULES)
-    return search(run.shape, world=run.gpus, global_batch_size=run.global_batch, cluster=cluster, traits=traits,
-                  precisions=(precision,), constraints=layout).best
+def price_run(table: PublishedTable, run: PublishedRun, cluster: Cluster) -> Estimate | None:
+    traits = replace(table.engine, float8_linears=run.float8)
+    args = dict(world=run.gpus, global_batch_size=run.global_batch, cluster=cluster, traits=traits,
+                precisions=(table.precision,), constraints=traits.limits(run.layout))
+    return search(run.shape, **args).best or search(run.shape, require_fit=False, **args).best
 
 
-def reproduce(runs: list[PublishedRun], cluster: GpuCluster, *, precision: str,
-              traits: EngineTraits = MEGATRON_2021) -> list[RowResult]:
-    out = []
-    for run in runs:
-        published = price_published(run, cluster, precision=precision, traits=traits)
-        best = search(run.shape, world=run.gpus, global_batch_size=run.global_batch, cluster=cluster, traits=traits,
-                      precisions=(precision,)).best
-        out.append(RowResult(run, published, best, why_different(published, best)))
-    return out
-
-
-def why_different(published: GpuEstimate | None, best: GpuEstimate | None) -> str:
-    """One line: what the best plan changes and the parts of the step it shortens most."""
-    if best is None:
-        return "no plan fits in memory"
-    if published is None:
-        return "the published layout does not fit this memory model; the best plan does"
-    p, b = published.candidate, best.candidate
-    changes = [f"{name} {new} instead of {old}" for name, old, new in (
-        ("tp", p.mp, b.mp), ("pp", p.pp, b.pp), ("dp", p.dp, b.dp)) if old != new]
-    if p.activation_checkpointing != b.activation_checkpointing:
-        changes.append("no recompute" if not b.activation_checkpointing else "full recompute")
-    if not changes:
-        return ""
-    gains = {part: getattr(published.breakdown, part) - getattr(best.breakdown, part)
-             for part in ("compute", "bubble", "tp", "pp", "dp_exposed", "optimizer")}
-    top = sorted((g, part) for part, g in gains.items() if g > 0)[::-1][:2]
-    saved = ", ".join(f"{part} -{g:.2f} s" for g, part in top)
-    return (f"{', '.join(changes)} ({dp_mode(b)}, micro-batch {b.micro_batch_size}, v {b.stages_per_rank}): "
-            f"{saved} per step; {best.memory_bytes / 2**30:.0f} GiB per GPU")
+def reproduce(table: PublishedTable, cluster: Cluster | None = None) -> list[RowResult]:
+    cluster = cluster or load_cluster(table.cluster)
+    return [RowResult(table, run, price_run(table, run, cluster)) for run in table.runs]
 
 
 def summary(results: list[RowResult]) -> dict:
+    """Median and largest |error|, and how many rows are within 25%, over the rows priced."""
     errors = [abs(r.error) for r in results if r.error is not None]
-    return {"rows": len(results), "priced": len(errors), "max_abs_error": max(errors) if errors else None,
-            "median_abs_error": statistics.median(errors) if errors else None}
+    return {"rows": len(results), "priced": len(errors),
+            "median_abs_error": statistics.median(errors) if errors else None,
+            "max_abs_error": max(errors) if errors else None,
+            "within_25_percent": sum(e <= 0.25 for e in errors)}
 
 
-def fit_max_efficiency(runs: list[PublishedRun], cluster: GpuCluster, *, precision: str,
-                       traits: EngineTraits = MEGATRON_2021, k_half: float | None = None) -> float:
-    """The ``max_efficiency`` whose predictions have zero mean log error over ``runs`` (bisection: the
-    predictions rise with it)."""
-    k = cluster.gemm.k_half if k_half is None else k_half
+def fit_max_efficiency(table: PublishedTable, cluster: Cluster, *, k_half: float | None = None) -> float:
+    """The GEMM curve's ``max_efficiency`` whose predictions have zero mean log error over the table's rows
+    (bisection: the predictions rise with it)."""
+    k = cluster.device.gemm.k_half if k_half is None else k_half
     lo, hi = 0.2, 1.0
     for _ in range(20):
         mid = (lo + hi) / 2
-        trial = replace(cluster, gemm=GemmEfficiency(mid, k))
-        logs = [math.log(e.hardware_tflops_per_gpu / run.tflops_per_gpu)
-                for run in runs if (e := price_published(run, trial, precision=precision, traits=traits))]
+        trial = replace(cluster, device=replace(cluster.device, gemm=GemmEfficiency(mid, k)))
+        logs = [math.log(1 + r.error) for r in reproduce(table, trial) if r.error is not None]
         if statistics.mean(logs) > 0:
             hi = mid
         else:

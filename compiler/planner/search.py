@@ -1,144 +1,196 @@
-"""Enumerate every plan for a world size, predict its memory and step time, rank the feasible ones."""
+"""Search every plan of a model on a cluster (each priced by compiler/planner/pricer.py): one model and one
+search for a CPU machine and for tens of thousands of GPUs.
+
+The plan space: every (dp, pp, mp, cp) of the world (mp within a node unless ``max_mp`` allows more, cp up
+to ``max_cp``), ep over the divisors of dp x cp x mp that divide the experts, every schedule of the registry
+but naive with its v (looped schedules: 2 to 8 stages per rank while the layers last), every micro-batch
+size dividing a replica's batch, activation checkpointing none / selective / full, the precisions asked
+for, sequence parallelism (mp > 1), the DP modes (FSDP, ZeRO-3, replicate, HSDP) and the chunked loss.
+What the user fixed (``Constraints``) is held. ``validate`` adds the engine's own checks (``--auto`` and the
+CPU planner ask it; a GPU ``plan`` prices what the model can price, including what the engine lacks yet).
+
+Pruning keeps the answer exact: layer times depend only on the group (mesh, ep, micro-batch, AC, precision,
+SP), whose lower bound is its average pp rank's time with no bubble; groups are priced in order of their
+bounds until a bound reaches the ``keep``-th best plan found.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass
 from typing import Callable
 
-from compiler.cost import LayerCost, layer_costs
-from compiler.flops import training_flops_per_token
-from compiler.partition import layer_split
-from compiler.planner.candidates import Candidate, candidates
+from compiler.planner.candidates import Candidate, Constraints, dp_modes, mesh_shapes
 from compiler.planner.cluster import Cluster
-from compiler.planner.memory_model import DataParallelLayout, rank_memory
-from compiler.planner.time_model import StepTerms, TimeEstimate, step_time
-from compiler.precisions import PRECISIONS
+from compiler.planner.engines import THIS_ENGINE, EngineTraits
+from compiler.planner.pricer import Estimate, Pricer, price
+from compiler.planner.shape import DecoderShape
+from compiler.planner.split import Holding
+from compiler.planner.step import bubble
 from compiler.schedules import SCHEDULES
+
+__all__ = ["Estimate", "Pricer", "SearchResult", "price", "search"]
+
+MAX_LOOPED_V = 8
+AC_ORDER = ("none", "selective", "full")
 
 # A plan -> the one-line error the engine would print for it, or None if it would run it.
 Validator = Callable[[Candidate], "str | None"]
 
 
-@dataclass(frozen=True)
-class Estimate:
-    candidate: Candidate
-    feasible: bool
-    reason: str | None
-    step_time: float | None = None
-    tokens_per_sec: float | None = None
-    mfu: float | None = None
-    memory_per_rank: float | None = None
-    breakdown: TimeEstimate | None = None
-    blocks_per_stage: tuple[int, ...] | None = None
-    terms: StepTerms | None = None  # unscaled terms of the step time (what calibration fits)
-
-    def to_dict(self) -> dict:
-        return {"plan": self.candidate.to_dict(), "describe": self.candidate.describe(), "feasible": self.feasible,
-                "reason": self.reason, "step_time_s": self.step_time, "tokens_per_sec": self.tokens_per_sec,
-                "mfu": self.mfu, "memory_per_rank_bytes": self.memory_per_rank,
-                "blocks_per_stage": list(self.blocks_per_stage or []),
-                "breakdown": vars(self.breakdown) if self.breakdown else None}
+def default_max_cp(shape: DecoderShape) -> int:
+    """Context parallelism pays for long sequences only: up to T / 8192 ranks (16 at most)."""
+    return max(1, min(16, shape.seq_len // 8192))
 
 
-class CostTable:
-    """Layer costs per (precision, mp) at micro-batch 1; FLOPs and activations scale linearly with it."""
-
-    def __init__(self, cfg, count: Callable[..., list[LayerCost]] = layer_costs):
-        """``count``: compiler/cost.py's ``layer_costs`` (counted on the model), or a function with its
-        signature (compiler/planner/shape.py's closed forms, equal on GPT shapes, no tracing)."""
-        self.cfg, self._count, self._cache, self._splits = cfg, count, {}, {}
-
-    def split(self, precision: str, mp: int, n_stages: int, placement: str = "loop") -> list[int]:
-        """The FLOP-balanced split; costs scale with the micro-batch, so the split does not depend on it."""
-        key = (precision, mp, n_stages, placement)
-        if key not in self._splits:
-            self._splits[key] = layer_split([c.flops for c in self.layers(precision, mp, 1)], n_stages,
-                                            placement=placement)
-        return self._splits[key]
-
-    def layers(self, precision: str, mp: int, micro_batch_size: int) -> list[LayerCost]:
-        key = (precision, mp)
-        if key not in self._cache:
-            self._cache[key] = self._count(self.cfg, micro_batch_size=1, precision=precision, mp=mp)
-        return [replace(c, flops=c.flops * micro_batch_size, activation_bytes=c.activation_bytes * micro_batch_size,
-                        transient_bytes=c.transient_bytes * micro_batch_size) for c in self._cache[key]]
-
-
-def estimate(c: Candidate, *, cfg, cluster: Cluster, costs: CostTable, validate: Validator,
-             model_flops_per_token: float) -> Estimate:
-    world = c.dp * c.pp * c.mp
-    error = validate(c)
-    if error:
-        return Estimate(c, False, error)
-    sizes = costs.split(c.precision, c.mp, c.pp * c.stages_per_rank, SCHEDULES[c.schedule].placement)
-    ranks_per_node = min(cluster.ranks_per_node, world)
-    budget = cluster.memory_per_rank(ranks_per_node)
-    per_rank, peaks = rank_layers_and_memory(c, cfg=cfg, costs=costs)
-    memory = max(peaks)
-    if memory > budget:
-        return Estimate(c, False, f"out of memory: needs {memory / 2**30:.2f} GiB per rank, has {budget / 2**30:.2f} GiB",
-                        memory_per_rank=memory, blocks_per_stage=tuple(sizes))
-    busiest = max(per_rank, key=lambda mine: sum(x.flops for x in mine))
-    t, terms = step_time(c, rank_flops=sum(x.flops for x in busiest), rank_layers=len(busiest),
-                         rank_params=sum(x.params for x in busiest), seq_len=cfg.seq_len, d_model=cfg.d_model,
-                         cluster=cluster)
-    tokens = c.dp * c.microbatches * c.micro_batch_size * cfg.seq_len / t.step
-    units = min(world, cluster.nodes * cluster.compute_units_per_node)
-    peak = cluster.notes.get("peak_flops", {}).get(c.precision, cluster.flops[c.precision])
-    mfu = tokens * model_flops_per_token / (units * peak)
-    return Estimate(c, True, None, t.step, tokens, mfu, memory, t, tuple(sizes), terms)
-
-
-def rank_layers_and_memory(c: Candidate, *, cfg, costs: CostTable) -> tuple[list[list[LayerCost]], list[float]]:
-    """Per pp rank: the layers it holds (its v stages, per mp shard) and its predicted peak tensor bytes."""
-    layers = costs.layers(c.precision, c.mp, c.micro_batch_size)
-    spec = SCHEDULES[c.schedule]
-    stage_layers = _stage_layers(layers, costs.split(c.precision, c.mp, c.pp * c.stages_per_rank, spec.placement))
-    dtype = PRECISIONS[c.precision].autocast_dtype
-    layout = DataParallelLayout(c.dp, c.shard, c.reshard_after_forward, dtype.itemsize if dtype else 4)
-    per_rank, peaks = [], []
-    for r in range(c.pp):
-        held = sorted(spec.stage_indices(r, pp=c.pp, stages_per_rank=c.stages_per_rank))
-        mine = [layer for s in held for layer in stage_layers[s]]
-        if cfg.tie_embeddings and mine[0].name == "embedding" and mine[-1].name == "head":
-            mine[-1] = replace(mine[-1], params=mine[-1].params - mine[0].params + _position_params(cfg, c.mp))
-        mem = rank_memory(mine, schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank, layout=layout, rank=r,
-                          activation_checkpointing=c.activation_checkpointing, micro_batch_size=c.micro_batch_size,
-                          seq_len=cfg.seq_len, d_model=cfg.d_model, mp=c.mp,
-                          sequence_parallel=c.sequence_parallel,
-                          activation_itemsize=layout.gather_bytes if layout.fsdp else 4)
-        per_rank.append(mine)
-        peaks.append(mem.total)
-    return per_rank, peaks
-
-
-def _position_params(cfg, mp: int) -> int:
-    """The embedding layer's parameters that are not the token table (the position embedding)."""
-    return cfg.seq_len * cfg.d_model
-
-
-def _stage_layers(layers: list[LayerCost], sizes: list[int]) -> list[list[LayerCost]]:
-    blocks = layers[1:-1]
-    out, start = [], 0
-    for s, n in enumerate(sizes):
-        stage = blocks[start:start + n]
-        if s == 0:
-            stage = [layers[0], *stage]
-        if s == len(sizes) - 1:
-            stage = [*stage, layers[-1]]
-        out.append(stage)
-        start += n
+def schedule_choices(pp: int, stages: int) -> list[tuple[str, int]]:
+    """(schedule, v) for pp ranks and at most ``stages`` stages."""
+    layers = stages
+    if pp == 1:
+        return [("1f1b", 1)]
+    out = []
+    for name, spec in SCHEDULES.items():
+        if not spec.planner_v:
+            continue  # naive: never planned
+        vs = [spec.fixed_v] if spec.fixed_v else range(2, MAX_LOOPED_V + 1)
+        out += [(name, v) for v in vs if pp * v <= layers]
     return out
 
 
-def plan(cfg, *, world: int, global_batch_size: int, cluster: Cluster, validate: Validator,
-         precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"),
-         activation_checkpointing: tuple[bool, ...] = (False, True)) -> list[Estimate]:
-    """Every candidate with its estimate: feasible ones first, fastest first."""
-    costs = CostTable(cfg)
-    flops_per_token = training_flops_per_token(cfg)
-    estimates = [estimate(c, cfg=cfg, cluster=cluster, costs=costs, validate=validate,
-                          model_flops_per_token=flops_per_token)
-                 for c in candidates(world, global_batch_size=global_batch_size, precisions=precisions,
-                                     activation_checkpointing=activation_checkpointing)]
-    return sorted(estimates, key=lambda e: (not e.feasible, e.step_time if e.feasible else 0.0))
+def structural_error(c: Candidate, shape: DecoderShape, extra_stages: int = 0) -> str | None:
+    """The engine's pipeline rules (runtime/config.py) and the shape's divisibility, from the plan alone."""
+    spec = SCHEDULES[c.schedule]
+    if c.pp * c.stages_per_rank > shape.layers + extra_stages:
+        return "too few layers for pp x v stages"
+    if c.microbatches < spec.min_microbatches_per_pp * c.pp:
+        return "too few micro-batches for the schedule"
+    if spec.microbatches_multiple_of_pp and c.microbatches % c.pp:
+        return "micro-batches not a multiple of pp"
+    if c.sequence_parallel and shape.seq_len % c.mp:
+        return "sequence parallelism needs mp to divide the sequence"
+    if c.cp > 1 and shape.seq_len % (2 * c.cp):
+        return "context parallelism needs 2 cp to divide the sequence (load-balanced chunks)"
+    return shape.shard_error(c.mp) or shape.expert_error(c.ep)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    top: list[Estimate]  # the fastest plans (that fit, unless the search was asked to ignore memory), fastest first
+    considered: int  # plans in the space (those skipped by the bound included)
+    priced: int  # plans whose step time was computed
+    infeasible: Counter  # reason -> plans
+    every: list[Estimate] | None = None  # with ``collect=True``: every plan, feasible first, fastest first
+
+    @property
+    def best(self) -> Estimate | None:
+        return self.top[0] if self.top else None
+
+    def reasons(self) -> str:
+        return ", ".join(f"{n} x {r}" for r, n in self.infeasible.most_common()) or "none"
+
+
+def _expert_choices(shape: DecoderShape, dp: int, cp: int, mp: int, max_ep: int | None) -> list[int]:
+    if shape.experts is None:
+        return [1]
+    pool = dp * cp * mp
+    return [e for e in range(1, min(pool, max_ep or pool) + 1) if pool % e == 0 and shape.experts.count % e == 0]
+
+
+def _groups(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: Cluster, precisions: tuple[str, ...],
+            constraints: Constraints, infeasible: Counter):
+    """(dp, pp, mp, cp, ep, micro-batch, AC, precision, SP) groups the constraints admit."""
+    max_mp = constraints.max_mp or (cluster.devices_per_node if cluster.is_gpu else world)
+    max_cp = constraints.max_cp or (default_max_cp(shape) if cluster.is_gpu else 1)
+    for dp, pp, mp, cp in mesh_shapes(world, max_cp=max(max_cp, constraints.cp or 1)):
+        if any(want is not None and want != got for want, got in (
+                (constraints.dp, dp), (constraints.pp, pp), (constraints.mp, mp), (constraints.cp, cp))):
+            continue
+        reason = ("mp beyond a node" if mp > max_mp else "dp does not divide the batch" if global_batch_size % dp
+                  else "too few layers" if pp > shape.layers else shape.shard_error(mp))
+        if reason:
+            infeasible[reason.split(" must")[0] if "must divide" in reason else reason] += 1
+            continue
+        per_replica = global_batch_size // dp
+        for ep in _expert_choices(shape, dp, cp, mp, constraints.max_ep):
+            for mbs in (b for b in range(1, per_replica + 1) if per_replica % b == 0):
+                for ac in constraints.ac_modes or AC_ORDER:
+                    for precision in precisions:
+                        for sp in ((False, True) if mp > 1 else (False,)):
+                            yield dp, pp, mp, cp, ep, mbs, ac, precision, sp
+
+
+def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: Cluster,
+           traits: EngineTraits = THIS_ENGINE, precisions: tuple[str, ...] = ("bf16",),
+           constraints: Constraints = Constraints(), validate: Validator | None = None, keep: int = 1,
+           require_fit: bool = True, collect: bool = False) -> SearchResult:
+    """The ``keep`` fastest plans that fit (all plans with ``require_fit=False``). ``collect`` prices every plan
+    (no pruning) and returns them all, infeasible ones with their reason (the CPU planner's table)."""
+    pricer = Pricer(shape, cluster, traits)
+    kinds = shape.kinds()
+    everything = Holding(tuple((k, kinds.count(k)) for k in sorted(set(kinds))), True, True)
+    infeasible: Counter = Counter()
+    groups = []
+    considered = 0
+    for dp, pp, mp, cp, ep, mbs, ac, precision, sp in _groups(
+            shape, world=world, global_batch_size=global_batch_size, cluster=cluster, precisions=precisions,
+            constraints=constraints, infeasible=infeasible):
+        m = global_batch_size // dp // mbs
+        per_node = max(1, cluster.devices_per_node // (pp * mp * cp))
+        chunks = (False, True) if constraints.chunked_loss is None else (constraints.chunked_loss,)
+        by_schedule = []
+        for name, v in schedule_choices(pp, shape.layers + traits.extra_stages):
+            plans = [Candidate(dp, pp, mp, name, v, m, mbs, precision, ac == "full", shard, zero3, sp, cp, ep,
+                               ac == "selective", chunked)
+                     for shard, zero3 in dp_modes(dp, per_node=per_node) for chunked in chunks]
+            plans = [c for c in plans if constraints.admits(c)]
+            considered += len(plans)
+            by_schedule += [plans] if plans else []
+        if by_schedule:
+            table = pricer.table(pricer.setup(by_schedule[0][0]))
+            groups.append((m * table.rank(everything).total / pp, by_schedule))
+    groups.sort(key=lambda g: g[0])
+    top: list[Estimate] = []
+    every: list[Estimate] = []
+    priced = 0
+
+    def cutoff() -> float:
+        return top[-1].step_time if len(top) >= keep and not collect else float("inf")
+
+    for bound, by_schedule in groups:
+        if bound >= cutoff():
+            break  # every later group is bounded higher still
+        for plans in by_schedule:
+            first = plans[0]
+            if bound / (1 - bubble(first)) >= cutoff():
+                continue
+            error = structural_error(first, shape, traits.extra_stages)  # the same for every DP mode and loss of this schedule
+            if error:
+                infeasible[error] += len(plans)
+                every.extend(Estimate(c, False, error) for c in plans) if collect else None
+                continue
+            limit = pricer.memory_limit(first, constraints.headroom)
+            if require_fit and not collect and pricer.memory_floor(first) > limit:
+                infeasible["out of memory"] += len(plans)  # not even its shards and activations fit
+                continue
+            for c in plans:
+                error = validate(c) if validate else None
+                if error:
+                    infeasible[error.split(";")[0]] += 1
+                    every.extend([Estimate(c, False, error)] if collect else [])
+                    continue
+                memory = pricer.memory(c)
+                if max(memory) > limit and require_fit and not collect:
+                    infeasible["out of memory"] += 1
+                    continue
+                e = pricer.price(c, memory=memory, headroom=constraints.headroom)
+                priced += 1
+                if not e.feasible:
+                    infeasible["out of memory"] += 1
+                if collect:
+                    every.append(e)
+                if (e.feasible or not require_fit) and e.step_time < cutoff():
+                    top = sorted([*top, e], key=lambda x: x.step_time)[:keep]
+    ordered = sorted(every, key=lambda e: (not e.feasible, e.step_time if e.feasible else 0.0)) if collect else None
+    if collect:
+        top = [e for e in ordered if e.feasible][:keep]
+    return SearchResult(top, considered, priced, infeasible, ordered)

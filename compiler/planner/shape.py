@@ -1,45 +1,31 @@
-"""A decoder's shape as the planner prices it, in closed form: no module is built, so a 405B shape costs
-what a 124M one does.
+"""A decoder's shape as the planner prices it, in closed form: no module is built, so a 405B shape (or a
+235B mixture of experts) costs what a 124M one does.
 
-``DecoderShape`` is the planner's own description of a decoder-only transformer (GPT-2: GELU MLP,
-LayerNorm, biases, learned positions; Llama 3: grouped-query attention, SwiGLU, RMSNorm, no biases,
-RoPE). ``analytic_layer_costs`` gives what compiler/cost.py counts for the engine's model (FLOPs with
-FlopCounterMode, parameters, the bytes autograd saves), per TP shard, from formulas; the engine's own
-split and the CPU planner keep counting (tests/test_shape.py checks the two agree).
+``DecoderShape`` is read from any family's spec (models/spec.py: its config's sizes, its ``Architecture``
+and its ``Experts``), so a new family is priced without planner code. A block is attention plus an MLP:
+dense (GELU: up, down; SwiGLU: gate, up, down) or a mixture of experts (a router, ``top_k`` of ``count``
+routed experts and ``shared`` experts, each an MLP of the family's kind); ``Experts.dense_layers`` keeps
+the dense MLP in the blocks it lists (first-k-dense).
 
-FLOPs (the FlopCounterMode convention): a matrix product of [M, K] x [K, N] is 2MNK forward and 4MNK
-backward; attention's two products QK^T and AV are 4 T^2 (H hd) per sequence forward without a causal
-discount, and torch counts its backward as 5 products (2.5x forward).
+FLOPs (the FlopCounterMode convention, what compiler/cost.py counts on the engine's model): a matrix
+product [M, K] x [K, N] is 2MNK forward and 4MNK backward; attention's QK^T and AV are 4 T^2 (H hd) per
+sequence forward without a causal discount, and torch counts their backward as 2.5x forward. Per TP
+shard (t = mp): the Megatron layout, q/k/v and up/gate split by output features, o and down by input
+features, the embedding and head by vocabulary rows. Experts are not split by TP (expert tensor
+parallelism 1, as torchtitan and Megatron's defaults): expert parallelism (ep) holds count / ep of them.
 
-Saved activations per token of one block and TP shard (elements x bytes; a = bytes of the autocast
-dtype or 4 in fp32; t = mp), from the ops autograd records in the engine's two layouts:
-- each norm saves its fp32 input, LayerNorm its mean and 1/std, RMSNorm (models/llama3's: fp32 math)
-  also its normalised input and two per-token scalars: 4 d + 8 or 8 d + 8 bytes;
-- the norm's output, cast to the compute dtype by autocast once per projection that reads it (once in
-  fp32, where no cast happens): GPT's fused q/k/v reads the first (1), Llama's separate q, k and v (3);
-  the MLP's up (and SwiGLU's gate: 2) the second;
-- GPT: the fused q/k/v output (H + 2 KV) hd / t (q, k, v are views of it), attention's output and
-  log-sum-exp (H / t fp32); the output projection reads attention's output in place;
-- Llama: attention saves the rotated q, and k and v repeated to the query heads (``repeat_kv`` copies
-  them, except with one kv head per rank or none shared, where they stay kv-sized: rotated k and the
-  v projection's output), its output and log-sum-exp; RoPE's cos and sin ([T, hd] each, compute dtype)
-  once per micro-batch, not per sequence;
-- GELU MLP: the up projection's output (GELU's input) and GELU's output, 2 f / t; SwiGLU: the gate's
-  output (SiLU's input), SiLU's output and the up projection's output (the product's inputs) and the
-  product (the down projection's input), 4 f / t.
-The LM head saves the final norm's input and output and the fp32 log-softmax of its V / t logits (the
-loss runs on sharded logits), and its stage keeps the logits (a bytes each) until its backward, which
-holds two fp32 gradients of their size at once (compiler/cost.py ``head_loss_bytes``); the embedding
-saves the token ids (8 bytes each).
+Saved activations (the bytes autograd keeps) live in compiler/planner/activations.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 
-from compiler.cost import LayerCost, head_loss_bytes
-from compiler.precisions import PRECISIONS
 from models import spec_of
+from models.spec import Experts
+
+DENSE, MOE = "dense", "moe"  # the two kinds of block
 
 
 @dataclass(frozen=True)
@@ -49,8 +35,8 @@ class DecoderShape:
     heads: int
     kv_heads: int
     head_dim: int
-    mlp_width: int
-    mlp: str  # "gelu" (up, GELU, down) | "swiglu" (down(silu(gate x) * up x))
+    mlp_width: int  # the dense MLP's hidden width (every block's when there are no experts)
+    mlp: str  # "gelu" (up, GELU, down) | "swiglu" (down(silu(gate x) * up x)); experts are MLPs of this kind
     seq_len: int
     vocab_size: int
     tied: bool  # the LM head is the token embedding
@@ -58,6 +44,8 @@ class DecoderShape:
     norm: str  # "layernorm" | "rmsnorm"
     positions: str = "learned"  # "learned" (a [context, d] table, GPT-2) | "rope" (no parameters)
     fused_qkv: bool = True  # one q/k/v projection (GPT-2) or three (Llama)
+    qk_norm: bool = False  # a norm over each head's q and k (Qwen3)
+    experts: Experts | None = None  # a mixture-of-experts MLP (models/spec.py), None: dense
     context: int | None = None  # positions the model takes (a learned table's rows); None: seq_len
 
     @property
@@ -67,30 +55,35 @@ class DecoderShape:
 
     @staticmethod
     def from_config(cfg) -> "DecoderShape":
-        """From any registered family's config: its sizes, and its family's ``Architecture`` (models/spec.py)
-        for what the block is made of."""
-        arch = spec_of(cfg).architecture
+        """From any registered family's config: its sizes, its ``Architecture`` and its ``Experts``."""
+        spec = spec_of(cfg)
+        arch = spec.architecture
         return DecoderShape(
             layers=cfg.n_layers, d_model=cfg.d_model, heads=cfg.n_heads, kv_heads=cfg.n_kv_heads,
             head_dim=cfg.head_dim, mlp_width=cfg.mlp_width, mlp=arch.mlp, seq_len=cfg.seq_len,
             vocab_size=cfg.vocab_size, tied=cfg.tie_embeddings, biases=arch.biases, norm=arch.norm,
-            positions=arch.positions, fused_qkv=arch.fused_qkv, context=cfg.context)
+            positions=arch.positions, fused_qkv=arch.fused_qkv, qk_norm=arch.qk_norm, experts=spec.experts(cfg),
+            context=cfg.context)
 
     @staticmethod
     def from_flags(*, layers: int, d_model: int, heads: int, seq_len: int, vocab_size: int, kv_heads: int | None = None,
-                   mlp_width: int | None = None, mlp: str = "gelu", tied: bool | None = None) -> "DecoderShape":
-        """``run.py plan --layers --d-model --heads [--kv-heads] [--mlp-width] [--mlp] --seq-len --vocab-size``:
-        GELU shapes are GPT-2-like (width 4d), SwiGLU shapes Llama-like (width from Llama's rule, 8d/3
-        rounded up to a multiple of 256)."""
+                   mlp_width: int | None = None, mlp: str = "gelu", tied: bool | None = None,
+                   head_dim: int | None = None, experts: Experts | None = None, qk_norm: bool = False) -> "DecoderShape":
+        """``run.py plan --layers --d-model --heads [--kv-heads] [--mlp-width] [--mlp] --seq-len --vocab-size``
+        (and ``--experts --top-k --expert-width ...``): GELU shapes are GPT-2-like (width 4d), SwiGLU shapes
+        Llama-like (width from Llama's rule, 8d/3 rounded up to a multiple of 256)."""
         if mlp not in ("gelu", "swiglu"):
             raise ValueError(f"--mlp must be gelu or swiglu, got {mlp}")
         llama = mlp == "swiglu"
         width = mlp_width or default_mlp_width(mlp, d_model)
         return DecoderShape(layers=layers, d_model=d_model, heads=heads, kv_heads=kv_heads or heads,
-                            head_dim=d_model // heads, mlp_width=width, mlp=mlp, seq_len=seq_len, vocab_size=vocab_size,
-                            tied=(not llama) if tied is None else tied, biases=not llama,
+                            head_dim=head_dim or d_model // heads, mlp_width=width, mlp=mlp, seq_len=seq_len,
+                            vocab_size=vocab_size, tied=(not llama) if tied is None else tied, biases=not llama,
                             norm="rmsnorm" if llama else "layernorm", positions="rope" if llama else "learned",
-                            fused_qkv=not llama)
+                            fused_qkv=not llama, qk_norm=qk_norm, experts=experts)
+
+    def with_seq_len(self, seq_len: int) -> "DecoderShape":
+        return replace(self, seq_len=seq_len)
 
     @property
     def q_width(self) -> int:
@@ -100,11 +93,36 @@ class DecoderShape:
     def kv_width(self) -> int:
         return self.kv_heads * self.head_dim
 
+    def kind(self, layer: int) -> str:
+        """DENSE or MOE: the MLP block ``layer`` has."""
+        if self.experts is None or layer in self.experts.dense_layers:
+            return DENSE
+        return MOE
+
+    def kinds(self) -> list[str]:
+        return list(self._kinds)
+
+    @cached_property
+    def _kinds(self) -> tuple[str, ...]:
+        return tuple(self.kind(i) for i in range(self.layers))
+
     def shard_error(self, mp: int) -> str | None:
         """Why ``mp`` tensor-parallel ranks cannot split this shape (heads, kv heads, MLP), or None."""
-        for name, n in (("--heads", self.heads), ("--kv-heads", self.kv_heads), ("--mlp-width", self.mlp_width)):
+        widths = [("--heads", self.heads), ("--kv-heads", self.kv_heads)]
+        if DENSE in self.kinds():
+            widths.append(("--mlp-width", self.mlp_width))
+        for name, n in widths:
             if n % mp:
                 return f"--mp {mp} must divide {name} {n}"
+        return None
+
+    def expert_error(self, ep: int) -> str | None:
+        if ep == 1:
+            return None
+        if self.experts is None:
+            return "--ep needs a mixture-of-experts model"
+        if self.experts.count % ep:
+            return f"--ep {ep} must divide the {self.experts.count} experts"
         return None
 
 
@@ -117,27 +135,62 @@ def _norm_params(shape: DecoderShape) -> int:
     return 2 * shape.d_model if shape.norm == "layernorm" and shape.biases else shape.d_model
 
 
-def _block_matrices(shape: DecoderShape, mp: int) -> dict[str, tuple[int, int]]:
-    """(input, output) features of each linear layer of a block, on one TP shard (Megatron layout)."""
-    d, f, t = shape.d_model, shape.mlp_width, mp
+def attention_matrices(shape: DecoderShape, mp: int) -> dict[str, tuple[int, int]]:
+    """(input, output) features of each attention linear of a block on one TP shard (Megatron layout)."""
+    d, t = shape.d_model, mp
     if shape.fused_qkv:
         mats = {"qkv": (d, (shape.q_width + 2 * shape.kv_width) // t)}
     else:
         mats = {"q": (d, shape.q_width // t), "k": (d, shape.kv_width // t), "v": (d, shape.kv_width // t)}
-    mats.update(o=(shape.q_width // t, d), down=(f // t, d))
-    if shape.mlp == "swiglu":
-        mats.update(gate=(d, f // t), up=(d, f // t))
-    else:
-        mats["up"] = (d, f // t)
+    mats["o"] = (shape.q_width // t, d)
     return mats
 
 
-def block_params(shape: DecoderShape, mp: int = 1) -> int:
-    """Parameters of one block held by one TP rank; row-parallel biases and the norms are replicated."""
-    mats = _block_matrices(shape, mp)
-    weights = sum(i * o for i, o in mats.values())
-    biases = sum(o for _, o in mats.values()) if shape.biases else 0
-    return weights + biases + 2 * _norm_params(shape)
+def mlp_matrices(shape: DecoderShape, width: int, shards: int = 1) -> dict[str, tuple[int, int]]:
+    """(input, output) features of one MLP of hidden ``width`` split over ``shards`` TP ranks."""
+    d, f = shape.d_model, width // shards
+    mats = {"up": (d, f), "down": (f, d)}
+    if shape.mlp == "swiglu":
+        mats["gate"] = (d, f)
+    return mats
+
+
+def _block_matrices(shape: DecoderShape, mp: int) -> dict[str, tuple[int, int]]:
+    """A dense block's linear layers on one TP shard."""
+    return {**attention_matrices(shape, mp), **mlp_matrices(shape, shape.mlp_width, mp)}
+
+
+def _weights(mats: dict[str, tuple[int, int]], biases: bool) -> int:
+    return sum(i * o + (o if biases else 0) for i, o in mats.values())
+
+
+def shared_width(experts: Experts) -> int:
+    return experts.shared_width or experts.width
+
+
+@dataclass(frozen=True)
+class BlockParams:
+    """One block's parameters on one rank, by how data parallelism shards them."""
+    dense: int  # attention, norms, router, shared experts, a dense MLP: replicated over dp (and cp)
+    experts: int  # routed experts held by this rank (count / ep of them): sharded over the expert-DP group
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.experts
+
+
+def block_params(shape: DecoderShape, mp: int = 1, *, kind: str = DENSE, ep: int = 1) -> BlockParams:
+    """Parameters of one block held by one rank; row-parallel biases, the norms, the router and (with
+    expert tensor parallelism 1) the experts are not split by TP."""
+    norms = 2 * _norm_params(shape) + (2 * shape.head_dim if shape.qk_norm else 0)
+    attention = _weights(attention_matrices(shape, mp), shape.biases)
+    if kind == DENSE:
+        return BlockParams(attention + _weights(mlp_matrices(shape, shape.mlp_width, mp), shape.biases) + norms, 0)
+    e = shape.experts
+    router = shape.d_model * e.count
+    shared = e.shared * _weights(mlp_matrices(shape, shared_width(e), mp), shape.biases)
+    routed = e.count // ep * _weights(mlp_matrices(shape, e.width), shape.biases)
+    return BlockParams(attention + norms + router + shared, routed)
 
 
 def embedding_params(shape: DecoderShape, mp: int = 1) -> int:
@@ -150,15 +203,37 @@ def head_params(shape: DecoderShape, mp: int = 1) -> int:
     return _norm_params(shape) + -(-shape.vocab_size // mp) * shape.d_model
 
 
+def _per_kind(shape: DecoderShape, f) -> float:
+    """The sum of ``f(kind)`` over the blocks (one evaluation per kind)."""
+    kinds = shape.kinds()
+    return sum(kinds.count(k) * f(k) for k in set(kinds))
+
+
 def parameter_count(shape: DecoderShape) -> int:
-    """Every distinct parameter (a tied head counted once)."""
+    """Every distinct parameter (a tied head counted once; every expert)."""
     head = head_params(shape) - (shape.vocab_size * shape.d_model if shape.tied else 0)
-    return embedding_params(shape) + shape.layers * block_params(shape) + head
+    blocks = _per_kind(shape, lambda k: block_params(shape, kind=k).total)
+    return embedding_params(shape) + blocks + head
+
+
+def _active_block_params(shape: DecoderShape, kind: str) -> int:
+    """A block's parameters one token's forward uses: all of a dense block, ``top_k`` of a MoE's routed experts."""
+    p = block_params(shape, kind=kind)
+    if kind == DENSE:
+        return p.total
+    e = shape.experts
+    return p.dense + e.top_k * p.experts // e.count
+
+
+def activated_parameter_count(shape: DecoderShape) -> int:
+    head = head_params(shape) - (shape.vocab_size * shape.d_model if shape.tied else 0)
+    return embedding_params(shape) + _per_kind(shape, lambda k: _active_block_params(shape, k)) + head
 
 
 def matmul_params(shape: DecoderShape) -> int:
-    """N of MFU's 6N: blocks, final norm and head, not the embedding lookups (compiler/flops.py's count)."""
-    return shape.layers * block_params(shape) + head_params(shape)
+    """N of MFU's 6N: activated block parameters, final norm and head, not the embedding lookups
+    (compiler/flops.py's count; for a MoE the routed experts a token uses)."""
+    return _per_kind(shape, lambda k: _active_block_params(shape, k)) + head_params(shape)
 
 
 def model_flops_per_token(shape: DecoderShape) -> float:
@@ -171,68 +246,31 @@ def hardware_flops_per_token(shape: DecoderShape, *, activation_checkpointing: b
     twice, 8N + 16 L T (H hd) for them; the head 6 N_head. For GPT shapes this is their
     96 B s l h^2 (1 + s / 6h + V / 16lh) per B s tokens (up to biases and norms)."""
     passes = 4 if activation_checkpointing else 3
-    blocks = shape.layers * block_params(shape)
+    blocks = _per_kind(shape, lambda k: _active_block_params(shape, k))
     return 2 * passes * blocks + 6 * head_params(shape) + 4 * passes * shape.layers * shape.seq_len * shape.q_width
 
 
-def block_forward_flops(shape: DecoderShape, *, micro_batch_size: int, mp: int = 1) -> tuple[float, float]:
-    """(matmul, attention) forward FLOPs of one block for one micro-batch on one TP rank."""
+def megatron_model_flops_per_token(shape: DecoderShape) -> float:
+    """Megatron-Core's count of today (megatron/training's ``num_floating_point_operations``): 6 x the
+    activated matrix parameters (blocks and logits) plus causal attention, 6 L T (H hd): half of PaLM's
+    12 L T (H hd), which counts the masked half. No recompute."""
+    blocks = _per_kind(shape, lambda k: _active_block_params(shape, k))
+    return 6.0 * (blocks + shape.vocab_size * shape.d_model) + 6.0 * shape.layers * shape.seq_len * shape.q_width
+
+
+def block_forward_flops(shape: DecoderShape, *, micro_batch_size: int, mp: int = 1,
+                        kind: str = DENSE) -> tuple[float, float]:
+    """(matmul, attention) forward FLOPs of one block for one micro-batch on one TP rank; for a MoE block
+    the matmuls one rank's tokens run through the router, their ``top_k`` experts and the shared ones
+    (where they run does not change the count)."""
     tokens = micro_batch_size * shape.seq_len
-    matmul = 2.0 * tokens * sum(i * o for i, o in _block_matrices(shape, mp).values())
     attention = 4.0 * tokens * shape.seq_len * shape.q_width / mp
-    return matmul, attention
-
-
-def block_activation_bytes(shape: DecoderShape, *, micro_batch_size: int, precision: str, mp: int = 1,
-                           sequence_parallel: bool = False) -> int:
-    """Bytes autograd saves in one block for one micro-batch on one TP rank (the module docstring).
-    With sequence parallelism the norms and their outputs hold T / mp tokens (Korthikanti et al. 2022)."""
-    a = PRECISIONS[precision].dtype.itemsize
-    autocast = PRECISIONS[precision].autocast_dtype is not None
-    d, f, t, hd = shape.d_model, shape.mlp_width, mp, shape.head_dim
-    attention_readers = 1 if shape.fused_qkv or not autocast else 3
-    mlp_readers = 2 if shape.mlp == "swiglu" and autocast else 1
-    per_token = 2 * _norm_saved(shape) + (attention_readers + mlp_readers) * d * a  # two norms and their outputs
-    per_token /= t if sequence_parallel else 1
-    heads, kv_heads = shape.heads // t, max(1, shape.kv_heads // t)
-    if shape.fused_qkv:
-        qkv = (heads + 2 * kv_heads) * hd
-        rotated = (heads + kv_heads) * hd if shape.positions == "rope" else 0
-        per_token += (qkv + rotated + heads * hd) * a
-    else:
-        copied = shape.heads > shape.kv_heads and kv_heads > 1  # repeat_kv's expand + flatten is a view otherwise
-        per_token += (heads + 2 * (heads if copied else kv_heads) + heads) * hd * a
-    per_token += heads * 4 + (4 if shape.mlp == "swiglu" else 2) * f // t * a
-    rope_tables = 2 * shape.seq_len * hd * a if shape.positions == "rope" else 0  # cos and sin, per micro-batch
-    return int(per_token * micro_batch_size * shape.seq_len + rope_tables)
-
-
-def _norm_saved(shape: DecoderShape) -> int:
-    """Bytes one norm saves per token: its fp32 input (and RMSNorm its normalised input), and two fp32
-    statistics (LayerNorm: mean and 1/std; RMSNorm: the norm and 1/rms)."""
-    if shape.norm == "rmsnorm":
-        return 2 * shape.d_model * 4 + 8
-    return shape.d_model * 4 + 8
-
-
-def analytic_layer_costs(shape: DecoderShape, *, micro_batch_size: int, precision: str = "fp32",
-                         mp: int = 1) -> list[LayerCost]:
-    """[embedding, block 0, ..., block L-1, head] as compiler/cost.py's ``layer_costs`` reports them."""
-    b, T, d = micro_batch_size, shape.seq_len, shape.d_model
-    a = PRECISIONS[precision].dtype.itemsize
-    autocast = PRECISIONS[precision].autocast_dtype is not None
-    tokens = b * T
-    matmul, attention = block_forward_flops(shape, micro_batch_size=b, mp=mp)
-    block_matrix_weights = sum(i * o for i, o in _block_matrices(shape, mp).values())
-    block_copies = (block_matrix_weights + (sum(o for _, o in _block_matrices(shape, mp).values())
-                                            if shape.biases else 0)) * a if autocast else 0
-    block = LayerCost("block", 3 * matmul + 3.5 * attention, block_params(shape, mp),
-                      block_activation_bytes(shape, micro_batch_size=b, precision=precision, mp=mp), block_copies)
-    rows = -(-shape.vocab_size // mp)
-    embed = LayerCost("embedding", 0.0, embedding_params(shape, mp), 8 * tokens)
-    norm_saved = _norm_saved(shape) + d * (a if autocast else 4)
-    held, transient = head_loss_bytes(tokens, vocab_rows=rows, precision=precision)
-    head = LayerCost("head", 6.0 * tokens * d * rows, head_params(shape, mp),
-                     tokens * (norm_saved + 4 * rows + 8) + held, rows * d * a if autocast else 0, transient)
-    return [embed, *(LayerCost(f"layers.{i}", block.flops, block.params, block.activation_bytes,
-                               block.weight_copy_bytes) for i in range(shape.layers)), head]
+    mats = attention_matrices(shape, mp)
+    if kind == DENSE:
+        mats = {**mats, **mlp_matrices(shape, shape.mlp_width, mp)}
+        return 2.0 * tokens * sum(i * o for i, o in mats.values()), attention
+    e = shape.experts
+    per_token = sum(i * o for i, o in mats.values()) + shape.d_model * e.count
+    per_token += e.shared * sum(i * o for i, o in mlp_matrices(shape, shared_width(e), mp).values())
+    per_token += e.top_k * sum(i * o for i, o in mlp_matrices(shape, e.width).values()) / mp
+    return 2.0 * tokens * per_token, attention

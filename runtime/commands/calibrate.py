@@ -27,10 +27,13 @@ import torch
 import torch.distributed as dist
 
 from compiler.cost import layer_costs
-from compiler.planner.cluster import CALIBRATED, Cluster, Link, load_cluster
+from compiler.planner.cluster import CALIBRATED, Cluster, EngineFactors, load_cluster, preset_for_device
+from compiler.planner.collectives import Link, Topology
+from compiler.planner.devices import CpuDevice
 from compiler.precisions import PRECISIONS
 from models import named_config, spec_of
 from runtime.commands.calibrate_engine import calibrate_engine, calibration_runs, refit_engine
+from runtime.commands.measured_runs import fit_to_runs, read_runs
 from runtime.device import device_description, has_accelerator
 from runtime.distributed.spawn import SpawnError, spawn_ranks
 from runtime.engine.optim import build_optimizer
@@ -128,22 +131,55 @@ def build_cluster(results: list[dict], *, name: str, cores: int, ranks_per_node:
 
     all_reduce = results[0].get("all_reduce") or {"latency": 50e-6, "bandwidth": 1e9}
     link = Link(bandwidth=all_reduce["bandwidth"], latency=all_reduce["latency"])
+    device = CpuDevice(flops={p: mean("rate", p) for p in PRECISIONS},
+                       peak_flops={p: statistics.mean(r["matmul"][p] for r in results) for p in PRECISIONS},
+                       units_per_node=cores, memory_per_node=memory_bytes, layer_overhead=mean("overhead", "fp32"),
+                       optimizer_bytes_per_s=results[0]["adamw_bytes_per_s"])
     return Cluster(
-        name=name, nodes=1, ranks_per_node=ranks_per_node, compute_units_per_node=cores,
-        memory_per_node=memory_bytes,
-        flops={p: mean("rate", p) for p in PRECISIONS},
-        intra_node=link, inter_node=link,
-        layer_overhead=mean("overhead", "fp32"),
-        optimizer_bytes_per_s=results[0]["adamw_bytes_per_s"],
+        name=name, device=device, topology=Topology(ranks_per_node, link, link), factors=EngineFactors(),
         source=f"python run.py calibrate on {time.strftime('%Y-%m-%d')}: {processes_note(len(results))}",
-        notes={"peak_flops": {p: statistics.mean(r["matmul"][p] for r in results) for p in PRECISIONS},
-               "all_reduce_fit": all_reduce,
+        notes={"all_reduce_fit": all_reduce,
                "block_points": {p: results[0]["block"][p]["points"] for p in PRECISIONS},
                "flops_meaning": "achieved FLOP/s of one unit on transformer-block forward+backward (fitted); "
                                 "peak_flops: best dense matmul (F.linear) rate, used for MFU",
                "memory": "80% of physical RAM, shared by the node's ranks",
                "cpu_identity": cpu_identity()},
     )
+
+
+def print_cluster(cluster: Cluster) -> None:
+    d, link, f = cluster.device, cluster.topology.intra, cluster.factors
+    if not cluster.is_gpu:
+        for precision in PRECISIONS:
+            print(f"  {precision}: {d.flops[precision] / 1e9:.1f} GFLOP/s per core on blocks, "
+                  f"peak matmul {d.peak_flops[precision] / 1e9:.1f}")
+        print(f"  fixed cost per layer {d.layer_overhead * 1e3:.2f} ms; all-reduce latency "
+              f"{link.latency * 1e6:.0f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s; "
+              f"AdamW {d.optimizer_bytes_per_s / 1e9:.2f} GB/s")
+    print(f"  engine factors: compute x{f.compute_scale:.2f}, TP/CP/EP/PP communication x{f.comm_scale:.2f}, "
+          f"DP x{f.dp_comm_scale:.2f}, {f.action_overhead * 1e3:.2f} ms per pipeline action, "
+          f"{f.step_overhead * 1e3:.1f} ms per step")
+
+
+def calibrate_measured(args: argparse.Namespace) -> int:
+    """``--measured FILE``: fit a cluster's engine factors to measured runs of any device (measured_runs.py)."""
+    try:
+        runs = read_runs(args.measured)
+        base = args.base or preset_for_device(runs[0].device)
+        if base is None:
+            raise ValueError(f"no preset matches the runs' device ({runs[0].device}); pass --base FILE.json")
+        cluster = fit_to_runs(load_cluster(base), runs)
+    except (ValueError, OSError) as e:
+        print(f"error: --measured: {e}")
+        return 2
+    out = Path(args.out if args.out != str(CALIBRATED) or not cluster.is_gpu else f"{Path(base).stem}-fitted.json")
+    out.write_text(cluster.to_json())
+    for row in cluster.notes["engine_fit"]["runs"]:
+        print(f"  {row['run']}: {row['plan']}: measured {row['measured_s']:.4f} s/step, fit error "
+              f"{100 * row['fit_error']:+.1f}%")
+    print_cluster(cluster)
+    print(f"wrote {out}")
+    return 0
 
 
 def processes_note(n: int) -> str:
@@ -163,13 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "preset and only rerun the engine runs that fit its engine factors")
     p.add_argument("--refit", action="store_true", help="with --base: no new runs; refit the engine factors to the "
                    "engine runs recorded in that file (after a change of the time model)")
+    p.add_argument("--measured", metavar="FILE", help="any device: no new runs; fit --base's engine factors (default: "
+                   "the preset of the runs' GPU) to measured engine runs (a summary.json, or tests/gpu_check.sh's "
+                   "results.json) and write the cluster to --out")
     return p
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.measured:
+        return calibrate_measured(args)
     if has_accelerator():
-        print("error: calibrate measures CPU machines; for GPUs start from a preset in compiler/clusters/")
+        print("error: calibrate measures CPU machines; on a GPU run tests/gpu_check.sh and pass its results with "
+              "--measured (or start from a preset in compiler/clusters/)")
         return 2
     if args.refit and not args.base:
         print("error: --refit needs --base (the cluster file whose recorded engine runs to refit)")
@@ -206,14 +248,6 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(cluster.to_json())
-    for precision in PRECISIONS:
-        print(f"  {precision}: {cluster.flops[precision] / 1e9:.1f} GFLOP/s per core on blocks, "
-              f"peak matmul {cluster.notes.get('peak_flops', cluster.flops)[precision] / 1e9:.1f}")
-    print(f"  fixed cost per layer {cluster.layer_overhead * 1e3:.2f} ms; all-reduce latency "
-          f"{cluster.intra_node.latency * 1e6:.0f} us, bandwidth {cluster.intra_node.bandwidth / 1e9:.2f} GB/s; "
-          f"AdamW {cluster.optimizer_bytes_per_s / 1e9:.2f} GB/s")
-    print(f"  engine factors: compute x{cluster.compute_scale:.2f}, TP/PP communication x{cluster.comm_scale:.2f}, "
-          f"FSDP x{cluster.dp_comm_scale:.2f}, "
-          f"{cluster.action_overhead * 1e3:.2f} ms per pipeline action, {cluster.step_overhead * 1e3:.1f} ms per step"
-          f"\nwrote {out}")
+    print_cluster(cluster)
+    print(f"wrote {out}")
     return 0

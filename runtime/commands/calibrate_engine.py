@@ -19,11 +19,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from compiler.flops import training_flops_per_token
 from compiler.planner.candidates import Candidate
 from compiler.planner.cluster import Cluster
 from compiler.planner.fit import fit_factors
-from compiler.planner.search import CostTable, estimate
+from compiler.planner.search import price
+from compiler.planner.shape import DecoderShape
 from models import named_config
 from runtime.commands.flags import default_config, model_flags
 from runtime.commands.launch import RunSpec, execute
@@ -54,11 +54,10 @@ def calibration_runs(world: int) -> list[tuple[object, Candidate]]:
 
 
 def predicted_terms(model, plan: Candidate, cluster: Cluster):
-    base = default_config(model)
-    e = estimate(plan, cfg=model, cluster=cluster, costs=CostTable(model), validate=lambda c: plan_error(base, c),
-                 model_flops_per_token=training_flops_per_token(model))
-    if not e.feasible:
-        raise ValueError(f"calibration plan {plan.describe()} is infeasible: {e.reason}")
+    error = plan_error(default_config(model), plan)
+    e = price(DecoderShape.from_config(model), plan, cluster=cluster)
+    if error or not e.feasible:
+        raise ValueError(f"calibration plan {plan.describe()} is infeasible: {error or e.reason}")
     return e.terms
 
 
@@ -107,4 +106,4 @@ def with_fitted_factors(cluster: Cluster, world: int, rows: list[dict], terms: l
                    "optimizer + step_overhead, fitted (non-negative least squares of relative errors) to these runs"}}
     source = cluster.source.split("; engine factors")[0]
     source += f"; engine factors fitted to {len(rows)} engine runs on {world} ranks ({time.strftime('%Y-%m-%d')})"
-    return dataclasses.replace(cluster, **fit.factors, notes=notes, source=source)
+    return dataclasses.replace(cluster.with_factors(**fit.factors), notes=notes, source=source)

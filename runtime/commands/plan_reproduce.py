@@ -1,7 +1,6 @@
-"""``run.py plan --reproduce FILE``: a published table of large-scale runs (Narayanan et al. SC'21 Table 1,
-compiler/published/megatron_sc21_table1.json) priced at each row's published layout, beside the
-planner's own best plan for the same model, GPUs and batch (compiler/planner/reproduce.py);
-``--fit`` refits the GEMM efficiency constant to it."""
+"""``run.py plan --reproduce [FILE ...]``: published runs (compiler/published/*.json) priced at the layouts they
+state, each row's error, which rows a constant was fitted to (in-sample) and the errors in and out of sample
+apart (compiler/planner/reproduce.py); ``--fit`` refits the GEMM efficiency constant to the in-sample tables."""
 
 from __future__ import annotations
 
@@ -10,50 +9,66 @@ import json
 import time
 
 from compiler.planner.cluster import load_cluster
-from compiler.planner.gpu_cluster import GpuCluster
-from compiler.planner.reproduce import fit_max_efficiency, load_table, reproduce, summary
-
-DEFAULT_CLUSTER = "a100-80gb"  # Table 1 ran on DGX A100 80GB nodes (Selene)
+from compiler.planner.reproduce import RowResult, fit_max_efficiency, load_table, published_files, reproduce, summary
 
 
-def markdown_table(results) -> str:
-    lines = ["| model | GPUs | published layout (tp x pp x dp) | published TFLOP/s/GPU | predicted | error "
-             "| planner's best plan | its speed-up | why it differs |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in results:
-        run, p, b = r.run, r.published_layout, r.best
-        predicted = f"{p.hardware_tflops_per_gpu:.1f}" if p else "does not fit"
-        error = f"{100 * r.error:+.1f}%" if r.error is not None else "-"
-        best = b.candidate.describe() if b else "none fits"
-        speedup = f"{p.step_time / b.step_time:.2f}x" if p and b else "-"
-        lines.append(f"| {run.params_billion}B | {run.gpus} | {run.tp} x {run.pp} x {run.dp} | "
-                     f"{run.tflops_per_gpu:.0f} | {predicted} | {error} | {best} | {speedup} | "
-                     f"{r.reason or 'same layout'} |")
-    return "\n".join(lines)
+def row_line(r: RowResult) -> str:
+    run, e = r.run, r.priced
+    predicted = "-" if r.predicted is None else f"{r.predicted:,.1f}"
+    error = "-" if r.error is None else f"{100 * r.error:+.1f}%"
+    memory = ""
+    if r.memory_error is not None:
+        memory = f", memory {e.memory_per_rank / 2**30:.1f} vs {run.memory_gib} GiB ({100 * r.memory_error:+.0f}%)"
+    plan = e.candidate.describe() + ("" if e.fits else " (does not fit)") if e else "no plan"
+    unmodelled = f"  [not modelled: {', '.join(run.unmodelled)}]" if run.unmodelled else ""
+    return (f"| {run.label} | {run.reported:,.1f} | {predicted} | {error}{memory} | "
+            f"{'in' if r.table.fitted else 'out of'} sample | {plan}{unmodelled} |")
+
+
+def print_summary(name: str, results: list[RowResult]) -> dict:
+    s = summary(results)
+    if s["priced"]:
+        print(f"{name}: {s['priced']} rows, median |error| {100 * s['median_abs_error']:.1f}%, largest "
+              f"{100 * s['max_abs_error']:.1f}%, {s['within_25_percent']} within 25%")
+    return s
 
 
 def main(args: argparse.Namespace) -> int:
-    cluster = load_cluster(args.cluster or DEFAULT_CLUSTER)
-    if not isinstance(cluster, GpuCluster):
-        raise ValueError(f"--reproduce needs a GPU cluster, got {args.cluster}")
-    runs, precision = load_table(args.reproduce)
+    files = args.reproduce or [str(p) for p in published_files()]
+    tables = [load_table(f) for f in files]
     if args.fit:
+        fitted = [t for t in tables if t.fitted]
+        if not fitted:
+            raise ValueError("--fit refits to in-sample tables (\"fitted\": true); none was given")
+        for t in fitted:
+            cluster = load_cluster(args.cluster or t.cluster)
+            start = time.perf_counter()
+            value = fit_max_efficiency(t, cluster)
+            print(f"{t.name}: fitted gemm.max_efficiency = {value:.4f} (k_half {cluster.device.gemm.k_half:g}; "
+                  f"{cluster.name} has {cluster.device.gemm.max_efficiency:.4f}) in {time.perf_counter() - start:.0f} s")
+    every: list[RowResult] = []
+    for table in tables:
+        cluster = load_cluster(args.cluster or table.cluster)
         start = time.perf_counter()
-        value = fit_max_efficiency(runs, cluster, precision=precision)
-        print(f"fitted gemm.max_efficiency = {value:.4f} (k_half {cluster.gemm.k_half:g}; {cluster.name} has "
-              f"{cluster.gemm.max_efficiency:.4f}) in {time.perf_counter() - start:.0f} s")
-    start = time.perf_counter()
-    results = reproduce(runs, cluster, precision=precision)
-    print(f"{args.reproduce} on {cluster.name} ({precision}), priced in {time.perf_counter() - start:.0f} s:")
-    print(markdown_table(results))
-    s = summary(results)
-    print(f"predicted vs published TFLOP/s per GPU: median |error| {100 * s['median_abs_error']:.1f}%, "
-          f"largest {100 * s['max_abs_error']:.1f}% ({s['priced']} of {s['rows']} rows priced)")
+        results = reproduce(table, cluster)
+        every += results
+        print(f"\n{table.name} on {cluster.name} ({table.engine.name}, {table.precision}, {table.metric}; "
+              f"{'in sample: a constant was fitted to these rows' if table.fitted else 'out of sample'}), "
+              f"priced in {time.perf_counter() - start:.0f} s\n{table.source}")
+        print("| run | published | predicted | error | sample | priced plan |\n| --- | --- | --- | --- | --- | --- |")
+        for r in results:
+            print(row_line(r))
+    print()
+    out = {"in_sample": print_summary("in sample", [r for r in every if r.table.fitted]),
+           "out_of_sample": print_summary("out of sample", [r for r in every if not r.table.fitted]),
+           "out_of_sample_modelled": print_summary("out of sample, every feature modelled",
+                                                   [r for r in every if not r.table.fitted and not r.run.unmodelled])}
     if args.json:
+        rows = [{"table": r.table.name, "run": r.run.label, "fitted": r.table.fitted, "metric": r.table.metric,
+                 "published": r.run.reported, "predicted": r.predicted, "error": r.error,
+                 "memory_gib_published": r.run.memory_gib, "memory_error": r.memory_error,
+                 "unmodelled": list(r.run.unmodelled), "plan": r.priced.to_json() if r.priced else None} for r in every]
         with open(args.json, "w") as f:
-            json.dump({"cluster": cluster.name, "summary": s, "rows": [
-                {"params_billion": r.run.params_billion, "gpus": r.run.gpus, "published_tflops_per_gpu": r.run.tflops_per_gpu,
-                 "published_layout": r.published_layout.to_json() if r.published_layout else None,
-                 "best": r.best.to_json() if r.best else None, "why_different": r.reason} for r in results]}, f, indent=2)
+            json.dump({"summary": out, "rows": rows}, f, indent=2)
         print(f"wrote {args.json}")
     return 0

@@ -1,9 +1,11 @@
-"""``python run.py plan --validate``: predicted against measured step time on this machine.
+"""``python run.py plan --validate``: predicted against measured step time, on any device.
 
-For the tiny and the small model, the planner's best plan on every feasible mesh of the world size
-is trained for a few steps (real torchrun jobs) and its median step time compared with the
-prediction: median absolute percentage error, Spearman rank correlation, and whether the plan
-predicted fastest is within 10% of the measured fastest.
+On this machine: for the tiny and the small model, the planner's best plan on every feasible mesh of the
+world size (and, where mp > 1, its best plan with sequence parallelism too) is trained for a few steps
+(real torchrun jobs) and its median step time compared with the prediction: median absolute percentage
+error, Spearman rank correlation, and whether the plan predicted fastest is within 10% of the measured
+fastest. With ``--measured FILE`` (engine summaries from any device, e.g. tests/gpu_planner_runs.sh on a
+lent GPU) nothing is run: the planner prices each recorded run on ``--cluster`` and is compared with it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from compiler.planner.cluster import Cluster
 from runtime.commands.flags import default_config, model_flags, named_model
 from runtime.commands.launch import RunSpec, execute
+from runtime.commands.measured_runs import compare, read_runs
 from runtime.planning import rank_plans
 
 MODELS = (("tiny", None, 16), ("small", 128, 8))  # (model, seq-len override, global batch)
@@ -68,13 +71,13 @@ def validate(*, world: int, cluster: Cluster, precisions: tuple[str, ...], out: 
             estimates = rank_plans(default_config(shape), world=world, global_batch_size=gbs, cluster=cluster,
                                    precisions=precisions)
             best_per_mesh = {}
-            for e in estimates:
-                mesh = (e.candidate.dp, e.candidate.pp, e.candidate.mp)
+            for e in estimates:  # the best of every mesh, and of every mesh with sequence parallelism
+                mesh = (e.candidate.dp, e.candidate.pp, e.candidate.mp, e.candidate.sequence_parallel)
                 if e.feasible and mesh not in best_per_mesh:
                     best_per_mesh[mesh] = e
             rows = []
             for mesh, e in best_per_mesh.items():
-                spec = RunSpec(f"{model}_{'x'.join(map(str, mesh))}", world,
+                spec = RunSpec(f"{model}_{'x'.join(map(str, mesh[:3]))}{'_sp' if mesh[3] else ''}", world,
                                [*model_flags(shape), *e.candidate.flags(), *RUN_FLAGS])
                 result = execute(spec, Path(work), timeout=900)
                 measured = result.summary["step_time_s"] if result.ok else None
@@ -89,5 +92,21 @@ def validate(*, world: int, cluster: Cluster, precisions: tuple[str, ...], out: 
     for name, r in [*report["models"].items(), ("all", report["overall"])]:
         print(f"{name}: MdAPE {100 * r['mdape']:.1f}%, Spearman {r['spearman']:.3f}, predicted best within 10% of "
               f"measured best: {r['predicted_best_within_10pct']} ({r['measured']} runs)")
+    print(f"wrote {out}")
+    return 0
+
+
+def validate_measured(path: str, *, cluster: Cluster, out: str) -> int:
+    """Predicted against measured step time and peak memory of recorded engine runs (no runs launched)."""
+    rows = compare(read_runs(path), cluster)
+    for r in rows:
+        print(f"{r['run']:<14} {r['plan']:<52} predicted {r['predicted_s']:8.4f}s measured {r['measured_s']:8.4f}s "
+              f"({100 * r['error']:+.1f}%); peak {r['predicted_peak_gib']:.2f} vs {r['measured_peak_gib']:.2f} GiB")
+    summary = summarize([{"plan": r["plan"], "predicted_s": r["predicted_s"], "measured_s": r["measured_s"]}
+                         for r in rows])
+    memory = [abs(r["memory_error"]) for r in rows if r["memory_error"] is not None]
+    print(f"{path} on {cluster.name}: MdAPE {100 * summary['mdape']:.1f}%, Spearman {summary['spearman']:.3f}, "
+          f"peak memory median |error| {100 * statistics.median(memory):.1f}%" if memory else "")
+    Path(out).write_text(json.dumps({"cluster": cluster.name, "measured": path, "rows": rows, **summary}, indent=2))
     print(f"wrote {out}")
     return 0

@@ -14,8 +14,6 @@ plans in fp32 only unless --precision is given, and says so.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from compiler.planner.cluster import Cluster
@@ -51,11 +49,8 @@ def probe_precisions(cluster: Cluster, precisions: tuple[str, ...], *, repeats: 
             ratios[precision] = (flops / seconds) / (then_flops / then_seconds)
     finally:
         torch.set_num_threads(threads)
-    peaks = cluster.notes.get("peak_flops", {})
     line = "re-measured each precision on this CPU: " + ", ".join(f"{p} x{r:.2f}" for p, r in ratios.items())
-    notes = {**cluster.notes, "peak_flops": {p: v * ratios.get(p, 1.0) for p, v in peaks.items()}}
-    flops = {p: v * ratios.get(p, 1.0) for p, v in cluster.flops.items()}
-    return dataclasses.replace(cluster, flops=flops, notes=notes, source=f"{cluster.source}; {line}"), line
+    return cluster.with_precision_rates(ratios, line), line
 
 
 def check_calibration(cluster: Cluster, precisions: tuple[str, ...], *, probe: bool = True) -> tuple[Cluster, str | None]:

@@ -16,7 +16,7 @@ The budget is 90% of MemTotal (page cache, other processes and the model's few p
 above what is free now (MemAvailable) but within the budget is a warning, not an error.
 
 GPU: each rank has its device; its fullest pp rank's tensors plus the cluster model's reserve (CUDA
-context, NCCL buffers, fragmentation: compiler/planner/gpu_cluster.py) must fit the device's memory.
+context, NCCL buffers, fragmentation: compiler/planner/devices.py) must fit the device's memory.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from pathlib import Path
 import torch
 
 from compiler.planner.candidates import Candidate
-from compiler.planner.cluster import LOCAL_PRESET, Cluster, load_cluster
-from compiler.planner.gpu_cluster import GpuCluster
-from compiler.planner.search import CostTable, rank_layers_and_memory
-from compiler.planner.shape import DecoderShape, analytic_layer_costs
+from compiler.planner.cluster import LOCAL_PRESET, load_cluster
+from compiler.planner.devices import GpuDevice
+from compiler.planner.search import Pricer
+from compiler.planner.shape import DecoderShape
 from runtime.config import ConfigError, TrainConfig, plan_error
 from runtime.device import device_index
 from runtime.planning import rank_plans
@@ -38,7 +38,8 @@ from runtime.planning import rank_plans
 GIB = 2**30
 CPU_RANK_OVERHEAD = 0.40 * GIB  # resident bytes per rank beyond its tensors (module docstring)
 RAM_BUDGET = 0.90  # of MemTotal
-GPU_RESERVED = GpuCluster("", 1, 1.0, {}, 1.0, 1.0).reserved_gib * GIB
+GPU_RESERVED = GpuDevice(1.0, {}).reserved_gib * GIB
+GPU_MEMORY_MODEL = "h100-80gb"  # any GPU preset: the memory model does not depend on which GPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,10 +62,11 @@ def node_ram(meminfo: str | Path = "/proc/meminfo") -> NodeMemory | None:
     return NodeMemory(values["MemTotal"], values.get("MemAvailable")) if "MemTotal" in values else None
 
 
-def _analytic(model, **kwargs):
-    """Layer costs in closed form (compiler/planner/shape.py): what cost.py counts, without tracing (seconds
-    on every rank before the run starts)."""
-    return analytic_layer_costs(DecoderShape.from_config(model), **kwargs)
+def _pricer(cfg: TrainConfig) -> Pricer:
+    """The planner's model of ``cfg``'s model on its device kind, from the closed-form shapes (no tracing:
+    seconds on every rank before the run starts)."""
+    cluster = load_cluster(LOCAL_PRESET if cfg.device == "cpu" else GPU_MEMORY_MODEL)
+    return Pricer(DecoderShape.from_config(cfg.model), cluster)
 
 
 def node_memory(local_rank: int, device_type: str) -> NodeMemory | None:
@@ -95,18 +97,13 @@ def candidate_of(cfg: TrainConfig) -> Candidate:
 def predicted_tensor_bytes(cfg: TrainConfig) -> float:
     """The memory model's peak tensor bytes of the fullest rank: what ``max_memory_allocated`` measures on a
     GPU (summary.json's ``peak_bytes``) and ``--profile-memory`` on the CPU (``peak_tensor_bytes``)."""
-    return max(_rank_peaks(candidate_of(cfg), cfg, CostTable(cfg.model, count=_analytic)))
+    return max(_pricer(cfg).rank_memories(candidate_of(cfg)))
 
 
-def _rank_peaks(c: Candidate, cfg: TrainConfig, costs: CostTable) -> list[float]:
-    """The memory model's peak tensor bytes of each pp rank of ``c`` (``cfg``'s layout)."""
-    return rank_layers_and_memory(c, cfg=cfg.model, costs=costs)[1]
-
-
-def predicted_bytes(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory, costs: CostTable) -> float:
+def predicted_bytes(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory) -> float:
     """CPU: the node's ranks' tensors and runtime together; GPU: the fullest rank's tensors and reserve."""
     c = candidate_of(cfg)
-    peaks = _rank_peaks(c, cfg, costs)
+    peaks = _pricer(cfg).rank_memories(c)
     if memory.per_device:
         return max(peaks) + GPU_RESERVED
     return sum(peaks[(rank // c.mp) % c.pp] + CPU_RANK_OVERHEAD for rank in node_ranks)
@@ -116,7 +113,7 @@ def _budget(memory: NodeMemory) -> float:
     return memory.total if memory.per_device else RAM_BUDGET * memory.total
 
 
-def _fix(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory, costs: CostTable) -> tuple[str, float] | None:
+def _fix(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory) -> tuple[str, float] | None:
     """The cheapest memory flags that make ``cfg`` fit: (flags, predicted bytes), or None."""
     options = [("--activation-checkpointing",)]
     if cfg.mesh.dp > 1 and cfg.data_parallel.shard > 1:
@@ -128,7 +125,7 @@ def _fix(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory, costs: 
                 cfg.data_parallel.reshard_after_forward or "--reshard-after-forward" in flags)))
         if trial == cfg:
             continue
-        bytes_ = predicted_bytes(trial, node_ranks=node_ranks, memory=memory, costs=costs)
+        bytes_ = predicted_bytes(trial, node_ranks=node_ranks, memory=memory)
         if bytes_ <= _budget(memory):
             extra = () if memory.per_device or cfg.pipeline.compact_cpu_memory else ("--compact-cpu-memory",)
             return " ".join(flags + extra), bytes_
@@ -140,9 +137,9 @@ def _fitting_plan(cfg: TrainConfig, *, world: int, node_ranks: list[int], memory
     if memory.per_device:
         return None
     base = load_cluster(LOCAL_PRESET)
-    cluster: Cluster = dataclasses.replace(
-        base, ranks_per_node=len(node_ranks),
-        memory_per_node=max(0.0, _budget(memory) - len(node_ranks) * CPU_RANK_OVERHEAD))
+    device = dataclasses.replace(base.device, memory_per_node=max(0.0, _budget(memory) - len(node_ranks) * CPU_RANK_OVERHEAD))
+    cluster = dataclasses.replace(base, device=device,
+                                  topology=dataclasses.replace(base.topology, devices_per_node=len(node_ranks)))
     plans = rank_plans(cfg, world=world, global_batch_size=cfg.global_batch_size, cluster=cluster,
                        precisions=(cfg.precision,))
     best = next((e for e in plans if e.feasible), None)
@@ -154,15 +151,14 @@ def check_memory(cfg: TrainConfig, *, world: int, node_ranks: list[int], memory:
     a warning line when it fits the budget but not what is free now; None otherwise."""
     if memory is None or plan_error(cfg, candidate_of(cfg)):
         return None  # unknown memory, or a configuration the validation rejects anyway
-    costs = CostTable(cfg.model, count=_analytic)
-    need = predicted_bytes(cfg, node_ranks=node_ranks, memory=memory, costs=costs)
+    need = predicted_bytes(cfg, node_ranks=node_ranks, memory=memory)
     budget = _budget(memory)
     where = (f"per GPU (tensors + {GPU_RESERVED / GIB:.0f} GiB of CUDA context and buffers) of {memory.total / GIB:.1f} GiB"
              if memory.per_device else
              f"for the {len(node_ranks)} ranks on this node (tensors + {CPU_RANK_OVERHEAD / GIB:.2f} GiB of runtime "
              f"per rank) of {budget / GIB:.1f} GiB (90% of {memory.total / GIB:.1f} GiB RAM)")
     if need > budget:
-        fix = _fix(cfg, node_ranks=node_ranks, memory=memory, costs=costs)
+        fix = _fix(cfg, node_ranks=node_ranks, memory=memory)
         if fix:
             advice = f"add {fix[0]} (predicted {fix[1] / GIB:.1f} GiB)"
         else:

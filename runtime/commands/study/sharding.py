@@ -17,10 +17,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from compiler.flops import training_flops_per_token
 from compiler.planner.candidates import Candidate
 from compiler.planner.cluster import load_cluster
-from compiler.planner.search import CostTable, estimate
+from compiler.planner.search import Pricer
+from compiler.planner.shape import DecoderShape
 from models import named_config
 from runtime.commands.flags import default_config, model_flags, named_model
 from runtime.commands.launch import RunSpec
@@ -155,11 +155,9 @@ def memory_specs(world: int, model, *, large: bool, other_shapes: bool = False, 
 
 def predicted_bytes(row: MemoryRow, model) -> float | None:
     c = row.candidate()
-    cluster = dataclasses.replace(load_cluster("cpu-2core"), memory_per_node=2**50)
-    base = default_config(model)
-    e = estimate(c, cfg=model, cluster=cluster, costs=CostTable(model), validate=lambda x: plan_error(base, x),
-                 model_flops_per_token=training_flops_per_token(model))
-    return e.memory_per_rank
+    if plan_error(default_config(model), c):
+        return None
+    return max(Pricer(DecoderShape.from_config(model), load_cluster("cpu-2core")).rank_memories(c))
 
 
 def memory_table(runs: list[dict], model) -> list[dict]:

@@ -1,0 +1,219 @@
+"""The bytes autograd keeps per block, head and embedding, for one micro-batch on one rank, in closed form.
+
+Two layouts (``EngineTraits.activations``, compiler/planner/engines.py):
+
+- ``"engine"``, this engine's model as it runs (checked against compiler/cost.py's counts on the engine's
+  GPT and Llama, tests/test_shape.py). Per token of one block and TP shard (t = mp; a = bytes of the
+  autocast dtype, 4 in fp32):
+  - each norm saves its input in the residual stream's dtype (fp32, or the compute dtype when FSDP gathers
+    parameters in it), LayerNorm its mean and 1/std, RMSNorm (fp32 math) also its normalised input and two
+    per-token scalars: 4 d + 8 or 8 d + 8 bytes in fp32;
+  - the norm's output, cast to the compute dtype by autocast once per projection that reads it (once in
+    fp32): GPT's fused q/k/v reads the first (1), Llama's separate q, k and v (3); the MLP's up (and
+    SwiGLU's gate: 2) the second;
+  - GPT: the fused q/k/v output (H + 2 KV) hd / t, attention's output and log-sum-exp (H / t fp32);
+  - Llama: the rotated q, and k and v with their own head counts (attention shares the grouped heads, no
+    copies), its output and log-sum-exp; RoPE's cos and sin ([T, hd] each,
+    compute dtype) once per micro-batch;
+  - GELU MLP: the up projection's output and GELU's output, 2 f / t; SwiGLU: the gate's output, SiLU's
+    output, the up projection's output and the product, 4 f / t;
+  - with sequence parallelism the norms run on (B, T/mp, D) shards: what they save is 1/mp of it; the
+    gathered inputs of the column-parallel matrices stay whole (DTensor saves them).
+- ``"megatron"``, Megatron-LM's (and engines alike: Meta's, torchtitan's): everything in the compute dtype,
+  Korthikanti et al. 2022 (sec. 4) with SwiGLU and GQA: per token two norm inputs and two linear inputs of
+  d (1/t each under sequence parallelism: Megatron saves the shard and gathers it again in backward),
+  q, k, v ((H + 2 KV) hd / t), attention's output (H hd / t) and log-sum-exp, the MLP's fused up/gate output
+  and the down projection's input (GELU 2 f / t, SwiGLU 3 f / t).
+
+Checkpointing (``ac``): ``"full"`` keeps each block's input (1/t under sequence parallelism) and one
+block's full activations while it is recomputed; ``"selective"`` keeps the outputs of the matrix products
+and of attention (q, k, v, attention's output and log-sum-exp, the MLP's up / gate outputs) and the two
+residual inputs, and recomputes the norms, activation functions and products (torchtitan's op-level SAC,
+Megatron's ``--recompute-modules layernorm ...``).
+
+A mixture-of-experts MLP saves per local token (both layouts): the router's fp32 logits (count x 4), the
+``top_k`` dispatched copies of the token (d each), each expert's hidden activations (as a dense MLP of the
+expert width) and its output (d, for the weighted combine's backward); shared experts as dense MLPs. With
+expert tensor parallelism 1 a TP group's ranks dispatch disjoint sequence shards, so a rank's MoE MLP sees
+T / mp tokens. The dispatch's send and receive buffers (2 top_k d a per token) are transient.
+
+Context parallelism (cp ranks) keeps T / cp tokens of every sequence per rank: every per-token term / cp;
+attention gathers the sequence's K and V (2 KV hd / t per token, transient, one layer at a time).
+
+The head saves the final norm's input and output and, with the whole-vocabulary loss, the fp32
+log-softmax of its V / t logits and the logits themselves (the stage's output, kept to its backward), and
+its backward holds two fp32 gradients of the logits' size at once (compiler/cost.py ``head_loss_bytes``).
+The chunked vocabulary-parallel loss (``chunked_loss``) computes logits, loss and their gradient
+``LOSS_CHUNK_TOKENS`` tokens at a time: no logits are held, a chunk's three fp32 copies are transient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.cost import LayerCost, head_loss_bytes
+from compiler.planner.shape import DENSE, MOE, DecoderShape, _block_matrices, block_forward_flops, block_params, \
+    embedding_params, head_params, shared_width
+from compiler.precisions import PRECISIONS
+
+LOSS_CHUNK_TOKENS = 4096  # tokens per chunk of the chunked loss (a chunk's fp32 logits and gradients are transient)
+
+
+@dataclass(frozen=True)
+class Context:
+    """How one rank runs its layers for one micro-batch: what the saved bytes depend on."""
+    micro_batch_size: int
+    precision: str = "fp32"
+    mp: int = 1
+    cp: int = 1
+    sequence_parallel: bool = False
+    ac: str = "none"  # "none" | "selective" | "full"
+    layout: str = "engine"  # "engine" | "megatron"
+    residual_bytes: int = 4  # the residual stream's element size (engine: 4, or a under FSDP's param dtype)
+    chunked_loss: bool = False
+
+    @property
+    def a(self) -> int:
+        return PRECISIONS[self.precision].dtype.itemsize
+
+    @property
+    def autocast(self) -> bool:
+        return PRECISIONS[self.precision].autocast_dtype is not None
+
+    def tokens(self, shape: DecoderShape) -> float:
+        """Tokens of one micro-batch on this rank: context parallelism splits every sequence."""
+        return self.micro_batch_size * shape.seq_len / self.cp
+
+
+@dataclass(frozen=True)
+class BlockMemory:
+    """One block's bytes for one micro-batch on one rank."""
+    saved: float  # kept from its forward to its backward
+    recompute: float  # held while it is recomputed (full AC: its whole activations; else 0)
+    transient: float  # held at once inside its forward or backward beyond that (K/V gathered, dispatch buffers)
+
+
+def _norm_saved(shape: DecoderShape, residual_bytes: int = 4) -> float:
+    """Bytes one norm saves per token in the engine: its input (residual dtype) and, RMSNorm, its fp32
+    normalised input; fp32 statistics: LayerNorm's mean and 1/std, RMSNorm's 1/rms (F.rms_norm)."""
+    d = shape.d_model
+    if shape.norm == "rmsnorm":
+        return residual_bytes * d + 4 * d + 4
+    return residual_bytes * d + 8
+
+
+def _engine_attention(shape: DecoderShape, c: Context) -> float:
+    """Per token: attention's saved tensors in the engine layout (one TP shard), norms excluded."""
+    a, t, hd = c.a, c.mp, shape.head_dim
+    heads, kv_heads = shape.heads // t, max(1, shape.kv_heads // t)
+    if shape.fused_qkv:
+        qkv = (heads + 2 * kv_heads) * hd
+        rotated = (heads + kv_heads) * hd if shape.positions == "rope" else 0
+        return (qkv + rotated + heads * hd) * a + heads * 4
+    # q, k and v with their own head counts (SDPA shares the grouped heads: enable_gqa, no H-wide copies), the
+    # output, and a log-sum-exp per query head
+    return (heads + 2 * kv_heads + heads) * hd * a + heads * 4
+
+
+def _megatron_attention(shape: DecoderShape, c: Context) -> float:
+    t = c.mp
+    return (shape.q_width + 2 * shape.kv_width + shape.q_width) / t * c.a + shape.heads / t * 4
+
+
+def _mlp_hidden(shape: DecoderShape, width: float, c: Context) -> float:
+    """Per token: one MLP's saved hidden activations of ``width`` (already per shard)."""
+    if c.ac == "selective":  # the matrix products' outputs only: up (and gate)
+        return (2 if shape.mlp == "swiglu" else 1) * width * c.a
+    if c.layout == "megatron":
+        return (3 if shape.mlp == "swiglu" else 2) * width * c.a
+    return (4 if shape.mlp == "swiglu" else 2) * width * c.a
+
+
+def _moe_mlp(shape: DecoderShape, c: Context) -> float:
+    """Per local token of a MoE MLP (its router, dispatched copies, experts, shared experts)."""
+    e, a, d = shape.experts, c.a, shape.d_model
+    routed = e.count * 4 + e.top_k * (2 * d * a + _mlp_hidden(shape, e.width, c))
+    return routed + e.shared * _mlp_hidden(shape, shared_width(e), c)
+
+
+def _readers(shape: DecoderShape, c: Context, kind: str) -> float:
+    """Per token: the engine's compute-dtype copies of the two norms' outputs, one per projection reading them."""
+    if not c.autocast:
+        return 2 * shape.d_model * 4
+    attention = 1 if shape.fused_qkv else 3
+    mlp = (2 if shape.mlp == "swiglu" else 1) if kind == DENSE else 1  # the router reads a MoE block's
+    return (attention + mlp) * shape.d_model * c.a
+
+
+def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
+    """One block's saved, recompute and transient bytes for one micro-batch on one rank (module docstring)."""
+    t, d, a = c.mp, shape.d_model, c.a
+    tokens = c.tokens(shape)
+    shard = t if c.sequence_parallel else 1
+    moe_tokens = tokens / t if kind == MOE and t > 1 else tokens  # expert TP 1: disjoint sequence shards
+    if c.layout == "megatron":
+        norms = 4 * d * a / shard  # two norm inputs and two linear inputs
+        attention = _megatron_attention(shape, c)
+        selective_norms = 2 * d * a / shard
+    else:
+        norms = 2 * _norm_saved(shape, c.residual_bytes) / shard + _readers(shape, c, kind)
+        attention = _engine_attention(shape, c)
+        selective_norms = 2 * shape.d_model * c.residual_bytes / shard
+    if c.ac == "selective":
+        norms = selective_norms
+    dense_mlp = _mlp_hidden(shape, shape.mlp_width / t, c) if kind == DENSE else 0.0
+    per_token = norms + attention + dense_mlp
+    saved = per_token * tokens + (_moe_mlp(shape, c) * moe_tokens if kind == MOE else 0.0)
+    rope = 2 * shape.seq_len / c.cp * shape.head_dim * a if shape.positions == "rope" and c.layout == "engine" else 0
+    saved += rope
+    transient = 2 * shape.kv_width / t * shape.seq_len * c.micro_batch_size * a if c.cp > 1 else 0.0
+    if kind == MOE:
+        transient += 2 * shape.experts.top_k * d * a * moe_tokens
+    if c.ac == "full":
+        kept = tokens * d * (c.residual_bytes if c.layout == "engine" else a) / shard
+        return BlockMemory(kept, saved, transient)
+    return BlockMemory(saved, 0.0, transient)
+
+
+@dataclass(frozen=True)
+class HeadMemory:
+    saved: float
+    transient: float
+
+
+def head_memory(shape: DecoderShape, c: Context) -> HeadMemory:
+    """The final norm, the LM head and the loss on ``V / mp`` vocabulary rows (module docstring)."""
+    tokens, rows = c.tokens(shape), -(-shape.vocab_size // c.mp)
+    norm = _norm_saved(shape, 4 if c.layout == "engine" else c.a) + shape.d_model * (c.a if c.autocast else 4)
+    if c.chunked_loss:
+        return HeadMemory(tokens * norm, 12 * min(tokens, LOSS_CHUNK_TOKENS) * rows)
+    held, transient = head_loss_bytes(int(tokens), vocab_rows=rows, precision=c.precision)
+    return HeadMemory(tokens * (norm + 4 * rows + 8) + held, transient)
+
+
+def embedding_memory(shape: DecoderShape, c: Context) -> float:
+    """The token ids (8 bytes each) the embedding's backward reads."""
+    return 8 * c.tokens(shape)
+
+
+def analytic_layer_costs(shape: DecoderShape, *, micro_batch_size: int, precision: str = "fp32",
+                       mp: int = 1) -> list[LayerCost]:
+    """[embedding, block 0, ..., block L-1, head] as compiler/cost.py's ``layer_costs`` reports them for the
+    engine's model (FLOPs per TP shard, parameters, saved activations, autocast weight copies)."""
+    c = Context(micro_batch_size, precision, mp)
+    a, autocast = c.a, c.autocast
+    tokens = micro_batch_size * shape.seq_len
+    blocks = []
+    for i, kind in enumerate(shape.kinds()):
+        matmul, attention = block_forward_flops(shape, micro_batch_size=micro_batch_size, mp=mp, kind=kind)
+        mats = _block_matrices(shape, mp)
+        copies = (sum(x * y for x, y in mats.values()) + (sum(y for _, y in mats.values()) if shape.biases else 0)
+                  ) * a if autocast and kind == DENSE else 0
+        blocks.append(LayerCost(f"layers.{i}", 3 * matmul + 3.5 * attention, block_params(shape, mp, kind=kind).total,
+                                int(block_memory(shape, kind, c).saved), copies))
+    rows = -(-shape.vocab_size // mp)
+    head = head_memory(shape, c)
+    embed = LayerCost("embedding", 0.0, embedding_params(shape, mp), int(embedding_memory(shape, c)))
+    head_cost = LayerCost("head", 6.0 * tokens * shape.d_model * rows, head_params(shape, mp), int(head.saved),
+                          rows * shape.d_model * a if autocast else 0, int(head.transient))
+    return [embed, *blocks, head_cost]

@@ -1,0 +1,191 @@
+"""The device part of the cost model: how long one rank takes for one layer's work, and what it holds.
+
+A layer's work is device-independent (``LayerWork``, compiler/planner/work.py builds it from the shape
+and the plan); a device prices it. Two implementations of one protocol:
+
+- ``CpuDevice``, this machine as ``run.py calibrate`` measured it: the layer's FLOPs (in torch's
+  FlopCounterMode convention, what the calibration's block benchmark was fitted to) at the achieved block
+  rate of the precision, plus a fixed cost per layer and micro-batch; ranks beyond the cores time-share
+  them (compute slows by ranks x busy fraction / cores when that exceeds 1) and fewer ranks than cores
+  run cores // ranks threads each. Communication and compute share the cores: DP collectives do not hide.
+- ``GpuDevice``, a GEMM/HBM roofline: every linear layer runs three products (forward, input and weight
+  gradient), each at ``GemmEfficiency`` of its reduction length (a grouped product of experts also at the
+  fraction its rows per expert reach); attention with FlashAttention (causal half, backward 2.5x, no T x T
+  scores in HBM) or materialised (Megatron-LM 2021: batched products plus the scores through HBM at about
+  9 bytes per score forward, 11 backward); memory-bound kernels at the HBM rate (backward moves twice the
+  forward's bytes).
+
+Both answer ``compute(work, precision)`` -> ``ComputeSeconds``; the recompute of activation checkpointing
+reuses its parts (full: the forward again; selective: the memory-bound forward again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """A forward matrix product [m, k] x [k, n]; ``groups`` equal products (a grouped GEMM over experts)."""
+    m: float
+    n: float
+    k: float
+    groups: float = 1.0
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.groups
+
+
+@dataclass(frozen=True)
+class LayerWork:
+    """One layer's work for one micro-batch on one rank."""
+    gemms: tuple[Gemm, ...] = ()
+    grouped: tuple[Gemm, ...] = ()  # experts' products: a grouped GEMM of ``groups`` experts, m rows each
+    attention_flops: float = 0.0  # forward FLOPs of QK^T and AV actually run (causal half with flash)
+    attention_head_dim: int = 64
+    scores: float = 0.0  # T x T scores through HBM (materialised attention), per micro-batch on this rank
+    elementwise_bytes: float = 0.0  # forward bytes through memory-bound kernels (norms, activations, adds, loss)
+    counted_flops: float = 0.0  # forward + backward in FlopCounterMode's convention (what the CPU rate measures)
+    counted_forward_flops: float = 0.0
+
+
+@dataclass(frozen=True)
+class ComputeSeconds:
+    forward: float
+    backward: float
+    memory_bound_forward: float  # the part of ``forward`` selective recompute runs again
+
+    def __add__(self, other: "ComputeSeconds") -> "ComputeSeconds":
+        return ComputeSeconds(self.forward + other.forward, self.backward + other.backward,
+                              self.memory_bound_forward + other.memory_bound_forward)
+
+    def scaled(self, x: float) -> "ComputeSeconds":
+        return ComputeSeconds(self.forward * x, self.backward * x, self.memory_bound_forward * x)
+
+
+@dataclass(frozen=True)
+class GemmEfficiency:
+    """Achieved fraction of the dense peak for a matrix product whose reduction dimension is K:
+    ``max_efficiency * K / (K + k_half)``: every output tile pays a fixed prologue and epilogue besides its
+    K-long main loop, so short reductions (a TP shard's narrow inputs, attention's head dimension) reach less
+    of the peak (NVIDIA, Matrix Multiplication Background User's Guide: GEMMs with small dimensions are
+    limited by tile and wave quantisation and memory). A grouped product with m rows per group also reaches
+    only m / (m + k_half) of that: few tokens per expert leave most of a tile empty.
+
+    ``k_half`` = 128 is fixed, not fitted: about four 32-deep main-loop iterations of a 128 x 256 tile of
+    prologue and epilogue. ``max_efficiency`` is fitted to Table 1 of Narayanan et al. SC'21
+    (compiler/planner/reproduce.py); these defaults are that A100 fit, used when a file has no ``gemm``."""
+    max_efficiency: float = 0.68
+    k_half: float = 128.0
+
+    def efficiency(self, k: float) -> float:
+        return self.max_efficiency * k / (k + self.k_half)
+
+    def rows(self, m: float) -> float:
+        return m / (m + self.k_half)
+
+    @staticmethod
+    def fit(points: list[tuple[float, float]]) -> "GemmEfficiency":
+        """The curve through measured (K, achieved fraction of peak) points, e.g. GEMMs timed on a lent GPU:
+        1 / e = 1 / max + (k_half / max) / K is a line in 1 / K, fitted by least squares."""
+        if len({k for k, _ in points}) < 2:
+            raise ValueError("fitting the GEMM efficiency needs measurements at two or more reduction lengths")
+        xs, ys = [1 / k for k, _ in points], [1 / e for _, e in points]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        intercept = my - slope * mx
+        return GemmEfficiency(max_efficiency=1 / intercept, k_half=slope / intercept)
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    memory_gib: float
+    peak_flops: dict[str, float]  # dense FLOP/s per device, by precision ("fp8": optional, for Float8 linears)
+    memory_bandwidth: float = 2.0e12  # bytes/s of HBM
+    memory_efficiency: float = 0.8  # achieved fraction of HBM bandwidth by memory-bound kernels (assumed)
+    # Memory tensors cannot use: CUDA context, cuBLAS workspaces, NCCL buffers, the caching allocator's
+    # fragmentation; an assumption (about 1 GiB of context on an H100, the rest margin).
+    reserved_gib: float = 3.0
+    gemm: GemmEfficiency = field(default_factory=GemmEfficiency)
+    kind: str = "gpu"
+    dp_overlap: bool = True  # collectives run on their own streams beside compute
+    tp_buffers_per_block: int = 0  # DTensor's extra [B, T, d] fp32 buffers were measured on CPU only
+
+    def memory_per_rank(self, ranks_on_node: int) -> float:
+        return (self.memory_gib - self.reserved_gib) * 2**30
+
+    def peak(self, precision: str) -> float:
+        return self.peak_flops[precision]
+
+    def sharing(self, *, ranks_on_node: int, busy: float) -> float:
+        return 1.0  # one rank per device
+
+    def _products(self, g: Gemm, peak: float, grouped: bool) -> tuple[float, float]:
+        """(forward, backward) seconds: forward reduces over k, the input gradient over n, the weight gradient over m."""
+        e, rows = self.gemm.efficiency, self.gemm.rows(g.m) if grouped else 1.0
+        return g.flops / (peak * e(g.k) * rows), g.flops / (peak * e(g.n) * rows) + g.flops / (peak * e(g.m))
+
+    def memory_seconds(self, nbytes: float) -> float:
+        return nbytes / (self.memory_bandwidth * self.memory_efficiency)
+
+    def compute(self, work: LayerWork, precision: str, *, linear_peak: float | None = None,
+                ranks_on_node: int = 1) -> ComputeSeconds:
+        peak = self.peak_flops[precision]
+        fwd = bwd = 0.0
+        for g in work.gemms:
+            f, b = self._products(g, linear_peak or peak, False)
+            fwd, bwd = fwd + f, bwd + b
+        for g in work.grouped:
+            f, b = self._products(g, linear_peak or peak, True)
+            fwd, bwd = fwd + f, bwd + b
+        if work.attention_flops:
+            e = self.gemm.efficiency(work.attention_head_dim)
+            fwd, bwd = fwd + work.attention_flops / (peak * e), bwd + 2.5 * work.attention_flops / (peak * e)
+        other = self.memory_seconds(work.elementwise_bytes + 9 * work.scores)
+        return ComputeSeconds(fwd + other, bwd + self.memory_seconds(2 * work.elementwise_bytes + 11 * work.scores),
+                              other)
+
+    def optimizer_seconds(self, params: float) -> float:
+        """AdamW over fp32 shards: 32 bytes per parameter through HBM (read parameter, gradient and two moments,
+        write three; the gradient norm reads the gradient again)."""
+        return self.memory_seconds(32 * params)
+
+
+@dataclass(frozen=True)
+class CpuDevice:
+    flops: dict[str, float]  # achieved block FLOP/s of ONE core per precision (calibrated)
+    peak_flops: dict[str, float]  # best dense matmul FLOP/s of one core (MFU's denominator)
+    units_per_node: int  # cores: ranks beyond them time-share
+    memory_per_node: float  # bytes usable for tensors, shared by the node's ranks
+    layer_overhead: float = 0.0  # seconds per layer and micro-batch (forward + backward launch / framework)
+    optimizer_bytes_per_s: float = 0.0  # AdamW throughput over fp32 parameter bytes (0: ignore)
+    kind: str = "cpu"
+    dp_overlap: bool = False  # gloo and compute share the cores
+    # mp > 1: DTensor's redistributions keep two full [B, T, d] fp32 buffers per block and in-flight
+    # micro-batch beyond the saved tensors (measured here: 4 blocks, d 128, T 64; memory_model.py).
+    tp_buffers_per_block: int = 2
+
+    def memory_per_rank(self, ranks_on_node: int) -> float:
+        return self.memory_per_node / ranks_on_node
+
+    def peak(self, precision: str) -> float:
+        return self.peak_flops.get(precision, self.flops[precision])
+
+    def rate(self, precision: str, *, ranks_on_node: int) -> float:
+        """FLOP/s one rank reaches: fewer ranks than cores run cores // ranks threads each (runtime/device.py)."""
+        return self.flops[precision] * max(1, self.units_per_node // ranks_on_node)
+
+    def sharing(self, *, ranks_on_node: int, busy: float) -> float:
+        """Compute slowdown when the ranks computing at once outnumber the cores."""
+        return max(1.0, ranks_on_node * busy / self.units_per_node)
+
+    def compute(self, work: LayerWork, precision: str, *, linear_peak: float | None = None,
+                ranks_on_node: int = 1) -> ComputeSeconds:
+        rate = self.rate(precision, ranks_on_node=ranks_on_node)
+        forward = work.counted_forward_flops / rate
+        backward = (work.counted_flops - work.counted_forward_flops) / rate + self.layer_overhead
+        return ComputeSeconds(forward, backward, 0.0)
+
+    def optimizer_seconds(self, params: float) -> float:
+        return params * 4 / self.optimizer_bytes_per_s if self.optimizer_bytes_per_s else 0.0

@@ -1,0 +1,90 @@
+"""What the priced engine does where engines differ: one row of traits each.
+
+The planner prices this engine by default (``THIS_ENGINE``). A published run is priced with the traits of
+the engine that ran it (compiler/published/*.json name one of ``ENGINES``), so that the device and network
+are what is being checked, not our engine's choices: Megatron-LM 2021 (Narayanan et al. SC'21), Megatron-Core
+of today, Meta's Llama 3 stack and torchtitan. A trait is a fact about that engine stated in its paper or
+source, never a number fitted to its results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from compiler.planner.candidates import Constraints
+
+
+@dataclass(frozen=True)
+class EngineTraits:
+    name: str = "this engine"
+    attention: str = "flash"  # "flash" | "materialized" (T x T scores in HBM, Megatron-LM 2021)
+    activations: str = "engine"  # saved-tensor layout: "engine" | "megatron" (compiler/planner/activations.py)
+    p2p_scatter_gather: bool = False  # pipeline messages split over the TP ranks (Megatron's scatter/gather)
+    dp_overlap: bool = True  # gradient reduction and parameter gathers overlap compute (where the device can)
+    grad_reduce_bytes: int = 4  # data-parallel gradients travel in fp32 (--reduce-dtype fp32) or 2 bytes
+    tp_overlap: bool = False  # TP collectives hidden behind the matrix products (async TP, TE comm overlap)
+    float8_linears: bool = False  # linear layers' products at the device's fp8 peak (torchao Float8, TE fp8)
+    sp_messages: bool = True  # under sequence parallelism pipeline messages are (B, T/mp, D) shards
+    # Ranks are numbered by these mesh dimensions, outermost first (the innermost is contiguous): which
+    # groups share a node. The engine builds (dp, pp, mp); Megatron orders tp, cp, dp, pp from the inside.
+    mesh_order: tuple[str, ...] = ("dp", "pp", "cp", "mp")
+    # What the engine can run at all (a published run is searched within it): sequence parallelism,
+    # selective recompute, the chunked loss.
+    has_sequence_parallel: bool = True
+    has_selective_ac: bool = True
+    has_chunked_loss: bool = True
+    # Selective recompute also recomputes this fraction of the matrix products (torchtitan's op-level policy
+    # saves the outputs of every other mm: 0.5; Megatron's --recompute-modules norm/act recompute none).
+    selective_matmul_recompute: float = 0.0
+    # Stages beyond the blocks the engine's split allows (Megatron-Core's --account-for-embedding-in-pipeline-
+    # split and -loss-: the embedding and the loss count as layers, 2); this engine's rule is pp x v <= layers.
+    extra_stages: int = 0
+
+    def limits(self, given: "Constraints") -> "Constraints":
+        """``given`` with what this engine cannot run fixed off."""
+        sp = given.sequence_parallel if self.has_sequence_parallel else False
+        chunked = given.chunked_loss if self.has_chunked_loss else False
+        modes = given.ac_modes or (("none", "selective", "full") if self.has_selective_ac else ("none", "full"))
+        return replace(given, sequence_parallel=sp, chunked_loss=chunked, ac_modes=modes)
+
+    def strides(self, sizes: dict[str, int]) -> dict[str, int]:
+        """Rank distance between neighbours of each dimension."""
+        out, stride = {}, 1
+        for dim in reversed(self.mesh_order):
+            out[dim] = stride
+            stride *= sizes.get(dim, 1)
+        return out
+
+
+THIS_ENGINE = EngineTraits()
+
+# Narayanan et al. 2021 (SC'21, Megatron-LM): materialised attention with a fused softmax kernel, the
+# scatter/gather optimisation of pipeline messages (sec. 4.1), the data-parallel all-reduce after the
+# backward pass, and fp16 gradients (--accumulate-allreduce-grads-in-fp32 was off by default).
+# Sequence parallelism and selective recompute came later (Korthikanti et al. 2022).
+MEGATRON_2021 = EngineTraits("Megatron-LM 2021", attention="materialized", activations="megatron",
+                             p2p_scatter_gather=True, dp_overlap=False, grad_reduce_bytes=2,
+                             mesh_order=("pp", "dp", "cp", "mp"), has_sequence_parallel=False,
+                             has_selective_ac=False, has_chunked_loss=False)
+
+# Megatron-Core (2024-): FlashAttention through Transformer Engine, the distributed optimizer's
+# reduce-scatter and all-gather overlapped with compute (--overlap-grad-reduce --overlap-param-gather), fp32
+# gradient buckets, sequence parallelism with TP, TP communication overlapped (--tp-comm-overlap).
+MEGATRON_CORE = EngineTraits("Megatron-Core", attention="flash", activations="megatron", dp_overlap=True,
+                             grad_reduce_bytes=4, tp_overlap=True, mesh_order=("pp", "dp", "cp", "mp"),
+                             has_chunked_loss=False, extra_stages=2)
+
+# Dubey et al. 2024 (The Llama 3 Herd of Models, sec. 3.3): 4D parallelism ordered [TP, CP, PP, DP] from the
+# inside, FSDP that shards optimizer states and gradients but keeps parameters after the forward, bf16.
+META_LLAMA3 = EngineTraits("Meta Llama 3", attention="flash", activations="megatron", dp_overlap=True,
+                           grad_reduce_bytes=4, mesh_order=("dp", "pp", "cp", "mp"), has_chunked_loss=False)
+
+# torchtitan (docs/performance.md at eaea6f6): FSDP2, TP with sequence parallelism, Float8 linears where its
+# rows say so, async TP where they say so.
+# Its selective AC ("op") saves every other mm's output (torchtitan/distributed/activation_checkpoint.py).
+TORCHTITAN = EngineTraits("torchtitan", attention="flash", activations="megatron", dp_overlap=True,
+                          grad_reduce_bytes=4, mesh_order=("dp", "pp", "cp", "mp"), has_chunked_loss=False,
+                          selective_matmul_recompute=0.5)
+
+ENGINES = {"this": THIS_ENGINE, "megatron-2021": MEGATRON_2021, "megatron-core": MEGATRON_CORE,
+           "meta-llama3": META_LLAMA3, "torchtitan": TORCHTITAN}

@@ -1,0 +1,145 @@
+"""Seconds of each kind of layer for one micro-batch on one rank: the device's compute (compiler/planner/
+devices.py) of the layer's work (work.py), and the layer's collectives on the links of its groups
+(collectives.py):
+
+- tensor parallelism: Megatron's f and g, two all-reduces of [b, T / cp, d] forward and two backward per
+  block (with sequence parallelism an all-gather and a reduce-scatter each, the same volume: Korthikanti et
+  al. 2022); a MoE block's MLP runs on sequence shards (expert tensor parallelism 1) and adds none; the
+  vocabulary-parallel embedding's output all-reduce (a reduce-scatter under sequence parallelism) and the
+  head's input-gradient all-reduce. With ``tp_overlap`` they hide behind the layer's matrix products.
+- context parallelism: each attention all-gathers the sequence's K and V over cp forward and reduce-scatters
+  their gradients backward (torchtitan's and Llama 3's all-gather CP).
+- expert parallelism: four all-to-alls per MoE block (dispatch and combine, forward and backward) of the
+  rank's top_k token copies on the EP group's link.
+- activation checkpointing: full recompute runs the forward again (compute and its collectives: six TP
+  collectives, a second K/V gather, six all-to-alls); selective recompute the memory-bound forward only.
+
+Groups and links: ranks are numbered by the engine's mesh order (compiler/planner/engines.py); the TP
+group is ``mp`` ranks ``stride_mp`` apart, CP ``cp`` ranks ``stride_cp`` apart; EP takes its ranks from
+dp x cp x mp, innermost first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compiler.planner.cluster import Cluster
+from compiler.planner.collectives import Link, all_gather_time, all_reduce_time, all_to_all_time
+from compiler.planner.devices import ComputeSeconds
+from compiler.planner.engines import EngineTraits
+from compiler.planner.shape import DENSE, MOE, DecoderShape
+from compiler.planner.split import Holding
+from compiler.planner.work import EMBEDDING, HEAD, block_work, embedding_work, head_work
+from compiler.precisions import PRECISIONS
+
+
+@dataclass(frozen=True)
+class LayerSeconds:
+    compute: ComputeSeconds  # recompute included
+    tp: float = 0.0
+    cp: float = 0.0
+    ep: float = 0.0
+
+    @property
+    def comm(self) -> float:
+        return self.tp + self.cp + self.ep
+
+    @property
+    def total(self) -> float:
+        return self.compute.forward + self.compute.backward + self.comm
+
+    def __add__(self, other: "LayerSeconds") -> "LayerSeconds":
+        return LayerSeconds(self.compute + other.compute, self.tp + other.tp, self.cp + other.cp, self.ep + other.ep)
+
+    def scaled(self, n: float) -> "LayerSeconds":
+        return LayerSeconds(self.compute.scaled(n), self.tp * n, self.cp * n, self.ep * n)
+
+
+ZERO = LayerSeconds(ComputeSeconds(0.0, 0.0, 0.0))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How a rank runs its layers: everything the layer times depend on."""
+    micro_batch_size: int
+    precision: str
+    mp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sequence_parallel: bool = False
+    ac: str = "none"
+    dp: int = 1
+    pp: int = 1
+
+
+@dataclass(frozen=True)
+class LayerTable:
+    """Seconds per micro-batch of the embedding, each kind of block and the head for one ``Setup``."""
+    layers: dict[str, LayerSeconds]
+
+    def rank(self, holding: Holding) -> LayerSeconds:
+        total = ZERO
+        for kind, n in holding.kinds:
+            total = total + self.layers[kind].scaled(n)
+        if holding.embedding:
+            total = total + self.layers[EMBEDDING]
+        if holding.head:
+            total = total + self.layers[HEAD]
+        return total
+
+
+def _ep_link(cluster: Cluster, s: Setup, strides: dict[str, int]) -> Link:
+    """EP's ranks come from dp x cp x mp, innermost first: consecutive while they fit in cp x mp."""
+    inner = s.mp * s.cp
+    topology = cluster.topology
+    if s.ep <= inner:
+        return topology.all_to_all_link(s.ep, strides["mp"])
+    per_node = min(s.ep, inner * topology.members_per_node(s.ep // inner, strides["dp"]))
+    if s.ep <= per_node:
+        return topology.all_to_all_link(s.ep, 1)
+    off_node = (s.ep - per_node) / s.ep
+    seconds_per_byte = off_node / topology.inter.bandwidth + (1 - off_node) / topology.intra.bandwidth
+    return Link(topology.efficiency / seconds_per_byte, topology.inter.latency)
+
+
+def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: Setup) -> LayerTable:
+    device, topology = cluster.device, cluster.topology
+    strides = traits.strides({"dp": s.dp, "pp": s.pp, "cp": s.cp, "mp": s.mp})
+    a = PRECISIONS[s.precision].dtype.itemsize
+    rows = s.micro_batch_size * shape.seq_len / s.cp
+    ranks_on_node = min(topology.devices_per_node, s.dp * s.pp * s.mp * s.cp)
+    linear_peak = device.peak_flops.get("fp8") if traits.float8_linears else None
+    tp_link = topology.group_link(s.mp, strides["mp"])
+    one_tp = all_reduce_time(rows * shape.d_model * a, s.mp, tp_link)
+    full = s.ac == "full"
+    out = {}
+    for kind in set(shape.kinds()):
+        work = block_work(shape, kind, micro_batch_size=s.micro_batch_size, mp=s.mp, cp=s.cp, ep=s.ep,
+                          precision=s.precision, sequence_parallel=s.sequence_parallel, traits=traits)
+        compute = device.compute(work, s.precision, linear_peak=linear_peak, ranks_on_node=ranks_on_node)
+        if full:
+            compute = ComputeSeconds(compute.forward, compute.backward + compute.forward, compute.memory_bound_forward)
+        elif s.ac == "selective":
+            matmuls = compute.forward - compute.memory_bound_forward
+            again = compute.memory_bound_forward + traits.selective_matmul_recompute * matmuls
+            compute = ComputeSeconds(compute.forward, compute.backward + again, compute.memory_bound_forward)
+        tp = (6 if full else 4) * one_tp
+        if kind == MOE:
+            tp /= 2  # attention's collectives only
+        if traits.tp_overlap:
+            tp = max(0.0, tp - (compute.forward + compute.backward - 3 * compute.memory_bound_forward))
+        kv = s.micro_batch_size * shape.seq_len * 2 * shape.kv_width / s.mp * a
+        cp = (3 if full else 2) * all_gather_time(kv, s.cp, topology.group_link(s.cp, strides["cp"]))
+        ep = 0.0
+        if kind == MOE:
+            copies = rows / s.mp * shape.experts.top_k * shape.d_model * a
+            ep = (6 if full else 4) * all_to_all_time(copies, s.ep, _ep_link(cluster, s, strides))
+        out[kind] = LayerSeconds(compute, tp, cp, ep)
+    embedding = device.compute(embedding_work(shape, micro_batch_size=s.micro_batch_size, cp=s.cp,
+                                              precision=s.precision), s.precision, ranks_on_node=ranks_on_node)
+    out[EMBEDDING] = LayerSeconds(embedding, one_tp / 2 if s.sequence_parallel else one_tp)
+    head = device.compute(head_work(shape, micro_batch_size=s.micro_batch_size, mp=s.mp, cp=s.cp,
+                                    precision=s.precision), s.precision, ranks_on_node=ranks_on_node)
+    out[HEAD] = LayerSeconds(head, one_tp)
+    out.setdefault(DENSE, ZERO)
+    return LayerTable(out)

@@ -1,0 +1,94 @@
+"""One layer's work for one micro-batch on one rank, device-independent (compiler/planner/devices.py prices it).
+
+Per rank: b sequences of T / cp tokens (context parallelism), M = b T / cp rows; t = mp TP ranks.
+- A dense block: each linear layer of the Megatron layout (compiler/planner/shape.py) as a product
+  [M, in] x [in, out] per shard; attention's QK^T and AV: with FlashAttention the causal half of
+  4 b (H / t) (T / cp) T hd FLOPs (load-balanced context parallelism gives every rank 1/cp of the causal
+  work: 2 cp chunks, head-tail), materialised: two batched products per sequence and head and the T x T
+  scores through HBM; memory-bound kernels move per row about 10 d values of the residual stream (two norms
+  read and write it, two residual adds read two and write one; 1/t of it under sequence parallelism) plus
+  2 (q + 2 kv) / t and 2 q / t for the attention's reshapes and 2 f / t (GELU) or 3 f / t (SwiGLU).
+- A MoE block: attention as above; the router [M', d] x [d, E] on the M' = M / t rows a rank dispatches
+  (expert tensor parallelism 1: the TP ranks take disjoint sequence shards); the routed experts as a grouped
+  product of E / ep experts with M' top_k ep / E rows each (balanced routing); shared experts as TP-split
+  dense MLPs on M rows; memory-bound: the dispatch's permute and un-permute (4 d per token copy), the
+  experts' activation (3 w or 2 w) and the router's softmax and top-k over E fp32 logits.
+- The head: [M, d] x [d, V / t] and the loss over fp32 logits (written once, read and written by the
+  softmax forward and backward); the embedding: a gather of rows.
+``counted_flops`` is torch's FlopCounterMode count (3 x matmuls, 3.5 x attention without a causal
+discount), the unit of the CPU's calibrated rate.
+"""
+
+from __future__ import annotations
+
+from compiler.planner.devices import Gemm, LayerWork
+from compiler.planner.engines import EngineTraits
+from compiler.planner.shape import DENSE, DecoderShape, attention_matrices, mlp_matrices, shared_width
+from compiler.precisions import PRECISIONS
+
+EMBEDDING, HEAD = "embedding", "head"
+
+
+def _linears(mats: dict[str, tuple[int, int]], rows: float) -> list[Gemm]:
+    return [Gemm(rows, out, inp) for inp, out in mats.values()]
+
+
+def _attention(shape: DecoderShape, *, b: int, rows: float, t: int, cp: int,
+               traits: EngineTraits) -> tuple[list[Gemm], float, float, float]:
+    """(batched products, flash FLOPs run, scores through HBM, counted FLOPs forward) of one block's attention."""
+    T, heads, hd = shape.seq_len, shape.heads / t, shape.head_dim
+    counted = 4.0 * rows * T * shape.q_width / t  # FlopCounterMode: no causal discount
+    if traits.attention == "flash":
+        return [], counted / 2, 0.0, counted
+    q = T / cp
+    products = [Gemm(q, T, hd, groups=b * heads), Gemm(q, hd, T, groups=b * heads)]
+    return products, 0.0, b * heads * q * T, counted  # scores: elements (the device weighs their bytes)
+
+
+def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int, cp: int, ep: int, precision: str,
+               sequence_parallel: bool, traits: EngineTraits) -> LayerWork:
+    b, t = micro_batch_size, mp
+    a = PRECISIONS[precision].dtype.itemsize
+    rows = b * shape.seq_len / cp
+    gemms = _linears(attention_matrices(shape, t), rows)
+    batched, flash, scores, attention_counted = _attention(shape, b=b, rows=rows, t=t, cp=cp, traits=traits)
+    replicated = 10 * shape.d_model / (t if sequence_parallel else 1)
+    split = 2 * (shape.q_width + 2 * shape.kv_width) / t + 2 * shape.q_width / t
+    grouped: list[Gemm] = []
+    if kind == DENSE:
+        gemms += _linears(mlp_matrices(shape, shape.mlp_width, t), rows)
+        split += (3 if shape.mlp == "swiglu" else 2) * shape.mlp_width / t
+        elementwise = rows * (replicated + split) * a
+    else:
+        e = shape.experts
+        local = rows / t  # the rows this rank dispatches
+        gemms.append(Gemm(local, e.count, shape.d_model))
+        for _ in range(e.shared):
+            gemms += _linears(mlp_matrices(shape, shared_width(e), t), rows)
+            split += (3 if shape.mlp == "swiglu" else 2) * shared_width(e) / t
+        per_expert = local * e.top_k * ep / e.count
+        grouped = [Gemm(per_expert, out, inp, groups=e.count / ep) for inp, out in mlp_matrices(shape, e.width).values()]
+        act = (3 if shape.mlp == "swiglu" else 2) * e.width
+        elementwise = rows * (replicated + split) * a + local * (e.top_k * (4 * shape.d_model + act) * a + 8 * e.count)
+    matmul_forward = sum(g.flops for g in gemms + grouped)
+    return LayerWork(tuple(gemms + batched), tuple(grouped), flash, shape.head_dim, scores, elementwise,
+                     3 * matmul_forward + 3.5 * attention_counted, matmul_forward + attention_counted)
+
+
+def head_work(shape: DecoderShape, *, micro_batch_size: int, mp: int, cp: int, precision: str) -> LayerWork:
+    """Final norm, LM head and cross-entropy over the vocabulary shard (the loss on sharded logits)."""
+    a = PRECISIONS[precision].dtype.itemsize
+    rows = micro_batch_size * shape.seq_len / cp
+    vocab = -(-shape.vocab_size // mp)
+    gemm = Gemm(rows, vocab, shape.d_model)
+    # Logits written at a bytes, read and written as fp32 by the softmax forward and backward: a third forward.
+    logits = rows * vocab * (2 * a + 12) + rows * shape.d_model * 4 * a
+    return LayerWork((gemm,), elementwise_bytes=logits / 3, counted_flops=3 * gemm.flops,
+                     counted_forward_flops=gemm.flops)
+
+
+def embedding_work(shape: DecoderShape, *, micro_batch_size: int, cp: int, precision: str) -> LayerWork:
+    """A gather of rows (memory-bound)."""
+    a = PRECISIONS[precision].dtype.itemsize
+    rows = micro_batch_size * shape.seq_len / cp
+    return LayerWork(elementwise_bytes=rows * shape.d_model * (a + 4))

@@ -1,0 +1,146 @@
+"""``run.py plan``'s flags as typed objects: the model's shape (any family, dense or mixture of experts) and
+the plan the user fixes (``Constraints``), and the lines that describe them."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from compiler.planner.candidates import AC_MODES, Constraints
+from compiler.planner.search import Estimate
+from compiler.planner.shape import DecoderShape, activated_parameter_count, default_mlp_width, parameter_count
+from compiler.schedules import SCHEDULES
+from models.spec import Experts
+from runtime.commands.flags import named_model
+from runtime.config import ConfigError
+
+SHAPE_FLAGS = ("layers", "d_model", "heads", "kv_heads", "mlp_width", "mlp", "seq_len", "vocab_size", "experts",
+               "top_k", "expert_width", "shared_experts", "first_dense_layers")
+POSITIVE = ("dp", "pp", "mp", "cp", "ep", "micro_batch_size", "stages_per_rank", "max_mp", "max_cp", "max_ep")
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model shape (priced in closed form, never built; default: --model's)")
+    g.add_argument("--layers", type=int, help="transformer blocks")
+    g.add_argument("--d-model", type=int, help="hidden width")
+    g.add_argument("--heads", type=int, help="attention (query) heads")
+    g.add_argument("--kv-heads", type=int, help="key/value heads (grouped-query attention; default --heads)")
+    g.add_argument("--mlp-width", type=int, help="MLP hidden width (default 4 d for gelu, Llama's 8d/3 rule for swiglu)")
+    g.add_argument("--mlp", choices=("gelu", "swiglu"), help="MLP kind: gelu (GPT-2: LayerNorm, biases, learned "
+                   "positions) or swiglu (Llama: RMSNorm, no biases, RoPE, untied head)")
+    g.add_argument("--seq-len", type=int, help="sequence length")
+    g.add_argument("--vocab-size", type=int, help="vocabulary size")
+    g.add_argument("--experts", type=int, help="a mixture of experts: routed experts per block")
+    g.add_argument("--top-k", type=int, help="experts each token is routed to (with --experts)")
+    g.add_argument("--expert-width", type=int, help="one expert's hidden width (default --mlp-width)")
+    g.add_argument("--shared-experts", type=int, default=0, help="experts every token passes through")
+    g.add_argument("--first-dense-layers", type=int, default=0, help="the first K blocks keep the dense MLP")
+    g = p.add_argument_group("a plan to price (what is left open is searched and printed)")
+    g.add_argument("--dp", type=int)
+    g.add_argument("--pp", type=int)
+    g.add_argument("--mp", type=int)
+    g.add_argument("--cp", type=int, help="context parallelism: ranks sharing each sequence")
+    g.add_argument("--ep", type=int, help="expert parallelism: ranks (of dp x cp x mp) the experts are split over")
+    g.add_argument("--micro-batch-size", type=int)
+    g.add_argument("--schedule", choices=tuple(SCHEDULES))
+    g.add_argument("--stages-per-rank", type=int)
+    g.add_argument("--activation-checkpointing", choices=AC_MODES, nargs="?", const="full", default=None,
+                   help="none, selective (keep matmul and attention outputs) or full (bare flag: full)")
+    g.add_argument("--no-activation-checkpointing", dest="activation_checkpointing", action="store_const",
+                   const="none")
+    g.add_argument("--dp-mode", help="none, fsdp, zero3, replicate or hsdp:N")
+    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
+                   help="hold sequence parallelism on or off (default: searched where mp > 1)")
+    g.add_argument("--chunked-loss", action=argparse.BooleanOptionalAction, default=None,
+                   help="hold the chunked vocabulary-parallel loss on or off (default: searched)")
+    g = p.add_argument_group("search bounds")
+    g.add_argument("--max-mp", type=int, help="largest tensor-parallel degree (default: the devices of one node)")
+    g.add_argument("--max-cp", type=int, help="largest context-parallel degree (default: T / 8192, at most 16)")
+    g.add_argument("--max-ep", type=int, help="largest expert-parallel degree (default: any)")
+    g.add_argument("--headroom", type=float, default=0.0, help="fraction of device memory to leave free")
+    g.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="precision of data-parallel gradient communication")
+    p.add_argument("--json", metavar="FILE", help='write {"best": PLAN, "priced": PLAN or null, "considered": N, ...}')
+
+
+def check_positive(args: argparse.Namespace) -> None:
+    for flag in (*SHAPE_FLAGS, *POSITIVE):
+        value = getattr(args, flag, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1 and flag not in (
+                "shared_experts", "first_dense_layers"):
+            raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+    if not 0 <= args.headroom < 1:
+        raise ConfigError(f"--headroom must be a fraction in [0, 1), got {args.headroom}")
+
+
+def _experts(args: argparse.Namespace, base: DecoderShape, width: int, layers: int) -> Experts | None:
+    if args.experts is None:
+        if args.top_k or args.expert_width:
+            raise ConfigError("--top-k and --expert-width need --experts N")
+        return base.experts
+    if not args.top_k or not 1 <= args.top_k <= args.experts:
+        raise ConfigError(f"--top-k must be between 1 and --experts {args.experts}, got {args.top_k}")
+    if args.first_dense_layers >= layers:
+        raise ConfigError(f"--first-dense-layers {args.first_dense_layers} must be below the {layers} layers")
+    return Experts(args.experts, args.top_k, args.expert_width or width, args.shared_experts,
+                   dense_layers=tuple(range(args.first_dense_layers)))
+
+
+def shape_from_args(args: argparse.Namespace) -> DecoderShape:
+    """--model's shape (its family's spec) with the shape flags' overrides; --mlp swiglu makes a GPT-2 name
+    Llama-like (RMSNorm, no biases, RoPE, untied) and --mlp gelu the reverse."""
+    base = DecoderShape.from_config(named_model(args.model))
+    kind = args.mlp or base.mlp
+    if kind != base.mlp:
+        base = DecoderShape.from_flags(layers=base.layers, d_model=base.d_model, heads=base.heads,
+                                       seq_len=base.seq_len, vocab_size=base.vocab_size, mlp=kind)
+    d, heads = args.d_model or base.d_model, args.heads or base.heads
+    if d % heads:
+        raise ConfigError(f"--heads {heads} must divide --d-model {d}")
+    kv = args.kv_heads or (heads if base.kv_heads == base.heads else base.kv_heads)
+    if heads % kv:
+        raise ConfigError(f"--kv-heads {kv} must divide --heads {heads}")
+    width = args.mlp_width or (default_mlp_width(kind, d) if args.d_model else base.mlp_width)
+    layers = args.layers or base.layers
+    return dataclasses.replace(base, layers=layers, d_model=d, heads=heads, kv_heads=kv,
+                               head_dim=d // heads if (args.d_model or args.heads) else base.head_dim,
+                               mlp_width=width, seq_len=args.seq_len or base.seq_len,
+                               vocab_size=args.vocab_size or base.vocab_size,
+                               experts=_experts(args, base, width, layers))
+
+
+def constraints_from_args(args: argparse.Namespace, world: int) -> Constraints:
+    check_positive(args)
+    mesh = [getattr(args, k) or (1 if k == "cp" else None) for k in ("dp", "pp", "mp", "cp")]
+    if all(x is not None for x in mesh) and mesh[0] * mesh[1] * mesh[2] * mesh[3] != world:
+        raise ConfigError(f"--dp {mesh[0]} x --pp {mesh[1]} x --mp {mesh[2]} x --cp {mesh[3]} must equal --world {world}")
+    mode = args.dp_mode
+    if mode is not None and mode not in ("none", "fsdp", "zero3", "replicate") and not (
+            mode.startswith("hsdp:") and mode[5:].isdigit()):
+        raise ConfigError(f"--dp-mode must be none, fsdp, zero3, replicate or hsdp:N, got {mode}")
+    return Constraints(dp=args.dp, pp=args.pp, mp=args.mp, cp=args.cp, ep=args.ep,
+                       micro_batch_size=args.micro_batch_size, schedule=args.schedule,
+                       stages_per_rank=args.stages_per_rank, ac=args.activation_checkpointing, dp_mode=mode,
+                       sequence_parallel=args.sequence_parallel, chunked_loss=args.chunked_loss,
+                       max_mp=args.max_mp, max_cp=args.max_cp, max_ep=args.max_ep, headroom=args.headroom)
+
+
+def describe_shape(shape: DecoderShape) -> str:
+    kv = f" ({shape.kv_heads} kv)" if shape.kv_heads != shape.heads else ""
+    e = shape.experts
+    mlp = (f"{e.count} experts of {e.width} (top {e.top_k}{f', {e.shared} shared' if e.shared else ''}"
+           f"{f', first {len(e.dense_layers)} dense' if e.dense_layers else ''})" if e else f"{shape.mlp} {shape.mlp_width}")
+    active = f", {activated_parameter_count(shape) / 1e9:.2f}B activated" if e else ""
+    return (f"{shape.layers} layers, d {shape.d_model}, {shape.heads} heads{kv}, {mlp}, sequence {shape.seq_len}, "
+            f"vocabulary {shape.vocab_size}: {parameter_count(shape) / 1e9:.2f}B parameters{active}")
+
+
+def describe_estimate(e: Estimate) -> str:
+    b = e.breakdown
+    fits = "" if e.fits else "  DOES NOT FIT"
+    parts = ", ".join(f"{name} {getattr(b, key):.3f}" for name, key in (
+        ("bubble", "bubble"), ("TP", "tp"), ("CP", "cp"), ("EP", "ep"), ("PP", "pp"), ("DP exposed", "dp_exposed"),
+        ("optimizer", "optimizer"), ("fixed", "fixed")) if getattr(b, key) or key in ("bubble", "dp_exposed"))
+    return (f"{e.candidate.describe()}: {e.step_time:.3f} s/step, {e.model_tflops_per_gpu:.1f} model TFLOP/s per "
+            f"device (MFU {100 * e.mfu:.1f}%), {e.memory_per_rank / 2**30:.2f} GiB per rank{fits}\n"
+            f"      compute {b.compute:.3f} s, {parts}")

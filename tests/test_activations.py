@@ -1,0 +1,66 @@
+"""Saved activations (compiler/planner/activations.py) against hand computations: Korthikanti et al.'s
+layout, sequence and context parallelism, selective and full checkpointing, MoE blocks, the chunked loss."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from compiler.planner.activations import LOSS_CHUNK_TOKENS, Context, block_memory, head_memory
+from compiler.planner.shape import DENSE, MOE, DecoderShape
+from models.spec import Experts
+
+LLAMA = DecoderShape.from_flags(layers=2, d_model=4096, heads=32, kv_heads=8, mlp="swiglu", mlp_width=14336,
+                                seq_len=8192, vocab_size=128256)
+T, D, F, Q, KV = 8192, 4096, 14336, 4096, 1024
+
+
+def test_megatron_layout_by_hand_with_and_without_sequence_parallelism():
+    c = Context(micro_batch_size=1, precision="bf16", mp=8, layout="megatron")
+    per_token = 4 * D * 2 + (Q + 2 * KV + Q) / 8 * 2 + 32 / 8 * 4 + 3 * F / 8 * 2  # norms, attention, SwiGLU
+    assert block_memory(LLAMA, DENSE, c).saved == pytest.approx(T * per_token)
+    sp = block_memory(LLAMA, DENSE, dataclasses.replace(c, sequence_parallel=True)).saved
+    assert sp == pytest.approx(T * (per_token - 4 * D * 2 * (1 - 1 / 8)))  # the norm and linear inputs: 1/mp
+
+
+def test_full_checkpointing_keeps_the_block_input_and_recomputes_one_block_at_a_time():
+    c = Context(micro_batch_size=2, precision="bf16", mp=8, sequence_parallel=True, ac="full", layout="megatron")
+    m = block_memory(LLAMA, DENSE, c)
+    assert m.saved == pytest.approx(2 * T * D * 2 / 8)
+    assert m.recompute == block_memory(LLAMA, DENSE, dataclasses.replace(c, ac="none")).saved
+
+
+def test_selective_checkpointing_drops_the_norm_outputs_and_activation_functions():
+    c = Context(micro_batch_size=1, precision="bf16", mp=1, layout="megatron", ac="selective")
+    per_token = 2 * D * 2 + (Q + 2 * KV + Q) * 2 + 32 * 4 + 2 * F * 2  # residual inputs, attention, gate and up
+    assert block_memory(LLAMA, DENSE, c).saved == pytest.approx(T * per_token)
+
+
+def test_context_parallelism_divides_what_every_token_saves_and_gathers_k_v_for_a_layer():
+    c = Context(micro_batch_size=1, precision="bf16", mp=2, layout="megatron")
+    whole, split = block_memory(LLAMA, DENSE, c), block_memory(LLAMA, DENSE, dataclasses.replace(c, cp=4))
+    assert split.saved == pytest.approx(whole.saved / 4)
+    assert split.transient == pytest.approx(2 * KV / 2 * T * 2) and whole.transient == 0
+
+
+def test_a_moe_block_saves_its_router_dispatched_copies_and_experts_on_sequence_shards():
+    moe = dataclasses.replace(LLAMA, experts=Experts(64, 8, 2048, shared=1, shared_width=4096))
+    c = Context(micro_batch_size=1, precision="bf16", mp=2, sequence_parallel=True, layout="megatron")
+    attention_and_norms = 4 * D * 2 / 2 + (Q + 2 * KV + Q) / 2 * 2 + 32 / 2 * 4
+    routed = 64 * 4 + 8 * (2 * D * 2 + 3 * 2048 * 2)  # fp32 logits; per copy: dispatched in and out, SwiGLU hidden
+    shared = 3 * 4096 * 2
+    expected = T * attention_and_norms + T / 2 * (routed + shared)  # expert TP 1: each rank dispatches T / mp
+    m = block_memory(moe, MOE, c)
+    assert m.saved == pytest.approx(expected)
+    assert m.transient == pytest.approx(2 * 8 * D * 2 * T / 2)  # the dispatch's send and receive buffers
+
+
+def test_the_chunked_loss_holds_no_logits():
+    c = Context(micro_batch_size=2, precision="bf16", mp=4)
+    whole, chunked = head_memory(LLAMA, c), head_memory(LLAMA, dataclasses.replace(c, chunked_loss=True))
+    rows = 128256 // 4
+    norm = 2 * D * 4 + 4 + D * 2  # the final RMSNorm's fp32 input, normalised input, 1/rms and its output
+    assert chunked.saved == pytest.approx(2 * T * norm)
+    assert whole.saved == pytest.approx(2 * T * (norm + 4 * rows + 8) + 2 * T * rows * 2)  # + log-softmax, logits
+    assert chunked.transient == 12 * LOSS_CHUNK_TOKENS * rows < whole.transient == 8 * 2 * T * rows

@@ -1,0 +1,86 @@
+"""Per-layer seconds (compiler/planner/layers.py, work.py, devices.py) against hand computations: a GEMM's three
+products, TP / CP / EP collectives per block, and what each kind of activation checkpointing recomputes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from compiler.planner.cluster import load_cluster
+from compiler.planner.collectives import all_gather_time, all_reduce_time, all_to_all_time
+from compiler.planner.devices import Gemm
+from compiler.planner.engines import THIS_ENGINE, TORCHTITAN
+from compiler.planner.layers import Setup, layer_table
+from compiler.planner.shape import DENSE, MOE, DecoderShape
+from compiler.planner.work import block_work
+from models.spec import Experts
+
+H100 = load_cluster("h100-80gb")
+SHAPE = DecoderShape.from_flags(layers=4, d_model=4096, heads=32, kv_heads=8, mlp="swiglu", mlp_width=14336,
+                                seq_len=8192, vocab_size=128256)
+MOE_SHAPE = dataclasses.replace(SHAPE, experts=Experts(64, 8, 2048))
+
+
+def test_a_gemm_runs_three_products_each_at_the_efficiency_of_its_reduction():
+    g, e, peak = Gemm(8192, 6144, 4096), H100.device.gemm.efficiency, 989e12
+    forward, backward = H100.device._products(g, peak, False)
+    flops = 2 * 8192 * 6144 * 4096
+    assert forward == pytest.approx(flops / (peak * e(4096)))
+    assert backward == pytest.approx(flops / (peak * e(6144)) + flops / (peak * e(8192)))
+    # A grouped product with few rows per expert also reaches only rows / (rows + k_half) of it.
+    few = Gemm(64, 2048, 4096, groups=8)
+    f_grouped, _ = H100.device._products(few, peak, True)
+    assert f_grouped == pytest.approx(few.flops / (peak * e(4096) * 64 / (64 + 128)))
+
+
+def _one(shape, kind, **setup):
+    return layer_table(shape, H100, THIS_ENGINE, Setup(precision="bf16", **setup)).layers[kind]
+
+
+def test_tensor_parallel_collectives_per_block():
+    s = dict(micro_batch_size=1, mp=8, dp=1, pp=1)
+    link = H100.topology.group_link(8, 1)
+    one = all_reduce_time(8192 * 4096 * 2, 8, link)  # [b, T, d] in bf16
+    assert _one(SHAPE, DENSE, **s).tp == pytest.approx(4 * one)
+    assert _one(SHAPE, DENSE, sequence_parallel=True, **s).tp == pytest.approx(4 * one)  # AG + RS: the same volume
+    assert _one(SHAPE, DENSE, ac="full", **s).tp == pytest.approx(6 * one)  # the recomputed forward's two
+    assert _one(MOE_SHAPE, MOE, **s).tp == pytest.approx(2 * one)  # attention's only: experts run on shards
+
+
+def test_context_parallel_gathers_k_and_v_and_scatters_their_gradients():
+    link = H100.topology.group_link(4, 2)  # cp ranks sit inside the TP group's stride
+    kv = 2 * 8192 * 2 * 1024 / 2 * 2  # b T (k and v) kv_width / mp, bf16
+    assert _one(SHAPE, DENSE, micro_batch_size=2, mp=2, cp=4).cp == pytest.approx(2 * all_gather_time(kv, 4, link))
+    assert _one(SHAPE, DENSE, micro_batch_size=2, mp=2, cp=1).cp == 0
+
+
+def test_expert_parallel_all_to_alls_per_moe_block():
+    ep_link = H100.topology.all_to_all_link(8, 1)
+    copies = 8192 * 8 * 4096 * 2  # the rank's tokens x top_k x d, bf16
+    assert _one(MOE_SHAPE, MOE, micro_batch_size=1, ep=8, dp=8).ep == pytest.approx(4 * all_to_all_time(copies, 8, ep_link))
+    assert _one(MOE_SHAPE, MOE, micro_batch_size=1, ep=8, dp=8, ac="full").ep == pytest.approx(
+        6 * all_to_all_time(copies, 8, ep_link))
+
+
+def test_what_checkpointing_recomputes():
+    none = _one(SHAPE, DENSE, micro_batch_size=1).compute
+    full = _one(SHAPE, DENSE, micro_batch_size=1, ac="full").compute
+    selective = _one(SHAPE, DENSE, micro_batch_size=1, ac="selective").compute
+    assert full.backward == pytest.approx(none.backward + none.forward)  # the whole forward again
+    assert selective.backward == pytest.approx(none.backward + none.memory_bound_forward)  # norms, activations
+    # torchtitan's op-level policy recomputes every other matrix product as well.
+    titan = layer_table(SHAPE, H100, TORCHTITAN, Setup(1, "bf16", ac="selective")).layers[DENSE].compute
+    matmuls = none.forward - none.memory_bound_forward
+    assert titan.backward == pytest.approx(none.backward + none.memory_bound_forward + 0.5 * matmuls)
+
+
+def test_context_parallel_splits_the_causal_attention_work_evenly():
+    """Load-balanced (2 cp chunks, head-tail): every rank runs 1/cp of the causal attention FLOPs."""
+    whole = block_work(SHAPE, DENSE, micro_batch_size=1, mp=1, cp=1, ep=1, precision="bf16", sequence_parallel=False,
+                       traits=THIS_ENGINE)
+    split = block_work(SHAPE, DENSE, micro_batch_size=1, mp=1, cp=4, ep=1, precision="bf16", sequence_parallel=False,
+                       traits=THIS_ENGINE)
+    assert whole.attention_flops == pytest.approx(4 * 8192 * 8192 * 4096 / 2)  # causal half of 4 T^2 (H hd)
+    assert split.attention_flops == pytest.approx(whole.attention_flops / 4)
+    assert sum(g.flops for g in split.gemms) == pytest.approx(sum(g.flops for g in whole.gemms) / 4)
