@@ -121,7 +121,7 @@ class TrainConfig:
     data: DataConfig
     metrics: MetricsConfig
     seed: int
-    activation_checkpointing: bool
+    activation_checkpointing: str  # --activation-checkpointing: "none", "full" or "selective"
     checkpoint: CheckpointConfig
     guard: GuardConfig
     compile_blocks: bool = False  # --compile: torch.compile each transformer block
@@ -150,7 +150,7 @@ def apply_plan(cfg: TrainConfig, plan: Candidate) -> TrainConfig:
                                         reshard_after_forward=plan.reshard_after_forward)
     return dataclasses.replace(cfg, mesh=MeshShape(plan.dp, plan.pp, plan.mp), pipeline=pipeline,
                                data_parallel=data_parallel, precision=plan.precision,
-                               activation_checkpointing=plan.activation_checkpointing,
+                               activation_checkpointing=plan.ac_mode,
                                sequence_parallel=plan.sequence_parallel)
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 
-from compiler.parallelize.activation_checkpointing import apply_ac, original_name
+from compiler.parallelize.activation_checkpointing import maybe_apply_ac, original_name
 from compiler.parallelize.compile import apply_compile
 from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel
 from compiler.parallelize.materialize import materialize
@@ -67,7 +67,7 @@ def build_local_stages(
     micro_batch_size: int,
     meshes: StageMeshes,
     device: torch.device,
-    activation_checkpointing: bool,
+    activation_checkpointing: str,
     data_parallel: DataParallelOptions,
     initial_value: Callable[[str, tuple[int, ...]], torch.Tensor],
     compile_blocks: bool = False,
@@ -78,8 +78,8 @@ def build_local_stages(
     """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of ``cfg``'s
     model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
     embedding and head over the vocabulary; the norms over the sequence with ``sequence_parallel``),
-    checkpointed, compiled (``compile_blocks``), data-parallel, and filled from ``initial_value(model name,
-    full shape)``. ``document_positions``: the model takes (tokens, positions) and attends block-causally
+    checkpointed (``activation_checkpointing``: "none", "full" or "selective"), compiled (``compile_blocks``),
+    data-parallel, and filled from ``initial_value(model name, full shape)``. ``document_positions``: the model takes (tokens, positions) and attends block-causally
     within packed documents. Activations and their gradients cross stages in ``message_dtype`` (the
     autocast dtype; None: fp32, the traced dtype)."""
     n_stages = len(blocks_per_stage)
@@ -101,8 +101,7 @@ def build_local_stages(
             apply_tp(module, meshes.mp, block_plan=spec.block_plan(sequence_parallel=sequence_parallel),
                      model_plan=spec.model_plan(sequence_parallel=sequence_parallel), sequence_parallel=sequence_parallel)
         share_tied_weights(module, tied)
-        if activation_checkpointing:
-            apply_ac(module)
+        maybe_apply_ac(module, activation_checkpointing)
         if compile_blocks:
             apply_compile(module)
         if meshes.fsdp is not None:

@@ -25,10 +25,19 @@ class Candidate:
     dp_shard: int | None = None  # ranks a parameter is sharded over (None: dp, FSDP; 1: replicate; else HSDP)
     reshard_after_forward: bool = False  # ZeRO-3: gather parameters again for every micro-batch's backward
     sequence_parallel: bool = False  # norms and residual stream on sequence shards (mp > 1)
+    # With activation_checkpointing: keep matrix products and attention outputs, recompute the rest.
+    selective_checkpointing: bool = False
 
     @property
     def shard(self) -> int:
         return self.dp_shard or self.dp
+
+    @property
+    def ac_mode(self) -> str:
+        """--activation-checkpointing's value: "none", "full" or "selective"."""
+        if not self.activation_checkpointing:
+            return "none"
+        return "selective" if self.selective_checkpointing else "full"
 
     def flags(self) -> list[str]:
         """run.py flags that train exactly this plan (model flags are added by the caller)."""
@@ -38,10 +47,11 @@ class Candidate:
         flags += ["--dp-shard", str(self.dp_shard)] if self.dp_shard is not None else []
         flags += ["--reshard-after-forward"] if self.reshard_after_forward else []
         flags += ["--sequence-parallel"] if self.sequence_parallel else []
-        return flags + (["--activation-checkpointing"] if self.activation_checkpointing else [])
+        return flags + {"none": [], "full": ["--activation-checkpointing"],
+                        "selective": ["--activation-checkpointing", "selective"]}[self.ac_mode]
 
     def describe(self) -> str:
-        ac = " +AC" if self.activation_checkpointing else ""
+        ac = {"none": "", "full": " +AC", "selective": " +SAC"}[self.ac_mode]
         dp_mode = ""
         if self.dp > 1 and self.shard != self.dp:
             dp_mode = " replicate" if self.shard == 1 else f" hsdp={self.shard}"

@@ -15,11 +15,14 @@
 - Activations: per micro-batch and layer, the bytes autograd saves (measured by compiler/cost.py
   under the plan's autocast dtype and TP shard), times the micro-batches the schedule keeps in
   flight on the busiest rank, as the schedule registry states them (compiler/schedules.py: GPipe all m,
-  1F1B min(m, p), interleaved 1F1B its warm-up depth), each of 1/v of the rank's layers. With activation
+  1F1B min(m, p), interleaved 1F1B its warm-up depth), each of 1/v of the rank's layers. With full activation
   checkpointing a layer keeps only its fp32 input, plus one layer's full activations while it is
-  recomputed.
-- The loss's backward: two fp32 gradients of the logits' size at once, on the rank holding the head
-  (compiler/cost.py ``transient_bytes``), once: backward passes run one at a time.
+  recomputed; with selective checkpointing a block keeps its input and its matrix products' and
+  attention's outputs (compiler/cost.py ``selective_activation_bytes``), the other layers all they save,
+  plus one block's full activations while it is recomputed (an upper bound: the recomputation takes the
+  kept outputs from the cache, so only the rest is new).
+- The loss's backward: the gradient of the logits (in their dtype) and two fp32 chunks of rows, on the rank
+  holding the head (compiler/cost.py ``transient_bytes``), once: backward passes run one at a time.
 - Autocast's low-precision weight copies, cached for the step, where parameters are fp32 (no FSDP);
   FSDP gathers them in the autocast dtype, so there are none.
 - Tensor parallelism (mp > 1) keeps more than the shard's own saved tensors: DTensor's redistributions
@@ -91,6 +94,7 @@ class HeldLayers:
     layers: int
     blocks: int
     transient_bytes: float = 0.0  # the largest layer's backward transient (the loss's, on the head's rank)
+    selective_activation_bytes: float = 0.0  # summed over the layers under selective checkpointing, one micro-batch
 
     @staticmethod
     def of(layers: list[LayerCost]) -> "HeldLayers":
@@ -98,25 +102,32 @@ class HeldLayers:
                           sum(c.activation_bytes for c in layers), max(c.activation_bytes for c in layers),
                           sum(c.weight_copy_bytes for c in layers), len(layers),
                           sum(1 for c in layers if c.name.startswith("layers.")),
-                          max(c.transient_bytes for c in layers))
+                          max(c.transient_bytes for c in layers),
+                          sum(c.selective_activation_bytes for c in layers))
 
 
 def rank_memory(layers: list[LayerCost] | HeldLayers, *, schedule: str, p: int, m: int, v: int,
                 layout: DataParallelLayout, rank: int, activation_checkpointing: bool, micro_batch_size: int,
                 seq_len: int, d_model: int, mp: int = 1, input_shards: int = 1, sequence_parallel: bool = False,
-                activation_itemsize: int = 4) -> MemoryEstimate:
+                activation_itemsize: int = 4, selective_checkpointing: bool = False) -> MemoryEstimate:
     """Memory of pp rank ``rank`` holding ``layers`` (already per mp shard) across its v stages.
     ``input_shards``: ranks a block's input is split over (mp under sequence parallelism).
     ``sequence_parallel`` (the engine's, without AC): each block's two norm inputs, the (B, T, D) activations
     the norms save in ``activation_itemsize`` bytes, are kept as T/mp sequence shards (compiler/parallelize/
-    sequence_parallel.py); the gathered inputs of the column-parallel matrices stay whole, as DTensor saves them."""
+    sequence_parallel.py); the gathered inputs of the column-parallel matrices stay whole, as DTensor saves them.
+    ``selective_checkpointing`` (with ``activation_checkpointing``): blocks keep what selective checkpointing
+    keeps instead of their input alone."""
     held = layers if isinstance(layers, HeldLayers) else HeldLayers.of(layers)
     weights = weight_memory(held.params, held.largest_params, layout)
     in_flight = in_flight_stage_microbatches(schedule, p=p, m=m, v=v, rank=rank)
     per_stage_microbatch = held.activation_bytes / v
-    if activation_checkpointing:
-        block_input = micro_batch_size * seq_len * d_model * 4 / input_shards
-        per_stage_microbatch = block_input * held.layers / v
+    block_input = micro_batch_size * seq_len * d_model * 4  # fp32, whole sequence
+    if activation_checkpointing and selective_checkpointing:
+        sharded_inputs = held.blocks * block_input * (1 - 1 / input_shards)
+        per_stage_microbatch = (held.selective_activation_bytes - sharded_inputs) / v
+        recompute = held.largest_activation_bytes
+    elif activation_checkpointing:
+        per_stage_microbatch = block_input / input_shards * held.layers / v
         recompute = held.largest_activation_bytes
     else:
         recompute = 0.0
@@ -126,5 +137,5 @@ def rank_memory(layers: list[LayerCost] | HeldLayers, *, schedule: str, p: int, 
             norm_inputs = NORMS_PER_BLOCK * micro_batch_size * seq_len * d_model * activation_itemsize
             per_stage_microbatch -= held.blocks / v * norm_inputs * (1 - 1 / mp)
     copies = 0 if layout.fsdp else held.weight_copy_bytes
-    # One backward at a time: the largest transient (the loss's fp32 gradients of the logits) comes on top once.
+    # One backward at a time: the largest transient (the loss's gradient of the logits) comes on top once.
     return MemoryEstimate(weights, in_flight * per_stage_microbatch + recompute + held.transient_bytes, copies)

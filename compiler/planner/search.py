@@ -106,7 +106,8 @@ def rank_layers_and_memory(c: Candidate, *, cfg, costs: CostTable) -> tuple[list
                           activation_checkpointing=c.activation_checkpointing, micro_batch_size=c.micro_batch_size,
                           seq_len=cfg.seq_len, d_model=cfg.d_model, mp=c.mp,
                           sequence_parallel=c.sequence_parallel,
-                          activation_itemsize=layout.gather_bytes if layout.fsdp else 4)
+                          activation_itemsize=layout.gather_bytes if layout.fsdp else 4,
+                          selective_checkpointing=c.selective_checkpointing)
         per_rank.append(mine)
         peaks.append(mem.total)
     return per_rank, peaks

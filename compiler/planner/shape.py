@@ -27,17 +27,19 @@ dtype or 4 in fp32; t = mp), from the ops autograd records in the engine's two l
 - GELU MLP: the up projection's output (GELU's input) and GELU's output, 2 f / t; SwiGLU: the gate's
   output (SiLU's input), SiLU's output and the up projection's output (the product's inputs) and the
   product (the down projection's input), 4 f / t.
-The LM head saves the final norm's input and output and the fp32 log-softmax of its V / t logits (the
-loss runs on sharded logits), and its stage keeps the logits (a bytes each) until its backward, which
-holds two fp32 gradients of their size at once (compiler/cost.py ``head_loss_bytes``); the embedding
-saves the token ids (8 bytes each).
+The LM head saves the final norm's input and output; the loss (compiler/parallelize/cross_entropy.py) saves
+the V / t logits of its shard as they are (a bytes each; the stage keeps them as its output until its
+backward anyway) and a few bytes per token, and its backward holds the logits' gradient in their dtype and
+two fp32 chunks of rows (compiler/cost.py ``head_loss_bytes``); the embedding saves the token ids (8 bytes
+each).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from compiler.cost import LayerCost, head_loss_bytes
+from compiler.parallelize.cross_entropy import SAVED_BYTES_PER_TOKEN
 from compiler.precisions import PRECISIONS
 from models import spec_of
 
@@ -201,6 +203,19 @@ def block_activation_bytes(shape: DecoderShape, *, micro_batch_size: int, precis
     return int(per_token * micro_batch_size * shape.seq_len + rope_tables)
 
 
+def block_selective_bytes(shape: DecoderShape, *, micro_batch_size: int, precision: str, mp: int = 1) -> int:
+    """Bytes one block keeps for one micro-batch on one TP rank under selective checkpointing
+    (compiler/parallelize/activation_checkpointing.py): its fp32 input, every matrix product's output (a bytes
+    per output feature of the shard; a row-parallel product's partial sums are d wide) and attention's output
+    and fp32 log-sum-exp. Under sequence parallelism the input is a T / mp shard (the memory model's
+    ``input_shards``)."""
+    a = PRECISIONS[precision].dtype.itemsize
+    heads = shape.heads // mp
+    products = sum(out for _, out in _block_matrices(shape, mp).values()) * a
+    per_token = 4 * shape.d_model + products + heads * shape.head_dim * a + heads * 4
+    return int(per_token * micro_batch_size * shape.seq_len)
+
+
 def _norm_saved(shape: DecoderShape) -> int:
     """Bytes one norm saves per token: its fp32 input (and RMSNorm its normalised input), and two fp32
     statistics (LayerNorm: mean and 1/std; RMSNorm: the norm and 1/rms)."""
@@ -221,12 +236,14 @@ def analytic_layer_costs(shape: DecoderShape, *, micro_batch_size: int, precisio
     block_copies = (block_matrix_weights + (sum(o for _, o in _block_matrices(shape, mp).values())
                                             if shape.biases else 0)) * a if autocast else 0
     block = LayerCost("block", 3 * matmul + 3.5 * attention, block_params(shape, mp),
-                      block_activation_bytes(shape, micro_batch_size=b, precision=precision, mp=mp), block_copies)
+                      block_activation_bytes(shape, micro_batch_size=b, precision=precision, mp=mp), block_copies,
+                      selective_activation_bytes=block_selective_bytes(shape, micro_batch_size=b, precision=precision,
+                                                                       mp=mp))
     rows = -(-shape.vocab_size // mp)
-    embed = LayerCost("embedding", 0.0, embedding_params(shape, mp), 8 * tokens)
+    embed = LayerCost("embedding", 0.0, embedding_params(shape, mp), 8 * tokens, selective_activation_bytes=8 * tokens)
     norm_saved = _norm_saved(shape) + d * (a if autocast else 4)
     held, transient = head_loss_bytes(tokens, vocab_rows=rows, precision=precision)
-    head = LayerCost("head", 6.0 * tokens * d * rows, head_params(shape, mp),
-                     tokens * (norm_saved + 4 * rows + 8) + held, rows * d * a if autocast else 0, transient)
-    return [embed, *(LayerCost(f"layers.{i}", block.flops, block.params, block.activation_bytes,
-                               block.weight_copy_bytes) for i in range(shape.layers)), head]
+    head_saved = tokens * (norm_saved + SAVED_BYTES_PER_TOKEN) + held
+    head = LayerCost("head", 6.0 * tokens * d * rows, head_params(shape, mp), head_saved,
+                     rows * d * a if autocast else 0, transient, selective_activation_bytes=head_saved)
+    return [embed, *(replace(block, name=f"layers.{i}") for i in range(shape.layers)), head]

@@ -145,7 +145,8 @@ def _parts(c: Candidate, *, rank_flops: float, rank_layers: int, rank_params: in
     bub = bubble(c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank)
     busy = 1.0 - bub
     slowdown = max(1.0, ranks_per_node * busy / cluster.compute_units_per_node)
-    recompute = 4 / 3 if c.activation_checkpointing else 1.0
+    # Full recompute runs each block's forward twice; selective recomputes no matrix product or attention.
+    recompute = 4 / 3 if c.activation_checkpointing and not c.selective_checkpointing else 1.0
     # Fewer ranks than units: each rank gets units // ranks threads (runtime/device.py), ~linear here.
     threads = max(1, cluster.compute_units_per_node // ranks_per_node)
     rate = cluster.flops[c.precision] * threads

@@ -8,6 +8,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+from compiler.parallelize.activation_checkpointing import AC_MODES
 from compiler.precisions import PRECISIONS, default_precision
 from compiler.schedules import DEFAULT_SCHEDULE, SCHEDULES
 from models import FAMILIES, MODEL_NAMES, named_config, spec_of
@@ -144,8 +145,10 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
     g.add_argument("--warmup-steps", type=int, default=10, help="linear warm-up steps, then cosine decay to lr/10")
     g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices")
     g.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm clip (0 disables)")
-    g.add_argument("--activation-checkpointing", action="store_true",
-                   help="recompute each transformer block in the backward pass to save activation memory")
+    g.add_argument("--activation-checkpointing", nargs="?", const="full", default="none", choices=AC_MODES,
+                   help="recompute in the backward pass to save activation memory: full (also the flag alone) keeps "
+                        "only each transformer block's input; selective keeps its matrix products' and attention's "
+                        "outputs and recomputes the rest (norms, activations, RoPE: little compute)")
     g.add_argument("--sequence-parallel", action="store_true",
                    help="with --mp > 1: run the norms and keep the residual stream on sequence shards (T/mp per "
                         "rank; Korthikanti et al. 2022), all-gathering before and reduce-scattering after each "

@@ -228,7 +228,7 @@ def train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launch
         schedule=schedule, schedule_name=cfg.pipeline.schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
         device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
         loss_copies=cfg.mesh.dp * cfg.mesh.mp, plane_size=cfg.mesh.dp * cfg.mesh.mp,
-        tied=tied, replicated=replicated, vocab_parallel=vocab_parallel, recorder=profiler.recorder if profiler else None,
+        tied=tied, replicated=replicated, recorder=profiler.recorder if profiler else None,
     )
 
     # 6. Resume: every tensor is keyed by its original parameter name, so DCP reshards the saved
