@@ -37,6 +37,7 @@ CASES = [
     Candidate(1, 2, 1, "gpipe", 1, 4, 8, "bf16", False),
     Candidate(1, 1, 2, "1f1b", 1, 2, 16, "bf16", False),
     Candidate(1, 2, 1, "interleaved-1f1b", 2, 4, 8, "fp32", True),
+    Candidate(1, 2, 1, "1f1b", 1, 4, 8, "bf16", True, selective_checkpointing=True),
     Candidate(2, 1, 1, "1f1b", 1, 2, 8, "fp32", False, dp_shard=1),  # replicate
     Candidate(4, 1, 1, "1f1b", 1, 2, 4, "bf16", False, dp_shard=2),  # HSDP, parameters gathered in bf16
     Candidate(2, 2, 1, "1f1b", 1, 4, 4, "fp32", False, reshard_after_forward=True),  # ZeRO-3, tied ends apart
