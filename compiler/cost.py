@@ -14,7 +14,8 @@ record:
 - selective bytes: what a block keeps under ``--activation-checkpointing selective``: its input and the
   outputs of the ops the policy saves (compiler/parallelize/activation_checkpointing.py ``SAVED_OPS``,
   recorded by a dispatch mode as the checkpoint's own caching mode sees them); other layers keep their
-  activation bytes (only blocks are checkpointed);
+  activation bytes (only blocks are checkpointed). Recomputing such a block allocates what autograd saves
+  less the kept outputs it saves too (``selective_recompute_bytes``);
 - transient bytes: what a layer's backward holds at once beyond that: the loss's gradient of the logits
   (in their dtype) and its fp32 working chunks (compiler/parallelize/cross_entropy.py). At GPT-2's
   vocabulary the loss sets the step's peak: on an H200, GPT-2 small (mbs 8, T 1024, bf16) peaked 4.7 GiB
@@ -66,6 +67,7 @@ class LayerCost:
     weight_copy_bytes: int = 0  # autocast's low-precision copies of the weights (cached per step)
     transient_bytes: int = 0  # held at once during its backward beyond activation_bytes, per micro-batch
     selective_activation_bytes: int = 0  # kept per micro-batch under selective checkpointing, per mp rank
+    selective_recompute_bytes: int = 0  # allocated by its recomputation under selective checkpointing (blocks)
     seconds: float | None = None  # measured forward + backward time, in time mode
 
 
@@ -170,9 +172,14 @@ def _profile(name: str, forward, modules: list[nn.Module], precision: str, *,
         out.float().sum().backward()
     activations = sum(n for n, weight in saved.values() if not weight)
     copies = sum(n for n, weight in saved.values() if weight) if PRECISIONS[precision].autocast_dtype else 0
-    selective = activations if checkpointed_input_bytes is None else checkpointed_input_bytes + kept.bytes
+    if checkpointed_input_bytes is None:
+        selective, recompute = activations, 0
+    else:
+        selective = checkpointed_input_bytes + kept.bytes
+        # The recomputed forward takes the kept outputs from the cache: autograd's copies of those are no new memory.
+        recompute = activations - sum(saved[key][0] for key in kept.storages if key in saved and not saved[key][1])
     return LayerCost(name, float(counter.get_total_flops()), sum(p.numel() for p in params), activations, copies,
-                     selective_activation_bytes=selective)
+                     selective_activation_bytes=selective, selective_recompute_bytes=recompute)
 
 
 class _SavedOpOutputs(TorchDispatchMode):

@@ -19,8 +19,8 @@
   checkpointing a layer keeps only its fp32 input, plus one layer's full activations while it is
   recomputed; with selective checkpointing a block keeps its input and its matrix products' and
   attention's outputs (compiler/cost.py ``selective_activation_bytes``), the other layers all they save,
-  plus one block's full activations while it is recomputed (an upper bound: the recomputation takes the
-  kept outputs from the cache, so only the rest is new).
+  plus what one block's recomputation allocates (``selective_recompute_bytes``: its saved tensors less the
+  kept outputs among them, which come from the cache).
 - The loss's backward: the gradient of the logits (in their dtype) and two fp32 chunks of rows, on the rank
   holding the head (compiler/cost.py ``transient_bytes``), once: backward passes run one at a time.
 - Autocast's low-precision weight copies, cached for the step, where parameters are fp32 (no FSDP);
@@ -95,6 +95,7 @@ class HeldLayers:
     blocks: int
     transient_bytes: float = 0.0  # the largest layer's backward transient (the loss's, on the head's rank)
     selective_activation_bytes: float = 0.0  # summed over the layers under selective checkpointing, one micro-batch
+    largest_selective_recompute_bytes: float = 0.0  # the block recomputed at once under selective checkpointing
 
     @staticmethod
     def of(layers: list[LayerCost]) -> "HeldLayers":
@@ -103,7 +104,8 @@ class HeldLayers:
                           sum(c.weight_copy_bytes for c in layers), len(layers),
                           sum(1 for c in layers if c.name.startswith("layers.")),
                           max(c.transient_bytes for c in layers),
-                          sum(c.selective_activation_bytes for c in layers))
+                          sum(c.selective_activation_bytes for c in layers),
+                          max(c.selective_recompute_bytes for c in layers))
 
 
 def rank_memory(layers: list[LayerCost] | HeldLayers, *, schedule: str, p: int, m: int, v: int,
@@ -125,7 +127,7 @@ def rank_memory(layers: list[LayerCost] | HeldLayers, *, schedule: str, p: int, 
     if activation_checkpointing and selective_checkpointing:
         sharded_inputs = held.blocks * block_input * (1 - 1 / input_shards)
         per_stage_microbatch = (held.selective_activation_bytes - sharded_inputs) / v
-        recompute = held.largest_activation_bytes
+        recompute = held.largest_selective_recompute_bytes
     elif activation_checkpointing:
         per_stage_microbatch = block_input / input_shards * held.layers / v
         recompute = held.largest_activation_bytes

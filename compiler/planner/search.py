@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from compiler.cost import LayerCost, layer_costs
+from compiler.cost import LayerCost, head_loss_bytes, layer_costs
 from compiler.flops import training_flops_per_token
 from compiler.partition import layer_split
 from compiler.planner.candidates import Candidate, candidates
@@ -41,7 +41,8 @@ class Estimate:
 
 
 class CostTable:
-    """Layer costs per (precision, mp) at micro-batch 1; FLOPs and activations scale linearly with it."""
+    """Layer costs per (precision, mp) at micro-batch 1; FLOPs and activations scale linearly with it, the
+    loss's backward transient does not (its fp32 chunks are bounded: compiler/cost.py ``head_loss_bytes``)."""
 
     def __init__(self, cfg, count: Callable[..., list[LayerCost]] = layer_costs):
         """``count``: compiler/cost.py's ``layer_costs`` (counted on the model), or a function with its
@@ -60,8 +61,12 @@ class CostTable:
         key = (precision, mp)
         if key not in self._cache:
             self._cache[key] = self._count(self.cfg, micro_batch_size=1, precision=precision, mp=mp)
+        _, loss_transient = head_loss_bytes(micro_batch_size * self.cfg.seq_len,
+                                            vocab_rows=-(-self.cfg.vocab_size // mp), precision=precision)
         return [replace(c, flops=c.flops * micro_batch_size, activation_bytes=c.activation_bytes * micro_batch_size,
-                        transient_bytes=c.transient_bytes * micro_batch_size) for c in self._cache[key]]
+                        selective_activation_bytes=c.selective_activation_bytes * micro_batch_size,
+                        selective_recompute_bytes=c.selective_recompute_bytes * micro_batch_size,
+                        transient_bytes=loss_transient if c.transient_bytes else 0) for c in self._cache[key]]
 
 
 def estimate(c: Candidate, *, cfg, cluster: Cluster, costs: CostTable, validate: Validator,

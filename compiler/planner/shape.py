@@ -216,6 +216,23 @@ def block_selective_bytes(shape: DecoderShape, *, micro_batch_size: int, precisi
     return int(per_token * micro_batch_size * shape.seq_len)
 
 
+def block_selective_recompute_bytes(shape: DecoderShape, *, micro_batch_size: int, precision: str, mp: int = 1) -> int:
+    """Bytes recomputing one block allocates under selective checkpointing: what autograd saves
+    (``block_activation_bytes``) less the kept outputs it saves too, which come from the cache: attention's
+    output and log-sum-exp, the MLP's up (and SwiGLU's gate) product, and GPT's fused q/k/v product (attention
+    saves views of it) or Llama's v product where attention reads it uncopied (``repeat_kv`` copies it when a
+    rank holds several kv heads shared by query heads); Llama's q and k are rotated copies, and the row-parallel
+    products' outputs go into residual adds, which save nothing."""
+    a = PRECISIONS[precision].dtype.itemsize
+    heads, kv_heads, hd = shape.heads // mp, max(1, shape.kv_heads // mp), shape.head_dim
+    copied = shape.heads > shape.kv_heads and kv_heads > 1
+    projections = (heads + 2 * kv_heads) * hd if shape.fused_qkv else (0 if copied else kv_heads * hd)
+    mlp = (2 if shape.mlp == "swiglu" else 1) * shape.mlp_width // mp
+    overlap = (projections + heads * hd + mlp) * a + heads * 4
+    saved = block_activation_bytes(shape, micro_batch_size=micro_batch_size, precision=precision, mp=mp)
+    return int(saved - overlap * micro_batch_size * shape.seq_len)
+
+
 def _norm_saved(shape: DecoderShape) -> int:
     """Bytes one norm saves per token: its fp32 input (and RMSNorm its normalised input), and two fp32
     statistics (LayerNorm: mean and 1/std; RMSNorm: the norm and 1/rms)."""
@@ -238,7 +255,9 @@ def analytic_layer_costs(shape: DecoderShape, *, micro_batch_size: int, precisio
     block = LayerCost("block", 3 * matmul + 3.5 * attention, block_params(shape, mp),
                       block_activation_bytes(shape, micro_batch_size=b, precision=precision, mp=mp), block_copies,
                       selective_activation_bytes=block_selective_bytes(shape, micro_batch_size=b, precision=precision,
-                                                                       mp=mp))
+                                                                       mp=mp),
+                      selective_recompute_bytes=block_selective_recompute_bytes(shape, micro_batch_size=b,
+                                                                                precision=precision, mp=mp))
     rows = -(-shape.vocab_size // mp)
     embed = LayerCost("embedding", 0.0, embedding_params(shape, mp), 8 * tokens, selective_activation_bytes=8 * tokens)
     norm_saved = _norm_saved(shape) + d * (a if autocast else 4)
