@@ -28,8 +28,11 @@
 - Tensor parallelism (mp > 1) keeps more than the shard's own saved tensors: DTensor's redistributions
   (the all-reduces of Megatron's f / g operators) hold full-size [B, T, d] fp32 buffers. We have not
   traced which; the term is measured: on 4 blocks, d 128, T 64 the TP runs' peak exceeded the rest
-  of this model by 2.2 MiB (bf16, B 8), 4.0-5.5 MiB (bf16, B 16) and 6.5 MiB (fp32, B 16), i.e. about
-  two such buffers per block and in-flight micro-batch, which is what we add.
+  of this model by 2.2 MiB (bf16, B 8), 4.0-5.5 MiB (bf16, B 16) and 6.5 MiB (fp32, B 16), about two such
+  buffers per block and in-flight micro-batch, while the loss ran through DTensor's ``loss_parallel``. With
+  the chunked vocabulary-parallel loss (compiler/parallelize/cross_entropy.py) the same runs exceed it by
+  0.1 MiB (bf16, B 8), 0.0 (bf16, B 16), 1.6 (fp32, B 16) and 3.0 (fp32, B 16, SP): part of the excess was
+  the loss's; we add one buffer.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def in_flight_stage_microbatches(schedule: str, *, p: int, m: int, v: int, rank:
 
 
 NORMS_PER_BLOCK = 2  # pre-norm blocks (GPT-2, Llama): one norm before attention, one before the MLP
-TP_BUFFERS_PER_BLOCK = 2  # full [B, T, d] fp32 buffers per block and in-flight micro-batch when mp > 1 (measured)
+TP_BUFFERS_PER_BLOCK = 1  # full [B, T, d] fp32 buffers per block and in-flight micro-batch when mp > 1 (measured)
 
 
 @dataclass(frozen=True)
