@@ -176,8 +176,9 @@ def _profile(name: str, forward, modules: list[nn.Module], precision: str, *,
         selective, recompute = activations, 0
     else:
         selective = checkpointed_input_bytes + kept.bytes
-        # The recomputed forward takes the kept outputs from the cache: autograd's copies of those are no new memory.
-        recompute = activations - sum(saved[key][0] for key in kept.storages if key in saved and not saved[key][1])
+        # The recomputed forward takes the kept outputs from the cache: where autograd saves them, no new memory.
+        reused = sum(saved[key][0] for key in kept.storages if key in saved and not saved[key][1])
+        recompute = activations - reused
     return LayerCost(name, float(counter.get_total_flops()), sum(p.numel() for p in params), activations, copies,
                      selective_activation_bytes=selective, selective_recompute_bytes=recompute)
 

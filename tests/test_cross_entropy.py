@@ -31,8 +31,9 @@ def _value_and_grad(loss_fn, logits, targets, upstream=1.0):
 @pytest.mark.parametrize("rows_per_chunk", [1, 7, 64, 1000])  # one row, uneven chunks, one chunk, more than N
 def test_fp32_equals_f_cross_entropy(reduction, rows_per_chunk):
     logits, targets = _case(64, 37, torch.float32)
-    got, got_grad = _value_and_grad(
-        lambda x, y: chunked_cross_entropy(x, y, reduction=reduction, rows_per_chunk=rows_per_chunk), logits, targets, 0.7)
+    got, got_grad = _value_and_grad(lambda x, y: chunked_cross_entropy(x, y, reduction=reduction,
+                                                                       rows_per_chunk=rows_per_chunk),
+                                    logits, targets, 0.7)
     want, want_grad = _value_and_grad(lambda x, y: F.cross_entropy(x, y, reduction=reduction), logits, targets, 0.7)
     assert got.dtype == torch.float32 and got_grad.dtype == torch.float32
     torch.testing.assert_close(got, want, rtol=1e-6, atol=0)

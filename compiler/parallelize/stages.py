@@ -79,9 +79,9 @@ def build_local_stages(
     model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
     embedding and head over the vocabulary; the norms over the sequence with ``sequence_parallel``),
     checkpointed (``activation_checkpointing``: "none", "full" or "selective"), compiled (``compile_blocks``),
-    data-parallel, and filled from ``initial_value(model name, full shape)``. ``document_positions``: the model takes (tokens, positions) and attends block-causally
-    within packed documents. Activations and their gradients cross stages in ``message_dtype`` (the
-    autocast dtype; None: fp32, the traced dtype)."""
+    data-parallel, and filled from ``initial_value(model name, full shape)``. ``document_positions``: the
+    model takes (tokens, positions) and attends block-causally within packed documents. Activations and their
+    gradients cross stages in ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype)."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
     spec = spec_of(cfg)
