@@ -8,11 +8,18 @@ record:
   really run (forward and backward);
 - parameter bytes;
 - activation bytes: what autograd saves for backward (``saved_tensors_hooks``), under the run's
-  autocast dtype, excluding the weights themselves and their autocast copies; the head's also hold the
-  logits, which the last pipeline stage keeps as its output from forward to backward (``head_loss_bytes``);
-- transient bytes: what a layer's backward holds at once beyond that: the loss's two fp32 gradients of
-  the logits' size (log-softmax's output and input gradients). At GPT-2's vocabulary these set the step's
-  peak: on an H200, GPT-2 small (mbs 8, T 1024, bf16) peaked 4.7 GiB above the saved tensors alone.
+  autocast dtype, excluding the weights themselves and their autocast copies; the head's include the
+  logits, which the loss saves and the last pipeline stage keeps as its output from forward to backward
+  (``head_loss_bytes``);
+- selective bytes: what a block keeps under ``--activation-checkpointing selective``: its input and the
+  outputs of the ops the policy saves (compiler/parallelize/activation_checkpointing.py ``SAVED_OPS``,
+  recorded by a dispatch mode as the checkpoint's own caching mode sees them); other layers keep their
+  activation bytes (only blocks are checkpointed). Recomputing such a block allocates what autograd saves
+  less the kept outputs it saves too (``selective_recompute_bytes``);
+- transient bytes: what a layer's backward holds at once beyond that: the loss's gradient of the logits
+  (in their dtype) and its fp32 working chunks (compiler/parallelize/cross_entropy.py). At GPT-2's
+  vocabulary the loss sets the step's peak: on an H200, GPT-2 small (mbs 8, T 1024, bf16) peaked 4.7 GiB
+  above the saved tensors alone with F.cross_entropy on fp32 logits (two fp32 gradients of their size).
 With ``mp > 1`` a block is profiled as one tensor-parallel shard (H/mp heads, mlp_width/mp hidden
 units) and the embedding and head as one vocabulary shard (ceil(V/mp) rows, the logits' V/mp columns;
 the loss runs on the sharded logits), so FLOPs, parameters and activations are per rank. Blocks of one
@@ -30,12 +37,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from compiler.parallelize.activation_checkpointing import SAVED_OPS
+from compiler.parallelize.cross_entropy import chunk_rows, chunked_cross_entropy
 from compiler.precisions import PRECISIONS
-from compiler.torch_compat import CPU_FLASH_ATTENTION, FakeTensorMode, tensor_base
+from compiler.torch_compat import CPU_FLASH_ATTENTION, FakeTensorMode, TorchDispatchMode, tensor_base
 from models import GROUPED_MM_FLOPS, spec_of
 from models.spec import COLWISE, FINAL_NORM, LM_HEAD, ROWWISE, TOKEN_EMBEDDING
 
@@ -71,6 +79,8 @@ class LayerCost:
     activation_bytes: int  # saved for backward, per micro-batch, per mp rank
     weight_copy_bytes: int = 0  # autocast's low-precision copies of the weights (cached per step)
     transient_bytes: int = 0  # held at once during its backward beyond activation_bytes, per micro-batch
+    selective_activation_bytes: int = 0  # kept per micro-batch under selective checkpointing, per mp rank
+    selective_recompute_bytes: int = 0  # allocated by its recomputation under selective checkpointing (blocks)
     seconds: float | None = None  # measured forward + backward time, in time mode
 
 
@@ -89,23 +99,30 @@ def layer_costs(cfg, *, micro_batch_size: int, precision: str = "fp32", mp: int 
         forwards = {i: layer_group_forwards(model, seq_len=cfg.seq_len, micro_batch_size=micro_batch_size,
                                             device=torch.device("cpu"), block=str(i)) for i in first_of_kind.values()}
         groups = layer_group_modules(model)
-        embed = _profile("embedding", forwards[0]["embedding"], groups["embedding"], precision)
-        blocks = {kind: _profile("block", forwards[i]["block"], [model.layers[str(i)]], precision)
+        first = forwards[min(first_of_kind.values())]
+        embed = _profile("embedding", first["embedding"], groups["embedding"], precision)
+        block_input = micro_batch_size * cfg.seq_len * cfg.d_model * 4  # the fp32 residual stream, [b, t, d]
+        blocks = {kind: _profile("block", forwards[i]["block"], [model.layers[str(i)]], precision,
+                                 checkpointed_input_bytes=block_input)
                   for kind, i in first_of_kind.items()}
-        head = _profile("head", forwards[0]["head"], groups["head"], precision)
-    held, transient = head_loss_bytes(micro_batch_size * cfg.seq_len, vocab_rows=-(-cfg.vocab_size // mp),
-                                      precision=precision)
-    head = replace(head, activation_bytes=head.activation_bytes + held, transient_bytes=transient)
+        head = _profile("head", first["head"], groups["head"], precision)
+    # The hooks saw the logits (the loss saves them): only the backward's transient is added.
+    _, transient = head_loss_bytes(micro_batch_size * cfg.seq_len, vocab_rows=-(-cfg.vocab_size // mp),
+                                   precision=precision)
+    head = replace(head, transient_bytes=transient)
     return [embed, *(replace(blocks[kind], name=f"layers.{i}") for i, kind in enumerate(kinds)), head]
 
 
 def head_loss_bytes(tokens: int, *, vocab_rows: int, precision: str) -> tuple[int, int]:
     """(held, transient) bytes of the logits of ``tokens`` tokens over ``vocab_rows`` vocabulary rows: the last
     stage's output, kept from its forward to its backward in the compute dtype (compiler/parallelize/
-    message_dtype.py), and during the loss's backward the fp32 gradients of the log-softmax's output and
-    input, alive together (the loss's own fp32 log-softmax is among the saved tensors already)."""
+    message_dtype.py) and saved by the loss; and during the loss's backward their gradient, in the same
+    dtype, with two fp32 chunks of rows (one upcast chunk and its softmax; compiler/parallelize/
+    cross_entropy.py), where F.cross_entropy on fp32 logits held two fp32 gradients of the whole size."""
+    itemsize = PRECISIONS[precision].dtype.itemsize
     logits = tokens * vocab_rows
-    return logits * PRECISIONS[precision].dtype.itemsize, 8 * logits
+    chunk = min(tokens, chunk_rows(vocab_rows)) * vocab_rows
+    return logits * itemsize, logits * itemsize + (2 if itemsize < 4 else 1) * 4 * chunk
 
 
 def layer_group_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
@@ -128,7 +145,7 @@ def layer_group_forwards(model: nn.Module, *, seq_len: int, micro_batch_size: in
     return {
         "embedding": lambda: model.embed(tokens),
         "block": lambda: model.layers[block](hidden),
-        "head": lambda: F.cross_entropy(model.logits(hidden).float().flatten(0, 1), tokens.flatten()),
+        "head": lambda: chunked_cross_entropy(model.logits(hidden).flatten(0, 1), tokens.flatten()),
     }
 
 
@@ -158,7 +175,11 @@ def vocabulary_parallel_shard(model: nn.Module, mp: int) -> None:
     setattr(model, LM_HEAD, nn.Linear(head.in_features, rows, bias=head.bias is not None))
 
 
-def _profile(name: str, forward, modules: list[nn.Module], precision: str) -> LayerCost:
+def _profile(name: str, forward, modules: list[nn.Module], precision: str, *,
+             checkpointed_input_bytes: int | None = None) -> LayerCost:
+    """Counts of one layer group's forward and backward. ``checkpointed_input_bytes``: a block's input, which
+    selective checkpointing keeps beside its saved ops' outputs (None: not checkpointed, it keeps what
+    autograd saves)."""
     params = [p for m in modules for p in m.parameters()]
     param_ids = {id(p) for p in params}
     saved: dict[int, tuple[int, bool]] = {}  # storage -> (bytes, is a weight or a copy of one)
@@ -168,13 +189,45 @@ def _profile(name: str, forward, modules: list[nn.Module], precision: str) -> La
         saved[storage._cdata] = (storage.nbytes(), _is_weight(t, param_ids))
         return t
 
+    kept = _SavedOpOutputs()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False, custom_mapping=_FLOPS) as counter:
-        with PRECISIONS[precision].autocast("cpu"):
+        with PRECISIONS[precision].autocast("cpu"), kept:
             out = forward()
         out.float().sum().backward()
     activations = sum(n for n, weight in saved.values() if not weight)
     copies = sum(n for n, weight in saved.values() if weight) if PRECISIONS[precision].autocast_dtype else 0
-    return LayerCost(name, float(counter.get_total_flops()), sum(p.numel() for p in params), activations, copies)
+    if checkpointed_input_bytes is None:
+        selective, recompute = activations, 0
+    else:
+        selective = checkpointed_input_bytes + kept.bytes
+        # The recomputed forward takes the kept outputs from the cache: where autograd saves them, no new memory.
+        reused = sum(saved[key][0] for key in kept.storages if key in saved and not saved[key][1])
+        recompute = activations - reused
+    return LayerCost(name, float(counter.get_total_flops()), sum(p.numel() for p in params), activations, copies,
+                     selective_activation_bytes=selective, selective_recompute_bytes=recompute)
+
+
+class _SavedOpOutputs(TorchDispatchMode):
+    """Bytes of the distinct storages the forward's ``SAVED_OPS`` return: what selective checkpointing's
+    caching mode keeps (it caches every output of those ops, needed by backward or not)."""
+
+    def __init__(self):
+        super().__init__()
+        # Kept alive, as the checkpoint's cache keeps them: a freed storage's address could be reused.
+        self.storages: dict[int, torch.UntypedStorage] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in SAVED_OPS:
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    storage = t.untyped_storage()
+                    self.storages[storage._cdata] = storage
+        return out
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.nbytes() for s in self.storages.values())
 
 
 _VIEW_OR_CAST = {"TBackward0", "ViewBackward0", "ToCopyBackward0", "PermuteBackward0", "TransposeBackward0",

@@ -49,13 +49,15 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.export.unflatten import InterpreterModule
 from torch.optim.optimizer import _get_scalar_dtype
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import _CachedTorchDispatchMode
 
 from models import GROUPED_MM_OPS, grouped_mm_by_expert, weight_grad_by_expert
 
 __all__ = [
     "Action", "ComputationType", "PipelineScheduleRuntime", "FakeTensorMode", "FSDPParamGroup", "StridedShard",
     "MultiDeviceReplicator", "checkpoint_wrapper", "compute_local_shape_and_global_offset",
-    "generate_stage_to_rank_mapping",
+    "generate_stage_to_rank_mapping", "TorchDispatchMode", "RecomputeFromCacheEveryTime",
 ]
 
 # --- pipelining: schedules as action lists, warm-up, generated code --------------------------------------
@@ -177,6 +179,37 @@ def tensor_base(t: torch.Tensor) -> torch.Tensor | None:
 # The CPU flash-attention kernels F.scaled_dot_product_attention runs on CPU (forward, backward).
 CPU_FLASH_ATTENTION = (torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
                        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward)
+
+
+class RecomputeFromCacheEveryTime(_CachedTorchDispatchMode):
+    """The recomputation mode of torch's selective checkpointing (``create_selective_checkpoint_contexts``'s
+    second), made to serve its cached op outputs to every recomputation instead of the first only.
+
+    torch marks a cache entry consumed when a recomputation reads it, so a second recomputation of the region
+    raises "Trying to backward an extra time". The split-backward pipeline schedules (zero-bubble, zbv,
+    dualpipev) recompute a checkpointed block twice: the input-gradient pass and the weight-gradient pass are
+    two autograd graph tasks, and non-reentrant checkpointing recomputes once per graph task. Here the first
+    recomputation snapshots the cache (filled by the forward) and each later one restores it. The storage is
+    ``_CachedTorchDispatchMode.storage``: {op key: {call index: entry}} in 2.13; lists popped from the front in
+    earlier releases, handled alike. The cached tensors live as long as the checkpoint's graph, as they do when
+    the graph is kept for a second backward (``retain_graph``). A subclass of torch's mode, not a wrapper:
+    torch.compile accepts only dispatch modes as the checkpoint's contexts."""
+
+    def __init__(self, recompute: _CachedTorchDispatchMode) -> None:
+        # 2.13 ignores the policy (the forward's mode tags each entry); earlier releases read it here.
+        super().__init__(getattr(recompute, "policy_fn", None), recompute.storage, recompute.allow_cache_entry_mutation)
+        self._snapshot: dict | None = None
+
+    def __enter__(self):
+        if self._snapshot is None:
+            self._snapshot = {key: entries.copy() for key, entries in self.storage.items()}
+        else:
+            for key, entries in self._snapshot.items():
+                if isinstance(entries, dict):
+                    self.storage[key].update(entries)
+                else:
+                    self.storage[key][:] = entries
+        return super().__enter__()
 
 
 def raise_recompile_limit(extra: int) -> None:

@@ -10,9 +10,9 @@ from compiler.planner.shape import DecoderShape
 from compiler.precisions import PRECISIONS
 from runtime.config import ConfigError, TrainConfig, plan_error
 
-# What the engine runs today: no context or expert parallelism, no selective recompute, no chunked loss
-# (runtime/config.py ``plan_error`` refuses them; the planner prices them for plans at scale).
-ENGINE_RUNS = Constraints(cp=1, ep=1, chunked_loss=False, ac_modes=("none", "full"))
+# What the engine runs: every dimension the planner prices, and always the chunked loss (runtime/config.py
+# ``plan_error`` refuses the rest).
+ENGINE_RUNS = Constraints(chunked_loss=True)
 
 
 def engine_search(base: TrainConfig, *, world: int, global_batch_size: int, cluster: Cluster,
@@ -29,8 +29,8 @@ def rank_plans(base: TrainConfig, *, world: int, global_batch_size: int, cluster
                activation_checkpointing: tuple[bool, ...] = (False, True)) -> list[Estimate]:
     """Every plan for ``base``'s model on ``world`` ranks: feasible first, fastest first (infeasible ones with
     their reason)."""
-    modes = tuple(m for m, on in (("none", False), ("full", True)) if on in activation_checkpointing)
-    constraints = Constraints(cp=1, ep=1, chunked_loss=False, ac_modes=modes)
+    modes = tuple(m for m, on in (("none", False), ("selective", True), ("full", True)) if on in activation_checkpointing)
+    constraints = Constraints(chunked_loss=True, ac_modes=modes)
     return engine_search(base, world=world, global_batch_size=global_batch_size, cluster=cluster,
                          precisions=precisions, constraints=constraints, collect=True).every
 

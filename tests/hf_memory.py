@@ -182,7 +182,7 @@ def _measure_rank(folder: str, mesh_shape: tuple[int, int, int], source: str, ou
         stage_indices=SCHEDULES["1f1b"].stage_indices(pp_rank, pp=layout.pp, stages_per_rank=1), micro_batch_size=1,
         meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout)),
         device=torch.device("cpu"),
-        activation_checkpointing=False, data_parallel=DataParallelOptions(), initial_value=measured)
+        activation_checkpointing="none", data_parallel=DataParallelOptions(), initial_value=measured)
     stop.set()
     thread.join()
     after = _status()

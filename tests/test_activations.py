@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from compiler.planner.activations import LOSS_CHUNK_TOKENS, Context, block_memory, head_memory
+from compiler.parallelize.cross_entropy import SAVED_BYTES_PER_TOKEN, chunk_rows
+from compiler.planner.activations import Context, block_memory, head_memory
 from compiler.planner.shape import DENSE, MOE, DecoderShape
 from models.spec import Experts
 
@@ -56,11 +57,15 @@ def test_a_moe_block_saves_its_router_dispatched_copies_and_experts_on_sequence_
     assert m.transient == pytest.approx(2 * 8 * D * 2 * T / 2)  # the dispatch's send and receive buffers
 
 
-def test_the_chunked_loss_holds_no_logits():
+def test_the_chunked_loss_holds_no_fp32_logits():
     c = Context(micro_batch_size=2, precision="bf16", mp=4)
     whole, chunked = head_memory(LLAMA, c), head_memory(LLAMA, dataclasses.replace(c, chunked_loss=True))
     rows = 128256 // 4
     norm = 2 * D * 4 + 4 + D * 2  # the final RMSNorm's fp32 input, normalised input, 1/rms and its output
-    assert chunked.saved == pytest.approx(2 * T * norm)
-    assert whole.saved == pytest.approx(2 * T * (norm + 4 * rows + 8) + 2 * T * rows * 2)  # + log-softmax, logits
-    assert chunked.transient == 12 * LOSS_CHUNK_TOKENS * rows < whole.transient == 8 * 2 * T * rows
+    logits = 2 * T * rows * 2  # bf16, the stage's output
+    # + the loss's per-token log-sum-exp, target column and masks (compiler/parallelize/cross_entropy.py)
+    assert chunked.saved == pytest.approx(2 * T * (norm + SAVED_BYTES_PER_TOKEN) + logits)
+    assert whole.saved == pytest.approx(2 * T * (norm + 4 * rows + 8) + logits)  # + the fp32 log-softmax
+    # backward: the logits' gradient in bf16 and two fp32 chunks of rows, against two fp32 gradients of them all
+    chunk = min(2 * T, chunk_rows(rows)) * rows
+    assert chunked.transient == logits + 2 * 4 * chunk < whole.transient == 8 * 2 * T * rows

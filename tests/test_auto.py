@@ -24,4 +24,4 @@ def test_auto_runs_the_planners_pick_on_4_ranks(tmp_path):
     assert config["mesh"] == {"dp": expected.mesh.dp, "pp": expected.mesh.pp, "mp": expected.mesh.mp}
     assert config["pipeline"]["schedule"] == best.candidate.schedule
     assert config["pipeline"]["micro_batch_size"] == best.candidate.micro_batch_size
-    assert config["activation_checkpointing"] == best.candidate.activation_checkpointing
+    assert config["activation_checkpointing"] == best.candidate.ac

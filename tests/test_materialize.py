@@ -52,7 +52,7 @@ def test_only_each_shard_is_copied_to_the_device_and_it_is_the_right_one():
             stages = build_local_stages(
                 cfg, blocks_per_stage=[cfg.n_layers], stage_indices=[0], micro_batch_size=2,
                 meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=mesh["dp"]), device=torch.device("cpu"),
-                activation_checkpointing=False, data_parallel=DataParallelOptions(), initial_value=values)
+                activation_checkpointing="none", data_parallel=DataParallelOptions(), initial_value=values)
         finally:
             stages_module.materialize = real
         params = dict(stages.named_parameters())

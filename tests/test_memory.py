@@ -20,3 +20,9 @@ def test_peak_growth_sees_a_temporary_that_is_freed():
 def test_live_bytes_count_shared_storage_once():
     base = torch.zeros(1000)
     assert live_tensor_bytes([base, base[:10], base.view(10, 100), None]) == 4000
+
+
+def test_live_bytes_take_a_packed_batch_of_tokens_and_positions():
+    """With --document-mask a batch's inputs are a (tokens, positions) pair; the step's starting bytes count both."""
+    tokens, positions, targets = torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8)
+    assert live_tensor_bytes([(tokens, positions), targets]) == 2 * 128 + 64

@@ -35,7 +35,8 @@ QWEN3 = ["--model", "qwen3-debug"]
 QWEN3_MOE = ["--model", "qwen3-moe-debug", "--layers", "4"]  # 8 experts, top 2, auxiliary loss 0.001
 MIXTRAL = ["--model", "mixtral-debug", "--layers", "4"]  # 8 experts, top 2, auxiliary loss 0.02
 
-# (dp, pp, mp, schedule, extra flags): every mesh of the issue, every schedule, activation checkpointing.
+# (dp, pp, mp, schedule, extra flags): every mesh of the issue, every schedule, activation checkpointing (full
+# and selective).
 CASES = [
     (2, 2, 2, "interleaved-1f1b", []),
     # ... with the embedding and the head alone on stages of their own (what --split auto picks for a heavy head)
@@ -57,9 +58,9 @@ CASES = [
     (4, 1, 2, "1f1b", ["--dp-shard", "2", "--vocab-size", "257"]),
     (2, 2, 2, "interleaved-1f1b", ["--reshard-after-forward"]),
     # The V placements (rank 0 holds the embedding and the tied head; the middle pair shares a rank) and
-    # breadth-first looping. 1x4x1 needs 8 stages, so 8 blocks.
+    # breadth-first looping. 1x4x1 needs 8 stages, so 8 blocks. Selective checkpointing under the split backward.
     (2, 2, 2, "zbv", ["--sequence-parallel"]),
-    (1, 4, 1, "zbv", ["--layers", "8", "--activation-checkpointing"]),
+    (1, 4, 1, "zbv", ["--layers", "8", "--activation-checkpointing", "selective"]),
     (2, 2, 2, "dualpipev", ["--dp-shard", "1"]),  # replicated DP under a split backward: W passes count accumulations
     (1, 4, 1, "dualpipev", ["--layers", "8"]),
     (2, 2, 2, "looped-bfs", []),
@@ -67,10 +68,10 @@ CASES = [
     # Compiled blocks (inductor) under TP and PP.
     (1, 2, 2, "1f1b", ["--compile"]),
     # Sequence parallelism: norms and residual stream on sequence shards, also across stage boundaries, with
-    # DP (and packed documents), under PP + AC, zbv (above), and the embedding alone on a stage (it sends its
-    # slice of the sequence on).
-    (2, 1, 4, "1f1b", [*DOCUMENTS, "--sequence-parallel"]),
-    (2, 2, 2, "interleaved-1f1b", ["--sequence-parallel", "--activation-checkpointing"]),
+    # DP (and packed documents), under PP + selective AC (DTensor ops and the reduce-scatter kept), zbv (above),
+    # and the embedding alone on a stage (it sends its slice of the sequence on).
+    (2, 1, 4, "1f1b", [*DOCUMENTS, "--sequence-parallel", "--profile-memory"]),  # its inputs are (tokens, positions)
+    (2, 2, 2, "interleaved-1f1b", ["--sequence-parallel", "--activation-checkpointing", "selective"]),
     (2, 2, 2, "gpipe", ["--split", "manual:0,4", "--sequence-parallel"]),
     # Llama 3 (RMSNorm, RoPE with llama3 scaling, grouped-query attention 8 heads / 4 kv heads, SwiGLU): the
     # looped and V placements (zbv with packed documents: RoPE restarted per document), sequence parallelism

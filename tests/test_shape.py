@@ -50,6 +50,9 @@ def test_analytic_costs_equal_the_engines_counted_costs(cfg, precision, mp):
     for a, c in zip(analytic, counted):
         assert a.flops == c.flops and a.params == c.params, a.name
         assert a.activation_bytes == pytest.approx(c.activation_bytes, rel=1e-3), a.name
+        assert a.selective_activation_bytes == pytest.approx(c.selective_activation_bytes, rel=1e-3), a.name
+        assert a.selective_recompute_bytes == pytest.approx(c.selective_recompute_bytes, rel=1e-3), a.name
+        assert a.transient_bytes == c.transient_bytes, a.name
         # Autocast's weight copies: every matrix and bias (counted: one d-sized bias or the norm's less or more).
         assert a.weight_copy_bytes == pytest.approx(c.weight_copy_bytes, rel=0.04), a.name
 

@@ -48,7 +48,7 @@ def _build_and_measure(out_dir: str) -> None:
         cfg, blocks_per_stage=uniform_split(cfg.n_layers, PP),
         stage_indices=SCHEDULES["1f1b"].stage_indices(pp_rank, pp=PP, stages_per_rank=1), micro_batch_size=1,
         meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=datetime.timedelta(seconds=120))),
-        device=torch.device("cpu"), activation_checkpointing=False, data_parallel=DataParallelOptions(),
+        device=torch.device("cpu"), activation_checkpointing="none", data_parallel=DataParallelOptions(),
         initial_value=functools.partial(spec_of(cfg).initial_value, seed=0, cfg=cfg))
     peak = peak_memory_bytes(torch.device("cpu"))  # this process's own high-water mark, not its parent's
     held = sum(p.numel() * p.element_size() for p in stages.parameters())

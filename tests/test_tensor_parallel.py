@@ -1,4 +1,5 @@
-"""A tensor-parallel (mp=2) stage computes what its dense twin computes, forward and backward."""
+"""A tensor-parallel (mp=2) stage computes what its dense twin computes, forward and backward; the
+vocabulary-parallel cross-entropy equals the whole vocabulary's."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def _compare_tp_stage_with_dense(out_dir: str) -> None:
         grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
         torch.testing.assert_close(grad, dense_grads[name].grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
     _check_head_logits_are_only_read(mesh, cfg, tokens)
+    _check_vocabulary_parallel_cross_entropy(mesh)
     open(f"{out_dir}/ok{dist.get_rank()}", "w").close()
     dist.destroy_process_group()
 
@@ -57,7 +59,7 @@ def _check_head_logits_are_only_read(mesh, cfg, tokens) -> None:
     from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
     from compiler.trace import trace_pipeline
     from models import build_model, spec_of
-    from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy, vocab_parallel_loss
+    from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
     from runtime.engine.evaluation import summed_cross_entropy
 
     model = build_model(cfg, seed=5)
@@ -73,12 +75,37 @@ def _check_head_logits_are_only_read(mesh, cfg, tokens) -> None:
         logits = head_stage(hidden)  # (B, T, V / mp) on this rank
         assert logits._base is not None, "the head's logits are no longer a view: the warning filter can go"
         version, base_version = logits._version, logits._base._version
-        with vocab_parallel_loss(True):
-            loss = loss_fn(logits, targets)
-            loss.backward()
+        loss = loss_fn(logits, targets)
+        loss.backward()
         assert (logits._version, logits._base._version) == (version, base_version), "the loss wrote the logits"
         assert hidden.grad is not None and torch.isfinite(hidden.grad).all()
         hidden.grad = None
+
+
+def _check_vocabulary_parallel_cross_entropy(mesh) -> None:
+    """The chunked loss on this rank's columns of an odd vocabulary (11 = 6 + 5, as DTensor shards the head)
+    equals F.cross_entropy on the whole logits: the value on every rank, and this rank's columns of the gradient."""
+    import torch.nn.functional as F
+
+    from compiler.parallelize.cross_entropy import IGNORE_INDEX, chunked_cross_entropy, vocabulary_shard
+
+    vocab, rows = 11, 20
+    g = torch.Generator().manual_seed(3)
+    logits = 3 * torch.randn(rows, vocab, generator=g)  # [N, V], the same on both ranks
+    targets = torch.randint(0, vocab, (rows,), generator=g)
+    targets[::4] = IGNORE_INDEX
+    shard = vocabulary_shard(mesh["mp"], vocab)
+    width = -(-vocab // 2) if shard.start == 0 else vocab - -(-vocab // 2)
+    for reduction in ("mean", "sum"):
+        whole = logits.clone().requires_grad_()
+        want = F.cross_entropy(whole, targets, reduction=reduction)
+        want.backward()
+        mine = logits[:, shard.start:shard.start + width].clone().requires_grad_()  # [N, V_r]
+        got = chunked_cross_entropy(mine, targets, reduction=reduction, group=shard.group, vocab_start=shard.start,
+                                    rows_per_chunk=3)
+        got.backward()
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+        torch.testing.assert_close(mine.grad, whole.grad[:, shard.start:shard.start + width], rtol=1e-5, atol=1e-7)
 
 
 def test_tp_stage_equals_dense_twin(tmp_path):

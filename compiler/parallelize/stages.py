@@ -18,7 +18,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 
-from compiler.parallelize.activation_checkpointing import apply_ac, original_name
+from compiler.parallelize.activation_checkpointing import maybe_apply_ac, original_name
 from compiler.parallelize.compile import apply_compile
 from compiler.parallelize.context_parallel import ContextParallelAttention
 from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel, moe_gradient_factors
@@ -71,7 +71,7 @@ def build_local_stages(
     micro_batch_size: int,
     meshes: StageMeshes,
     device: torch.device,
-    activation_checkpointing: bool,
+    activation_checkpointing: str,
     data_parallel: DataParallelOptions,
     initial_value: Callable[[str, tuple[int, ...]], torch.Tensor],
     compile_blocks: bool = False,
@@ -83,11 +83,12 @@ def build_local_stages(
     """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of ``cfg``'s
     model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
     embedding and head over the vocabulary; the norms over the sequence with ``sequence_parallel``),
-    checkpointed, compiled (``compile_blocks``), data-parallel, and filled from ``initial_value(model name,
-    full shape)``. ``model_inputs``: the model takes tokens (1), with positions (2: a context-parallel slice of
-    each sequence), and document ids (3: packed documents; runtime/engine/data/inputs.py). ``context_parallel``: the
-    cp mesh; each rank holds 1/cp of every sequence and attention gathers keys and values over it. Activations and their gradients cross stages in ``message_dtype`` (the
-    autocast dtype; None: fp32, the traced dtype)."""
+    checkpointed (``activation_checkpointing``: "none", "full" or "selective"), compiled (``compile_blocks``),
+    data-parallel, and filled from ``initial_value(model name, full shape)``. ``model_inputs``: the model takes
+    tokens (1), with positions (2: a context-parallel slice of each sequence), and document ids (3: packed
+    documents; runtime/engine/data/inputs.py). ``context_parallel``: the cp mesh; each rank holds 1/cp of every
+    sequence and attention gathers keys and values over it. Activations and their gradients cross stages in
+    ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype)."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
     spec = spec_of(cfg)
@@ -112,8 +113,7 @@ def build_local_stages(
         if meshes.moe is not None:
             apply_moe_parallelism(module, meshes.moe, sequence_parallel=sequence_parallel and meshes.mp.size() > 1)
         share_tied_weights(module, tied)
-        if activation_checkpointing:
-            apply_ac(module)
+        maybe_apply_ac(module, activation_checkpointing)
         if compile_blocks:
             apply_compile(module)
         if meshes.fsdp is not None or meshes.moe is not None:

@@ -40,11 +40,12 @@ T / mp tokens. The dispatch's send and receive buffers (2 top_k d a per token) a
 Context parallelism (cp ranks) keeps T / cp tokens of every sequence per rank: every per-token term / cp;
 attention gathers the sequence's K and V (2 KV hd / t per token, transient, one layer at a time).
 
-The head saves the final norm's input and output and, with the whole-vocabulary loss, the fp32
-log-softmax of its V / t logits and the logits themselves (the stage's output, kept to its backward), and
-its backward holds two fp32 gradients of the logits' size at once (compiler/cost.py ``head_loss_bytes``).
-The chunked vocabulary-parallel loss (``chunked_loss``) computes logits, loss and their gradient
-``LOSS_CHUNK_TOKENS`` tokens at a time: no logits are held, a chunk's three fp32 copies are transient.
+The head saves the final norm's input and output and its V / t logits (the stage's output, kept to its
+backward, in the compute dtype). With the whole-vocabulary loss (F.cross_entropy on fp32 logits, as Megatron
+2021 ran) it also saves their fp32 log-softmax and its backward holds two fp32 gradients of the logits' size.
+The chunked loss (``chunked_loss``, the engine's: compiler/parallelize/cross_entropy.py) keeps a log-sum-exp
+and a target logit per token and holds the logits' gradient in their dtype plus fp32 working chunks
+(compiler/cost.py ``head_loss_bytes``).
 """
 
 from __future__ import annotations
@@ -52,11 +53,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.cost import LayerCost, head_loss_bytes
+from compiler.parallelize.cross_entropy import SAVED_BYTES_PER_TOKEN
 from compiler.planner.shape import DENSE, MOE, DecoderShape, _block_matrices, block_forward_flops, block_params, \
     embedding_params, head_params, shared_width
 from compiler.precisions import PRECISIONS
 
-LOSS_CHUNK_TOKENS = 4096  # tokens per chunk of the chunked loss (a chunk's fp32 logits and gradients are transient)
 
 
 @dataclass(frozen=True)
@@ -185,10 +186,11 @@ def head_memory(shape: DecoderShape, c: Context) -> HeadMemory:
     """The final norm, the LM head and the loss on ``V / mp`` vocabulary rows (module docstring)."""
     tokens, rows = c.tokens(shape), -(-shape.vocab_size // c.mp)
     norm = _norm_saved(shape, 4 if c.layout == "engine" else c.a) + shape.d_model * (c.a if c.autocast else 4)
+    logits = tokens * rows * PRECISIONS[c.precision].dtype.itemsize  # the stage's output, held to its backward
     if c.chunked_loss:
-        return HeadMemory(tokens * norm, 12 * min(tokens, LOSS_CHUNK_TOKENS) * rows)
-    held, transient = head_loss_bytes(int(tokens), vocab_rows=rows, precision=c.precision)
-    return HeadMemory(tokens * (norm + 4 * rows + 8) + held, transient)
+        _, transient = head_loss_bytes(int(tokens), vocab_rows=rows, precision=c.precision)
+        return HeadMemory(tokens * (norm + SAVED_BYTES_PER_TOKEN) + logits, transient)
+    return HeadMemory(tokens * (norm + 4 * rows + 8) + logits, 8 * tokens * rows)
 
 
 def embedding_memory(shape: DecoderShape, c: Context) -> float:
@@ -196,11 +198,35 @@ def embedding_memory(shape: DecoderShape, c: Context) -> float:
     return 8 * c.tokens(shape)
 
 
+def block_selective_bytes(shape: DecoderShape, c: Context) -> float:
+    """Bytes one dense block keeps for one micro-batch on one TP rank under selective checkpointing as the engine
+    runs it (compiler/parallelize/activation_checkpointing.py): its fp32 input, every matrix product's output (a
+    bytes per output feature of the shard; a row-parallel product's partial sums are d wide) and attention's
+    output and fp32 log-sum-exp."""
+    heads = shape.heads // c.mp
+    products = sum(out for _, out in _block_matrices(shape, c.mp).values()) * c.a
+    return (4 * shape.d_model + products + heads * shape.head_dim * c.a + heads * 4) * c.tokens(shape)
+
+
+def block_selective_recompute_bytes(shape: DecoderShape, c: Context) -> float:
+    """Bytes recomputing one dense block allocates under selective checkpointing: what autograd saves less the
+    kept outputs it saves too (they come from the cache): attention's output and log-sum-exp, the MLP's up (and
+    SwiGLU's gate) product, and GPT's fused q/k/v product (attention saves views of it) or Llama's v product
+    (attention reads it as it is; q and k are rotated copies); the row-parallel products' outputs go into
+    residual adds, which save nothing."""
+    heads, kv_heads, hd = shape.heads // c.mp, max(1, shape.kv_heads // c.mp), shape.head_dim
+    projections = (heads + 2 * kv_heads) * hd if shape.fused_qkv else kv_heads * hd
+    mlp = (2 if shape.mlp == "swiglu" else 1) * shape.mlp_width // c.mp
+    overlap = (projections + heads * hd + mlp) * c.a + heads * 4
+    return block_memory(shape, DENSE, c).saved - overlap * c.tokens(shape)
+
+
 def analytic_layer_costs(shape: DecoderShape, *, micro_batch_size: int, precision: str = "fp32",
                        mp: int = 1) -> list[LayerCost]:
     """[embedding, block 0, ..., block L-1, head] as compiler/cost.py's ``layer_costs`` reports them for the
-    engine's model (FLOPs per TP shard, parameters, saved activations, autocast weight copies)."""
-    c = Context(micro_batch_size, precision, mp)
+    engine's model (FLOPs per TP shard, parameters, saved activations, what selective checkpointing keeps and
+    recomputes, autocast weight copies; the engine's chunked loss)."""
+    c = Context(micro_batch_size, precision, mp, chunked_loss=True)
     a, autocast = c.a, c.autocast
     tokens = micro_batch_size * shape.seq_len
     blocks = []
@@ -209,11 +235,17 @@ def analytic_layer_costs(shape: DecoderShape, *, micro_batch_size: int, precisio
         mats = _block_matrices(shape, mp)
         copies = (sum(x * y for x, y in mats.values()) + (sum(y for _, y in mats.values()) if shape.biases else 0)
                   ) * a if autocast and kind == DENSE else 0
+        saved = int(block_memory(shape, kind, c).saved)
+        selective = (int(block_selective_bytes(shape, c)), int(block_selective_recompute_bytes(shape, c))) \
+            if kind == DENSE else (saved, 0)
         blocks.append(LayerCost(f"layers.{i}", 3 * matmul + 3.5 * attention, block_params(shape, mp, kind=kind).total,
-                                int(block_memory(shape, kind, c).saved), copies))
+                                saved, copies, selective_activation_bytes=selective[0],
+                                selective_recompute_bytes=selective[1]))
     rows = -(-shape.vocab_size // mp)
     head = head_memory(shape, c)
-    embed = LayerCost("embedding", 0.0, embedding_params(shape, mp), int(embedding_memory(shape, c)))
+    embed_saved = int(embedding_memory(shape, c))
+    embed = LayerCost("embedding", 0.0, embedding_params(shape, mp), embed_saved, selective_activation_bytes=embed_saved)
     head_cost = LayerCost("head", 6.0 * tokens * shape.d_model * rows, head_params(shape, mp), int(head.saved),
-                          rows * shape.d_model * a if autocast else 0, int(head.transient))
+                          rows * shape.d_model * a if autocast else 0, int(head.transient),
+                          selective_activation_bytes=int(head.saved))
     return [embed, *blocks, head_cost]

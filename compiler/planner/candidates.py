@@ -55,9 +55,9 @@ class Candidate:
         flags += ["--dp-shard", str(self.dp_shard)] if self.dp_shard is not None else []
         flags += ["--reshard-after-forward"] if self.reshard_after_forward else []
         flags += ["--sequence-parallel"] if self.sequence_parallel else []
-        flags += ["--selective-activation-checkpointing"] if self.selective_ac else []
-        flags += ["--chunked-loss"] if self.chunked_loss else []
-        return flags + (["--activation-checkpointing"] if self.activation_checkpointing else [])
+        # The engine always computes the loss in chunks: no flag (runtime/config.py refuses plans without).
+        return flags + {"full": ["--activation-checkpointing"], "selective": ["--activation-checkpointing", "selective"],
+                        "none": []}[self.ac]
 
     def describe(self) -> str:
         ac = " +AC" if self.activation_checkpointing else " +SAC" if self.selective_ac else ""

@@ -33,14 +33,14 @@ LIGHT = named_config("tiny", n_layers=4, d_model=128, n_heads=4, seq_len=64, voc
 HEAVY = named_config("tiny", n_layers=6, d_model=384, n_heads=6, seq_len=128, vocab_size=8192)
 # (model flags, plan) on 4 ranks: dp, pp, mp, schedule, v, m, micro-batch, precision, activation checkpointing.
 RUNS_4 = (
-    (LIGHT, Candidate(4, 1, 1, "1f1b", 1, 1, 4, "bf16", False)),
-    (LIGHT, Candidate(1, 4, 1, "1f1b", 1, 4, 2, "bf16", False)),
-    (LIGHT, Candidate(1, 1, 4, "1f1b", 1, 1, 8, "bf16", False)),
-    (LIGHT, Candidate(2, 2, 1, "interleaved-1f1b", 2, 2, 2, "bf16", False)),
-    (HEAVY, Candidate(4, 1, 1, "1f1b", 1, 1, 2, "bf16", False)),
-    (HEAVY, Candidate(1, 4, 1, "gpipe", 1, 4, 2, "bf16", False)),
-    (HEAVY, Candidate(1, 2, 2, "1f1b", 1, 2, 2, "bf16", False)),
-    (HEAVY, Candidate(2, 1, 2, "1f1b", 1, 1, 2, "fp32", False)),
+    (LIGHT, Candidate(4, 1, 1, "1f1b", 1, 1, 4, "bf16", False, chunked_loss=True)),
+    (LIGHT, Candidate(1, 4, 1, "1f1b", 1, 4, 2, "bf16", False, chunked_loss=True)),
+    (LIGHT, Candidate(1, 1, 4, "1f1b", 1, 1, 8, "bf16", False, chunked_loss=True)),
+    (LIGHT, Candidate(2, 2, 1, "interleaved-1f1b", 2, 2, 2, "bf16", False, chunked_loss=True)),
+    (HEAVY, Candidate(4, 1, 1, "1f1b", 1, 1, 2, "bf16", False, chunked_loss=True)),
+    (HEAVY, Candidate(1, 4, 1, "gpipe", 1, 4, 2, "bf16", False, chunked_loss=True)),
+    (HEAVY, Candidate(1, 2, 2, "1f1b", 1, 2, 2, "bf16", False, chunked_loss=True)),
+    (HEAVY, Candidate(2, 1, 2, "1f1b", 1, 1, 2, "fp32", False, chunked_loss=True)),
 )
 RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-every", "0", "--eval-batches", "1",
              "--peak-tflops", "1"]

@@ -154,7 +154,7 @@ def evaluate(inputs: EvalInputs, *, env: LaunchEnv, device: torch.device) -> Eva
     stages = build_local_stages(
         cfg.model, blocks_per_stage=plan.blocks_per_stage,
         stage_indices=spec.stage_indices(pp_rank, pp=cfg.mesh.pp, stages_per_rank=v),
-        micro_batch_size=cfg.pipeline.micro_batch_size, device=device, activation_checkpointing=False,
+        micro_batch_size=cfg.pipeline.micro_batch_size, device=device, activation_checkpointing="none",
         meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout),
                            moe=(moe_meshes(mesh, layout, sequence_parallel=cfg.sequence_parallel, timeout=timeout)
                                 if moe_layer_names(cfg.model) else None)),
@@ -172,7 +172,7 @@ def evaluate(inputs: EvalInputs, *, env: LaunchEnv, device: torch.device) -> Eva
     ctx = StepContext(schedule=schedule, schedule_name=cfg.pipeline.schedule, stages=stages, optimizer=None,
                       lr_schedule=None, scaler=None, device=device,
                       precision=cfg.precision, grad_clip=0.0, loss_copies=cfg.mesh.mp,
-                      plane_size=cfg.mesh.dp * cfg.mesh.cp * cfg.mesh.mp, vocab_parallel=vocab_parallel)
+                      plane_size=cfg.mesh.dp * cfg.mesh.cp * cfg.mesh.mp)
     with torch.no_grad():
         return evaluate_windows(ctx, inputs.corpus, global_batch_size=cfg.global_batch_size,
                                 replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
+from compiler.parallelize.activation_checkpointing import AC_MODES
 from compiler.precisions import PRECISIONS
 from compiler.schedules import DEFAULT_SCHEDULE, SCHEDULES
 from models import FAMILIES, MODEL_NAMES
@@ -142,8 +143,10 @@ def add_placement_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--skip-memory-check", action="store_true",
                    help="start even when the planner's memory model predicts the node's RAM (CPU) or a GPU's memory "
                         "would overflow (by default such a run stops before building anything, naming flags that fit)")
-    g.add_argument("--activation-checkpointing", action="store_true",
-                   help="recompute each transformer block in the backward pass to save activation memory")
+    g.add_argument("--activation-checkpointing", nargs="?", const="full", default="none", choices=AC_MODES,
+                   help="recompute in the backward pass to save activation memory: full (also the flag alone) keeps "
+                        "only each transformer block's input; selective keeps its matrix products' and attention's "
+                        "outputs and recomputes the rest (norms, activations, RoPE: little compute)")
     g.add_argument("--sequence-parallel", action="store_true",
                    help="with --mp > 1: run the norms and keep the residual stream on sequence shards (T/mp per "
                         "rank; Korthikanti et al. 2022), all-gathering before and reduce-scattering after each "

@@ -37,9 +37,13 @@ class MeasuredRun:
 def _plan(config: dict) -> Candidate:
     mesh, pipe, dp = config["mesh"], config["pipeline"], config["data_parallel"]
     shard = None if dp["shard"] == mesh["dp"] else dp["shard"]
+    ac = config["activation_checkpointing"]  # a bool in runs recorded before selective checkpointing
+    ac = "full" if ac is True else "none" if ac is False else ac
     return Candidate(mesh["dp"], mesh["pp"], mesh["mp"], pipe["schedule"], pipe["stages_per_rank"], pipe["microbatches"],
-                     pipe["micro_batch_size"], config["precision"], config["activation_checkpointing"], shard,
-                     dp["reshard_after_forward"], config.get("sequence_parallel", False) and mesh["mp"] > 1)
+                     pipe["micro_batch_size"], config["precision"], ac == "full", shard,
+                     dp["reshard_after_forward"], config.get("sequence_parallel", False) and mesh["mp"] > 1,
+                     cp=mesh.get("cp", 1), ep=mesh.get("ep", 1), selective_ac=ac == "selective",
+                     chunked_loss=config.get("chunked_loss", False))  # runs before the chunked loss held fp32 logits
 
 
 def read_runs(path: str | Path) -> list[MeasuredRun]:

@@ -89,9 +89,11 @@ def candidate_of(cfg: TrainConfig) -> Candidate:
     shard = None if cfg.data_parallel.shard == cfg.mesh.dp else cfg.data_parallel.shard
     p = cfg.pipeline
     return Candidate(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, p.schedule, p.stages_per_rank, p.microbatches,
-                     p.micro_batch_size, cfg.precision, cfg.activation_checkpointing, dp_shard=shard,
+                     p.micro_batch_size, cfg.precision, cfg.activation_checkpointing == "full", dp_shard=shard,
                      reshard_after_forward=cfg.data_parallel.reshard_after_forward,
-                     sequence_parallel=cfg.sequence_parallel and cfg.mesh.mp > 1)
+                     sequence_parallel=cfg.sequence_parallel and cfg.mesh.mp > 1,
+                     selective_ac=cfg.activation_checkpointing == "selective", cp=cfg.mesh.cp, ep=cfg.mesh.ep,
+                     chunked_loss=True)
 
 
 def predicted_tensor_bytes(cfg: TrainConfig) -> float:
@@ -120,7 +122,7 @@ def _fix(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory) -> tupl
         options += [("--reshard-after-forward",), ("--reshard-after-forward", "--activation-checkpointing")]
     for flags in options:
         trial = dataclasses.replace(
-            cfg, activation_checkpointing=cfg.activation_checkpointing or "--activation-checkpointing" in flags,
+            cfg, activation_checkpointing="full" if "--activation-checkpointing" in flags else cfg.activation_checkpointing,
             data_parallel=dataclasses.replace(cfg.data_parallel, reshard_after_forward=(
                 cfg.data_parallel.reshard_after_forward or "--reshard-after-forward" in flags)))
         if trial == cfg:

@@ -265,7 +265,7 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
         schedule=schedule, schedule_name=cfg.pipeline.schedule, stages=stages, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
         device=device, precision=cfg.precision, grad_clip=cfg.optim.grad_clip,
         loss_copies=cfg.mesh.dp * cfg.mesh.cp * cfg.mesh.mp, plane_size=cfg.mesh.dp * cfg.mesh.cp * cfg.mesh.mp,
-        tied=tied, replicated=replicated, vocab_parallel=vocab_parallel, recorder=profiler.recorder if profiler else None,
+        tied=tied, replicated=replicated, recorder=profiler.recorder if profiler else None,
         experts=ExpertBalance.of(
             [(n, m) for module in stages.modules for n, m in module.named_modules()],
             moe_layer_names=moe_layer_names(cfg.model), token_group=moe.tokens.get_group() if moe and moe.tokens else None,

@@ -15,13 +15,11 @@ import contextlib
 from collections import defaultdict
 
 import torch
-import torch.nn.functional as F
-from einops import rearrange
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-from torch.distributed.tensor import DTensor, Shard
-from torch.distributed.tensor.parallel import loss_parallel
+from torch.distributed.tensor import DTensor
 
+from compiler.parallelize.cross_entropy import token_cross_entropy, vocabulary_shard
 from compiler.precisions import PRECISIONS
 from compiler.torch_compat import MultiDeviceReplicator, non_finite_check_and_unscale_, replicated_tensors
 
@@ -85,34 +83,18 @@ def scaled_cross_entropy(scaler: ShardedGradScaler, *, microbatches: int, vocab_
     gradient of the mean loss on the global batch, as on a single device. Dividing the loss, not the
     gradients, saves a pass over every gradient; ``loss_value`` undoes both factors for logging.
 
-    With ``vocab_mesh`` the logits are this rank's vocabulary shard (mb, T, V/mp) of a vocabulary-parallel
-    head, and the cross-entropy is computed on the shards (``loss_parallel``: the softmax's max and sum are
-    all-reduced over the mp group), never gathering the (mb, T, V) logits. The schedule's step must run
-    under ``loss_parallel()`` too (``vocab_parallel_loss``): its backward happens there.
+    The loss is computed in fp32 over chunks of tokens, without an fp32 copy of the logits (which may be
+    bf16 or fp16 under autocast; compiler/parallelize/cross_entropy.py). With ``vocab_mesh`` the logits are
+    this rank's vocabulary shard (mb, T, V/mp) of a vocabulary-parallel head, and the softmax's statistics
+    are all-reduced over the mp group, never gathering the (mb, T, V) logits.
     """
+    shard = vocabulary_shard(vocab_mesh, vocab_size) if vocab_mesh is not None else None
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        # logits may be fp16 under autocast; the loss is computed in fp32.
-        logits = rearrange(logits.float(), "b t v -> (b t) v")
-        if vocab_mesh is None:
-            loss = F.cross_entropy(logits, rearrange(targets, "b t -> (b t)"))
-        else:
-            # Inside the step's loss_parallel() (not a context of its own: leaving a nested one would
-            # switch the vocabulary-parallel ops off before backward runs them).
-            # The global shape must be given: V need not divide by mp (GPT-2's 50,257), and from_local
-            # would otherwise take every shard to be as wide as this one.
-            rows = logits.shape[0]
-            sharded = DTensor.from_local(logits, vocab_mesh, [Shard(1)], run_check=False,
-                                         shape=(rows, vocab_size), stride=(vocab_size, 1))  # (b t, V) over mp
-            loss = F.cross_entropy(sharded, rearrange(targets, "b t -> (b t)")).to_local()
+        loss = token_cross_entropy(logits, targets, shard=shard)
         return scaler.scale(loss / microbatches)
 
     return loss_fn
-
-
-def vocab_parallel_loss(enabled: bool) -> contextlib.AbstractContextManager:
-    """``loss_parallel()`` around a schedule step whose loss is computed on vocabulary-sharded logits."""
-    return loss_parallel() if enabled else contextlib.nullcontext()
 
 
 def loss_value(scaled_losses: list[torch.Tensor], *, scale: float) -> torch.Tensor:

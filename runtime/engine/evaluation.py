@@ -16,17 +16,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from einops import rearrange
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
 
+from compiler.parallelize.cross_entropy import IGNORE_INDEX, token_cross_entropy, vocabulary_shard
 from runtime.engine.data.inputs import ContextSlice, model_batch
 from runtime.engine.data.corpus import restart_at_window
 from runtime.engine.data.corpus import Corpus
 from runtime.engine.step import StepContext, run_schedule
-
-IGNORE_INDEX = -100  # F.cross_entropy's default: targets that add nothing to the loss
 
 
 def language_model_metrics(loss: float, *, byte_level: bool) -> dict[str, float]:
@@ -39,16 +35,11 @@ def language_model_metrics(loss: float, *, byte_level: bool) -> dict[str, float]
 
 def summed_cross_entropy(*, vocab_mesh: DeviceMesh | None, vocab_size: int):
     """The schedule's loss function for evaluation: the *sum* of one micro-batch's token losses, skipping
-    ``IGNORE_INDEX`` targets; on vocabulary-sharded logits (mp > 1) through ``loss_parallel`` as in training."""
+    ``IGNORE_INDEX`` targets; on vocabulary-sharded logits (mp > 1) as in training."""
+    shard = vocabulary_shard(vocab_mesh, vocab_size) if vocab_mesh is not None else None
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = rearrange(logits.float(), "b t v -> (b t) v")
-        targets = rearrange(targets, "b t -> (b t)")
-        if vocab_mesh is None:
-            return F.cross_entropy(logits, targets, reduction="sum", ignore_index=IGNORE_INDEX)
-        sharded = DTensor.from_local(logits, vocab_mesh, [Shard(1)], run_check=False,
-                                     shape=(logits.shape[0], vocab_size), stride=(vocab_size, 1))
-        return F.cross_entropy(sharded, targets, reduction="sum", ignore_index=IGNORE_INDEX).to_local()
+        return token_cross_entropy(logits, targets, shard=shard, reduction="sum")
 
     return loss_fn
 

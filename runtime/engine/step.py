@@ -24,7 +24,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from compiler.parallelize.stages import LocalStages
 from compiler.schedules import evaluation_pass
 from runtime.device import synchronize
-from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value, vocab_parallel_loss
+from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value
 from runtime.engine.experts import ExpertBalance
 from runtime.engine.grad_clip import clip_grads_, local_grad_sq_norm
 from runtime.engine.replicate import ReplicatedGradients
@@ -60,7 +60,6 @@ class StepContext:
     plane_size: int  # dp x mp: ranks sharing one pipeline stage
     tied: TiedWeights | None = None  # the tied embedding / head copies this rank holds
     replicated: ReplicatedGradients | None = None  # replicated data parallelism: averages gradients over dp
-    vocab_parallel: bool = False  # the loss is computed on vocabulary-sharded logits (mp > 1)
     recorder: StepRecorder | None = None  # set when profiling: times the optimizer phase
     experts: ExpertBalance | None = None  # a mixture-of-experts model's per-step bookkeeping (runtime/engine/experts.py)
     microbatches: int = 1  # m per replica and step
@@ -75,7 +74,7 @@ def run_schedule(ctx: StepContext, inputs: torch.Tensor | tuple[torch.Tensor, ..
     losses: list[torch.Tensor] = []
     args = (inputs if isinstance(inputs, tuple) else (inputs,)) if ctx.stages.has_first else ()
     kwargs = {"target": targets, "losses": losses} if ctx.stages.has_last else {}
-    with autocast(ctx.device.type, ctx.precision), vocab_parallel_loss(ctx.vocab_parallel):
+    with autocast(ctx.device.type, ctx.precision):
         if train:
             # return_outputs=False: do not keep and concatenate every micro-batch's logits (B, T, V).
             ctx.schedule.step(*args, return_outputs=False, **kwargs)

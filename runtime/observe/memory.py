@@ -10,7 +10,7 @@ that the resident set size also counts.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -20,16 +20,23 @@ from runtime.device import current_memory_bytes, peak_memory_bytes, reset_peak_m
 T = TypeVar("T")
 
 
-def live_tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct storages behind ``tensors`` (views and shards counted once)."""
+def live_tensor_bytes(tensors: Iterable[torch.Tensor | tuple | list | None]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (views and shards counted once). An item may be a
+    tuple or list of tensors (a batch's inputs with packed documents: (tokens, positions))."""
     seen: dict[int, int] = {}
-    for t in tensors:
-        if t is None:
-            continue
+    for t in _flatten(tensors):
         local = t.to_local() if isinstance(t, DTensor) else t
         storage = local.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
+
+
+def _flatten(items: Iterable) -> Iterator[torch.Tensor]:
+    for item in items:
+        if isinstance(item, (tuple, list)):
+            yield from _flatten(item)
+        elif item is not None:
+            yield item
 
 
 def step_state_tensors(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -49,7 +49,7 @@ class MemoryRow:
         m = self.microbatches or 2 * self.pp
         return Candidate(self.dp, self.pp, self.mp, schedule, v, m, self.micro_batch_size, self.precision,
                          self.activation_checkpointing, dp_shard=self.dp_shard, reshard_after_forward=self.zero3,
-                         sequence_parallel=self.sequence_parallel)
+                         sequence_parallel=self.sequence_parallel, chunked_loss=True)
 
 
 REPLICATION = "replicate (DDP layout)"
