@@ -27,7 +27,7 @@ from runtime.tokenizer.bpe import BPE
 from runtime.tokenizer.json_fields import Node
 from runtime.tokenizer.normalizers import Normalizer, build_normalizer
 from runtime.tokenizer.post_processors import PostProcessor, build_post_processor
-from runtime.tokenizer.pre_tokenizers import CONTINUED, START, PreTokenizer, build_pre_tokenizer
+from runtime.tokenizer.pre_tokenizers import CONTINUED, MIDDLE, START, PreTokenizer, build_pre_tokenizer
 from runtime.tokenizer.decoders import build_decoder
 from runtime.tokenizer.segments import space_chunks, space_cuts_are_exact
 
@@ -73,9 +73,9 @@ class Tokenizer:
                                  and not self.model.continuing_subword_prefix and not self.model.end_of_word_suffix
                                  and not any(re.search(f"[^{METASPACE}]{METASPACE}", t) for t in self.model.vocab))
         self._metaspace_split = re.compile(f"{METASPACE}+[^{METASPACE}]*|[^{METASPACE}]+")
-        self.chunk_cache: WordCache | None = None
+        self.chunk_cache: WordCache | None = None  # chunk (" " + key) -> ids
         if self._fast_regex is not None and space_cuts_are_exact(self):
-            self.chunk_cache = WordCache(lambda chunk: self._piece_ids(chunk, START))
+            self.chunk_cache = WordCache(lambda key: self._piece_ids(" " + key, MIDDLE))
 
     # ---- encoding ----
 
@@ -91,7 +91,9 @@ class Tokenizer:
             if token_id is not None:
                 ids.append(token_id)
             elif self.chunk_cache is not None:
-                ids.extend(chain.from_iterable(map(self.chunk_cache.__getitem__, space_chunks(piece))))
+                first, *rest = space_chunks(piece)
+                ids.extend(self._piece_ids(first, place) if first else ())
+                ids.extend(chain.from_iterable(map(self.chunk_cache.__getitem__, rest)))
             else:
                 ids.extend(self._piece_ids(piece, place))
         return self.post_processor.apply(ids) if add_special_tokens else ids

@@ -70,15 +70,22 @@ def encode_batch(batch: list[tuple[str, bool, bool]]) -> list[bytes]:
     settings, tokenizer = _WORKER["settings"], _WORKER["tokenizer"]
     out = []
     for text, continued, ends in batch:
-        ids = array(TYPECODES[settings.dtype])
+        tail = [settings.eod] if ends and settings.eod is not None else []
         if tokenizer is None:
-            ids.extend(text.encode("utf-8"))
-        else:
-            ids.fromlist(tokenizer.encode(text, split_special_tokens=not settings.parse_special, continued=continued))
-        if ends and settings.eod is not None:
-            ids.append(settings.eod)
+            out.append(_widened(text.encode("utf-8"), array(TYPECODES[settings.dtype]).itemsize) + little_endian(
+                array(TYPECODES[settings.dtype], tail)))
+            continue
+        ids = array(TYPECODES[settings.dtype])
+        ids.fromlist(tokenizer.encode(text, split_special_tokens=not settings.parse_special, continued=continued) + tail)
         out.append(little_endian(ids))
     return out
+
+
+def _widened(data: bytes, itemsize: int) -> bytes:
+    """Bytes as little-endian ids of ``itemsize`` bytes each, by a strided copy (no Python int per byte)."""
+    wide = bytearray(len(data) * itemsize)
+    wide[0::itemsize] = data
+    return bytes(wide)
 
 
 def tokenize_files(files: list[Path], settings: EncodeSettings, *, train: TokenWriter, val: TokenWriter | None = None,
