@@ -128,7 +128,7 @@ def test_byte_fallback_unknown_tokens_and_fuse_unk():
     assert _build(_tiny(vocab, [])).encode("aéa") == [1, 1]  # no unk_token: the character is dropped
     spec = _tiny(vocab, [], byte_fallback=True)
     spec["decoder"] = {"type": "Sequence", "decoders": [{"type": "ByteFallback"}, {"type": "Fuse"}]}
-    assert _build(spec).decode([2 + 0xC3, 2 + 0xA9, 1, 2 + 0xC3, 1]) == "éa\ufffda"  # one U+FFFD per invalid byte
+    assert _build(spec).decode([2 + 0xC3, 2 + 0xA9, 1, 2 + 0xC3, 2 + 0xC3, 1]) == "éa\ufffd\ufffda"  # one per byte
 
 
 def test_added_token_options_and_normalized_tokens():
@@ -146,6 +146,14 @@ def test_added_token_options_and_normalized_tokens():
     assert tokenizer.encode("xB") == [7] and tokenizer.decode([7]) == "xb"  # matched and decoded normalized
     assert tokenizer.encode("<L>", split_special_tokens=True) == []  # "<", "L", ">" are not in the vocabulary
     assert tokenizer.decode([0, 4, 5], skip_special_tokens=True) == "a <R>"  # no decoder: joined by spaces
+
+
+def test_added_tokens_match_leftmost_longest():
+    spec = _tiny(["a", "<", ">"], [])
+    spec["added_tokens"] = [{"id": 3 + i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True} for i, c in enumerate(["<a>", "<a>>", "a>"])]
+    assert _build(spec).encode("<a>>a>") == [4, 5]  # "<a>>" (longest at the leftmost start), then "a>"
+    assert _build(spec).encode("a<a>") == [0, 3]
 
 
 def test_the_metaspace_spelling_agrees_with_the_legacy_one_except_where_it_should(tokenizers):
@@ -198,6 +206,33 @@ def test_segments_join_to_the_whole_texts_ids(tokenizers, name):
         assert joined == tokenizer.encode(text)
     if name == "gpt2-style":  # "\s+(?!\S)" reads a final "\r\n" as one piece: no cut after "\r\n"
         assert len(segments("ab\r\ncd" * 100, cut, target_chars=10)) == 1
+
+
+def test_a_prefix_space_is_not_added_in_front_of_a_continued_segment():
+    spec = _spec("gpt2-style")
+    spec["pre_tokenizer"]["add_prefix_space"] = True  # every piece gets " " in front, but not a cut-off part
+    tokenizer = _build(spec)
+    cut = cut_pattern(tokenizer)
+    assert cut is not None and tokenizer.chunk_cache is None  # (the fast path needs no prefix)
+    text = "\n".join(f"line {i} of text" for i in range(300))
+    parts = segments(text, cut, target_chars=50)
+    assert len(parts) > 20
+    assert [i for k, p in enumerate(parts) for i in tokenizer.encode(p, continued=k > 0)] == tokenizer.encode(text)
+
+
+def test_space_chunks_only_where_the_probes_allow_them():
+    spec = _spec("gpt2-style")  # a split that keeps a word's trailing space with it, and a merge that uses it
+    spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\S+\\s?|\\s+"}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}]}
+    spec["model"]["vocab"]["a\u0120"] = 2000
+    spec["model"]["merges"].insert(0, "a \u0120")
+    tokenizer = _build(spec)
+    assert tokenizer.words("ab cd  e", 2) == ["ab ", "cd ", " ", "e"]
+    assert tokenizer.encode("a b") == [2000, tokenizer.model.vocab["b"]]  # "aĠ" "b"
+    assert tokenizer.chunk_cache is None  # cutting before " b" would give "a" "Ġ" "b"
+    del spec["model"]["vocab"]["a\u0120"], spec["model"]["merges"][0]
+    assert _build(spec).chunk_cache is not None  # without such a merge the ids cannot change: allowed
 
 
 def test_no_cut_when_an_added_token_holds_a_line_break():
