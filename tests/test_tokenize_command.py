@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import re
 from array import array
 from pathlib import Path
@@ -117,7 +118,8 @@ def test_long_documents_in_segments_and_small_blocks_give_the_whole_documents_id
     monkeypatch.setattr(tokenize_module, "SEGMENT_CHARS", 50)
     monkeypatch.setattr(tokenize_module, "BATCH_CHARS", 200)
     monkeypatch.setattr(documents, "BLOCK_BYTES", 37)
-    text = "".join(f"Line {i}: some words, über café.\r\n" if i % 3 else f"  indented {i}\n\n\n" for i in range(200))
+    text = "".join(f"Line {i}: some words, über café.\r\n" if i % 3 else f"  indented {i}\n\n\n" if i % 2 else
+                   f"CRLF block {i}\r\n \r\n\r\n" for i in range(200))
     (tmp_path / "big.txt").write_text(text)
     blocks = [b.removesuffix("\r\n").removesuffix("\n") for b in re.split(r"\r?\n(?:[ \t\r\f\v]*\n)+", text)]
     for split, docs in ((False, [text]), (True, [b for b in blocks if b])):
@@ -128,6 +130,21 @@ def test_long_documents_in_segments_and_small_blocks_give_the_whole_documents_id
                          "--workers", workers, *flags], capsys)[0] == 0
             ids = array("H", Path(f"{out}.bin").read_bytes()).tolist()
             assert ids == [t for d in docs for t in llama3.encode(d, split_special_tokens=True) + [EOS]], (split, workers)
+
+
+def test_a_document_read_piece_by_piece_is_cut_where_the_whole_text_would_be(llama3):
+    from runtime.tokenizer.segments import cut_pattern, segments
+
+    cut = cut_pattern(llama3)
+    text = "".join(f"word{i} x.\n" if i % 4 else f"{i}\r\n" for i in range(3000))
+    rng = random.Random(0)
+    cutter, pieces, at = documents._Cutter(cut, 100), [], 0
+    while at < len(text):
+        step = rng.randrange(1, 40)
+        pieces += cutter.feed(text[at: at + step])
+        at += step
+    pieces.append(cutter.finish(strip_line_break=False))
+    assert pieces == segments(text, cut, target_chars=100) and len(pieces) > 100
 
 
 def test_bytes_and_json_lines_with_a_text_key(tmp_path, capsys):

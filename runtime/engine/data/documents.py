@@ -119,10 +119,9 @@ def _text_file(path: Path, *, split_documents: bool, cut: re.Pattern | None, seg
             continue
         # A run of line breaks at the end may grow into a separator in the next block: keep it back.
         text = carry + block
-        body = text.rstrip(" \t\r\f\v\n")
-        run = text.find("\n", len(body))
-        keep = len(text) if run < 0 else run - (run > len(body) and text[run - 1] == "\r")
-        text, carry = text[:keep], text[keep:]
+        body = len(text.rstrip(" \t\r\f\v\n"))
+        breaks = [i for i in (text.find("\r", body), text.find("\n", body)) if i >= 0]
+        text, carry = (text[:min(breaks)], text[min(breaks):]) if breaks else (text, "")
         *complete, rest = _BLANK_LINES.split(text)
         for part in complete:
             yield from emit(document.feed(part) + [document.finish(strip_line_break=False)], ends=True)
