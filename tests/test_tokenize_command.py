@@ -122,14 +122,16 @@ def test_long_documents_in_segments_and_small_blocks_give_the_whole_documents_id
                    f"CRLF block {i}\r\n \r\n\r\n" for i in range(200))
     (tmp_path / "big.txt").write_text(text)
     blocks = [b.removesuffix("\r\n").removesuffix("\n") for b in re.split(r"\r?\n(?:[ \t\r\f\v]*\n)+", text)]
-    for split, docs in ((False, [text]), (True, [b for b in blocks if b])):
-        for workers in (1, 2):
-            out = tmp_path / f"o{split}{workers}"
-            flags = ["--split-documents"] if split else []
-            assert _run(["--tokenizer", LLAMA3, tmp_path / "big.txt", "--out", out, "--format", "megatron",
-                         "--workers", workers, *flags], capsys)[0] == 0
-            ids = array("H", Path(f"{out}.bin").read_bytes()).tolist()
-            assert ids == [t for d in docs for t in llama3.encode(d, split_special_tokens=True) + [EOS]], (split, workers)
+    sentencepiece = FIXTURES / "sentencepiece-style"  # its legacy "▁" goes in front of a document, not a segment
+    for folder, split, workers in ((LLAMA3, False, 1), (LLAMA3, False, 2), (LLAMA3, True, 1), (LLAMA3, True, 2),
+                                   (sentencepiece, False, 1), (sentencepiece, True, 2)):
+        tokenizer, eos = (llama3, EOS) if folder == LLAMA3 else (load_tokenizer(folder), 2)
+        docs = [b for b in blocks if b] if split else [text]
+        out = tmp_path / f"o{folder.name}{split}{workers}"
+        assert _run(["--tokenizer", folder, tmp_path / "big.txt", "--out", out, "--format", "megatron",
+                     "--workers", workers, *(["--split-documents"] if split else [])], capsys)[0] == 0
+        ids = array("H", Path(f"{out}.bin").read_bytes()).tolist()
+        assert ids == [t for d in docs for t in tokenizer.encode(d, split_special_tokens=True) + [eos]], (folder, split)
 
 
 def test_a_document_read_piece_by_piece_is_cut_where_the_whole_text_would_be(llama3):
