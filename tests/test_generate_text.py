@@ -1,6 +1,7 @@
 """``run.py generate --prompt TEXT`` with a tokenizer: GPT-2 and Llama 3 folders that carry tokenizer.json encode
 the prompt as Hugging Face does (with Llama 3's <|begin_of_text|>), give the reference model's greedy tokens,
-print text, and stop at an end-of-sequence id from generation_config.json or tokenizer_config.json."""
+print text, and stop at an end-of-sequence id from generation_config.json or tokenizer_config.json; a Qwen3 folder
+does the same with the Qwen2-style tokenizer."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import torch
 from models import generate
 from runtime.commands import generate as generate_command
 from runtime.tokenizer import load_tokenizer
-from tests.hf_folders import gpt2_config, llama_config, read_folder, reference_config_4x, write_folder
+from tests.hf_folders import gpt2_config, llama_config, random_values, read_folder, reference_config_4x, write_folder
+from tests.hf_reference import pack, parse_safetensors, write_safetensors
 from tests.test_generation import STD, full_sequence_greedy
 from tests.test_hf_gpt2 import gpt2_forward
 from tests.test_llama3 import llama_forward
@@ -62,6 +64,33 @@ def test_text_in_text_out_with_the_folders_tokenizer(tmp_path, capsys, family):
     text = tokenizer.decode(prompt + [t for t in want if t != eos], skip_special_tokens=True)
     assert printed == text and text.startswith(PROMPT) and result["text"] == text[len(PROMPT):]
     assert f"the tokenizer of {path}" in err
+
+
+def test_a_qwen3_folder_with_qwen2s_tokenizer_takes_and_prints_text(tmp_path, capsys):
+    """The Qwen3 fixture folder (tests/fixtures/hf-models/qwen3, written by transformers) with its vocabulary
+    rows resized to the Qwen2-style tokenizer's 2,051 ids (seeded values) and that tokenizer beside it."""
+    source, folder = Path(__file__).parent / "fixtures" / "hf-models" / "qwen3", tmp_path / "qwen3"
+    folder.mkdir()
+    config = {**json.loads((source / "config.json").read_text()), "vocab_size": 2051}
+    (folder / "config.json").write_text(json.dumps(config))
+    tensors = {}
+    for name, (dtype, shape, raw) in parse_safetensors(source / "model.safetensors")[2].items():
+        if shape[0] == 416:  # embed_tokens and lm_head: one row per token id
+            shape = [2051, *shape[1:]]
+            raw = pack(dtype, random_values(name, shape, seed=0))
+        tensors[name] = (dtype, shape, raw)
+    write_safetensors(folder / "model.safetensors", tensors)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copyfile(FIXTURES / "qwen2-style" / name, folder / name)
+    tokenizer = load_tokenizer(folder)
+    code, result, printed, err = _generate(["--init-from", folder, "--prompt", "Über <|im_start|>" + PROMPT,
+                                            "--max-new-tokens", 10, "--temperature", 0], capsys)
+    assert code == 0, err
+    prompt = tokenizer.encode("Über <|im_start|>" + PROMPT)  # NFC, the special token matched, no bos added
+    assert result["prompt_ids"] == prompt and 2049 in prompt and len(result["new_ids"]) >= 1
+    new = [t for t in result["new_ids"] if t != 2048]  # <|endoftext|> ends it
+    assert printed == tokenizer.decode(prompt + new, skip_special_tokens=True) and printed.startswith("Über " + PROMPT)
+    assert result["stopped"] == ("eos" if 2048 in result["new_ids"] else "length")
 
 
 def test_generation_stops_at_generation_configs_eos(tmp_path, capsys):
