@@ -72,7 +72,8 @@ def generation_eos_ids(folder: str | os.PathLike) -> list[int]:
     path = Path(folder) / GENERATION_CONFIG
     if not path.is_file():
         return []
-    value = _read_json(path).get("eos_token_id")
+    config = _read_json(path)
+    value = config.get("eos_token_id") if isinstance(config, dict) else None
     ids = value if isinstance(value, list) else [value] if value is not None else []
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
         raise TokenizerError(f"{path}: eos_token_id must be a token id or a list of them, got {value!r}")
