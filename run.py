@@ -1,7 +1,7 @@
 """Hybrid-parallel GPT training on a (dp, pp, mp) mesh: the command line.
 
     torchrun --nproc_per_node=8 run.py --dp 2 --pp 2 --mp 2 --model tiny --precision fp16   # train
-    python run.py study | plan | calibrate | export | eval | generate ...                   # the tools
+    python run.py study | plan | calibrate | export | eval | generate | tokenize ...        # the tools
 
 Training reads in run order in runtime/commands/train.py; each subcommand is a module of
 runtime/commands/ with its own --help.
@@ -13,7 +13,7 @@ import os
 import sys
 import warnings
 
-from runtime.commands import calibrate, data_benchmark, export, generate, plan, train
+from runtime.commands import calibrate, data_benchmark, export, generate, plan, tokenize, train
 from runtime.commands import eval as eval_command
 from runtime.commands.study import cli as study
 
@@ -21,7 +21,8 @@ from runtime.commands.study import cli as study
 warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*", category=FutureWarning)
 
 SUBCOMMANDS = {"study": study.main, "plan": plan.main, "calibrate": calibrate.main, "export": export.main,
-               "eval": eval_command.main, "data-benchmark": data_benchmark.main, "generate": generate.main}
+               "eval": eval_command.main, "data-benchmark": data_benchmark.main, "generate": generate.main,
+               "tokenize": tokenize.main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,15 +28,23 @@ def next_token(logits: torch.Tensor, *, temperature: float, top_k: int | None,
 
 @torch.no_grad()
 def generate(model: nn.Module, prompt: torch.Tensor, *, n_layers: int, max_new_tokens: int, temperature: float = 0.0,
-             top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """(B, P) prompt ids -> (B, max_new_tokens) new ids. The model must have room for P + max_new_tokens - 1
-    positions (the last new token is never fed back)."""
+             top_k: int | None = None, generator: torch.Generator | None = None,
+             stop_ids: tuple[int, ...] = ()) -> torch.Tensor:
+    """(B, P) prompt ids -> (B, N) new ids, N = max_new_tokens, or fewer once every row has produced one of
+    ``stop_ids`` (an end-of-sequence id; it is the row's last id, a row that stopped earlier runs on to N).
+    The model must have room for P + max_new_tokens - 1 positions (the last new token is never fed back)."""
     cache = KVCache(n_layers, capacity=prompt.shape[1] + max_new_tokens - 1)
     logits = model(prompt, cache=cache)[:, -1]  # (B, V): the prompt in one forward
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=prompt.device)
+    stopped = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)  # (B,)
     new = []
     for i in range(max_new_tokens):
         token = next_token(logits, temperature=temperature, top_k=top_k, generator=generator)  # (B,)
         new.append(token)
+        if stop_ids:  # (the check reads the device: only when there is something to stop at)
+            stopped |= torch.isin(token, stops)
+            if bool(stopped.all()):
+                break
         if i + 1 < max_new_tokens:
             logits = model(token[:, None], cache=cache)[:, -1]  # one position: the cache holds the rest
     return torch.stack(new, dim=1)

@@ -23,6 +23,7 @@ from models import spec_of
 from models.spec import MOE
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 from runtime.distributed.timeouts import DEFAULT_CHECKPOINT_TIMEOUT_S, DEFAULT_STARTUP_TIMEOUT_S, Timeouts
+from runtime.tokenizer import has_tokenizer
 
 
 class ConfigError(ValueError):
@@ -86,6 +87,7 @@ class DataConfig:
     data_format: str = "auto"  # --data-format: how to read --data / --val-data ("auto": by name and header)
     eod_token: int | None = None  # --eod-token: the end-of-document token id
     document_mask: bool = False  # --document-mask: attention and positions restart at each document
+    tokenizer: str | None = None  # --tokenizer (or the --init-from folder's): text is tokenized with it
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,8 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_data_parallel(cfg.data_parallel, cfg.mesh)
     _check_pipeline(cfg.pipeline, cfg.model, cfg.mesh)
     _check_compile(cfg.compile_blocks, cfg.pipeline.schedule)
+    if cfg.data.tokenizer is not None and not has_tokenizer(cfg.data.tokenizer):
+        raise ConfigError(f"--tokenizer {cfg.data.tokenizer}: no tokenizer.json there (a Hugging Face tokenizer folder)")
     _check_document_positions("--document-mask" if cfg.data.document_mask else f"--cp {cfg.mesh.cp}"
                               if cfg.mesh.cp > 1 else None, cfg.mesh.pp)
     for flag, seconds in (("--collective-timeout", cfg.collective_timeout_s), ("--startup-timeout", cfg.startup_timeout_s),

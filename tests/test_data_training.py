@@ -23,15 +23,21 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from models import config_from_dict, spec_of
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
 from runtime.commands import eval as eval_command
+from runtime.commands import export as export_command
+from runtime.commands import generate as generate_command
+from runtime.commands import tokenize as tokenize_command
 from runtime.commands.train import check_inputs, train
 from runtime.device import configure_cpu_threads, select_device
 from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
+from runtime.engine.data.text import builtin_text
+from runtime.tokenizer import TOKENIZER_FILES, load_tokenizer
 from tests.launch import python_run, spawn_ranks, train_each
 from tests.token_writers import write_llmc, write_megatron, write_nanogpt
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
 
 EOD = 250
+GPT2_TOKENIZER = Path(__file__).parent / "fixtures" / "tokenizers" / "gpt2-style"
 SMALL = ["--model", "tiny", "--precision", "fp32", "--seq-len", "32", "--warmup-steps", "2", "--lr", "3e-3",
          "--peak-tflops", "1", "--log-every", "5"]
 
@@ -62,6 +68,15 @@ def workdir(tmp_path_factory):
         os.environ["XDG_CACHE_HOME"] = saved
 
 
+def _tokenized_text(workdir: Path) -> Path:
+    """The README's first step: English text (CPython's documentation) through ``run.py tokenize``."""
+    (workdir / "corpus.txt").write_text(builtin_text().decode()[:300_000])
+    code = tokenize_command.main(["--tokenizer", str(GPT2_TOKENIZER), str(workdir / "corpus.txt"), "--split-documents",
+                                  "--out", str(workdir / "text" / "corpus"), "--format", "megatron", "--workers", "1"])
+    assert code == 0
+    return workdir / "text" / "corpus"
+
+
 @pytest.fixture(scope="module")
 def formats(workdir) -> dict[str, Path]:
     """Format -> the logdir of a 30-step single-process run on it (the nanoGPT run also saves a checkpoint)."""
@@ -74,10 +89,13 @@ def formats(workdir) -> dict[str, Path]:
     write_llmc(workdir / "llmc" / "prog_val_000000.bin", _flat(_documents(40, 5)))
     megatron = write_megatron(workdir / "prog_text_document", _documents(340, 6), "uint16")
     sources = {"nanogpt": workdir / "nanogpt", "llmc": workdir / "llmc", "megatron": megatron,
-               "mixture": f"0.7:{workdir / 'nanogpt' / 'train.bin'},0.3:{workdir / 'llmc'}"}
+               "mixture": f"0.7:{workdir / 'nanogpt' / 'train.bin'},0.3:{workdir / 'llmc'}",
+               "text": _tokenized_text(workdir)}
     argvs = [[*SMALL, "--steps", "30", "--eval-every", "5", "--eval-batches", "4", "--data", str(path),
               "--logdir", str(workdir / f"log-{fmt}"),
-              *(["--checkpoint-dir", str(workdir / "ckpt")] if fmt == "nanogpt" else [])]
+              *(["--checkpoint-dir", str(workdir / "ckpt")] if fmt == "nanogpt" else []),
+              *(["--vocab-size", "2000", "--tokenizer", str(GPT2_TOKENIZER), "--checkpoint-dir", str(workdir / "ckpt-text")]
+                if fmt == "text" else [])]
              for fmt, path in sources.items()]
     spawn_ranks(train_each, world_size=1, args=(argvs,), timeout=600)
     return {fmt: workdir / f"log-{fmt}" for fmt in sources}
@@ -91,6 +109,29 @@ def test_training_on_each_format_lowers_the_validation_loss(formats, fmt):
     assert val[-1] < math.log(256) - 1.0  # well below a uniform guess
     source = summary["data"]["sources"][0]
     assert source["epochs"] == pytest.approx(30 * 8 / source["windows"])
+
+
+def test_text_tokenized_trains_and_the_checkpoint_export_and_generate_carry_the_tokenizer(workdir, formats, capsys):
+    """tokenize -> train -> export -> generate text: the README's four commands."""
+    summary = json.loads((formats["text"] / "summary.json").read_text())
+    val = [loss for _, loss in summary["val_losses"]]
+    assert val[-1] < val[0] - 0.5 and summary["config"]["data"]["tokenizer"] == str(GPT2_TOKENIZER)
+    checkpoint = resolve_checkpoint(workdir / "ckpt-text")
+    for name in TOKENIZER_FILES:  # copied into the checkpoint and hashed in its manifest
+        assert (checkpoint.path / name).read_bytes() == (GPT2_TOKENIZER / name).read_bytes()
+        assert checkpoint.files[name]["bytes"] == (GPT2_TOKENIZER / name).stat().st_size
+    assert export_command.main(["--checkpoint", str(workdir / "ckpt-text"), "--out", str(workdir / "trained"),
+                                "--format", "hf"]) == 0
+    assert all((workdir / "trained" / name).is_file() for name in TOKENIZER_FILES)
+    capsys.readouterr()
+    assert generate_command.main(["--init-from", str(workdir / "trained"), "--prompt", "The module",
+                                  "--max-new-tokens", "8", "--temperature", "0"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    tokenizer = load_tokenizer(GPT2_TOKENIZER)
+    new = [t for t in result["new_ids"] if t != tokenizer.token_to_id("<|endoftext|>")]
+    assert result["prompt_ids"] == tokenizer.encode("The module") and lines[0].startswith("The module")
+    assert result["text"] == tokenizer.decode(result["prompt_ids"] + new)[len("The module"):]
 
 
 def test_a_mixture_reports_its_realised_shares(formats):

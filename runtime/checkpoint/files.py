@@ -287,6 +287,10 @@ def resume_notes(saved: dict, current: dict, *, path: Path, step: int) -> list[s
         notes.append(f"warning: the global batch size changed from {global_batch_size(saved)} to "
                      f"{global_batch_size(current)}; batches from step {step + 1} on are drawn at the new size, "
                      f"so the run no longer continues the saved one exactly")
+    saved_tokenizer, tokenizer = saved.get("data", {}).get("tokenizer"), current["data"].get("tokenizer")
+    if (saved_tokenizer is None) != (tokenizer is None):  # paths may differ for the same files; bytes vs ids may not
+        notes.append(f"warning: the checkpoint's run tokenized text with {saved_tokenizer or 'bytes'}, this run with "
+                     f"{tokenizer or 'bytes'} (--tokenizer; the checkpoint keeps a copy of its tokenizer in {path})")
     for key, flag in (("precision", "--precision"), ("seed", "--seed")):
         if saved[key] != current[key]:
             notes.append(f"warning: {flag} changed from {saved[key]} to {current[key]}")

@@ -43,6 +43,7 @@ from runtime.checkpoint.files import (
 from runtime.checkpoint.state import TrainState, agree, failure_summary, rng_state, tensor_state, train_state_json
 from runtime.checkpoint.writer import CheckpointWriter, build_stager
 from runtime.distributed.collectives import all_gather_objects
+from runtime.tokenizer import copy_tokenizer_files
 
 
 @dataclass
@@ -113,7 +114,11 @@ def finish_save(pending: PendingSave) -> Path:
     index = next((part["index"] for _, part in reports if part["index"] is not None), None)
 
     def manifest_and_publish() -> None:
-        # A file no rank hashed while writing it (see runtime/checkpoint/writer.py) is read back here.
+        # The run's tokenizer travels with its weights (a checkpoint folder is then a tokenizer folder too);
+        # a file no rank hashed while writing it (see runtime/checkpoint/writer.py) is read back here.
+        tokenizer = pending.config.get("data", {}).get("tokenizer")
+        if tokenizer:
+            copy_tokenizer_files(tokenizer, pending.tmp)
         files = {p.name: digests.get(p.name) or describe_file(p) for p in sorted(pending.tmp.iterdir())}
         write_manifest(pending.tmp, step=pending.step, config=pending.config, files=files, index=index)
         publish(pending.tmp, pending.directory, pending.step)

@@ -2,6 +2,7 @@
 
     python run.py eval --checkpoint ckpt --data fineweb10B/                     # its *_val_* shards
     python run.py eval --init-from model.pt --model small --data val.bin        # an export: give its model flags
+    python run.py eval --checkpoint ckpt --data held_out.txt                    # text, with the checkpoint's tokenizer
     torchrun --nproc_per_node=8 run.py eval --checkpoint ckpt --data val.bin --dp 2 --pp 2 --mp 2
 
 Every window of the data set is evaluated once (the format's validation split when it names one:
@@ -43,6 +44,7 @@ from runtime.distributed.process_group import LaunchEnv, collective_timeout, ini
 from runtime.engine.data import DataError, evaluation_corpus, replica_rows
 from runtime.engine.data.corpus import Corpus
 from runtime.engine.evaluation import Evaluation, evaluate_windows, summed_cross_entropy
+from runtime.tokenizer import has_tokenizer
 from runtime.engine.step import StepContext
 
 InputError = (ConfigError, DataError, CheckpointError)
@@ -90,13 +92,15 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> EvalInputs:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         cfg = dataclasses.replace(cfg, model=model)
+        if cfg.data.tokenizer is None and has_tokenizer(checkpoint.path):  # the copy the checkpoint keeps
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str(checkpoint.path)))
         validate(cfg, world_size=env.world_size)
     else:
         weights = read_init_weights(Path(args.init_from), cfg.model)
     corpus, byte_level, description = evaluation_corpus(
         cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
         token_dtype=cfg.data.token_dtype, data_format=cfg.data.data_format, eod_token=cfg.data.eod_token,
-        document_mask=cfg.data.document_mask)
+        document_mask=cfg.data.document_mask, tokenizer=cfg.data.tokenizer)
     return EvalInputs(cfg, corpus, byte_level, description, checkpoint, weights)
 
 

@@ -15,6 +15,8 @@ A model trained from a Hugging Face folder (``--init-from FOLDER``, which the ch
 with what the engine does not model taken from that folder (runtime/checkpoint/hf_weights.py ``carried_from``):
 its ``bos_token_id`` / ``eos_token_id`` / ``pad_token_id`` (lists included) and its ``generation_config.json``;
 otherwise config.json holds the family's defaults. Its shapes are the folder's at any training ``--seq-len``.
+A folder export also gets the tokenizer files the checkpoint keeps (the run's ``--tokenizer``, or its
+folder's: tokenizer.json, tokenizer_config.json, special_tokens_map.json), so it encodes and decodes text.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from runtime.checkpoint.hf_folder import write_hf_folder
 from runtime.checkpoint.hf_weights import carried_from
 from runtime.checkpoint.safetensors import write_bytes
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
+from runtime.tokenizer import tokenizer_files
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,19 +84,20 @@ def main(argv: list[str]) -> int:
         weights = load_model_weights(info)
         out = Path(args.out)
         carried = carried_from(info.config.get("checkpoint", {}).get("init_from"))
+        files = {**carried.files, **tokenizer_files(info.path)}  # the checkpoint's copy of its run's tokenizer
         if args.format == "hf":
             cfg = config_from_dict(info.config["model"])
             hf = spec_of(cfg).hf
             tensors = {name: t.to(DTYPES[args.dtype]) for name, t in hf.to_hf(weights, cfg).items()}
             dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
             config = {**hf.config_to_hf(cfg), **carried.config, "torch_dtype": dtype, "dtype": dtype}  # 4.x, 5.x
-            written = write_hf_folder(out, tensors, config, max_shard_bytes=max_shard_bytes, files=carried.files)
+            written = write_hf_folder(out, tensors, config, max_shard_bytes=max_shard_bytes, files=files)
         elif args.format == "gpt2":
             cfg = config_from_dict(info.config["model"])
             if cfg.family != "gpt2":
                 raise CheckpointError(f"--format gpt2: {info.path} holds a {cfg.family} model; use --format hf")
             hf = spec_of(cfg).hf
-            _write_hf_folder(out, hf.to_hf(weights, cfg), {**hf.config_to_hf(cfg), **carried.config}, carried.files)
+            _write_hf_folder(out, hf.to_hf(weights, cfg), {**hf.config_to_hf(cfg), **carried.config}, files)
         else:
             out.parent.mkdir(parents=True, exist_ok=True)
             _save_atomically(weights, out)
@@ -106,6 +110,8 @@ def main(argv: list[str]) -> int:
           f"(step {info.step})")
     if args.format != "pt" and carried.describe():
         print(f"carried {carried.describe()} from {info.config['checkpoint']['init_from']}")
+    if args.format != "pt" and set(files) - set(carried.files):
+        print(f"with the tokenizer the checkpoint keeps: {', '.join(sorted(set(files) - set(carried.files)))}")
     if args.format != "pt" and carried.note:
         print(f"note: {carried.note}", file=sys.stderr)
     return 0

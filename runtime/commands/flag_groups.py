@@ -226,6 +226,11 @@ def add_data_flags(p: argparse.ArgumentParser) -> None:
                         "(--token-dtype), llm.c shards (a .bin file, a folder or a quoted glob; *_val_* shards "
                         "validate), a Megatron NAME.bin/NAME.idx pair (the prefix or either file), or a mixture "
                         "by token share: 0.7:PATH_A,0.3:PATH_B")
+    g.add_argument("--tokenizer", metavar="FOLDER",
+                   help="a Hugging Face tokenizer folder (tokenizer.json): text --data (builtin, a .txt file or a folder "
+                        "of them) is tokenized with it once per machine into the data cache, each file one document "
+                        "ended by the tokenizer's eos; checkpoints keep a copy of it (default: the --init-from folder's, "
+                        "when it has a tokenizer.json)")
     g.add_argument("--data-format", choices=DATA_FORMATS, default="auto",
                    help="how to read --data and --val-data; auto decides by the name and the header (.txt text, "
                         ".bin token ids) and refuses to guess otherwise")
@@ -280,7 +285,7 @@ def build_parser(prog: str = "run.py") -> argparse.ArgumentParser:
         prog, "Train a GPT on a (dp, pp, mp) mesh: traced pipeline stages, DTensor tensor "
         "parallelism, FSDP data parallelism, overlapped pipeline schedules and mixed precision. "
         "Launch with `torchrun --nproc_per_node=N run.py ...`; without torchrun it runs as one process. "
-        "Subcommands: study, plan, calibrate, export, eval, generate, data-benchmark (each has --help).")
+        "Subcommands: study, plan, calibrate, export, eval, generate, tokenize, data-benchmark (each has --help).")
     for add_flags in TRAINING_FLAG_GROUPS:
         add_flags(p)
     return p

@@ -36,6 +36,7 @@ from runtime.config import (
     validate,
 )
 from runtime.device import has_fast_bf16, resolve_device_type
+from runtime.tokenizer import has_tokenizer
 
 # The flags --auto chooses (the planner's plan): giving one with --auto is an error.
 AUTO_CHOSEN = ("--dp", "--pp", "--mp", "--dp-shard", "--reshard-after-forward", "--schedule", "--stages-per-rank",
@@ -86,7 +87,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
                           args.stop_at_step),
         data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches, val_source=args.val_data,
                         token_dtype=args.token_dtype, data_format=args.data_format, eod_token=args.eod_token,
-                        document_mask=args.document_mask),
+                        document_mask=args.document_mask, tokenizer=_tokenizer_folder(args)),
         metrics=MetricsConfig(args.logdir or "", args.log_every, args.peak_tflops, args.profile, args.profile_memory),
         seed=args.seed,
         activation_checkpointing=args.activation_checkpointing,
@@ -152,6 +153,11 @@ def _with_expert_bias(cfg, rate: float):
         raise ConfigError(f"--expert-bias-rate {rate}: {cfg.family} has no mixture-of-experts routers to balance; "
                           f"drop it (mixture-of-experts families: qwen3_moe, mixtral)")
     return dataclasses.replace(cfg, expert_bias=True)
+
+
+def _tokenizer_folder(args: argparse.Namespace) -> str | None:
+    """--tokenizer, else the --init-from folder when it holds a tokenizer.json (validate checks --tokenizer)."""
+    return args.tokenizer or (args.init_from if _init_folder(args) and has_tokenizer(args.init_from) else None)
 
 
 def _init_folder(args: argparse.Namespace) -> bool:

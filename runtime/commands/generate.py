@@ -9,11 +9,13 @@ it). The prompt runs once, then each new token is one forward of one position ov
 (models/generation.py). ``--temperature 0`` is greedy; otherwise tokens are drawn from the softmax of
 logits / temperature over the ``--top-k`` most likely, with ``--seed``.
 
-Byte-level models (a vocabulary of 256: the UTF-8 bytes of the text are the tokens, as the built-in data
-is) take ``--prompt TEXT`` and print text (invalid UTF-8 shown as U+FFFD). Other vocabularies take and
-give token ids: turning text into ids and back needs the model's tokenizer, which is not a dependency
-of this engine. The last line printed is one JSON object: ``prompt_ids``, ``new_ids`` and, for
-byte-level models, ``text`` (the new tokens decoded).
+With a tokenizer (the ``--init-from`` folder's or the checkpoint's tokenizer.json, or ``--tokenizer FOLDER``)
+``--prompt TEXT`` is encoded as Hugging Face encodes it (with the post-processor's bos, e.g. Llama 3's
+<|begin_of_text|>), generation stops at an end-of-sequence id (generation_config.json's ``eos_token_id``
+and the tokenizer's eos_token) and the text is printed. Byte-level models (a vocabulary of 256: the
+UTF-8 bytes are the tokens, as the built-in data is) need no tokenizer. Otherwise ``--prompt-ids`` gives
+token ids and ids are printed. The last line printed is one JSON object: ``prompt_ids``, ``new_ids`` and,
+with text, ``text`` (the new tokens decoded) and ``stopped`` ("eos" or "length").
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
 from runtime.commands.flags import HelpFormatter
 from runtime.config import ConfigError
 from runtime.device import select_device
+from runtime.tokenizer import Tokenizer, TokenizerError, generation_eos_ids, has_tokenizer, load_tokenizer, special_ids
 
 BYTE_VOCABULARY = 256
 
@@ -47,19 +50,23 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="run.py generate", formatter_class=HelpFormatter, description=(
         "Continue a prompt with a trained (--checkpoint) or pretrained (--init-from) model, in one process, with a "
-        "KV cache. Byte-level models (vocabulary 256) read and print text; others read and print token ids: "
-        "turning ids into text needs the model's own tokenizer, which this engine does not depend on "
-        "(e.g. tokenizer.decode(json.loads(last_line)['new_ids'])). The last line printed is JSON: prompt_ids, "
-        "new_ids and, for byte-level models, text (the new tokens decoded)."))
+        "KV cache. With a tokenizer (the folder's or checkpoint's tokenizer.json, or --tokenizer) and for byte-level "
+        "models (vocabulary 256), --prompt takes text and text is printed, up to an end-of-sequence token; "
+        "otherwise --prompt-ids takes token ids and ids are printed. The last line printed is JSON: prompt_ids, "
+        "new_ids and, with text, text (the new tokens decoded) and stopped (eos or length)."))
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", metavar="DIR",
                         help="a checkpoint folder (DIR/step-N) or a checkpoint directory (its latest complete one)")
     source.add_argument("--init-from", metavar="FOLDER", help="a Hugging Face model folder (GPT-2 or Llama)")
     prompt = p.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt", metavar="TEXT", help="text, for byte-level models (its UTF-8 bytes are the tokens)")
+    prompt.add_argument("--prompt", metavar="TEXT",
+                        help="text: encoded by the tokenizer (with its bos), or as UTF-8 bytes for byte-level models")
     prompt.add_argument("--prompt-ids", metavar="IDS",
                         help="comma-separated token ids, e.g. 464,11361 (from the model's tokenizer)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate")
+    p.add_argument("--tokenizer", metavar="FOLDER",
+                   help="a Hugging Face tokenizer folder (default: the --init-from folder's or the checkpoint's "
+                        "tokenizer.json, when there is one)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (at most)")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (argmax)")
     p.add_argument("--top-k", type=int, help="sample among the K most likely tokens only (default: all of them)")
     p.add_argument("--seed", type=int, default=1234, help="seed of the sampling")
@@ -71,31 +78,72 @@ def main(argv: list[str]) -> int:
         args = build_parser().parse_args(argv)
         _check_numbers(args)
         source = model_source(args)
-        prompt = prompt_ids(args, vocab_size=source.config.vocab_size)
+        text = TextCodec.of(args, source)
+        prompt = prompt_ids(args, vocab_size=source.config.vocab_size, codec=text)
         _check_length(len(prompt), args.max_new_tokens, limit=position_limit(source.config))
         state = source.read()
-    except (ConfigError, CheckpointError) as e:
+    except (ConfigError, CheckpointError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     cfg, device = source.config, select_device(0)
     model = build(cfg, state).to(device)
     print(f"{cfg.family} model, {sum(p.numel() for p in model.parameters()):,} parameters, from {source}; "
-          f"{len(prompt)} prompt tokens, on {device}", file=sys.stderr, flush=True)
+          f"{len(prompt)} prompt tokens" + (f", {text}" if text else "") + f", on {device}", file=sys.stderr, flush=True)
     generator = torch.Generator(device=device).manual_seed(args.seed)
     start = time.perf_counter()
     new = generate(model, torch.tensor([prompt], device=device), n_layers=cfg.n_layers,
                    max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   generator=generator)[0].tolist()
+                   generator=generator, stop_ids=text.stop_ids if text else ())[0].tolist()
     seconds = time.perf_counter() - start
     print(f"{len(new)} tokens in {seconds:.2f} s ({len(new) / seconds:.1f} tokens/s)", file=sys.stderr)
     result: dict[str, Any] = {"prompt_ids": prompt, "new_ids": new}
-    if cfg.vocab_size == BYTE_VOCABULARY:
-        result["text"] = bytes(new).decode("utf-8", errors="replace")
-        print(bytes(prompt + new).decode("utf-8", errors="replace"))
+    if text:
+        whole, continuation = text.decode(prompt, new)
+        result.update(text=continuation, stopped="eos" if new[-1] in text.stop_ids else "length")
+        print(whole)
     else:
         print(" ".join(str(i) for i in new))
     print(json.dumps(result), flush=True)
     return 0
+
+
+@dataclass(frozen=True)
+class TextCodec:
+    """Text <-> ids for a model: its tokenizer, or UTF-8 bytes for a byte-level vocabulary."""
+
+    tokenizer: Tokenizer | None  # None: bytes
+    stop_ids: tuple[int, ...]
+    where: str
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, source: ModelSource) -> TextCodec | None:
+        folder = args.tokenizer or next((f for f in (source.folder,) if has_tokenizer(f)), None)
+        if folder is None:
+            return cls(None, (), "bytes") if source.config.vocab_size == BYTE_VOCABULARY else None
+        tokenizer = load_tokenizer(folder)
+        if tokenizer.vocab_size > source.config.vocab_size:
+            raise ConfigError(f"the tokenizer in {folder} has {tokenizer.vocab_size:,} tokens, more than this model's "
+                              f"vocabulary ({source.config.vocab_size:,}): not this model's tokenizer")
+        eos = special_ids(folder, tokenizer).eos
+        stops = generation_eos_ids(source.folder) if source.folder else []
+        return cls(tokenizer, tuple(dict.fromkeys([*stops, *([eos] if eos is not None else [])])), f"the tokenizer of {folder}")
+
+    def __str__(self) -> str:
+        return self.where
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8")) if self.tokenizer is None else self.tokenizer.encode(text, add_special_tokens=True)
+
+    def decode(self, prompt: list[int], new: list[int]) -> tuple[str, str]:
+        """(the prompt and continuation as text, the continuation alone), without the end-of-sequence id. The
+        continuation is cut from the whole text: decoders such as SentencePiece's drop a leading space."""
+        if new and new[-1] in self.stop_ids:
+            new = new[:-1]
+        if self.tokenizer is None:
+            return bytes(prompt + new).decode("utf-8", errors="replace"), bytes(new).decode("utf-8", errors="replace")
+        whole = self.tokenizer.decode(prompt + new, skip_special_tokens=True)
+        before = self.tokenizer.decode(prompt, skip_special_tokens=True)
+        return whole, whole[len(before):] if whole.startswith(before) else self.tokenizer.decode(new, skip_special_tokens=True)
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -112,6 +160,7 @@ class ModelSource:
     config: Any
     description: str
     read: Callable[[], dict[str, torch.Tensor]]  # every parameter's full tensor by name (both copies of a tied one)
+    folder: Path | None = None  # where its tokenizer and generation_config.json may be
 
     def __str__(self) -> str:
         return self.description
@@ -125,14 +174,14 @@ def model_source(args: argparse.Namespace) -> ModelSource:
         if problems:
             raise CheckpointError(problems[0])
         return ModelSource(config_from_dict(info.config["model"]), f"{info.path} (step {info.step})",
-                           lambda: load_model_weights(info))
+                           lambda: load_model_weights(info), info.path)
     folder = Path(args.init_from)
     if not folder.is_dir():
         raise CheckpointError(f"--init-from {folder}: not a folder; generate reads a Hugging Face model folder "
                               f"(`run.py export --format hf` writes one) or a checkpoint (--checkpoint)")
     weights = check_weights(read_hf_model(folder))
     cfg = weights.model.config
-    return ModelSource(cfg, str(folder), lambda: read_state_dict(weights, cfg))
+    return ModelSource(cfg, str(folder), lambda: read_state_dict(weights, cfg), folder)
 
 
 def build(cfg: Any, state: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -144,12 +193,12 @@ def build(cfg: Any, state: dict[str, torch.Tensor]) -> torch.nn.Module:
     return model.eval()
 
 
-def prompt_ids(args: argparse.Namespace, *, vocab_size: int) -> list[int]:
+def prompt_ids(args: argparse.Namespace, *, vocab_size: int, codec: TextCodec | None) -> list[int]:
     if args.prompt is not None:
-        if vocab_size != BYTE_VOCABULARY:
-            raise ConfigError(f"--prompt: this model's vocabulary has {vocab_size} tokens, not the {BYTE_VOCABULARY} "
-                              f"bytes of UTF-8 text; give token ids from its tokenizer with --prompt-ids")
-        ids = list(args.prompt.encode("utf-8"))
+        if codec is None:
+            raise ConfigError(f"--prompt: this model's vocabulary has {vocab_size} tokens and no tokenizer.json comes "
+                              f"with it; give its tokenizer folder (--tokenizer FOLDER) or token ids (--prompt-ids)")
+        ids = codec.encode(args.prompt)
         if not ids:
             raise ConfigError("--prompt is empty: give at least one character")
         return ids

@@ -9,6 +9,10 @@
     sampling.py     epochs without replacement (a seeded bijection), mixtures by share
     batches.py      a global batch's rows for one rank; synthetic tokens
     cache.py        the per-machine cache, prepared by one rank under a file lock
+    documents.py    documents streamed from text and JSON-lines corpora, long ones in exact segments
+    tokenize.py     documents -> ids on worker processes (run.py tokenize, the text cache)
+    writers.py      nanoGPT / llm.c / Megatron files written streaming
+    tokenized_text.py  --data text --tokenizer FOLDER: a Megatron dataset in the cache
 """
 
 from runtime.engine.data.batches import CorpusBatches, SyntheticBatches, inputs_and_targets, replica_rows

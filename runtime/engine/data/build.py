@@ -58,7 +58,7 @@ def _weight(item: str) -> Fraction | None:
 def build_data(source: str, *, vocab_size: int, seq_len: int, global_batch_size: int, seed: int,
                val_fraction: float, val_source: str | None = None, token_dtype: str = "uint16",
                data_format: str = "auto", eod_token: int | None = None, document_mask: bool = False,
-               cache_dir: Path | None = None) -> DataSources:
+               cache_dir: Path | None = None, tokenizer: str | None = None) -> DataSources:
     """Raises DataError (before any process group exists) when the data is unusable."""
     if source == "synthetic":
         if val_source is not None:
@@ -71,7 +71,7 @@ def build_data(source: str, *, vocab_size: int, seq_len: int, global_batch_size:
         return DataSources(make(seed), make(seed + 1), f"synthetic: seeded uniform tokens over {vocab_size}")
     cache_dir = cache_dir or default_cache_dir()
     reader = _Reader(vocab_size=vocab_size, seq_len=seq_len, eod_token=eod_token, token_dtype=token_dtype,
-                     data_format=data_format, cache_dir=cache_dir, document_mask=document_mask)
+                     data_format=data_format, cache_dir=cache_dir, document_mask=document_mask, tokenizer=tokenizer)
     train, val, notes = [], [], []
     for weight, spec in parse_mixture(source, flag="--data"):
         src = reader.open(spec, flag="--data")
@@ -106,18 +106,19 @@ def build_data_from_config(data: DataConfig, *, vocab_size: int, seq_len: int, g
     return build_data(data.source, vocab_size=vocab_size, seq_len=seq_len, global_batch_size=global_batch_size,
                       seed=seed, val_fraction=data.val_fraction, val_source=data.val_source,
                       token_dtype=data.token_dtype, data_format=data.data_format, eod_token=data.eod_token,
-                      document_mask=data.document_mask)
+                      document_mask=data.document_mask, tokenizer=data.tokenizer)
 
 
 def evaluation_corpus(spec: str, *, vocab_size: int, seq_len: int, token_dtype: str = "uint16",
                       data_format: str = "auto", cache_dir: Path | None = None, eod_token: int | None = None,
-                      document_mask: bool = False) -> tuple[Corpus, bool, str]:
+                      document_mask: bool = False, tokenizer: str | None = None) -> tuple[Corpus, bool, str]:
     """What ``run.py eval --data`` evaluates: the validation split the format names (llm.c ``*_val_*`` shards,
     nanoGPT ``val.bin``), else every file ``spec`` names, whole. Returns (corpus, byte-level, description)."""
     if spec == "synthetic" or len(parse_mixture(spec, flag="--data")) > 1:
         raise DataError(f"--data {spec}: evaluation reads one data set (a file, a folder, a glob or a Megatron pair)")
     reader = _Reader(vocab_size=vocab_size, seq_len=seq_len, eod_token=eod_token, token_dtype=token_dtype,
-                     data_format=data_format, cache_dir=cache_dir or default_cache_dir(), document_mask=document_mask)
+                     data_format=data_format, cache_dir=cache_dir or default_cache_dir(), document_mask=document_mask,
+                     tokenizer=tokenizer)
     src = reader.open(spec, flag="--data")
     files = src.val or src.train
     corpus = reader.corpus(reader.spans(src, files, flag="--data"), spec=spec, flag="--data")
@@ -145,13 +146,14 @@ class _Reader:
     data_format: str
     cache_dir: Path
     document_mask: bool
+    tokenizer: str | None = None  # a folder: text is tokenized with it
     byte_level: bool = False
 
     def open(self, spec: str, *, flag: str) -> Source:
         if spec == "synthetic":
             raise DataError(f"{flag} {spec}: synthetic tokens cannot be mixed or validated on; give a path")
         src = open_source(spec, flag=flag, data_format=self.data_format, token_dtype=self.token_dtype,
-                          cache_dir=self.cache_dir)
+                          cache_dir=self.cache_dir, tokenizer=self.tokenizer, vocab_size=self.vocab_size)
         if src.byte_level:
             self.byte_level = True
             if self.vocab_size < BYTE_VOCAB:

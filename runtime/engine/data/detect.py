@@ -7,7 +7,7 @@ statistics, so a token file is never trained on as text:
 - ``NAME``, ``NAME.bin`` or ``NAME.idx`` with both ``NAME.bin`` and ``NAME.idx`` present: Megatron
 - a ``.bin`` file: an llm.c shard if it starts with an llm.c magic or is named ``*_train_*`` / ``*_val_*``
   (its header is then checked), else nanoGPT token ids of ``--token-dtype``
-- a ``.txt`` file: UTF-8 text
+- a ``.txt`` file: UTF-8 text (byte-level; with a tokenizer, tokenized once into the cache: tokenized_text.py)
 - a folder: its ``*.bin`` llm.c shards; else its nanoGPT ``train.bin`` (and ``val.bin``); else its ``.txt`` files
 - anything else: an error asking for ``--data-format``.
 """
@@ -19,7 +19,8 @@ from pathlib import Path
 
 from runtime.engine.data import llmc, megatron
 from runtime.engine.data.corpus import DataError, IndexedDocuments
-from runtime.engine.data.text import TEXT_SUFFIXES, builtin_tokens, text_files, text_tokens
+from runtime.engine.data.text import TEXT_SUFFIXES, builtin_tokens, text_files, text_tokens, writable_cache
+from runtime.engine.data.tokenized_text import tokenized_text
 from runtime.engine.data.token_files import TokenFile, nanogpt_file
 
 DATA_FORMATS = ("auto", "text", "nanogpt", "llmc", "megatron")
@@ -30,7 +31,7 @@ _VALID = ("builtin, synthetic, a UTF-8 .txt file or a folder of them, a nanoGPT 
 
 @dataclass(frozen=True)
 class Source:
-    kind: str  # "builtin", "text", "nanogpt", "llmc" or "megatron"
+    kind: str  # "builtin", "text", "tokenized", "nanogpt", "llmc" or "megatron"
     train: list[TokenFile]
     val: list[TokenFile] | None  # the validation split the format itself names (llm.c _val_ shards, nanoGPT val.bin)
     byte_level: bool  # the tokens are UTF-8 bytes
@@ -38,16 +39,20 @@ class Source:
 
     def describe(self) -> str:
         n = sum(f.count for f in self.train)
-        what = {"builtin": "builtin: pydoc_data.topics", "text": "UTF-8 text", "nanogpt": "nanoGPT tokens",
-                "llmc": "llm.c shards", "megatron": "Megatron indexed dataset"}[self.kind]
+        what = {"builtin": "builtin: pydoc_data.topics", "text": "UTF-8 text", "tokenized": "tokenized text",
+                "nanogpt": "nanoGPT tokens", "llmc": "llm.c shards", "megatron": "Megatron indexed dataset"}[self.kind]
         files = f"{len(self.train)} file(s)" if self.kind != "builtin" else "byte-level"
         val = f", {len(self.val)} validation file(s)" if self.val else ""
         return f"{what} ({files}, {n:,} {self.train[0].dtype} tokens{val})"
 
 
-def open_source(spec: str, *, flag: str, data_format: str, token_dtype: str, cache_dir: Path) -> Source:
-    """Raises DataError naming ``flag`` and the file when ``spec`` cannot be read as asked."""
+def open_source(spec: str, *, flag: str, data_format: str, token_dtype: str, cache_dir: Path,
+                tokenizer: str | None = None, vocab_size: int = 0) -> Source:
+    """Raises DataError naming ``flag`` and the file when ``spec`` cannot be read as asked. With a
+    ``tokenizer`` folder, text (and the builtin text) is tokenized with it instead of read as bytes."""
     if spec == "builtin":
+        if tokenizer:
+            return _tokenized([builtin_tokens(cache_dir).path], tokenizer, cache_dir, vocab_size, flag)
         return Source("builtin", [builtin_tokens(cache_dir)], None, byte_level=True)
     fmt = data_format if data_format != "auto" else _guess(spec, flag=flag)
     if fmt == "megatron":
@@ -66,7 +71,14 @@ def open_source(spec: str, *, flag: str, data_format: str, token_dtype: str, cac
         return Source("nanogpt", [nanogpt_file(_existing(str(path), flag=flag), dtype=token_dtype, flag=flag)],
                       [nanogpt_file(val, dtype=token_dtype, flag=flag)] if val and val.is_file() else None,
                       byte_level=False)
+    if tokenizer:
+        return _tokenized(text_files(path, flag=flag), tokenizer, cache_dir, vocab_size, flag)
     return Source("text", [text_tokens(text_files(path, flag=flag), cache_dir)], None, byte_level=True)
+
+
+def _tokenized(files: list[Path], tokenizer: str, cache_dir: Path, vocab_size: int, flag: str) -> Source:
+    dataset = tokenized_text(files, tokenizer=tokenizer, cache_dir=writable_cache(cache_dir), vocab_size=vocab_size, flag=flag)
+    return Source("tokenized", [dataset.tokens], None, byte_level=False, documents=dataset.documents)
 
 
 def _guess(spec: str, *, flag: str) -> str:

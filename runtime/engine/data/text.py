@@ -37,7 +37,7 @@ def text_files(path: Path, *, flag: str) -> list[Path]:
 
 def builtin_tokens(cache_dir: Path) -> TokenFile:
     data = builtin_text()
-    cache_dir = _writable(cache_dir)
+    cache_dir = writable_cache(cache_dir)
     path = cache_dir / f"builtin-{cache_key('builtin', data)}.u8"
     with exclusive(path.with_suffix(".lock")):
         if not path.exists():
@@ -47,7 +47,7 @@ def builtin_tokens(cache_dir: Path) -> TokenFile:
 
 def text_tokens(files: list[Path], cache_dir: Path) -> TokenFile:
     """The byte tokens of ``files`` joined by newlines; DataError if one is not UTF-8 (naming it and the byte)."""
-    cache_dir = _writable(cache_dir)
+    cache_dir = writable_cache(cache_dir)
     path = cache_dir / f"{cache_key(*(file_identity(f) for f in files))}.u8"
     with exclusive(path.with_suffix(".lock")):
         if not path.exists():
@@ -74,7 +74,7 @@ def _copy_checked(files: list[Path], out) -> None:
             raise DataError(f"--data: {f} is not UTF-8 text (it ends inside a character)") from None
 
 
-def _writable(cache_dir: Path) -> Path:
+def writable_cache(cache_dir: Path) -> Path:
     """The cache folder, or a private temporary one when it cannot be written (a read-only home)."""
     if usable(cache_dir):
         return cache_dir
