@@ -3,6 +3,8 @@ it calls feasible being one the engine's own validation accepts once applied to 
 
 from __future__ import annotations
 
+import dataclasses
+
 from compiler.planner.candidates import Constraints
 from compiler.planner.cluster import Cluster
 from compiler.planner.search import Estimate, SearchResult, search
@@ -36,10 +38,11 @@ def rank_plans(base: TrainConfig, *, world: int, global_batch_size: int, cluster
 
 
 def best_plan(base: TrainConfig, *, world: int, global_batch_size: int, cluster: Cluster,
-              precisions: tuple[str, ...]) -> Estimate:
-    """``--auto``: the fastest plan that fits, for a CPU machine or a GPU cluster alike."""
+              precisions: tuple[str, ...], held: dict | None = None) -> Estimate:
+    """``--auto``: the fastest plan that fits, for a CPU machine or a GPU cluster alike; ``held``: Constraints
+    fields the user fixed (e.g. ``sequence_parallel=True``, ``cp=2``)."""
     result = engine_search(base, world=world, global_batch_size=global_batch_size, cluster=cluster,
-                           precisions=precisions)
+                           precisions=precisions, constraints=dataclasses.replace(ENGINE_RUNS, **(held or {})))
     if result.best is None:
         raise ConfigError(f"--auto found no feasible plan for {world} ranks on {cluster.name} ({result.reasons()})")
     return result.best

@@ -256,3 +256,26 @@ def test_replicate_benchmark_pools_repetitions_and_sets_its_target():
     target = next(t for t in report.targets(results) if "DDP" in t["target"])
     assert target["met"] and "1.10x, 1.00x" in target["measured"]
     assert "| plain DDP loop" in "\n".join(sharding.replicate_markdown(results["replicate"]))
+
+
+def test_the_experts_section_tabulates_ep_against_ep_1_and_the_load_by_step():
+    from runtime.commands.study import experts
+
+    def run(label, expert_params, step_time, peak, **extra):
+        return {"label": label, "ok": True, "summary": {"local_expert_parameters_max": expert_params,
+                                                        "peak_tensor_bytes": peak, "tokens_per_sec": 1000 / step_time,
+                                                        "step_time_s": step_time, **extra}}
+
+    runs = [run("ep 1", 800, 1.0, 2**30), run("ep 1", 800, 1.2, 2**30), run("ep 2", 400, 1.1, 0.75 * 2**30),
+            run("ep 4", 200, 1.3, 0.6 * 2**30), run("dense", 0, 0.9, 0.5 * 2**30),
+            {**run("no bias update", 400, 1.0, 1, expert_loads={"10": {"a": 3.0, "b": 2.0}}), "balance": True},
+            {**run("bias update", 400, 1.0, 1, expert_loads={"10": {"a": 2.0, "b": 1.0}, "20": {"a": 1.2, "b": 1.0}}),
+             "balance": True}]
+    summary = experts.expert_summary(runs)
+    rows = {r["label"]: r for r in summary["table"]}
+    assert rows["ep 1"]["step_time_s"] == pytest.approx(1.1)  # the median of the repetitions
+    assert rows["ep 2"]["expert_parameters_vs_ep1"] == 0.5 and rows["ep 4"]["expert_parameters_vs_ep1"] == 0.25
+    assert rows["ep 4"]["step_time_vs_ep1"] == pytest.approx(1.3 / 1.1) and "expert_parameters_vs_ep1" not in rows["dense"]
+    assert summary["balance"] == {"no bias update": {10: 2.5}, "bias update": {10: 1.5, 20: 1.1}}
+    text = "\n".join(experts.experts_markdown({"summary": summary, "method": "m"}))
+    assert "| ep 4 | 200 | 0.250 |" in text and "bias update: step 10 1.50, step 20 1.10" in text

@@ -240,8 +240,12 @@ def auto_config(args: argparse.Namespace, argv: list[str], *, world: int) -> tup
             precisions = ("fp32",)
             note += "; planning in fp32 only (give --precision, or run `python run.py calibrate` here)"
         notes += [note] if note else []
-    best = best_plan(base, world=world, global_batch_size=gbs, cluster=cluster, precisions=precisions)
-    notes.append(f"auto plan priced on {cluster.name}")
+    # What the user gave beside --auto is held: sequence parallelism, context and expert parallelism.
+    held = {"sequence_parallel": True} if "--sequence-parallel" in given else {}
+    held.update({dim: getattr(args, dim) for dim in ("cp", "ep") if f"--{dim}" in given})
+    best = best_plan(base, world=world, global_batch_size=gbs, cluster=cluster, precisions=precisions, held=held)
+    notes.append(f"auto plan priced on {cluster.name}" + (f", holding {', '.join(f'{k}={v}' for k, v in held.items())}"
+                                                          if held else ""))
     cfg = apply_plan(base, best.candidate)
     if not args.logdir:
         cfg = with_default_logdir(cfg)

@@ -108,7 +108,7 @@ def predicted_bytes(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemo
     peaks = _pricer(cfg).rank_memories(c)
     if memory.per_device:
         return max(peaks) + GPU_RESERVED
-    return sum(peaks[(rank // c.mp) % c.pp] + CPU_RANK_OVERHEAD for rank in node_ranks)
+    return sum(peaks[(rank // (c.mp * c.cp)) % c.pp] + CPU_RANK_OVERHEAD for rank in node_ranks)  # rank -> pp index
 
 
 def _budget(memory: NodeMemory) -> float:

@@ -333,7 +333,9 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
                    stage_costs=plan.stage_costs, stage_cost_unit=plan.unit, bound_cores=bound_cores,
                    world_size=env.world_size, parameters=parameter_count(cfg.model),
                    predicted_peak_tensor_bytes=predicted_tensor_bytes(cfg),
-                   local_parameters_max=max(all_gather_objects(local_parameter_count(stages.parameters()))))
+                   local_parameters_max=max(all_gather_objects(local_parameter_count(stages.parameters()))),
+                   local_expert_parameters_max=max(all_gather_objects(local_parameter_count(
+                       [p for module in stages.modules for layer in moe_modules(module) for p in layer.experts.parameters()]))))
     logger.write_json("summary.json", summary)
     logger.close()
     return summary

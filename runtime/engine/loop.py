@@ -88,6 +88,7 @@ def training_loop(
 
     val_batches = [batch(data.val, i) for i in range(data_cfg.eval_batches)] if data_cfg.eval_every else []
     losses, grad_norms, val_losses, skipped = [], [], [], 0
+    expert_loads: dict[int, dict[str, float]] = {}  # step -> max / mean tokens per expert of each MoE layer
     last_step = optim.last_step  # --stop-at-step, else --steps
     # The second step is the first to hold AdamW's state alongside activations and gradients.
     memory_step = start_step + min(1, last_step - start_step - 1) if metrics_cfg.profile_memory else None
@@ -130,6 +131,7 @@ def training_loop(
                 logger.scalars(n, {"mem/peak_bytes": peak})
                 if ctx.experts is not None:  # every rank: one world all-reduce of the MoE layers' loads
                     loads = ctx.experts.loads()
+                    expert_loads[n] = loads
                     logger.scalars(n, {f"moe/max_over_mean_load/{name}": v for name, v in loads.items()})
                     if is_logging_rank:
                         print(f"step {n}: tokens per expert, max / mean per MoE layer: "
@@ -194,6 +196,7 @@ def training_loop(
         "losses": losses,
         "grad_norms": grad_norms,
         "val_losses": val_losses,
+        "expert_loads": expert_loads,
         "step_times": throughput.step_times,
         "train_time_s": time.perf_counter() - started,  # the loop's wall time: steps, validation, checkpoint pauses
         "step_time_s": steady,

@@ -21,13 +21,24 @@ import torch
 
 from runtime.commands.flags import HelpFormatter
 from runtime.commands.launch import RunResult, RunSpec, execute
-from runtime.commands.study import analysis, charts, checkpointing, hparams, plan, report, sharding, zero_bubble
+from runtime.commands.study import (
+    analysis,
+    charts,
+    checkpointing,
+    experts,
+    hparams,
+    long_context,
+    plan,
+    report,
+    sharding,
+    zero_bubble,
+)
 from runtime.commands.study.memory_search import search_max_batch
 from runtime.device import device_description, has_accelerator, select_device
 from runtime.observe.layer_timing import measure_layer_times
 
 SECTIONS = ("throughput", "memory", "scaling", "overhead", "split", "sharding", "replicate", "zero_bubble",
-            "checkpointing")
+            "checkpointing", "experts", "long_context")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +106,11 @@ def main(argv: list[str]) -> int:
         if "zero_bubble" in sections and args.world >= 2 else [],
         "checkpointing": checkpointing.checkpoint_specs(args.world, settings.checkpoint_bench, out)
         if "checkpointing" in sections and args.world >= 2 else [],
+        "experts": experts.expert_specs(settings.experts_rounds, steps=settings.experts_steps,
+                                        balance_steps=settings.experts_balance_steps)
+        if "experts" in sections and args.world >= experts.RANKS and settings.experts_rounds else [],
+        "long_context": long_context.long_context_specs(cp_seq_len=settings.long_context_seq_len, steps=3)
+        if "long_context" in sections and args.world >= long_context.RANKS and settings.long_context_seq_len else [],
     }
     runnable = len({plan.run_key(s) for group in specs.values() for s in group if not s.meta.get("skipped")})
     # The search decides; about 3 doublings past the start and log2(1 / resolution) bisections per precision.
@@ -193,6 +209,19 @@ def main(argv: list[str]) -> int:
                f"{bench.steady_every}, peak resident memory logged every {bench.steady_every} steps. "
                if bench.steady_steps else "Peak resident memory from the pause runs. ")
             + checkpointing.METHOD)}
+
+    if specs["experts"]:
+        raw = [run(spec, lambda r: f"{r.summary['tokens_per_sec']:.0f} tokens/s") for spec in specs["experts"]]
+        results["experts"] = {"runs": raw, "summary": experts.expert_summary(raw), "method": (
+            experts.__doc__.strip().split("\n\n")[1].replace("\n", " ") + f" {settings.experts_steps} steps per timed run, "
+            f"{settings.experts_rounds} alternated repetition(s), medians; {settings.experts_balance_steps} steps per "
+            "balance run.")}
+
+    if specs["long_context"]:
+        raw = [run(spec, lambda r: f"{r.summary['tokens_per_sec']:.0f} tokens/s") for spec in specs["long_context"]]
+        results["long_context"] = {"runs": raw, "summary": long_context.long_context_summary(raw), "method": (
+            long_context.__doc__.strip().split("\n\n")[1].replace("\n", " ")
+            + f" cp rows at T {settings.long_context_seq_len}; 3 steps per run, the median of the last two.")}
 
     results["wall_time_s"] = time.monotonic() - t0
     results["targets"] = report.targets(results)  # only those of the sections that ran

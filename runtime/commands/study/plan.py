@@ -85,6 +85,12 @@ class StudySettings:
     zero_bubble_1f1b: bool = True  # also 1f1b (--quick and --smoke time it in the throughput section only)
     # Schedules of the split section: the looped 1F1B and the V-shaped ZB-V (its own V-aware split).
     split_schedules: tuple[str, ...] = ("1f1b", "zbv")
+    # A mixture of experts at ep 1, 2, 4 and its load balance (study/experts.py): 0 repetitions skip it.
+    experts_rounds: int = 0
+    experts_steps: int = 6
+    experts_balance_steps: int = 0
+    # Long sequences (study/long_context.py): the cp rows' sequence length; 0 skips the section.
+    long_context_seq_len: int = 0
     # Checkpoint pauses, foreground and background, and steady memory (study/checkpointing.py).
     checkpoint_bench: CheckpointBench = CheckpointBench(
         model_flags=tuple(ModelShape(4, 32, 2, 32).flags()), steps=4, every=2, rounds=1,
@@ -104,6 +110,7 @@ FULL = StudySettings(
     sharding_model=named_config("small", seq_len=128), sharding_large=True, sharding_other_shapes=True,
     replicate_model=ModelShape(8, 256, 4, 128), replicate_rounds=3,
     zero_bubble_model=ModelShape(8, 256, 4, 128), zero_bubble_rounds=3,
+    experts_rounds=2, experts_steps=8, experts_balance_steps=100, long_context_seq_len=8192,
     checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(8, 512, 8, 32, 8192).flags()), steps=16, every=4,
                                      rounds=2, modes=("none", "foreground", "background"), steady_steps=300),
 )
@@ -121,6 +128,7 @@ QUICK = StudySettings(
     throughput_world=4, zero_bubble_compiled=False, zero_bubble_1f1b=False, sharding_world=4,
     replicate_model=ModelShape(4, 128, 4, 64), replicate_rounds=2,
     zero_bubble_model=ModelShape(8, 128, 8, 64),
+    experts_rounds=1, experts_steps=5, experts_balance_steps=40, long_context_seq_len=2048,
     checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(4, 256, 4, 32, 4096).flags()), steps=8, every=4,
                                      rounds=1, modes=("none", "foreground", "background"), steady_steps=None),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.commands.study import charts, checkpointing, sharding, zero_bubble
+from runtime.commands.study import charts, checkpointing, experts, long_context, sharding, zero_bubble
 from runtime.observe.profiling import CATEGORIES
 
 TARGETS = (
@@ -186,6 +186,10 @@ def render(results: dict, *, cores: int) -> str:
         lines += sharding.replicate_markdown(results["replicate"])
     if ran(results, "zero_bubble"):
         lines += zero_bubble.zero_bubble_markdown(results["zero_bubble"])
+    if ran(results, "experts"):
+        lines += experts.experts_markdown(results["experts"])
+    if ran(results, "long_context"):
+        lines += long_context.long_context_markdown(results["long_context"])
     if ran(results, "checkpointing"):
         lines += checkpointing.checkpoint_markdown(results["checkpointing"])
     found = conclusions(results, cores=cores)

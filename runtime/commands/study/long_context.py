@@ -1,0 +1,91 @@
+"""Long sequences: the document mask's cost, and context parallelism at cp 1, 2, 4 and 8 on 8 ranks.
+
+A 4-block Llama 3 shape (d 256, 8 heads over 4 key/value heads, the byte vocabulary), fp32, one sequence per
+micro-batch, the built-in text. The mask rows train one process at T 4096 with and without ``--document-mask``
+(packed documents attended one causal run each, no (T, T) mask; models/common/attention_core.py) and record the
+peak tensor memory (``--profile-memory``) and step time. The cp rows train 8 ranks, dp 8 / cp, at one T, each
+with the memory model's prediction beside the measured peak; the longest T the memory model lets each cp train
+within 20 GiB of machine memory (the preflight's own sum over the node's ranks, runtime/commands/preflight.py)
+is computed, not run: on 2 cores a step at T 32,768 takes minutes of attention per rank.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+
+from runtime.commands.launch import RunSpec
+
+SHAPE = ["--model", "llama3-debug", "--layers", "4", "--d-model", "256", "--heads", "8", "--kv-heads", "4"]
+COMMON = ["--precision", "fp32", "--data", "builtin", "--micro-batch-size", "1", "--microbatches", "1",
+          "--eval-every", "0", "--eval-batches", "1", "--profile-memory", "--seed", "1234"]
+MASK_T = 4096
+CP_DEGREES = (1, 2, 4, 8)
+RANKS = 8
+BUDGET_GIB = 20.0
+
+
+def long_context_specs(*, cp_seq_len: int, steps: int) -> list[RunSpec]:
+    specs = []
+    for label, extra in (("no mask", []), ("document mask", ["--document-mask", "--eod-token", "10"])):
+        args = [*SHAPE, *COMMON, "--seq-len", str(MASK_T), "--steps", str(steps), "--log-every", str(steps), *extra]
+        specs.append(RunSpec(f"long_context_mask_{'on' if extra else 'off'}", 1, args,
+                             meta={"section": "long_context", "label": label, "kind": "mask"}))
+    for cp in CP_DEGREES:
+        args = [*SHAPE, *COMMON, "--seq-len", str(cp_seq_len), "--steps", str(steps), "--log-every", str(steps),
+                "--dp", str(RANKS // cp), "--cp", str(cp)]
+        specs.append(RunSpec(f"long_context_cp{cp}", RANKS, args,
+                             meta={"section": "long_context", "label": f"cp {cp}", "kind": "cp", "cp": cp}))
+    return specs
+
+
+def longest_sequence(cp: int, *, budget_gib: float = BUDGET_GIB, ranks: int = RANKS) -> int:
+    """The longest T (a multiple of 2 cp x 1024) the memory model predicts 8 ranks at dp 8 / cp train within the
+    budget, by doubling and bisection."""
+    from runtime.commands.flags import parse_train_config
+    from runtime.commands.preflight import NodeMemory, predicted_bytes
+
+    step = 2 * cp * 1024
+    memory = NodeMemory(budget_gib * 2**30 / 0.9)  # the preflight keeps 10% of RAM free
+
+    def fits(seq_len: int) -> bool:
+        cfg = parse_train_config([*SHAPE, *COMMON, "--seq-len", str(seq_len), "--dp", str(ranks // cp), "--cp", str(cp)],
+                                 world_size=ranks)
+        return predicted_bytes(cfg, node_ranks=list(range(ranks)), memory=memory) <= 0.9 * memory.total
+
+    lo, hi = 0, step
+    while fits(hi) and hi < 2**22:
+        lo, hi = hi, hi * 2
+    while hi - lo > step:
+        mid = (lo + hi) // 2 // step * step
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def long_context_summary(runs: list[dict]) -> dict:
+    def row(r):
+        s = r["summary"]
+        return {"label": r["label"], "ok": r["ok"], "peak_tensor_bytes": s.get("peak_tensor_bytes"),
+                "predicted_peak_tensor_bytes": s.get("predicted_peak_tensor_bytes"),
+                "step_time_s": median(s["step_times"][1:] or s["step_times"]) if s.get("step_times") else None,
+                "tokens_per_sec": s.get("tokens_per_sec")}
+    mask = [row(r) for r in runs if r.get("kind") == "mask"]
+    cp = [{**row(r), "cp": r["cp"], "longest_seq_len_predicted": longest_sequence(r["cp"])}
+          for r in runs if r.get("kind") == "cp"]
+    return {"mask": mask, "cp": cp}
+
+
+def long_context_markdown(section: dict) -> list[str]:
+    def mib(x):
+        return "n/a" if not x else f"{x / 2**20:.1f}"
+
+    lines = ["## Long sequences: the document mask and context parallelism", "", section["method"], "",
+             "| run | peak tensor MiB | step time s | tokens/s |", "| --- | --- | --- | --- |"]
+    for r in section["summary"]["mask"]:
+        lines.append(f"| {r['label']} | {mib(r['peak_tensor_bytes'])} | {r['step_time_s'] or 0:.2f} | "
+                     f"{r['tokens_per_sec'] or 0:.0f} |")
+    lines += ["", "| cp | peak tensor MiB (busiest rank) | predicted MiB | tokens/s | longest T predicted within "
+              f"{BUDGET_GIB:.0f} GiB |", "| --- | --- | --- | --- | --- |"]
+    for r in section["summary"]["cp"]:
+        lines.append(f"| {r['cp']} | {mib(r['peak_tensor_bytes'])} | {mib(r['predicted_peak_tensor_bytes'])} | "
+                     f"{r['tokens_per_sec'] or 0:.0f} | {r['longest_seq_len_predicted']:,} |")
+    return lines + [""]
