@@ -152,7 +152,12 @@ class TrainConfig:
                         checkpoint_s=self.checkpoint_timeout_s)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The run's settings as JSON-ready values. The mesh names cp and ep only when they are used, so a
+        dense run records {"dp", "pp", "mp"} as it did before context and expert parallelism existed (readers
+        take a missing cp or ep as 1)."""
+        out = dataclasses.asdict(self)
+        out["mesh"] = {k: v for k, v in out["mesh"].items() if k in ("dp", "pp", "mp") or v > 1}
+        return out
 
 
 def default_stages_per_rank(schedule: str, pp: int) -> int:

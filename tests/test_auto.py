@@ -21,8 +21,7 @@ def test_auto_runs_the_planners_pick_on_4_ranks(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"auto plan: {best.candidate.describe()}" in result.stdout
     config = json.loads((tmp_path / "summary.json").read_text())["config"]
-    assert config["mesh"] == {"dp": expected.mesh.dp, "pp": expected.mesh.pp, "mp": expected.mesh.mp,
-                              "cp": expected.mesh.cp, "ep": expected.mesh.ep}
+    assert config["mesh"] == expected.to_dict()["mesh"]
     assert config["pipeline"]["schedule"] == best.candidate.schedule
     assert config["pipeline"]["micro_batch_size"] == best.candidate.micro_batch_size
     assert config["activation_checkpointing"] == best.candidate.ac

@@ -152,6 +152,16 @@ def test_shapes_from_every_family_config():
     assert (shape.mlp, shape.norm, shape.biases, shape.kv_heads, shape.head_dim) == ("swiglu", "rmsnorm", False, 8, 128)
     # Meta's Llama 3.1 8B: 8,030,261,248 parameters, as the engine's model counts them on the meta device.
     assert parameter_count(shape) == models.parameter_count(named_config("llama3-8b")) == 8_030_261_248
+    # Qwen3 and the mixtures' shapes come from their specs too: total and activated parameters as the engine counts them
+    # (Qwen3-30B-A3B: 30,532,122,624 total, published "30.5B in total and 3.3B activated").
+    for name in ("qwen3-debug", "qwen3-8b", "qwen3-moe-debug", "qwen3-30b-a3b", "mixtral-debug", "mixtral-8x7b"):
+        cfg = named_config(name)
+        shape = DecoderShape.from_config(cfg)
+        assert parameter_count(shape) == models.parameter_count(cfg), name  # Qwen3's q/k norms included
+        if hasattr(cfg, "n_experts"):
+            assert shape.experts is not None and shape.experts.count == cfg.n_experts, name
+            assert activated_parameter_count(shape) < parameter_count(shape), name
+    assert parameter_count(DecoderShape.from_config(named_config("qwen3-30b-a3b"))) == 30_532_122_624
     assert DecoderShape.from_flags(layers=126, d_model=16384, heads=128, kv_heads=8, mlp_width=53248, mlp="swiglu",
                                    seq_len=8192, vocab_size=128256).shard_error(16) == "--mp 16 must divide --kv-heads 8"
 

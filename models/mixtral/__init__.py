@@ -22,4 +22,5 @@ SPEC = ModelSpec(
     hf=HFAdapter(architectures=(hf.ARCHITECTURE,), model_types=(hf.MODEL_TYPE,), config_to_hf=hf.config_to_hf,
                  config_from_hf=hf.config_from_hf, to_hf=hf.to_hf, from_hf=hf.from_hf),
     block_kinds=config.block_kinds,
+    experts=config.experts,
 )

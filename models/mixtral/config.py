@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from models.common import shapes
 from models.common.router import Routing
-from models.spec import MOE
+from models.spec import MOE, Experts
 
 TRAINING_SEQ_LEN = 4096
 
@@ -94,3 +94,8 @@ def with_overrides(base: MixtralConfig, **given) -> MixtralConfig:
 
 def block_kinds(cfg: MixtralConfig) -> tuple[str, ...]:
     return (MOE,) * cfg.n_layers
+
+
+def experts(cfg: MixtralConfig) -> Experts:
+    """The mixture as the planner prices it: every block's E experts of ``mlp_width``, k per token."""
+    return Experts(cfg.n_experts, cfg.top_k, cfg.mlp_width)

@@ -18,7 +18,8 @@ SPEC = ModelSpec(
     flops_per_token=config.flops_per_token,
     block_tp_plan=tp_plan.QK_NORM_BLOCK_TP_PLAN,
     sequence_parallel_plan=tp_plan.DENSE_SEQUENCE_PARALLEL_PLAN,
-    architecture=Architecture(mlp="swiglu", norm="rmsnorm", positions="rope", biases=False, fused_qkv=False),
+    architecture=Architecture(mlp="swiglu", norm="rmsnorm", positions="rope", biases=False, fused_qkv=False,
+                              qk_norm=True),
     hf=HFAdapter(architectures=(hf.ARCHITECTURE,), model_types=(hf.MODEL_TYPE,), config_to_hf=hf.config_to_hf,
                  config_from_hf=hf.config_from_hf, to_hf=hf.to_hf, from_hf=hf.from_hf),
 )

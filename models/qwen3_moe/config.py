@@ -13,7 +13,7 @@ from models.common import shapes
 from models.common.moe import block_kinds as kinds_of_blocks
 from models.common.router import Routing
 from models.qwen3.config import QWEN3_VOCABULARY, TRAINING_SEQ_LEN
-from models.spec import MOE
+from models.spec import MOE, Experts
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,13 @@ class Qwen3MoeConfig:
 
 def block_kinds(cfg: Qwen3MoeConfig) -> tuple[str, ...]:
     return kinds_of_blocks(cfg.n_layers, sparse_step=cfg.decoder_sparse_step, dense_layers=cfg.mlp_only_layers)
+
+
+def experts(cfg: Qwen3MoeConfig) -> Experts:
+    """The mixture as the planner prices it: E experts of ``expert_width``, k per token, no shared expert;
+    the blocks that are not sparse keep the dense SwiGLU of ``mlp_width``."""
+    dense = tuple(i for i, kind in enumerate(block_kinds(cfg)) if kind != MOE)
+    return Experts(cfg.n_experts, cfg.top_k, cfg.expert_width, dense_layers=dense)
 
 
 def config_from_dict(d: dict) -> Qwen3MoeConfig:
