@@ -126,6 +126,9 @@ class HFAdapter:
     config_from_hf: Callable[[dict], Any]  # raises ValueError naming the key on a config it cannot build
     to_hf: Callable[[Mapping[str, torch.Tensor], Any], dict[str, torch.Tensor]]
     from_hf: Callable[[str, Any], tuple[tuple[str, ...], Callable[..., torch.Tensor]]]
+    # stacked(name): our parameter is its Hugging Face tensors stacked on dim 0, row e the e-th name from_hf gives
+    # (a mixture's experts), so a reader holding rows a..b-1 reads those tensors alone
+    stacked: Callable[[str], bool] = lambda name: False
 
 
 @dataclass(frozen=True)

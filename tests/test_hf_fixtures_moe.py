@@ -8,7 +8,9 @@ engine (trace, stages, schedule): a training step from the folder, ``run.py eval
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -81,19 +83,40 @@ def _train_then_evaluate(train_argvs: list[list[str]], eval_argvs: list[list[str
     device = select_device(env.local_rank, "cpu")
     configure_cpu_threads(env.local_world_size)
     init_distributed(env, device)
-    for argv in train_argvs:
-        cfg, data, start = check_inputs(argv, env)
-        train(cfg, data, start, env=env, device=device)
+    for i, argv in enumerate(train_argvs):
+        with _recorded_reads() as reads:
+            cfg, data, start = check_inputs(argv, env)
+            train(cfg, data, start, env=env, device=device)
+        Path(out_dir, f"reads{i}_rank{env.rank}.json").write_text(json.dumps(reads))
     for i, argv in enumerate(eval_argvs):
         result = eval_command.evaluate(eval_command.check_inputs(argv, env), env=env, device=device)
         Path(out_dir, f"eval{i}.json").write_text(json.dumps({"loss": result.loss, "tokens": result.tokens}))
     shutdown_distributed()
 
 
+@contextlib.contextmanager
+def _recorded_reads():
+    """The names of the folder's tensors read meanwhile (in this process)."""
+    from runtime.checkpoint.hf_folder import HFFolder
+
+    reads, original = [], HFFolder.read
+
+    def read(self, name):
+        reads.append(name)
+        return original(self, name)
+
+    HFFolder.read = read
+    try:
+        yield reads
+    finally:
+        HFFolder.read = original
+
+
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory) -> Path:
-    """Per folder: one fp32 step at a learning rate too small to move an fp32 weight (so the checkpoint holds the
-    folder's values), a checkpoint; then ``run.py eval`` of it over a token file of two windows."""
+    """Per folder, on 2 ranks (dp 2; the mixtures with ep 2, each rank holding half of every layer's experts): one
+    fp32 step at a learning rate too small to move an fp32 weight (so the checkpoint holds the folder's values),
+    a checkpoint; then ``run.py eval`` of it over a token file of two windows."""
     from tests.launch import spawn_ranks
     from tests.token_writers import write_nanogpt
 
@@ -103,14 +126,33 @@ def engine_runs(tmp_path_factory) -> Path:
         tokens = [t for row in _expected(name)["batch"] for t in row]  # 48 tokens: two windows of 23 + 1
         (root / name).mkdir()
         write_nanogpt(root / name / "val.bin", tokens)
-        train_argvs.append(["--init-from", str(FIXTURES / name), "--precision", "fp32", "--steps", "1", "--seq-len",
+        mesh = ["--dp", "2"] + (["--ep", "2"] if _experts(name) and _experts(name) % 2 == 0 else [])  # qwen3-moe's 5: FSDP alone
+        train_argvs.append([*mesh, "--init-from", str(FIXTURES / name), "--precision", "fp32", "--steps", "1", "--seq-len",
                             "23", "--micro-batch-size", "2", "--warmup-steps", "0", "--lr", "1e-30", "--eval-every",
                             "0", "--peak-tflops", "1", "--logdir", str(root / name / "log"),
                             "--checkpoint-dir", str(root / name / "ckpt")])
-        eval_argvs.append(["--checkpoint", str(root / name / "ckpt"), "--data", str(root / name / "val.bin"),
-                           "--seq-len", "23", "--micro-batch-size", "2", "--precision", "fp32"])
-    spawn_ranks(_train_then_evaluate, world_size=1, args=(train_argvs, eval_argvs, str(root)), timeout=600)
+        eval_argvs.append(["--dp", "2", "--checkpoint", str(root / name / "ckpt"), "--data", str(root / name / "val.bin"),
+                           "--seq-len", "23", "--micro-batch-size", "1", "--precision", "fp32"])
+    spawn_ranks(_train_then_evaluate, world_size=2, args=(train_argvs, eval_argvs, str(root)), timeout=600)
     return root
+
+
+def _experts(name: str) -> int:
+    return getattr(read_hf_model(FIXTURES / name).config, "n_experts", 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen3-moe", "mixtral"])
+def test_each_rank_reads_only_its_experts_tensors(engine_runs, name):
+    """2 ranks: Mixtral's 6 experts with ep 2 (3 per rank), Qwen3-MoE's 5 FSDP-sharded over dp 2 (rows 0-2 and
+    3-4): each rank reads from the folder only the tensors of the experts it holds (each expert is its own tensor
+    in the files), and both read the dense ones. The export test below checks that they read the folder's values."""
+    index = list(FAMILY_OF).index(name)
+    for rank in range(2):
+        reads = json.loads((engine_runs / f"reads{index}_rank{rank}.json").read_text())
+        experts = {int(m.group(1)) for m in map(re.compile(r"\.experts\.(\d+)\.").search, reads) if m}
+        assert experts == set(torch.arange(_experts(name)).chunk(2)[rank].tolist()), (rank, sorted(experts))
+        assert any("embed_tokens" in n for n in reads)
 
 
 @pytest.mark.slow

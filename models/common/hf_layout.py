@@ -12,8 +12,8 @@ and its routed experts, one tensor per expert in the files (``<moe>.experts.N.{g
 Mixtral: ``block_sparse_moe.experts.N.{w1,w3,w2}``) but stacked in the engine (``moe.experts.{w1,w3,w2}``, dim 0
 the expert). ``to_hf`` splits a stack into its E rows; ``from_hf`` names the E tensors of a stack in expert order
 and stacks them. A reader that holds only experts a..b-1 of a layer (expert parallelism) can read
-``names[a:b]`` alone and stack those: row e of the stack is the e-th name. (Today's loader reads them all and the
-materialisation cuts the shard, one stacked tensor at a time.)
+``names[a:b]`` alone and stack those: row e of the stack is the e-th name (the families' ``HFAdapter.stacked``;
+runtime/checkpoint/hf_weights.py reads so).
 """
 
 from __future__ import annotations

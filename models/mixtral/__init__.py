@@ -1,7 +1,7 @@
 """The Mixtral family (Jiang et al. 2024): Llama's attention and a mixture of 8 SwiGLU experts, 2 per token, in
 every block."""
 
-from models.common import tp_plan
+from models.common import hf_layout, tp_plan
 from models.mixtral import config, hf, model
 from models.spec import Architecture, HFAdapter, ModelSpec
 
@@ -20,7 +20,8 @@ SPEC = ModelSpec(
     sequence_parallel_plan=tp_plan.DENSE_SEQUENCE_PARALLEL_PLAN,
     architecture=Architecture(mlp="swiglu", norm="rmsnorm", positions="rope", biases=False, fused_qkv=False),
     hf=HFAdapter(architectures=(hf.ARCHITECTURE,), model_types=(hf.MODEL_TYPE,), config_to_hf=hf.config_to_hf,
-                 config_from_hf=hf.config_from_hf, to_hf=hf.to_hf, from_hf=hf.from_hf),
+                 config_from_hf=hf.config_from_hf, to_hf=hf.to_hf, from_hf=hf.from_hf,
+                 stacked=hf_layout.is_stacked),
     block_kinds=config.block_kinds,
     experts=config.experts,
 )

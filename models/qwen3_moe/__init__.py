@@ -1,7 +1,7 @@
 """The Qwen3-MoE family (Yang et al. 2025): Qwen3's attention and a softmax top-k mixture of experts in every
 block (blocks listed by ``mlp_only_layers`` / skipped by ``decoder_sparse_step`` stay dense)."""
 
-from models.common import tp_plan
+from models.common import hf_layout, tp_plan
 from models.qwen3_moe import config, hf, model
 from models.spec import Architecture, HFAdapter, ModelSpec
 
@@ -21,7 +21,8 @@ SPEC = ModelSpec(
     architecture=Architecture(mlp="swiglu", norm="rmsnorm", positions="rope", biases=False, fused_qkv=False,
                               qk_norm=True),
     hf=HFAdapter(architectures=(hf.ARCHITECTURE,), model_types=(hf.MODEL_TYPE,), config_to_hf=hf.config_to_hf,
-                 config_from_hf=hf.config_from_hf, to_hf=hf.to_hf, from_hf=hf.from_hf),
+                 config_from_hf=hf.config_from_hf, to_hf=hf.to_hf, from_hf=hf.from_hf,
+                 stacked=hf_layout.is_stacked),
     config_from_dict=config.config_from_dict,
     block_kinds=config.block_kinds,
     experts=config.experts,

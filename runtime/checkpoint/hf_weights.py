@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -176,19 +176,39 @@ def _find(folder: HFFolder, name: str) -> str | None:
     return base if "." in name and base in folder else None
 
 
-def initial_values(weights: HFWeights) -> Callable[[str, tuple[int, ...]], torch.Tensor]:
-    """Each of our parameters' full value by name, read lazily from the folder (see the module docstring).
-    The value keeps the folder's dtype; the shard it is cut into converts it (fp32 parameters)."""
-    spec, cfg = weights.model.spec, weights.model.config
+class FolderValues:
+    """Each of our parameters' full value by name, read lazily from the folder (see the module docstring),
+    or only rows of it: ``rows`` reads a stacked parameter's (a mixture's experts') rows from their own tensors,
+    so a rank holding experts a..b-1 reads only theirs (compiler/parallelize/materialize.py asks for them).
+    Values keep the folder's dtype; the shard they are copied into converts them (fp32 parameters)."""
 
-    def value(name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        hf_names, combine = spec.hf.from_hf(name, cfg)
-        full = combine(*(weights.folder.read(weights.names[n]) for n in hf_names))
+    def __init__(self, weights: HFWeights):
+        self.weights = weights
+
+    def __call__(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        hf_names, combine = self.weights.model.spec.hf.from_hf(name, self.weights.model.config)
+        full = combine(*self._read(hf_names))
         if tuple(full.shape) != tuple(shape):  # the run's model is the folder's: its window changes no shape
             raise TensorFileError(f"{name}: the folder gives shape {list(full.shape)}, the model needs {list(shape)}")
         return full
 
-    return value
+    def rows(self, name: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of dim 0 of ``name``'s value."""
+        spec = self.weights.model.spec
+        if not spec.hf.stacked(name):
+            return self(name, shape)[start:stop]  # memory-mapped: the pages of other rows are not read
+        hf_names, _ = spec.hf.from_hf(name, self.weights.model.config)
+        if len(hf_names) != shape[0]:
+            raise TensorFileError(f"{name}: the folder gives {len(hf_names)} stacked tensors, the model needs {shape[0]}")
+        part = self._read(hf_names[start:stop])
+        return torch.stack(part) if part else torch.empty((0, *shape[1:]))
+
+    def _read(self, hf_names) -> list[torch.Tensor]:
+        return [self.weights.folder.read(self.weights.names[n]) for n in hf_names]
+
+
+def initial_values(weights: HFWeights) -> FolderValues:
+    return FolderValues(weights)
 
 
 def read_state_dict(weights: HFWeights, run_cfg: Any) -> dict[str, torch.Tensor]:
