@@ -10,6 +10,7 @@ repeat a number after an fp16-skipped step, which does not move it.
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 from runtime.engine import step as step_module
@@ -17,15 +18,15 @@ from runtime.engine import step as step_module
 
 def after_backward(hook: Callable[[int, "step_module.StepContext"], None]) -> None:
     original = step_module.run_schedule
-    run_here: list[int] = []  # [the schedule's position at the first step, steps run so far]
+    run: dict = {}  # this run's step context, the schedule's position at its first step, steps run so far
 
     def run_schedule_then_hook(ctx, inputs, targets, *, train: bool):
         losses = original(ctx, inputs, targets, train=train)
         if train:
-            if not run_here:
-                run_here.extend([ctx.lr_schedule.last_epoch, 0])
-            hook(run_here[0] + run_here[1], ctx)
-            run_here[1] += 1
+            if run.get("ctx", lambda: None)() is not ctx:  # a new run in this process (tests train several in one)
+                run.update(ctx=weakref.ref(ctx), start=ctx.lr_schedule.last_epoch, steps=0)
+            hook(run["start"] + run["steps"], ctx)
+            run["steps"] += 1
         return losses
 
     step_module.run_schedule = run_schedule_then_hook

@@ -46,7 +46,8 @@ def _mesh(dp, pp, mp) -> list[str]:
 
 def _train(mesh: tuple[int, int, int], logdir: Path, *flags: str) -> tuple[dict, str]:
     """Run to completion through torchrun; return summary.json and the combined output."""
-    result = torchrun([*_mesh(*mesh), *COMMON, "--logdir", str(logdir), *flags], nproc=mesh[0] * mesh[1] * mesh[2],
+    cp = int(flags[flags.index("--cp") + 1]) if "--cp" in flags else 1
+    result = torchrun([*_mesh(*mesh), *COMMON, "--logdir", str(logdir), *flags], nproc=mesh[0] * mesh[1] * mesh[2] * cp,
                       timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     return json.loads((logdir / "summary.json").read_text()), result.stdout + result.stderr
@@ -159,17 +160,17 @@ def test_a_llama_checkpoint_of_2x2x2_resumes_on_1x2x4_exactly(tmp_path):
         assert got == pytest.approx(want, rel=1e-6)
 
 
-def test_an_expert_parallel_checkpoint_resumes_on_more_and_on_no_expert_parallel_ranks_exactly(tmp_path):
+def test_an_expert_parallel_checkpoint_resumes_on_other_ep_and_cp_exactly(tmp_path):
     """Mixtral's experts, stacked [E, ...] and sharded by expert over --ep 2 (and by FSDP over the other replicas),
-    with the routers' selection biases: 4x1x2 ep 2 under SP saves at step 3; 4x1x2 ep 4 continues exactly, and so
-    does one process."""
+    with the routers' selection biases: 4x1x1 ep 2 saves at step 3; 4x1x1 ep 4 continues exactly, and so does
+    one replica whose sequences are split over 2 context-parallel ranks (1x1x1 --cp 2: no expert parallelism)."""
     moe = ["--model", "mixtral-debug", "--steps", "6", "--micro-batch-size", "1", "--expert-bias-rate", "0.01"]
-    a, _ = _train((4, 1, 2), tmp_path / "log_a", *moe, "--ep", "2", "--sequence-parallel", "--checkpoint-dir",
-                  str(tmp_path / "a"), "--checkpoint-every", "3")
-    for mesh, flags in (((4, 1, 2), ["--ep", "4"]), ((1, 1, 1), [])):
-        resumed, output = _train(mesh, tmp_path / f"log_{mesh[0]}", *moe, *flags,
+    a, _ = _train((4, 1, 1), tmp_path / "log_a", *moe, "--ep", "2", "--checkpoint-dir", str(tmp_path / "a"),
+                  "--checkpoint-every", "3")
+    for mesh, flags in (((4, 1, 1), ["--ep", "4"]), ((1, 1, 1), ["--cp", "2"])):
+        resumed, output = _train(mesh, tmp_path / f"log_{mesh[0]}_{len(flags)}", *moe, *flags,
                                  "--resume-from", str(tmp_path / "a" / "step-000003"))
-        assert "resharding: saved on (dp, pp, mp) = (4, 1, 2), ep 2" in output and resumed["start_step"] == 3
+        assert "resharding: saved on (dp, pp, mp) = (4, 1, 1), ep 2" in output and resumed["start_step"] == 3
         for got, want in zip(resumed["losses"], a["losses"][3:], strict=True):
             assert got == pytest.approx(want, rel=1e-6)
 
