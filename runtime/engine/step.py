@@ -27,6 +27,7 @@ from runtime.device import synchronize
 from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value
 from runtime.engine.experts import ExpertBalance
 from runtime.engine.grad_clip import clip_grads_, local_grad_sq_norm
+from runtime.engine.partial_grads import sum_partial_gradients
 from runtime.engine.replicate import ReplicatedGradients
 from runtime.engine.tied import TiedWeights
 from runtime.observe.profiling import StepRecorder
@@ -89,6 +90,7 @@ def run_schedule(ctx: StepContext, inputs: torch.Tensor | tuple[torch.Tensor, ..
                 ctx.replicated.finish()
             if ctx.stages.gradient_factors:
                 scale_reduced_gradients(ctx.stages.parameters(), ctx.stages.gradient_factors)
+            sum_partial_gradients(ctx.stages.parameters())  # SP's norm gradients where no FSDP reduced them
     return losses
 
 
