@@ -187,7 +187,8 @@ def _dump_full_gradients(out_dir: str, stages) -> None:
         # placements, as the optimizer reads it: a gradient left Partial (a sum not yet taken) must fail here.
         grad = param.grad
         if isinstance(grad, DTensor):
-            grad = DTensor.from_local(grad.to_local(), grad.device_mesh, param.placements, run_check=False).full_tensor()
+            grad = DTensor.from_local(grad.to_local(), grad.device_mesh, param.placements, run_check=False,
+                                      shape=grad.shape, stride=grad.stride()).full_tensor()
         grads[name] = None if grad is None else grad.detach().clone()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     torch.save(grads, f"{out_dir}/grads_rank{dist.get_rank()}.pt")
