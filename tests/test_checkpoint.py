@@ -148,13 +148,14 @@ def test_checkpoints_move_between_looped_and_v_placements(runs, tmp_path):
         assert got == pytest.approx(want, rel=1e-6)
 
 
-def test_a_llama_checkpoint_of_2x2x2_resumes_on_1x2x4_exactly(tmp_path):
-    """Llama 3 (GQA, RoPE, RMSNorm, a tied head) through the same names-only checkpoints: 2x2x2 saves at step 3, 1x2x4 (TP over 4 ranks: 2 query heads and 1 kv head each) continues."""
+def test_a_llama_checkpoint_of_2x2x1_resumes_on_1x1x4_exactly(tmp_path):
+    """Llama 3 (GQA, RoPE, RMSNorm, a tied head) through the same names-only checkpoints: 2x2x1 (FSDP and PP, no
+    TP) saves at step 3, 1x1x4 (TP over 4 ranks: 2 query heads and 1 kv head each) continues."""
     llama = ["--model", "llama3-debug", "--layers", "4", "--heads", "8", "--kv-heads", "4", "--steps", "6"]
-    a, _ = _train((2, 2, 2), tmp_path / "log_a", *llama, "--checkpoint-dir", str(tmp_path / "a"), "--checkpoint-every", "3")
-    resumed, output = _train((1, 2, 4), tmp_path / "log_b", *llama, "--schedule", "1f1b",
+    a, _ = _train((2, 2, 1), tmp_path / "log_a", *llama, "--checkpoint-dir", str(tmp_path / "a"), "--checkpoint-every", "3")
+    resumed, output = _train((1, 1, 4), tmp_path / "log_b", *llama, "--schedule", "1f1b",
                              "--resume-from", str(tmp_path / "a" / "step-000003"))
-    assert "resharding: saved on (dp, pp, mp) = (2, 2, 2)" in output and resumed["start_step"] == 3
+    assert "resharding: saved on (dp, pp, mp) = (2, 2, 1)" in output and resumed["start_step"] == 3
     assert len(resumed["losses"]) == 3
     for got, want in zip(resumed["losses"], a["losses"][3:]):
         assert got == pytest.approx(want, rel=1e-6)
