@@ -306,11 +306,11 @@ def _check_data_parallel(dp: DataParallelConfig, mesh: MeshShape) -> None:
     if mesh.dp % dp.shard:
         raise ConfigError(f"--dp-shard {dp.shard} must divide --dp {mesh.dp}; valid --dp-shard values: "
                           f"{_divisors(mesh.dp)} ({mesh.dp}: FSDP, 1: replicate, between: HSDP)")
-    if mesh.dp == 1 and (dp.reshard_after_forward or dp.reduce_dtype != "fp32"):
+    if mesh.dp * mesh.cp == 1 and (dp.reshard_after_forward or dp.reduce_dtype != "fp32"):
         flag = "--reshard-after-forward" if dp.reshard_after_forward else f"--reduce-dtype {dp.reduce_dtype}"
-        raise ConfigError(f"{flag} needs --dp > 1: it changes how data-parallel replicas share parameters and "
-                          f"gradients, and --dp is 1")
-    if dp.reshard_after_forward and dp.shard == 1:
+        raise ConfigError(f"{flag} needs --dp > 1 or --cp > 1: it changes how data-parallel ranks share parameters "
+                          f"and gradients, and --dp and --cp are 1")
+    if dp.reshard_after_forward and dp.shard == 1 and mesh.dp > 1:
         raise ConfigError("--reshard-after-forward needs sharded parameters: with --dp-shard 1 every rank holds "
                           "them whole; use --dp-shard > 1")
 

@@ -23,6 +23,7 @@ class ReferenceRun:
     losses: list[float]
     grad_norms: list[float]
     first_step_grads: dict[str, torch.Tensor]  # by parameter name, before clipping
+    final_val_loss: float | None = None  # the mean loss over --eval-batches validation batches after the last step
 
 
 def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
@@ -34,10 +35,7 @@ def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
     schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
     run = ReferenceRun([], [], {})
     for step in range(steps):
-        positions = data.train.positions(step, 0, cfg.global_batch_size) if cfg.data.document_mask else None
-        inputs, targets = model_batch(data.train.rows(step, 0, cfg.global_batch_size), positions)
-        logits = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = _batch_loss(model, data.train, step, cfg)
         loss.backward()
         if step == 0:
             run.first_step_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -49,7 +47,19 @@ def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
         optimizer.zero_grad(set_to_none=True)
         run.losses.append(loss.item())
         run.grad_norms.append(norm.item())
+    if cfg.data.eval_every:
+        with torch.no_grad():
+            run.final_val_loss = sum(_batch_loss(model, data.val, i, cfg).item()
+                                     for i in range(cfg.data.eval_batches)) / cfg.data.eval_batches
     return run
+
+
+def _batch_loss(model: torch.nn.Module, source, index: int, cfg: TrainConfig) -> torch.Tensor:
+    """The mean loss of global batch ``index`` of ``source`` (the training or validation corpus)."""
+    positions = source.positions(index, 0, cfg.global_batch_size) if cfg.data.document_mask else None
+    inputs, targets = model_batch(source.rows(index, 0, cfg.global_batch_size), positions)
+    logits = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
 def _update_expert_biases(model: torch.nn.Module, *, rate: float) -> None:

@@ -186,8 +186,9 @@ def test_export_writes_full_tensors_that_start_a_run_on_another_mesh(runs, tmp_p
     model = spec_of(cfg.model).build(cfg.model)
     model.load_state_dict(torch.load(out, weights_only=True))  # strict: every name, every shape
 
-    # The first step from the export on a 1x2x1 mesh sees exactly these weights: its loss is their loss.
-    summary, _ = _train((1, 2, 1), tmp_path / "log", "--init-from", str(out), "--stop-at-step", "1")
+    # The first step from the export on 2 context-parallel ranks (each its chunks of every sequence) sees
+    # exactly these weights: its loss is their loss.
+    summary, _ = _train((1, 1, 1), tmp_path / "log", "--cp", "2", "--init-from", str(out), "--stop-at-step", "1")
     data = build_data("builtin", vocab_size=256, seq_len=32, global_batch_size=16, seed=cfg.seed, val_fraction=0.1)
     inputs, targets = inputs_and_targets(data.train.rows(0, 0, 16))
     with torch.no_grad():

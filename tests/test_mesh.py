@@ -100,7 +100,7 @@ def test_cp_and_ep_meshes_hold_the_layouts_groups(dp, pp, cp, mp, ep, shard, mon
             want = sorted(layout.rank(i, p, m, c) for i in range(dp) for c in range(cp))
             assert sorted(flat) == want, (flat, want)
             fsdp = fsdp_mesh(mesh, layout, timeout=timeout)
-            if layout.shard == 1 or dp * cp == 1:
+            if (dp > 1 and layout.shard == 1) or dp * cp == 1:  # replication; with dp 1, cp ranks shard
                 assert fsdp is None
             else:
                 assert sorted(fsdp.mesh.flatten().tolist()) == want and fsdp.size(fsdp.ndim - 1) == layout.shard * cp

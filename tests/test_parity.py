@@ -90,7 +90,7 @@ CASES = [
     # chunks per rank, K/V all-gathered; learned positions, Llama's GQA with RoPE at global positions (and
     # selective AC), packed documents crossing chunk boundaries under interleaved PP + TP and under SP, and with
     # expert parallelism.
-    (1, 1, 1, "1f1b", ["--cp", "2"]),
+    (1, 1, 1, "1f1b", ["--cp", "2", "--eval-every", "2"]),  # validation on sequence chunks too
     (2, 1, 1, "1f1b", [*LLAMA, "--cp", "2", "--activation-checkpointing", "selective"]),
     (1, 2, 2, "interleaved-1f1b", ["--cp", "2", *DOCUMENTS]),
     (2, 1, 2, "1f1b", [*LLAMA, "--cp", "2", "--sequence-parallel", *DOCUMENTS]),
@@ -159,6 +159,8 @@ def test_losses_and_gradients_match_single_process(trained, dp, pp, mp, schedule
         assert got == pytest.approx(want, rel=1e-4), f"step {step}: mesh loss {got} vs single process {want}"
     for step, (got, want) in enumerate(zip(summary["grad_norms"], reference.grad_norms)):
         assert got == pytest.approx(want, rel=1e-4), f"step {step}: global grad norm {got} vs {want}"
+    if cfg.data.eval_every:  # the validation after the last step: the same weights on the same rows
+        assert summary["final_val_loss"] == pytest.approx(reference.final_val_loss, rel=1e-4)
 
 
 def train_each_dumping_gradients(argvs: list[list[str]], out_dirs: list[str]) -> None:

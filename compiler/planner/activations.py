@@ -29,7 +29,8 @@ Checkpointing (``ac``): ``"full"`` keeps each block's input (1/t under sequence 
 block's full activations while it is recomputed; ``"selective"`` keeps the outputs of the matrix products
 and of attention (q, k, v, attention's output and log-sum-exp, the MLP's up / gate outputs) and the two
 residual inputs, and recomputes the norms, activation functions and products (torchtitan's op-level SAC,
-Megatron's ``--recompute-modules layernorm ...``).
+Megatron's ``--recompute-modules layernorm ...``); while one block's backward runs, the rest of its
+activations are recomputed and held with the kept ones.
 
 A mixture-of-experts MLP saves per local token (both layouts): the router's fp32 logits (count x 4), the
 ``top_k`` dispatched copies of the token (d each), each expert's hidden activations (as a dense MLP of the
@@ -38,7 +39,9 @@ expert tensor parallelism 1 a TP group's ranks dispatch disjoint sequence shards
 T / mp tokens. The dispatch's send and receive buffers (2 top_k d a per token) are transient.
 
 Context parallelism (cp ranks) keeps T / cp tokens of every sequence per rank: every per-token term / cp;
-attention gathers the sequence's K and V (2 KV hd / t per token, transient, one layer at a time).
+attention gathers the sequence's K and V (2 KV hd / t per token of the whole sequence) and keeps them to its
+backward in every layer, which builds their gradients whole (transient) before reduce-scattering them;
+selective checkpointing gathers them again in the backward instead (transient: the copy and its gradient).
 
 The head saves the final norm's input and output and its V / t logits (the stage's output, kept to its
 backward, in the compute dtype). With the whole-vocabulary loss (F.cross_entropy on fp32 logits, as Megatron
@@ -50,7 +53,7 @@ and a target logit per token and holds the logits' gradient in their dtype plus 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from compiler.cost import LayerCost, head_loss_bytes
 from compiler.parallelize.cross_entropy import SAVED_BYTES_PER_TOKEN
@@ -167,12 +170,21 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     saved = per_token * tokens + (_moe_mlp(shape, c) * moe_tokens if kind == MOE else 0.0)
     rope = 2 * shape.seq_len / c.cp * shape.head_dim * a if shape.positions == "rope" and c.layout == "engine" else 0
     saved += rope
-    transient = 2 * shape.kv_width / t * shape.seq_len * c.micro_batch_size * a if c.cp > 1 else 0.0
+    # context parallelism: attention's backward keeps the sequence's gathered K and V (its prefix and diagonal
+    # keys are views of them), and the backward builds their gradients whole before reduce-scattering them;
+    # selective checkpointing keeps attention's outputs but gathers K and V again (the gather is no kept op)
+    gathered_kv = 2 * shape.kv_width / t * shape.seq_len * c.micro_batch_size * a if c.cp > 1 else 0.0
+    saved += gathered_kv if c.ac != "selective" else 0.0
+    transient = gathered_kv
     if kind == MOE:
         transient += 2 * shape.experts.top_k * d * a * moe_tokens
     if c.ac == "full":
         kept = tokens * d * (c.residual_bytes if c.layout == "engine" else a) / shard
         return BlockMemory(kept, saved, transient)
+    if c.ac == "selective":  # its backward recomputes the rest of the block: all of it is held at once
+        if c.layout == "engine" and kind == DENSE:  # the engine's kept ops, as compiler/cost.py counts them
+            saved = block_selective_bytes(shape, c)
+        return BlockMemory(saved, block_memory(shape, kind, replace(c, ac="none")).saved - saved, transient)
     return BlockMemory(saved, 0.0, transient)
 
 

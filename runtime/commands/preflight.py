@@ -33,6 +33,7 @@ from compiler.planner.search import Pricer
 from compiler.planner.shape import DecoderShape
 from runtime.config import ConfigError, TrainConfig, plan_error
 from runtime.device import device_index
+from runtime.distributed.mesh import grid_layout
 from runtime.planning import rank_plans
 
 GIB = 2**30
@@ -118,7 +119,7 @@ def _budget(memory: NodeMemory) -> float:
 def _fix(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory) -> tuple[str, float] | None:
     """The cheapest memory flags that make ``cfg`` fit: (flags, predicted bytes), or None."""
     options = [("--activation-checkpointing",)]
-    if cfg.mesh.dp > 1 and cfg.data_parallel.shard > 1:
+    if grid_layout(cfg).sharded:
         options += [("--reshard-after-forward",), ("--reshard-after-forward", "--activation-checkpointing")]
     for flags in options:
         trial = dataclasses.replace(

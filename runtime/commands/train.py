@@ -204,7 +204,7 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
         dp_cfg = cfg.data_parallel
         if dp_cfg.reshard_after_forward:
             print("  ZeRO-3: gathered parameters freed after every forward and backward, gradients reduced per micro-batch")
-        if cfg.mesh.dp > 1 and dp_cfg.reduce_dtype != "fp32":
+        if layout.dp * layout.cp > 1 and dp_cfg.reduce_dtype != "fp32":
             print(f"  gradients communicated in {dp_cfg.reduce_dtype}")
 
     # 4. Model, compiled into this rank's stages: cost-balanced split, trace, TP, AC, data parallelism, and
@@ -246,7 +246,7 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
                                       accumulations=cfg.pipeline.microbatches,
                                       deferred={id(p) for p in tied.copies} if tied else set(),
                                       stages=stages.stages)
-                  if cfg.mesh.dp * cfg.mesh.cp > 1 and cfg.data_parallel.shard == 1 else None)
+                  if layout.replicated else None)
 
     # 5. Schedule, mixed precision, optimizer.
     scaler = build_grad_scaler(cfg.precision, device.type)

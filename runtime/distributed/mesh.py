@@ -43,6 +43,17 @@ class GridLayout:
         return self.dp_shard or self.dp
 
     @property
+    def replicated(self) -> bool:
+        """Every data-parallel rank holds the whole stage (``--dp-shard 1`` with dp > 1: DDP's layout). With
+        dp 1 and cp > 1 the cp ranks shard the parameters (FSDP over dp x cp, as torchtitan's dp_shard_cp)."""
+        return self.dp > 1 and self.shard == 1
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP or HSDP over the data-parallel ranks (dp x cp)."""
+        return self.dp * self.cp > 1 and not self.replicated
+
+    @property
     def dims(self) -> tuple[str, ...]:
         """The mesh's dimension names, outermost first: (dp, pp, mp), or (dp, pp, cp, mp) with cp > 1."""
         return ("dp", "pp", "cp", "mp") if self.cp > 1 else MESH_DIMS
@@ -96,7 +107,7 @@ class GridLayout:
         if self.ep > 1:
             lines.append("  EP groups (each holds 1/%d of every MoE layer's experts): " % self.ep
                          + " ".join(str(g) for g in self.ep_groups()))
-        if self.dp > 1:
+        if self.dp * self.cp > 1:
             shard, replicate = self.dp_subgroups()
             over = " x cp" if self.cp > 1 else ""
             mode = (f"FSDP: shard over all dp{over} ranks" if self.shard == self.dp else
@@ -140,7 +151,7 @@ def fsdp_mesh(mesh: DeviceMesh, layout: GridLayout, *, timeout: datetime.timedel
     """The mesh FSDP shards over: the data-parallel ranks (dp x cp: ``data_parallel_mesh``) for FSDP, unflattened
     into (replicate, shard x cp) for HSDP, or None where nothing is sharded (one rank, or replication:
     runtime/engine/replicate.py). Collective: every rank calls it (it creates the subgroups)."""
-    if layout.dp * layout.cp == 1 or layout.shard == 1:
+    if not layout.sharded:
         return None
     flat = data_parallel_mesh(mesh, layout, timeout=timeout)
     if layout.shard == layout.dp:

@@ -109,7 +109,8 @@ def main(argv: list[str]) -> int:
         "experts": experts.expert_specs(settings.experts_rounds, steps=settings.experts_steps,
                                         balance_steps=settings.experts_balance_steps)
         if "experts" in sections and args.world >= experts.RANKS and settings.experts_rounds else [],
-        "long_context": long_context.long_context_specs(cp_seq_len=settings.long_context_seq_len, steps=3)
+        "long_context": long_context.long_context_specs(cp_seq_len=settings.long_context_seq_len, steps=3,
+                                                        longest_cap=settings.long_context_longest_cap)
         if "long_context" in sections and args.world >= long_context.RANKS and settings.long_context_seq_len else [],
     }
     runnable = len({plan.run_key(s) for group in specs.values() for s in group if not s.meta.get("skipped")})

@@ -4,9 +4,13 @@ A 4-block Llama 3 shape (d 256, 8 heads over 4 key/value heads, the byte vocabul
 micro-batch, the built-in text. The mask rows train one process at T 4096 with and without ``--document-mask``
 (packed documents attended one causal run each, no (T, T) mask; models/common/attention_core.py) and record the
 peak tensor memory (``--profile-memory``) and step time. The cp rows train 8 ranks, dp 8 / cp, at one T, each
-with the memory model's prediction beside the measured peak; the longest T the memory model lets each cp train
+with the memory model's prediction beside the measured peak. The longest T the memory model lets each cp train
 within 20 GiB of machine memory (the preflight's own sum over the node's ranks, runtime/commands/preflight.py)
-is computed, not run: on 2 cores a step at T 32,768 takes minutes of attention per rank.
+is computed without checkpointing and with selective checkpointing (which gathers K and V again in the backward
+instead of keeping them in every layer), and the selective one checked by a run where the machine allows: one
+cp group (cp ranks, dp 1) trains one step at that T, capped (a step's attention grows as T squared: on 2 cores
+a step at T 32,768 takes minutes), and its busiest rank's process peak times 8 is the 8-rank node's memory (an
+upper bound: at dp 8 / cp FSDP shards the weights over 8 ranks, not cp).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ MASK_T = 4096
 CP_DEGREES = (1, 2, 4, 8)
 RANKS = 8
 BUDGET_GIB = 20.0
+SELECTIVE = ["--activation-checkpointing", "selective"]
 
 
-def long_context_specs(*, cp_seq_len: int, steps: int) -> list[RunSpec]:
+def long_context_specs(*, cp_seq_len: int, steps: int, longest_cap: int = 0) -> list[RunSpec]:
     specs = []
     for label, extra in (("no mask", []), ("document mask", ["--document-mask", "--eod-token", "10"])):
         args = [*SHAPE, *COMMON, "--seq-len", str(MASK_T), "--steps", str(steps), "--log-every", str(steps), *extra]
@@ -35,12 +40,19 @@ def long_context_specs(*, cp_seq_len: int, steps: int) -> list[RunSpec]:
                 "--dp", str(RANKS // cp), "--cp", str(cp)]
         specs.append(RunSpec(f"long_context_cp{cp}", RANKS, args,
                              meta={"section": "long_context", "label": f"cp {cp}", "kind": "cp", "cp": cp}))
+    for cp in CP_DEGREES if longest_cap else ():
+        seq_len = min(longest_sequence(cp, SELECTIVE), longest_cap // (2 * cp * 1024) * 2 * cp * 1024)
+        args = [*SHAPE, *COMMON, "--seq-len", str(seq_len), "--steps", "1", "--log-every", "1", "--dp", "1",
+                "--cp", str(cp), *SELECTIVE]
+        specs.append(RunSpec(f"long_context_longest_cp{cp}", cp, args,
+                             meta={"section": "long_context", "label": f"cp {cp} at T {seq_len}", "kind": "longest",
+                                   "cp": cp, "seq_len": seq_len}))
     return specs
 
 
-def longest_sequence(cp: int, *, budget_gib: float = BUDGET_GIB, ranks: int = RANKS) -> int:
+def longest_sequence(cp: int, flags: list[str] = (), *, budget_gib: float = BUDGET_GIB, ranks: int = RANKS) -> int:
     """The longest T (a multiple of 2 cp x 1024) the memory model predicts 8 ranks at dp 8 / cp train within the
-    budget, by doubling and bisection."""
+    budget with ``flags`` added, by doubling and bisection."""
     from runtime.commands.flags import parse_train_config
     from runtime.commands.preflight import NodeMemory, predicted_bytes
 
@@ -48,8 +60,8 @@ def longest_sequence(cp: int, *, budget_gib: float = BUDGET_GIB, ranks: int = RA
     memory = NodeMemory(budget_gib * 2**30 / 0.9)  # the preflight keeps 10% of RAM free
 
     def fits(seq_len: int) -> bool:
-        cfg = parse_train_config([*SHAPE, *COMMON, "--seq-len", str(seq_len), "--dp", str(ranks // cp), "--cp", str(cp)],
-                                 world_size=ranks)
+        cfg = parse_train_config([*SHAPE, *COMMON, "--seq-len", str(seq_len), "--dp", str(ranks // cp), "--cp", str(cp),
+                                  *flags], world_size=ranks)
         return predicted_bytes(cfg, node_ranks=list(range(ranks)), memory=memory) <= 0.9 * memory.total
 
     lo, hi = 0, step
@@ -69,9 +81,13 @@ def long_context_summary(runs: list[dict]) -> dict:
                 "step_time_s": median(s["step_times"][1:] or s["step_times"]) if s.get("step_times") else None,
                 "tokens_per_sec": s.get("tokens_per_sec")}
     mask = [row(r) for r in runs if r.get("kind") == "mask"]
-    cp = [{**row(r), "cp": r["cp"], "longest_seq_len_predicted": longest_sequence(r["cp"])}
+    cp = [{**row(r), "cp": r["cp"], "longest_seq_len_predicted": longest_sequence(r["cp"]),
+           "longest_seq_len_predicted_selective": longest_sequence(r["cp"], SELECTIVE)}
           for r in runs if r.get("kind") == "cp"]
-    return {"mask": mask, "cp": cp}
+    checked = [{**row(r), "cp": r["cp"], "seq_len": r["seq_len"], "process_peak_bytes": r["summary"].get("peak_bytes"),
+                "node_bytes": RANKS * r["summary"]["peak_bytes"] if r["summary"].get("peak_bytes") else None}
+               for r in runs if r.get("kind") == "longest"]
+    return {"mask": mask, "cp": cp, "checked": checked}
 
 
 def long_context_markdown(section: dict) -> list[str]:
@@ -84,8 +100,21 @@ def long_context_markdown(section: dict) -> list[str]:
         lines.append(f"| {r['label']} | {mib(r['peak_tensor_bytes'])} | {r['step_time_s'] or 0:.2f} | "
                      f"{r['tokens_per_sec'] or 0:.0f} |")
     lines += ["", "| cp | peak tensor MiB (busiest rank) | predicted MiB | tokens/s | longest T predicted within "
-              f"{BUDGET_GIB:.0f} GiB |", "| --- | --- | --- | --- | --- |"]
+              f"{BUDGET_GIB:.0f} GiB | the same, selective checkpointing |", "| --- | --- | --- | --- | --- | --- |"]
     for r in section["summary"]["cp"]:
         lines.append(f"| {r['cp']} | {mib(r['peak_tensor_bytes'])} | {mib(r['predicted_peak_tensor_bytes'])} | "
-                     f"{r['tokens_per_sec'] or 0:.0f} | {r['longest_seq_len_predicted']:,} |")
+                     f"{r['tokens_per_sec'] or 0:.0f} | {r['longest_seq_len_predicted']:,} | "
+                     f"{r['longest_seq_len_predicted_selective']:,} |")
+    if section["summary"].get("checked"):
+        lines += ["", f"The longest T checked by a run (selective checkpointing; one cp group, dp 1, one step; node = "
+                      f"{RANKS} x the busiest rank's process peak):", "",
+                  "| cp | T | peak tensor MiB (busiest rank) | predicted MiB | process peak MiB | node GiB | "
+                  f"within {BUDGET_GIB:.0f} GiB | step s |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in section["summary"]["checked"]:
+            node = r["node_bytes"]
+            fits = "n/a" if node is None else "yes" if node <= BUDGET_GIB * 2**30 else "no"
+            lines.append(f"| {r['cp']} | {r['seq_len']:,} | {mib(r['peak_tensor_bytes'])} | "
+                         f"{mib(r['predicted_peak_tensor_bytes'])} | {mib(r['process_peak_bytes'])} | "
+                         f"{'n/a' if node is None else f'{node / 2**30:.2f}'} | {fits if r['ok'] else 'failed'} | "
+                         f"{r['step_time_s'] or 0:.1f} |")
     return lines + [""]

@@ -91,6 +91,9 @@ class StudySettings:
     experts_balance_steps: int = 0
     # Long sequences (study/long_context.py): the cp rows' sequence length; 0 skips the section.
     long_context_seq_len: int = 0
+    # ... and the longest T checked by a run: each cp group trains one step at the memory model's longest T
+    # within 20 GiB, capped here (a step's attention grows as T squared: at T 32,768 it takes minutes on 2 cores).
+    long_context_longest_cap: int = 0
     # Checkpoint pauses, foreground and background, and steady memory (study/checkpointing.py).
     checkpoint_bench: CheckpointBench = CheckpointBench(
         model_flags=tuple(ModelShape(4, 32, 2, 32).flags()), steps=4, every=2, rounds=1,
@@ -111,6 +114,7 @@ FULL = StudySettings(
     replicate_model=ModelShape(8, 256, 4, 128), replicate_rounds=3,
     zero_bubble_model=ModelShape(8, 256, 4, 128), zero_bubble_rounds=3,
     experts_rounds=2, experts_steps=8, experts_balance_steps=100, long_context_seq_len=8192,
+    long_context_longest_cap=32768,
     checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(8, 512, 8, 32, 8192).flags()), steps=16, every=4,
                                      rounds=2, modes=("none", "foreground", "background"), steady_steps=300),
 )
