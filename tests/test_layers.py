@@ -84,3 +84,16 @@ def test_context_parallel_splits_the_causal_attention_work_evenly():
     assert whole.attention_flops == pytest.approx(4 * 8192 * 8192 * 4096 / 2)  # causal half of 4 T^2 (H hd)
     assert split.attention_flops == pytest.approx(whole.attention_flops / 4)
     assert sum(g.flops for g in split.gemms) == pytest.approx(sum(g.flops for g in whole.gemms) / 4)
+
+
+def test_the_cpu_prices_attention_at_the_causal_half_its_flash_kernel_runs():
+    """FlopCounterMode counts attention's whole T x T; the CPU's flash kernel runs the causal half (forward, and
+    2.5x that backward): the CPU device times the FLOPs run, at its calibrated rate."""
+    cpu = load_cluster("cpu-2core").device
+    work = block_work(SHAPE, DENSE, micro_batch_size=1, mp=1, cp=1, ep=1, precision="fp32", sequence_parallel=False,
+                      traits=THIS_ENGINE)
+    rate = cpu.rate("fp32", ranks_on_node=1)
+    matmuls = sum(g.flops for g in work.gemms)
+    seconds = cpu.compute(work, "fp32")
+    assert seconds.forward == pytest.approx((matmuls + work.attention_flops) / rate)
+    assert seconds.backward == pytest.approx((2 * matmuls + 2.5 * work.attention_flops) / rate + cpu.layer_overhead)

@@ -56,11 +56,20 @@ def read_runs(path: str | Path) -> list[MeasuredRun]:
             continue  # a plain-loop result, or a summary written without its config
         model = config_from_dict(s["config"]["model"])
         runs.append(MeasuredRun(name, DecoderShape.from_config(model), _plan(s["config"]), float(s["step_time_s"]),
-                                s.get("peak_bytes"), str(s.get("device", ""))))
+                                _peak_tensor_bytes(s), str(s.get("device", ""))))
     if not runs:
         raise ValueError(f"{path}: no engine summary with a config and a step time (summary.json, or results.json "
                          f"of tests/gpu_check.sh)")
     return runs
+
+
+def _peak_tensor_bytes(summary: dict) -> float | None:
+    """The peak the memory model predicts: tensor bytes. On a GPU ``peak_bytes`` is ``max_memory_allocated``;
+    on the CPU it is the process's resident peak (interpreter and libraries too), so only a run with
+    ``--profile-memory`` (``peak_tensor_bytes``) has one."""
+    if summary.get("peak_tensor_bytes"):
+        return summary["peak_tensor_bytes"]
+    return summary.get("peak_bytes") if "cuda" in str(summary.get("device", "")) else None
 
 
 def predictions(runs: list[MeasuredRun], cluster: Cluster) -> list[Estimate]:

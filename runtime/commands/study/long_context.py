@@ -9,8 +9,9 @@ within 20 GiB of machine memory (the preflight's own sum over the node's ranks, 
 is computed without checkpointing and with selective checkpointing (which gathers K and V again in the backward
 instead of keeping them in every layer), and the selective one checked by a run where the machine allows: one
 cp group (cp ranks, dp 1) trains one step at that T, capped (a step's attention grows as T squared: on 2 cores
-a step at T 32,768 takes minutes), and its busiest rank's process peak times 8 is the 8-rank node's memory (an
-upper bound: at dp 8 / cp FSDP shards the weights over 8 ranks, not cp).
+a step at T 32,768 takes minutes), with ``--compact-cpu-memory`` (resident memory follows live tensors: what the
+preflight prices), and its busiest rank's process peak times 8 is the 8-rank node's memory (an upper bound: at
+dp 8 / cp FSDP shards the weights over 8 ranks, not cp).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def long_context_specs(*, cp_seq_len: int, steps: int, longest_cap: int = 0) -> 
     for cp in CP_DEGREES if longest_cap else ():
         seq_len = min(longest_sequence(cp, SELECTIVE), longest_cap // (2 * cp * 1024) * 2 * cp * 1024)
         args = [*SHAPE, *COMMON, "--seq-len", str(seq_len), "--steps", "1", "--log-every", "1", "--dp", "1",
-                "--cp", str(cp), *SELECTIVE]
+                "--cp", str(cp), *SELECTIVE, "--compact-cpu-memory"]
         specs.append(RunSpec(f"long_context_longest_cp{cp}", cp, args,
                              meta={"section": "long_context", "label": f"cp {cp} at T {seq_len}", "kind": "longest",
                                    "cp": cp, "seq_len": seq_len}))
