@@ -150,3 +150,20 @@ def test_measured_gpu_runs_refit_a_gpu_preset(tmp_path):
     assert fitted.factors.compute_scale > 1.0 and fitted.notes["engine_fit"]["factors"] == ["compute_scale"]
     (row,) = compare(runs, fitted)
     assert abs(row["error"]) < 1e-6 and row["predicted_peak_gib"] > 0
+
+
+def test_a_study_folder_is_read_run_by_run_with_tensor_peaks_on_the_cpu(tmp_path):
+    """plan --validate --measured DIR: every run folder's summary.json; a CPU run's peak is its --profile-memory
+    tensor peak (its peak_bytes is the process's resident peak), a GPU run's max_memory_allocated."""
+    from runtime.commands.measured_runs import read_runs
+
+    cfg = parse_train_config(["--model", "tiny", "--dp", "2", "--cp", "2"], world_size=4)
+    runs = {"a_cpu": {"device": "AMD EPYC (2 cores)", "peak_bytes": 9e8, "peak_tensor_bytes": 1e8},
+            "b_cpu_unprofiled": {"device": "AMD EPYC (2 cores)", "peak_bytes": 9e8},
+            "c_gpu": {"device": "NVIDIA H100 80GB HBM3 (1 x cuda)", "peak_bytes": 5e9}}
+    for name, fields in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({"config": cfg.to_dict(), "step_time_s": 1.0, **fields}))
+    got = read_runs(tmp_path)
+    assert [(r.name, r.peak_bytes) for r in got] == [("a_cpu", 1e8), ("b_cpu_unprofiled", None), ("c_gpu", 5e9)]
+    assert got[0].plan.cp == 2 and got[0].plan.dp == 2

@@ -1,7 +1,7 @@
 """Measured engine runs on any device, for the planner: read them, price them, compare, fit.
 
-A run is an engine ``summary.json`` (its ``config``: model and plan; ``step_time_s``; ``peak_bytes``), or a
-results file of several keyed by name (``tests/gpu_check.sh`` writes one: ``OUT=dir bash tests/gpu_check.sh``
+A run is an engine ``summary.json`` (its ``config``: model and plan; ``step_time_s``; ``peak_bytes``), a folder of
+run folders (a study's), or a results file of several keyed by name (``tests/gpu_check.sh`` writes one: ``OUT=dir bash tests/gpu_check.sh``
 then ``dir/results.json``). ``run.py calibrate --measured FILE`` fits a cluster's engine factors to them (on a
 lent GPU: one or two runs fit ``compute_scale`` alone, three or more ``step_overhead`` too);
 ``run.py plan --validate --measured FILE`` compares the planner's predictions with them.
@@ -47,9 +47,13 @@ def _plan(config: dict) -> Candidate:
 
 
 def read_runs(path: str | Path) -> list[MeasuredRun]:
-    """Every engine summary in ``path`` (one summary, or a results file of them) that records its config."""
-    data = json.loads(Path(path).read_text())
-    summaries = {"run": data} if "step_time_s" in data else {k: v for k, v in data.items() if isinstance(v, dict)}
+    """Every engine summary in ``path`` (one summary, a results file of them, or a folder of run folders such as
+    a study's, each with its summary.json) that records its config."""
+    if Path(path).is_dir():
+        summaries = {f.parent.name: json.loads(f.read_text()) for f in sorted(Path(path).glob("*/summary.json"))}
+    else:
+        data = json.loads(Path(path).read_text())
+        summaries = {"run": data} if "step_time_s" in data else {k: v for k, v in data.items() if isinstance(v, dict)}
     runs = []
     for name, s in sorted(summaries.items()):
         if "config" not in s or not s.get("step_time_s"):
@@ -69,7 +73,8 @@ def _peak_tensor_bytes(summary: dict) -> float | None:
     ``--profile-memory`` (``peak_tensor_bytes``) has one."""
     if summary.get("peak_tensor_bytes"):
         return summary["peak_tensor_bytes"]
-    return summary.get("peak_bytes") if "cuda" in str(summary.get("device", "")) else None
+    device = str(summary.get("device", "")).lower()
+    return summary.get("peak_bytes") if "cuda" in device or "nvidia" in device else None
 
 
 def predictions(runs: list[MeasuredRun], cluster: Cluster) -> list[Estimate]:

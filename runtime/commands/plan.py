@@ -60,8 +60,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="run the best plan of every feasible mesh of the tiny and small models on this machine and "
                         "compare predicted with measured step times")
     p.add_argument("--measured", metavar="FILE", help="with --validate: compare with recorded engine runs of any device "
-                   "(summary.json or a results file, e.g. compiler/clusters/measured/h100-engine-runs.json) instead "
-                   "of running plans here")
+                   "(summary.json, a results file, e.g. compiler/clusters/measured/h100-engine-runs.json, or a study's "
+                   "folder) instead of running plans here")
     p.add_argument("--reproduce", metavar="FILE", nargs="*",
                    help="price published runs at their layouts (compiler/published/*.json; no FILE: all of them)")
     p.add_argument("--fit", action="store_true", help="with --reproduce: refit the GEMM efficiency constant to the "
