@@ -69,7 +69,8 @@ def add_data_parallel_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dp-shard", type=int,
                    help="ranks a parameter is sharded over, a divisor of --dp (default --dp: FSDP); 1 = replicate "
                         "(every rank holds the whole stage, gradients all-reduced, like DDP); between: HSDP, "
-                        "sharded within groups of N replicas and replicated across them")
+                        "sharded within groups of N replicas and replicated across them; with --cp each group "
+                        "spans its cp ranks too (at --dp 1 the cp ranks shard)")
     g.add_argument("--reshard-after-forward", action="store_true",
                    help="free gathered parameters after each forward and gather them again for backward (ZeRO-3 "
                         "memory, one more all-gather per micro-batch); default: keep them gathered for the step")
