@@ -19,9 +19,9 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from compiler.parallelize.cross_entropy import IGNORE_INDEX, token_cross_entropy, vocabulary_shard
-from runtime.engine.data.inputs import ContextSlice, model_batch
-from runtime.engine.data.corpus import restart_at_window
-from runtime.engine.data.corpus import Corpus
+from runtime.engine.data.batches import WindowColumns
+from runtime.engine.data.corpus import Corpus, restart_at_window
+from runtime.engine.data.inputs import ContextSlice, Inputs, chunked_model_batch, model_batch
 from runtime.engine.step import StepContext, run_schedule
 
 
@@ -53,6 +53,18 @@ class Evaluation:
     windows: int
 
 
+def window_batch(corpus: Corpus, windows: list[int], *, document_mask: bool,
+                 context: ContextSlice | None) -> tuple[Inputs, torch.Tensor]:
+    """Windows ``windows`` of ``corpus`` as this rank's (inputs, targets), as training makes them; a
+    context-parallel rank reads only its chunks' columns of each window (runtime/engine/data/inputs.py)."""
+    if context is not None and context.size > 1:
+        return chunked_model_batch(WindowColumns([(corpus, g) for g in windows]), seq_len=corpus.seq_len,
+                                   document_mask=document_mask, context=context)
+    rows = torch.stack([corpus.window(g) for g in windows])  # (B, T + 1)
+    positions = restart_at_window(torch.stack([corpus.positions(g) for g in windows])) if document_mask else None
+    return model_batch(rows, positions, context=context)
+
+
 def evaluate_windows(ctx: StepContext, corpus: Corpus, *, global_batch_size: int, replica_rows: tuple[int, int],
                      loss_copies: int, byte_level: bool, document_mask: bool = False,
                      context: ContextSlice | None = None) -> Evaluation:
@@ -64,10 +76,8 @@ def evaluate_windows(ctx: StepContext, corpus: Corpus, *, global_batch_size: int
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for first in range(0, n, global_batch_size):
         windows = range(first + start, first + stop)
-        rows = torch.stack([corpus.window(g if g < n else 0) for g in windows])
-        positions = (restart_at_window(torch.stack([corpus.positions(g if g < n else 0) for g in windows]))
-                     if document_mask else None)
-        inputs, targets = model_batch(rows, positions, context=context)
+        inputs, targets = window_batch(corpus, [g if g < n else 0 for g in windows], document_mask=document_mask,
+                                       context=context)
         targets[torch.tensor([g >= n for g in windows])] = IGNORE_INDEX  # padding rows of the last batch
         inputs = tuple(t.to(ctx.device) for t in inputs) if isinstance(inputs, tuple) else inputs.to(ctx.device)
         losses = run_schedule(ctx, inputs, targets.to(ctx.device), train=False)

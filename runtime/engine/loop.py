@@ -16,7 +16,7 @@ from runtime.device import host_to_device, peak_memory_bytes, peak_reserved_byte
 from runtime.distributed.collectives import all_gather_objects, max_over_ranks
 from runtime.distributed.timeouts import CHECKPOINT, STARTUP, STEADY, PhaseTimeouts
 from runtime.engine.data import DataSources
-from runtime.engine.data.inputs import ContextSlice, model_batch
+from runtime.engine.data.inputs import ContextSlice, rank_batch
 from runtime.engine.evaluation import language_model_metrics
 from runtime.engine.gc_control import collect_if_due, garbage_collection_between_steps
 from runtime.engine.guards import DivergenceGuard
@@ -81,8 +81,7 @@ def training_loop(
     first validation: new graphs to trace or compile) runs in start-up, the later ones in steady steps, and
     checkpoint saves in checkpoint I/O, each bounded by its own timeout."""
     def batch(source, step):
-        positions = source.positions(step, *replica_rows) if data_cfg.document_mask else None
-        inputs, targets = model_batch(source.rows(step, *replica_rows), positions, context=context)
+        inputs, targets = rank_batch(source, step, replica_rows, document_mask=data_cfg.document_mask, context=context)
         inputs = tuple(host_to_device(t, ctx.device) for t in inputs) if isinstance(inputs, tuple) else host_to_device(inputs, ctx.device)
         return inputs, host_to_device(targets, ctx.device)
 

@@ -25,6 +25,24 @@ class Component:
     corpus: Corpus
 
 
+@dataclass(frozen=True)
+class WindowColumns:
+    """Some windows, read a range of input columns at a time: a context-parallel rank keeps 1/cp of every
+    window (two chunks), so reading whole rows would copy cp times the tokens it uses."""
+
+    windows: list[tuple[Corpus, int]]  # (corpus, global window) of each row
+
+    def tokens(self, lo: int, hi: int) -> torch.Tensor:
+        """Input columns [lo, hi) and the token after them: int64 (B, hi - lo + 1), as ``rows(...)[:, lo:hi + 1]``."""
+        return torch.stack([corpus.columns(g, lo, hi) for corpus, g in self.windows])
+
+    def documents(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Window-relative positions and document ids of columns [lo, hi): int64 (B, hi - lo) each, as the whole
+        rows' ``positions`` and ``document_ids`` give them."""
+        positions, ids = zip(*(corpus.column_documents(g, lo, hi) for corpus, g in self.windows))
+        return torch.stack(positions), torch.stack(ids)
+
+
 class CorpusBatches:
     """Batches of windows of one corpus, or of a weighted mixture of corpora."""
 
@@ -49,6 +67,10 @@ class CorpusBatches:
     def rows(self, step: int, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) of global batch ``step``: int64 (stop - start, T + 1)."""
         return torch.stack([corpus.window(g) for corpus, g in self._windows(step, start, stop)])
+
+    def columns(self, step: int, start: int, stop: int) -> WindowColumns:
+        """Rows [start, stop) of global batch ``step``, read a range of columns at a time (a context-parallel rank)."""
+        return WindowColumns(self._windows(step, start, stop))
 
     def positions(self, step: int, start: int, stop: int, *, from_document_start: bool = False) -> torch.Tensor:
         """Each input token's position within its document for the same rows: int64 (stop - start, T).

@@ -13,6 +13,11 @@ Here positions count from the document's true start, also for a window that star
 ``restart_at_window`` turns them into Megatron's window-relative ``reset_position_ids`` (what batches
 give by default: every position < T). A corpus without document information treats each window as one
 document.
+
+**Columns.** A context-parallel rank holds 2 chunks of T/(2·cp) input columns of every window
+(compiler/parallelize/context_parallel.py), so ``columns`` reads a window's columns [lo, hi) and the one token
+after (the last target), and ``column_documents`` their window-relative positions and document ids from the
+document index alone: the rank copies T/cp + 2 tokens of each row instead of T + 1.
 """
 
 from __future__ import annotations
@@ -100,6 +105,18 @@ def positions_from_starts(lo: int, length: int, starts: list[int]) -> torch.Tens
     return offsets - boundaries[torch.searchsorted(boundaries, offsets, right=True) - 1]
 
 
+def window_documents(start: int, lo: int, hi: int, starts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions and document ids of input columns [lo, hi) of the window whose first token is file offset
+    ``start``, given ``starts_around(start, start + hi)``: exactly ``restart_at_window`` of the window's positions
+    and ``document_ids`` of those (runtime/engine/data/inputs.py), columns [lo, hi) of them, without the columns
+    before ``lo``. Both treat the window's first token as a document start, so a column's id is the number of
+    document starts in [start, column]: the index counts the ones before ``lo``, no token needs reading."""
+    offsets = torch.arange(start + lo, start + hi)  # (hi - lo,) file offsets of the columns
+    boundaries = torch.tensor([start, *starts[1:]], dtype=torch.int64)  # (D,) ascending: the window's documents
+    ids = torch.searchsorted(boundaries, offsets, right=True)  # (hi - lo,) 1 in the window's first document
+    return offsets - boundaries[ids - 1], ids
+
+
 def positions_after_eod(tokens: torch.Tensor, eod: int) -> torch.Tensor:
     """(B, T) tokens -> positions within documents that restart after each ``eod`` token (each row's first
     token starts a document): what a row drawn on its own (synthetic data) has."""
@@ -135,8 +152,19 @@ class TokenSpan:
         return max(0, (len(self) - 1) // seq_len)
 
     def window(self, w: int, seq_len: int) -> torch.Tensor:
+        return self.columns(w, seq_len, 0, seq_len)  # (T + 1,)
+
+    def columns(self, w: int, seq_len: int, lo: int, hi: int) -> torch.Tensor:
+        """Input columns [lo, hi) of window ``w`` and the token after them (the last column's target):
+        (hi - lo + 1,), copying only these tokens (a context-parallel rank reads its chunks, 1/cp of the row)."""
         start = self.begin + w * seq_len
-        return self.tokens[start: start + seq_len + 1].long()  # (T + 1,): copies only these tokens
+        return self.tokens[start + lo: start + hi + 1].long()
+
+    def column_documents(self, w: int, seq_len: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Window-relative positions and document ids of input columns [lo, hi) of window ``w``: (hi - lo,) each."""
+        start = self.begin + w * seq_len
+        starts = [start] if self.documents is None else self.documents.starts_around(start, start + hi)
+        return window_documents(start, lo, hi, starts)
 
     def positions(self, w: int, seq_len: int) -> torch.Tensor:
         if self.documents is None:
@@ -178,6 +206,14 @@ class Corpus:
     def positions(self, g: int) -> torch.Tensor:
         span, w = self._locate(g)
         return span.positions(w, self.seq_len)
+
+    def columns(self, g: int, lo: int, hi: int) -> torch.Tensor:
+        span, w = self._locate(g)
+        return span.columns(w, self.seq_len, lo, hi)
+
+    def column_documents(self, g: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
+        span, w = self._locate(g)
+        return span.column_documents(w, self.seq_len, lo, hi)
 
 
 def hold_out_tail(spans: list[TokenSpan], *, fraction: float, need: int) -> tuple[list[TokenSpan], list[TokenSpan]]:

@@ -6,16 +6,19 @@ ids where packed documents or context parallelism need them, cut to a context-pa
   document (RoPE, learned positions) and its document's id, counted over the whole window (models/common/
   attention_core.py): a chunk of a window cannot tell where its documents began;
 - a context-parallel rank (``--cp``): the same, or (tokens, positions) with global positions, cut to its two
-  load-balanced chunks (compiler/parallelize/context_parallel.py), targets alike.
+  load-balanced chunks (compiler/parallelize/context_parallel.py), targets alike. From token files a rank reads
+  only those chunks' columns (``chunked_model_batch``): 1/cp of each row, the same tensors as cutting whole rows.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from compiler.parallelize.context_parallel import local_chunks
+from runtime.engine.data.batches import CorpusBatches, SyntheticBatches
 
 Inputs = torch.Tensor | tuple[torch.Tensor, ...]
 
@@ -38,6 +41,52 @@ def model_batch(rows: torch.Tensor, positions: torch.Tensor | None, *,
     if context is not None and context.size > 1:
         tokens, targets, *extras = (local_chunks(t, rank=context.rank, cp=context.size) for t in (tokens, targets, *extras))
     return (tokens, *extras) if extras else tokens, targets
+
+
+class ColumnReader(Protocol):
+    """Rows read a range of input columns at a time (runtime/engine/data/batches.py ``WindowColumns``)."""
+
+    def tokens(self, lo: int, hi: int) -> torch.Tensor: ...  # (B, hi - lo + 1): columns [lo, hi] of the rows
+
+    def documents(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]: ...  # (B, hi - lo) positions, ids
+
+
+def chunk_columns(seq_len: int, context: ContextSlice) -> list[tuple[int, int]]:
+    """The input columns [lo, hi) of this rank's two chunks, in the order ``local_chunks`` concatenates them."""
+    cp = context.size
+    if seq_len % (2 * cp):
+        raise ValueError(f"a sequence of {seq_len} tokens does not cut into 2·cp = {2 * cp} equal chunks")
+    length = seq_len // (2 * cp)
+    return [(c * length, (c + 1) * length) for c in (context.rank, 2 * cp - 1 - context.rank)]
+
+
+def chunked_model_batch(columns: ColumnReader, *, seq_len: int, document_mask: bool,
+                        context: ContextSlice) -> tuple[Inputs, torch.Tensor]:
+    """``model_batch(rows, positions, context=context)`` of the whole rows, reading only this rank's two chunks:
+    chunk [lo, hi) takes row columns [lo, hi + 1) (its targets are the next tokens), so the rank copies
+    T/cp + 2 tokens of each row, not T + 1. Document ids come counted over the whole window (``columns.documents``)."""
+    pieces = []
+    for lo, hi in chunk_columns(seq_len, context):
+        rows = columns.tokens(lo, hi)  # (B, L + 1): the chunk's inputs, then its last target
+        if document_mask:
+            extras = columns.documents(lo, hi)  # (B, L) positions within documents, (B, L) document ids
+        else:
+            extras = (torch.arange(lo, hi).expand(rows.shape[0], -1),)  # (B, L) global positions
+        pieces.append((rows[:, :-1], rows[:, 1:], *extras))
+    tokens, targets, *extras = (torch.cat(parts, dim=1) for parts in zip(*pieces))  # (B, T/cp) each
+    return (tokens, *extras), targets
+
+
+def rank_batch(source: CorpusBatches | SyntheticBatches, step: int, rows: tuple[int, int], *, document_mask: bool,
+               context: ContextSlice | None) -> tuple[Inputs, torch.Tensor]:
+    """Rows ``rows`` of global batch ``step`` of ``source`` as this rank's (inputs, targets). A context-parallel
+    rank reads only its chunks' columns where the source reads columns (token files); other sources (synthetic
+    rows, drawn whole from a seed) give whole rows, cut here."""
+    if context is not None and context.size > 1 and hasattr(source, "columns"):
+        return chunked_model_batch(source.columns(step, *rows), seq_len=source.seq_len,
+                                   document_mask=document_mask, context=context)
+    positions = source.positions(step, *rows) if document_mask else None
+    return model_batch(source.rows(step, *rows), positions, context=context)
 
 
 def model_input_count(*, document_mask: bool, cp: int) -> int:
