@@ -60,17 +60,53 @@ def spawn_ranks(fn: Callable[..., Any], *, world_size: int, args: tuple = (), ti
         raise AssertionError(str(e)) from None
 
 
-def train_each(argvs: list[list[str]]) -> None:
+def train_each(argvs: list[list[str]], outputs: list[str] | None = None) -> None:
     """One rank of a spawned job (``spawn_ranks``): join the process group once, then train every argv in
-    turn the way run.py does (a launch of 8 ranks on 2 cores costs more than a tiny model's few steps)."""
+    turn the way run.py does (a launch of 8 ranks on 2 cores costs more than a tiny model's few steps).
+    ``outputs``: per argv, a path prefix its stdout and stderr go to (``<prefix>.rank<r>``)."""
     env = LaunchEnv.from_environ()
     device = select_device(env.local_rank, "cpu")
     configure_cpu_threads(env.local_world_size)
     init_distributed(env, device)
-    for argv in argvs:
-        cfg, data, start = check_inputs(argv, env)
-        train(cfg, data, start, env=env, device=device)
+    for i, argv in enumerate(argvs):
+        with _output_to(None if outputs is None else f"{outputs[i]}.rank{env.rank}"):
+            cfg, data, start = check_inputs(argv, env)
+            if env.rank == 0:  # as run.py prints them (resharding, --init-from)
+                for note in start.notes:
+                    print(note, flush=True)
+            train(cfg, data, start, env=env, device=device)
     shutdown_distributed()
+
+
+@contextlib.contextmanager
+def _output_to(path: str | None):
+    """Send this process's stdout and stderr (file descriptors 1 and 2: prints, logging, C++ warnings) to
+    ``path`` for the block."""
+    if path is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "w") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def train_runs(argvs: list[list[str]], *, world_size: int, outputs: list[Path], timeout: float = 300) -> list[str]:
+    """Train each argv in turn on one spawned job of ``world_size`` ranks (forked from the fork server: no
+    torchrun, no interpreter start per rank); returns each run's output, every rank's, in rank order."""
+    spawn_ranks(train_each, world_size=world_size, args=(argvs, [str(o) for o in outputs]), timeout=timeout)
+    return ["".join(Path(f"{o}.rank{r}").read_text(errors="replace") for r in range(world_size)) for o in outputs]
 
 
 def check_clean_failure(nproc: int, flags: list[str], words: list[str], *, max_seconds: float = 45) -> str:

@@ -1,5 +1,6 @@
 """Checkpoints on real ranks: exact resume, resharding across meshes, export / --init-from, and bad
-checkpoints (partial, corrupt, foreign) and a full disk, each through the real entry point.
+checkpoints (partial, corrupt, foreign) and a full disk. Training runs on spawned ranks (forked from a server
+that imported the engine once) the way run.py runs them; the bad checkpoints go through torchrun and run.py.
 
 One module-scoped set of runs feeds every test: A trains 20 steps on 2x2x2 uninterrupted; B trains the
 same job, stops after step 10 (a checkpoint), and B2 resumes it for the last 10 steps.
@@ -26,7 +27,7 @@ from models import spec_of
 from runtime.checkpoint.files import read_checkpoint, read_dcp_metadata, verify_files
 from runtime.commands.flags import parse_train_config
 from runtime.engine.data import build_data, inputs_and_targets
-from tests.launch import check_clean_failure, python_run, spawn_ranks, torchrun
+from tests.launch import check_clean_failure, python_run, spawn_ranks, train_runs
 
 pytestmark = [
     pytest.mark.slow,  # real multi-process jobs
@@ -45,12 +46,25 @@ def _mesh(dp, pp, mp) -> list[str]:
 
 
 def _train(mesh: tuple[int, int, int], logdir: Path, *flags: str) -> tuple[dict, str]:
-    """Run to completion through torchrun; return summary.json and the combined output."""
-    cp = int(flags[flags.index("--cp") + 1]) if "--cp" in flags else 1
-    result = torchrun([*_mesh(*mesh), *COMMON, "--logdir", str(logdir), *flags], nproc=mesh[0] * mesh[1] * mesh[2] * cp,
-                      timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    return json.loads((logdir / "summary.json").read_text()), result.stdout + result.stderr
+    """Run to completion on a spawned job (what run.py does once launched); return summary.json and the
+    combined output of every rank."""
+    return _train_in_turn([(mesh, logdir, flags)])[0]
+
+
+def _world(mesh: tuple[int, int, int], flags) -> int:
+    return mesh[0] * mesh[1] * mesh[2] * (int(flags[flags.index("--cp") + 1]) if "--cp" in flags else 1)
+
+
+def _train_in_turn(runs: list[tuple[tuple[int, int, int], Path, tuple[str, ...]]]) -> list[tuple[dict, str]]:
+    """Runs of one world size, (mesh, logdir, flags) each, one after another on the same spawned ranks (a
+    later run may resume an earlier one's checkpoint)."""
+    (world,) = {_world(mesh, flags) for mesh, _, flags in runs}
+    for _, logdir, _ in runs:
+        logdir.mkdir(parents=True, exist_ok=True)
+    outputs = train_runs([[*_mesh(*mesh), *COMMON, "--logdir", str(logdir), *flags] for mesh, logdir, flags in runs],
+                         world_size=world, outputs=[logdir / "output" for _, logdir, _ in runs],
+                         timeout=120 + 120 * len(runs))
+    return [(json.loads((logdir / "summary.json").read_text()), output) for (_, logdir, _), output in zip(runs, outputs)]
 
 
 @dataclass
@@ -66,9 +80,10 @@ class Runs:
 def runs(tmp_path_factory) -> Runs:
     root = tmp_path_factory.mktemp("resume")
     ckpt = lambda name: ["--checkpoint-dir", str(root / name), "--checkpoint-every", "5", "--keep-checkpoints", "4"]  # noqa: E731
-    a, _ = _train((2, 2, 2), root / "log_a", *ckpt("a"))
-    b1, b1_output = _train((2, 2, 2), root / "log_b1", *ckpt("b"), "--async-checkpoint", "--stop-at-step", "10")
-    b2, _ = _train((2, 2, 2), root / "log_b2", *ckpt("b"), "--async-checkpoint", "--resume")
+    (a, _), (b1, b1_output), (b2, _) = _train_in_turn([
+        ((2, 2, 2), root / "log_a", ckpt("a")),
+        ((2, 2, 2), root / "log_b1", (*ckpt("b"), "--async-checkpoint", "--stop-at-step", "10")),
+        ((2, 2, 2), root / "log_b2", (*ckpt("b"), "--async-checkpoint", "--resume"))])
     return Runs(root, a, b1, b2, b1_output)
 
 
@@ -152,9 +167,9 @@ def test_a_llama_checkpoint_of_2x2x1_resumes_on_1x1x4_exactly(tmp_path):
     """Llama 3 (GQA, RoPE, RMSNorm, a tied head) through the same names-only checkpoints: 2x2x1 (FSDP and PP, no
     TP) saves at step 3, 1x1x4 (TP over 4 ranks: 2 query heads and 1 kv head each) continues."""
     llama = ["--model", "llama3-debug", "--layers", "4", "--heads", "8", "--kv-heads", "4", "--steps", "6"]
-    a, _ = _train((2, 2, 1), tmp_path / "log_a", *llama, "--checkpoint-dir", str(tmp_path / "a"), "--checkpoint-every", "3")
-    resumed, output = _train((1, 1, 4), tmp_path / "log_b", *llama, "--schedule", "1f1b",
-                             "--resume-from", str(tmp_path / "a" / "step-000003"))
+    (a, _), (resumed, output) = _train_in_turn([
+        ((2, 2, 1), tmp_path / "log_a", (*llama, "--checkpoint-dir", str(tmp_path / "a"), "--checkpoint-every", "3")),
+        ((1, 1, 4), tmp_path / "log_b", (*llama, "--schedule", "1f1b", "--resume-from", str(tmp_path / "a" / "step-000003")))])
     assert "resharding: saved on (dp, pp, mp) = (2, 2, 1)" in output and resumed["start_step"] == 3
     assert len(resumed["losses"]) == 3
     for got, want in zip(resumed["losses"], a["losses"][3:]):
@@ -166,11 +181,11 @@ def test_an_expert_parallel_checkpoint_resumes_on_other_ep_and_cp_exactly(tmp_pa
     with the routers' selection biases: 4x1x1 ep 2 saves at step 3; 4x1x1 ep 4 continues exactly, and so does
     one replica whose sequences are split over 2 context-parallel ranks (1x1x1 --cp 2: no expert parallelism)."""
     moe = ["--model", "mixtral-debug", "--steps", "6", "--micro-batch-size", "1", "--expert-bias-rate", "0.01"]
-    a, _ = _train((4, 1, 1), tmp_path / "log_a", *moe, "--ep", "2", "--checkpoint-dir", str(tmp_path / "a"),
-                  "--checkpoint-every", "3")
-    for mesh, flags in (((4, 1, 1), ["--ep", "4"]), ((1, 1, 1), ["--cp", "2"])):
-        resumed, output = _train(mesh, tmp_path / f"log_{mesh[0]}_{len(flags)}", *moe, *flags,
-                                 "--resume-from", str(tmp_path / "a" / "step-000003"))
+    resume = ("--resume-from", str(tmp_path / "a" / "step-000003"))
+    (a, _), ep4 = _train_in_turn([
+        ((4, 1, 1), tmp_path / "log_a", (*moe, "--ep", "2", "--checkpoint-dir", str(tmp_path / "a"), "--checkpoint-every", "3")),
+        ((4, 1, 1), tmp_path / "log_ep4", (*moe, "--ep", "4", *resume))])
+    for resumed, output in (ep4, _train((1, 1, 1), tmp_path / "log_cp2", *moe, "--cp", "2", *resume)):
         assert "resharding: saved on (dp, pp, mp) = (4, 1, 1), ep 2" in output and resumed["start_step"] == 3
         for got, want in zip(resumed["losses"], a["losses"][3:], strict=True):
             assert got == pytest.approx(want, rel=1e-6)

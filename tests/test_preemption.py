@@ -13,7 +13,7 @@ import pytest
 
 from runtime.checkpoint.files import find_latest
 from runtime.engine.preemption import PREEMPTED_EXIT_CODE
-from tests.launch import TorchrunJob, alive, torchrun
+from tests.launch import TorchrunJob, alive, train_runs
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
 
@@ -27,8 +27,7 @@ ARGS = ["--model", "tiny", "--precision", "fp32", "--micro-batch-size", "2", "--
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> list[float]:
     logdir = tmp_path_factory.mktemp("uninterrupted")
-    result = torchrun([*MESH, *ARGS, "--logdir", str(logdir)], nproc=8, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    train_runs([[*MESH, *ARGS, "--logdir", str(logdir)]], world_size=8, outputs=[logdir / "output"])
     return json.loads((logdir / "summary.json").read_text())["losses"]
 
 
@@ -61,9 +60,9 @@ def test_sigterm_checkpoints_the_step_reached_and_resume_is_exact(tmp_path, unin
     assert f"exitcode  : {PREEMPTED_EXIT_CODE}" in output or "SIGTERM" in output
 
     logdir = tmp_path / "resumed"
-    result = torchrun([*MESH, *ARGS, "--checkpoint-dir", str(directory), "--resume", "--logdir", str(logdir)],
-                      nproc=8, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    logdir.mkdir()
+    train_runs([[*MESH, *ARGS, "--checkpoint-dir", str(directory), "--resume", "--logdir", str(logdir)]],
+               world_size=8, outputs=[logdir / "output"])
     _assert_continues_exactly(json.loads((logdir / "summary.json").read_text()), uninterrupted)
 
 
