@@ -28,11 +28,11 @@ def engine_search(base: TrainConfig, *, world: int, global_batch_size: int, clus
 
 def rank_plans(base: TrainConfig, *, world: int, global_batch_size: int, cluster: Cluster,
                precisions: tuple[str, ...] = tuple(PRECISIONS),
-               activation_checkpointing: tuple[bool, ...] = (False, True)) -> list[Estimate]:
+               activation_checkpointing: tuple[bool, ...] = (False, True), max_cp: int | None = None) -> list[Estimate]:
     """Every plan for ``base``'s model on ``world`` ranks: feasible first, fastest first (infeasible ones with
-    their reason)."""
+    their reason). ``max_cp``: the most context-parallel ranks tried (default: the planner's, by sequence length)."""
     modes = tuple(m for m, on in (("none", False), ("selective", True), ("full", True)) if on in activation_checkpointing)
-    constraints = Constraints(chunked_loss=True, ac_modes=modes)
+    constraints = Constraints(chunked_loss=True, ac_modes=modes, max_cp=max_cp)
     return engine_search(base, world=world, global_batch_size=global_batch_size, cluster=cluster,
                          precisions=precisions, constraints=constraints, collect=True).every
 

@@ -89,7 +89,8 @@ def test_calibration_plans_are_valid_and_use_models_the_validation_does_not():
         assert model not in [c for _, c in MODEL_NAMES.values()]  # explicit shapes, none of the named models validation uses
         terms = predicted_terms(model, plan, cluster)  # raises if the engine would refuse the plan
         assert terms.compute > 0 and terms.actions >= 2
-    assert {m for m, _, _ in MODELS} == {"tiny", "small"}
+    assert {g.name for g in MODELS} == {"tiny", "small", "mixtral-debug", "llama3-debug"}
+    assert not {model for model, _ in runs} & {g.model() for g in MODELS}  # fitted on other shapes than validated
     assert all(plan.dp * plan.pp * plan.mp == 8 for _, plan in calibration_runs(8))
     with pytest.raises(ValueError, match="multiple of 4"):
         calibration_runs(6)
@@ -167,3 +168,22 @@ def test_a_study_folder_is_read_run_by_run_with_tensor_peaks_on_the_cpu(tmp_path
     got = read_runs(tmp_path)
     assert [(r.name, r.peak_bytes) for r in got] == [("a_cpu", 1e8), ("b_cpu_unprofiled", None), ("c_gpu", 5e9)]
     assert got[0].plan.cp == 2 and got[0].plan.dp == 2
+
+
+def test_validation_runs_plans_with_every_dimension_the_planner_prices():
+    """plan --validate on 4 ranks: dense plans with and without SP, a mixture of experts' plans with ep > 1 and
+    long sequences' plans with cp > 1, each the best of its mesh."""
+    from runtime.commands.plan_validation import MODELS
+
+    cluster = load_cluster("cpu-2core")
+    chosen = {}
+    for group in MODELS:
+        plans = [e.candidate for e in rank_plans(default_config(group.model()), world=4, cluster=cluster,
+                                                 global_batch_size=group.global_batch, max_cp=group.max_cp)
+                 if e.feasible and group.keeps(e.candidate)]
+        chosen[group.name] = plans
+        assert plans and all(c.dp * c.pp * c.mp * c.cp == 4 for c in plans)
+    assert any(c.sequence_parallel for c in chosen["tiny"]) and any(c.mp > 1 and not c.sequence_parallel
+                                                                   for c in chosen["tiny"])
+    assert all(c.ep > 1 for c in chosen["mixtral-debug"]) and {c.ep for c in chosen["mixtral-debug"]} == {2, 4}
+    assert all(c.cp > 1 for c in chosen["llama3-debug"]) and {c.cp for c in chosen["llama3-debug"]} == {2, 4}

@@ -1,10 +1,11 @@
 """``python run.py plan --validate``: predicted against measured step time, on any device.
 
 On this machine: for the tiny and the small model, the planner's best plan on every feasible mesh of the
-world size (and, where mp > 1, its best plan with sequence parallelism too) is trained for a few steps
-(real torchrun jobs) and its median step time compared with the prediction: median absolute percentage
-error, Spearman rank correlation, and whether the plan predicted fastest is within 10% of the measured
-fastest. With ``--measured FILE`` (engine summaries from any device, e.g. tests/gpu_planner_runs.sh on a
+world size (and, where mp > 1, its best plan with sequence parallelism too), for a mixture of experts its best
+plan of every mesh and ep > 1, and for long sequences (T 2048) its best of every mesh with cp > 1, is trained
+for a few steps (real torchrun jobs) and its median step time compared with the prediction: median absolute
+percentage error, Spearman rank correlation, and whether the plan predicted fastest is within 10% of the
+measured fastest. With ``--measured FILE`` (engine summaries from any device, e.g. tests/gpu_planner_runs.sh on a
 lent GPU) nothing is run: the planner prices each recorded run on ``--cluster`` and is compared with it.
 """
 
@@ -13,15 +14,45 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from compiler.planner.cluster import Cluster
-from runtime.commands.flags import default_config, model_flags, named_model
+from models import named_config
+from runtime.commands.flags import default_config, model_flags
 from runtime.commands.launch import RunSpec, execute
 from runtime.commands.measured_runs import compare, read_runs
 from runtime.planning import rank_plans
 
-MODELS = (("tiny", None, 16), ("small", 128, 8))  # (model, seq-len override, global batch)
+
+
+@dataclass(frozen=True)
+class ValidationModel:
+    """A model whose plans are run: ``shape`` overrides its named size; ``only`` keeps the plans that use that
+    dimension (the dense models cover the others); ``max_cp`` lets the search split sequences."""
+    name: str
+    global_batch: int
+    shape: dict = field(default_factory=dict)
+    only: str | None = None  # "cp" or "ep"
+    max_cp: int = 1
+
+    def model(self):
+        return named_config(self.name, **self.shape)
+
+    def keeps(self, candidate) -> bool:
+        return self.only is None or getattr(candidate, self.only) > 1
+
+
+MODELS = (
+    ValidationModel("tiny", 16),
+    ValidationModel("small", 8, {"seq_len": 128}),
+    # A mixture of experts (8 experts, top 2; the study's experts shape): its plans with expert parallelism.
+    ValidationModel("mixtral-debug", 16, {"n_layers": 4, "d_model": 128, "n_heads": 4, "n_kv_heads": 2,
+                                          "mlp_width": 128, "seq_len": 128}, only="ep"),
+    # Long sequences (the study's long-context Llama shape at T 2048): its plans with context parallelism.
+    ValidationModel("llama3-debug", 4, {"n_layers": 4, "d_model": 256, "n_heads": 8, "n_kv_heads": 4,
+                                        "seq_len": 2048}, only="cp", max_cp=4),
+)
 RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-every", "0",
              "--eval-batches", "1", "--peak-tflops", "1"]
 
@@ -66,19 +97,20 @@ def validate(*, world: int, cluster: Cluster, precisions: tuple[str, ...], out: 
     report: dict = {"world": world, "cluster": cluster.name, "models": {}}
     all_rows = []
     with tempfile.TemporaryDirectory() as work:
-        for model, seq_len, gbs in MODELS:
-            shape = named_model(model, seq_len)
-            estimates = rank_plans(default_config(shape), world=world, global_batch_size=gbs, cluster=cluster,
-                                   precisions=precisions)
+        for group in MODELS:
+            shape, model = group.model(), group.name
+            estimates = rank_plans(default_config(shape), world=world, global_batch_size=group.global_batch,
+                                   cluster=cluster, precisions=precisions, max_cp=group.max_cp)
             best_per_mesh = {}
-            for e in estimates:  # the best of every mesh, and of every mesh with sequence parallelism
-                mesh = (e.candidate.dp, e.candidate.pp, e.candidate.mp, e.candidate.sequence_parallel)
-                if e.feasible and mesh not in best_per_mesh:
+            for e in estimates:  # the best of every mesh (cp and ep included), and with sequence parallelism
+                c = e.candidate
+                mesh = (c.dp, c.pp, c.mp, c.cp, c.ep, c.sequence_parallel)
+                if e.feasible and group.keeps(c) and mesh not in best_per_mesh:
                     best_per_mesh[mesh] = e
             rows = []
-            for mesh, e in best_per_mesh.items():
-                spec = RunSpec(f"{model}_{'x'.join(map(str, mesh[:3]))}{'_sp' if mesh[3] else ''}", world,
-                               [*model_flags(shape), *e.candidate.flags(), *RUN_FLAGS])
+            for (dp, pp, mp, cp, ep, sp), e in best_per_mesh.items():
+                name = f"{model}_{dp}x{pp}x{mp}" + (f"_cp{cp}" if cp > 1 else "") + (f"_ep{ep}" if ep > 1 else "")
+                spec = RunSpec(name + ("_sp" if sp else ""), world, [*model_flags(shape), *e.candidate.flags(), *RUN_FLAGS])
                 result = execute(spec, Path(work), timeout=900)
                 measured = result.summary["step_time_s"] if result.ok else None
                 rows.append({"model": model, "plan": e.candidate.describe(), "predicted_s": e.step_time,

@@ -141,7 +141,7 @@ QUICK = StudySettings(
 # and a two-trial memory search per precision. Its numbers mean nothing.
 SMOKE = StudySettings(
     model=ModelShape(8, 128, 8, 64), micro_batch_size=4, microbatches=4, steps=3, rounds=1,
-    memory_model=ModelShape(2, 32, 2, 32), memory_budget_gb=0.002, memory_resolution=1.0, memory_start=4,
+    memory_model=ModelShape(2, 32, 2, 32), memory_budget_gb=0.002, memory_resolution=1.0, memory_start=8,
     split_model=ModelShape(4, 64, 4, 32, 2048), timeout_s=300,
     throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2"), scaling_worlds=(1, 2), overhead_pairs=1,
     split_pps=(2,), split_schedules=("1f1b",), zero_bubble_compiled=False, zero_bubble_1f1b=False,
