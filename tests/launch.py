@@ -105,6 +105,8 @@ def _output_to(path: str | None):
 def train_runs(argvs: list[list[str]], *, world_size: int, outputs: list[Path], timeout: float = 300) -> list[str]:
     """Train each argv in turn on one spawned job of ``world_size`` ranks (forked from the fork server: no
     torchrun, no interpreter start per rank); returns each run's output, every rank's, in rank order."""
+    for o in outputs:
+        Path(o).parent.mkdir(parents=True, exist_ok=True)
     spawn_ranks(train_each, world_size=world_size, args=(argvs, [str(o) for o in outputs]), timeout=timeout)
     return ["".join(Path(f"{o}.rank{r}").read_text(errors="replace") for r in range(world_size)) for o in outputs]
 

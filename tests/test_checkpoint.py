@@ -59,8 +59,6 @@ def _train_in_turn(runs: list[tuple[tuple[int, int, int], Path, tuple[str, ...]]
     """Runs of one world size, (mesh, logdir, flags) each, one after another on the same spawned ranks (a
     later run may resume an earlier one's checkpoint)."""
     (world,) = {_world(mesh, flags) for mesh, _, flags in runs}
-    for _, logdir, _ in runs:
-        logdir.mkdir(parents=True, exist_ok=True)
     outputs = train_runs([[*_mesh(*mesh), *COMMON, "--logdir", str(logdir), *flags] for mesh, logdir, flags in runs],
                          world_size=world, outputs=[logdir / "output" for _, logdir, _ in runs],
                          timeout=120 + 120 * len(runs))

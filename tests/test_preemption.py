@@ -60,7 +60,6 @@ def test_sigterm_checkpoints_the_step_reached_and_resume_is_exact(tmp_path, unin
     assert f"exitcode  : {PREEMPTED_EXIT_CODE}" in output or "SIGTERM" in output
 
     logdir = tmp_path / "resumed"
-    logdir.mkdir()
     train_runs([[*MESH, *ARGS, "--checkpoint-dir", str(directory), "--resume", "--logdir", str(logdir)]],
                world_size=8, outputs=[logdir / "output"])
     _assert_continues_exactly(json.loads((logdir / "summary.json").read_text()), uninterrupted)

@@ -14,44 +14,41 @@ from __future__ import annotations
 import json
 import statistics
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from compiler.planner.cluster import Cluster
-from models import named_config
-from runtime.commands.flags import default_config, model_flags
+from runtime.commands.flags import build_parser, default_config, model_config, model_flags
 from runtime.commands.launch import RunSpec, execute
 from runtime.commands.measured_runs import compare, read_runs
+from runtime.commands.study import experts, long_context
 from runtime.planning import rank_plans
-
 
 
 @dataclass(frozen=True)
 class ValidationModel:
-    """A model whose plans are run: ``shape`` overrides its named size; ``only`` keeps the plans that use that
-    dimension (the dense models cover the others); ``max_cp`` lets the search split sequences."""
+    """A model whose plans are run, built from ``flags`` as run.py builds it; ``only`` keeps the plans that use
+    that dimension (the dense models cover the others); ``max_cp`` lets the search split sequences."""
     name: str
     global_batch: int
-    shape: dict = field(default_factory=dict)
+    flags: tuple[str, ...]
     only: str | None = None  # "cp" or "ep"
     max_cp: int = 1
 
     def model(self):
-        return named_config(self.name, **self.shape)
+        return model_config(build_parser().parse_args(list(self.flags)))
 
     def keeps(self, candidate) -> bool:
         return self.only is None or getattr(candidate, self.only) > 1
 
 
 MODELS = (
-    ValidationModel("tiny", 16),
-    ValidationModel("small", 8, {"seq_len": 128}),
-    # A mixture of experts (8 experts, top 2; the study's experts shape): its plans with expert parallelism.
-    ValidationModel("mixtral-debug", 16, {"n_layers": 4, "d_model": 128, "n_heads": 4, "n_kv_heads": 2,
-                                          "mlp_width": 128, "seq_len": 128}, only="ep"),
-    # Long sequences (the study's long-context Llama shape at T 2048): its plans with context parallelism.
-    ValidationModel("llama3-debug", 4, {"n_layers": 4, "d_model": 256, "n_heads": 8, "n_kv_heads": 4,
-                                        "seq_len": 2048}, only="cp", max_cp=4),
+    ValidationModel("tiny", 16, ("--model", "tiny")),
+    ValidationModel("small", 8, ("--model", "small", "--seq-len", "128")),
+    # The experts study's mixture of experts (8 experts, top 2): its plans with expert parallelism.
+    ValidationModel("mixtral-debug", 16, tuple(experts.MOE), only="ep"),
+    # The long-context study's Llama at T 2048: its plans with context parallelism.
+    ValidationModel("llama3-debug", 4, (*long_context.SHAPE, "--seq-len", "2048"), only="cp", max_cp=4),
 )
 RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-every", "0",
              "--eval-batches", "1", "--peak-tflops", "1"]
