@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from models import gpt2, llama3, mixtral, qwen3, qwen3_moe
-from models.common.attention_core import CausalAttention, document_runs
+from models.common.attention_core import CausalAttention, any_length_kernels, document_runs
 from models.common.grouped_mm import GROUPED_MM_FLOPS, GROUPED_MM_OPS, grouped_mm_by_expert, weight_grad_by_expert
 from models.common.load_balance import update_expert_bias
 from models.common.moe import MoE, experts_swiglu, inactive_expert_parameters

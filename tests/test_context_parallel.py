@@ -4,6 +4,7 @@ boundaries, under grouped-query heads. Model-level parity with one process: test
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 
 import pytest
@@ -18,6 +19,7 @@ from compiler.parallelize.context_parallel import (
     local_chunks,
     natural_order,
 )
+from models import CausalAttention
 from tests.launch import spawn_ranks
 
 
@@ -40,6 +42,35 @@ def _dense(q, k, v, documents):
     if documents is not None:
         mask = mask & (documents.unsqueeze(-1) == documents.unsqueeze(-2)).unsqueeze(1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+@contextlib.contextmanager
+def cudnn_allowed_in_attention_calls():
+    """Yields a list that gets, for each ``scaled_dot_product_attention`` call made inside, whether cuDNN's kernel
+    could have run it (on the CPU no call runs on cuDNN, but the backends allowed are visible)."""
+    real, seen = F.scaled_dot_product_attention, []
+
+    def recording(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return real(*args, **kwargs)
+    F.scaled_dot_product_attention = recording
+    try:
+        yield seen
+    finally:
+        F.scaled_dot_product_attention = real
+
+
+def test_documents_attend_causally_within_each_on_kernels_that_take_any_length():
+    """One call per document run equals the block-causal mask; no call may go to cuDNN, which builds a graph for
+    every new length (a 1B Llama's step 4.4x slower with documents on an H200, models/common/attention_core.py)."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 12, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, 2, 12, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    documents = torch.tensor([[0] * 5 + [1] * 4 + [2] * 3, [3] * 12])
+    with cudnn_allowed_in_attention_calls() as cudnn_allowed:
+        got = CausalAttention()(q, k, v, documents)
+    torch.testing.assert_close(got, _dense(q, k, v, documents), rtol=0, atol=1e-12)
+    assert len(cudnn_allowed) == 4 and not any(cudnn_allowed)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
@@ -87,7 +118,9 @@ def _cp_attention_matches_dense(documents_given: bool) -> None:
 
     mine = [local_chunks(t.detach(), rank=rank, cp=cp, dim=2).requires_grad_() for t in (q, k, v)]
     local_docs = None if documents is None else local_chunks(documents, rank=rank, cp=cp, dim=1)
-    got = ContextParallelAttention(mesh)(*mine, local_docs)
+    with cudnn_allowed_in_attention_calls() as cudnn_allowed:
+        got = ContextParallelAttention(mesh)(*mine, local_docs)
+    assert documents is None or not any(cudnn_allowed)  # document runs: any length (see the test above)
     torch.testing.assert_close(got, local_chunks(want, rank=rank, cp=cp, dim=2), rtol=0, atol=1e-12)
     got_grads = torch.autograd.grad(got, mine, local_chunks(upstream, rank=rank, cp=cp, dim=2))
     for g, w in zip(got_grads, want_grads):

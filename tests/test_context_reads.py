@@ -148,3 +148,16 @@ def test_synthetic_rows_are_still_drawn_whole_and_cut():
             positions = data.train.positions(2, 0, B) if document_mask else None
             _assert_same(rank_batch(data.train, 2, (0, B), document_mask=document_mask, context=context),
                          model_batch(data.train.rows(2, 0, B), positions, context=context))
+
+
+@pytest.mark.parametrize("kind,document_mask", CORPORA)
+def test_batches_of_one_row_have_a_fresh_tensors_strides(tmp_path, kind, document_mask):
+    """A stage compares each input's strides with those it was traced with, a fresh tensor's (torch 2.11's
+    pipelining: "stride mismatch: expected (T, 1) actual (T + 1, 1)", seen on an H200 with one-row micro-batches).
+    A (1, T) slice of (1, T + 1) rows counts as contiguous, so ``.contiguous()`` keeps the row's stride."""
+    data = _data(tmp_path, kind, document_mask)
+    for rows in ((0, 1), (0, B)):
+        for context in (None, ContextSlice(1, 2)):
+            inputs, targets = rank_batch(data.train, 1, rows, document_mask=document_mask, context=context)
+            for t in (*(inputs if isinstance(inputs, tuple) else (inputs,)), targets):
+                assert t.stride() == torch.empty(t.shape).stride(), (rows, context, t.shape, t.stride())

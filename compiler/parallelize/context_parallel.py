@@ -30,7 +30,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from compiler.torch_compat import cpu_flash_attention, cpu_flash_attention_backward
 from compiler.trace import take_arguments_in_order
-from models import CausalAttention, document_runs
+from models import CausalAttention, any_length_kernels, document_runs
 
 
 def chunk_order(cp: int) -> list[int]:
@@ -148,16 +148,17 @@ class ContextParallelAttention(nn.Module):
                               for i, a in enumerate(starts)], dim=2)
         docs_all = gather_sequence(documents, self.mesh, dim=1)  # (B, T)
         rows = []
-        for b in range(q.shape[0]):
-            first = _document_starts(docs_all[b])  # (T,) each token's document's first position
-            pieces = []
-            for i, a in enumerate(starts):
-                for lo, hi in document_runs(docs_all[b, a:a + run]):  # runs of one document within the chunk
-                    s, qa, qb = int(first[a + lo]), a + lo, a + hi
-                    local = slice(i * run + lo, i * run + hi)
-                    pieces.append(causal_run_attention(q[b:b + 1, :, local], k_all[b:b + 1, :, s:qb],
-                                                       v_all[b:b + 1, :, s:qb], prefix=qa - s))
-            rows.append(torch.cat(pieces, dim=2))
+        with any_length_kernels():  # every document run is a new shape (models/common/attention_core.py)
+            for b in range(q.shape[0]):
+                first = _document_starts(docs_all[b])  # (T,) each token's document's first position
+                pieces = []
+                for i, a in enumerate(starts):
+                    for lo, hi in document_runs(docs_all[b, a:a + run]):  # runs of one document within the chunk
+                        s, qa, qb = int(first[a + lo]), a + lo, a + hi
+                        local = slice(i * run + lo, i * run + hi)
+                        pieces.append(causal_run_attention(q[b:b + 1, :, local], k_all[b:b + 1, :, s:qb],
+                                                           v_all[b:b + 1, :, s:qb], prefix=qa - s))
+                rows.append(torch.cat(pieces, dim=2))
         return torch.cat(rows, dim=0)
 
 

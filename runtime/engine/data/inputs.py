@@ -32,7 +32,10 @@ class ContextSlice:
 def model_batch(rows: torch.Tensor, positions: torch.Tensor | None, *,
                 context: ContextSlice | None = None) -> tuple[Inputs, torch.Tensor]:
     """(B, T+1) token rows and, for packed documents, their (B, T) positions within documents -> (inputs, targets)."""
-    tokens, targets = rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+    # Copies with a fresh tensor's strides: a stage checks its inputs' strides against the traced example's, and
+    # .contiguous() keeps a (1, T) slice's row stride T + 1 (a size-1 dimension's stride does not count).
+    tokens, targets = (rows[:, cols].clone(memory_format=torch.contiguous_format)
+                       for cols in (slice(None, -1), slice(1, None)))
     extras: list[torch.Tensor] = []
     if positions is not None:
         extras = [positions, document_ids(positions)]
