@@ -9,7 +9,7 @@ import pytest
 
 from compiler.planner.cluster import load_cluster
 from compiler.planner.collectives import all_gather_time, all_reduce_time, all_to_all_time
-from compiler.planner.devices import Gemm
+from compiler.planner.devices import CpuDevice, Gemm
 from compiler.planner.engines import THIS_ENGINE, TORCHTITAN
 from compiler.planner.layers import Setup, layer_table
 from compiler.planner.shape import DENSE, MOE, DecoderShape
@@ -88,12 +88,31 @@ def test_context_parallel_splits_the_causal_attention_work_evenly():
 
 def test_the_cpu_prices_attention_at_the_causal_half_its_flash_kernel_runs():
     """FlopCounterMode counts attention's whole T x T; the CPU's flash kernel runs the causal half (forward, and
-    2.5x that backward): the CPU device times the FLOPs run, at its calibrated rate."""
+    2.5x that backward): the CPU device times the FLOPs run, the block's matrix products at the block rate and
+    attention at its calibrated attention rate for the sequence and head dim."""
     cpu = load_cluster("cpu-2core").device
     work = block_work(SHAPE, DENSE, micro_batch_size=1, mp=1, cp=1, ep=1, precision="fp32", sequence_parallel=False,
                       traits=THIS_ENGINE)
+    assert work.attention_keys == SHAPE.seq_len
     rate = cpu.rate("fp32", ranks_on_node=1)
+    attention = cpu.attention_rate("fp32", keys=SHAPE.seq_len, head_dim=SHAPE.head_dim, ranks_on_node=1)
+    assert attention != rate  # its own calibrated rate (74.6 GFLOP/s per core at T 8192, hd 128, fp32)
     matmuls = sum(g.flops for g in work.gemms)
     seconds = cpu.compute(work, "fp32")
-    assert seconds.forward == pytest.approx((matmuls + work.attention_flops) / rate)
-    assert seconds.backward == pytest.approx((2 * matmuls + 2.5 * work.attention_flops) / rate + cpu.layer_overhead)
+    assert seconds.forward == pytest.approx(matmuls / rate + work.attention_flops / attention)
+    assert seconds.backward == pytest.approx(2 * matmuls / rate + 2.5 * work.attention_flops / attention
+                                             + cpu.layer_overhead)
+
+
+def test_the_cpu_attention_rate_is_interpolated_in_log_sequence_and_log_head_dim():
+    points = {"bf16": ((512, 32, 10.0), (2048, 32, 30.0), (512, 128, 20.0), (2048, 128, 60.0))}
+    cpu = CpuDevice(flops={"bf16": 100.0, "fp32": 50.0}, peak_flops={}, units_per_node=2, memory_per_node=1.0,
+                    attention_points=points)
+
+    def rate(t, hd, ranks=2):
+        return cpu.attention_rate("bf16", keys=t, head_dim=hd, ranks_on_node=ranks)
+    assert rate(1024, 32) == pytest.approx(20.0)  # halfway in log T between 10 and 30
+    assert rate(1024, 64) == pytest.approx(30.0)  # then halfway in log hd between 20 (hd 32) and 40 (hd 128)
+    assert rate(100, 32) == pytest.approx(10.0) and rate(10**5, 128) == pytest.approx(60.0)  # clamped
+    assert rate(2048, 128, ranks=1) == pytest.approx(120.0)  # one rank on two cores: two threads
+    assert cpu.attention_rate("fp32", keys=2048, head_dim=64, ranks_on_node=2) == 50.0  # no points: block rate

@@ -10,7 +10,7 @@ import pytest
 
 from compiler.partition import layer_split
 from compiler.planner.candidates import Candidate, Constraints, dp_modes, meshes
-from compiler.planner.cluster import PRESET_DIR, load_cluster, preset_names
+from compiler.planner.cluster import PRESET_DIR, cpu_cluster_from_dict, load_cluster, preset_names
 from compiler.planner.memory_model import DataParallelLayout, in_flight_stage_microbatches, weight_memory
 from compiler.planner.search import Pricer, search
 from compiler.planner.shape import DecoderShape
@@ -91,6 +91,9 @@ def test_presets_load():
         cluster = load_cluster(name)
         assert {"fp32", "bf16", "fp16"} <= set(cluster.device.peak_flops) and cluster.source
         assert json.loads(cluster.to_json())  # writes back in its own format
+        if not cluster.is_gpu:  # ... and reads back the same device, attention rates included
+            assert cpu_cluster_from_dict(json.loads(cluster.to_json())).device == cluster.device
+    assert load_cluster("cpu-2core").device.attention_points
 
 
 def test_rescaled_cluster_scales_every_predicted_step_time(cpu):

@@ -81,7 +81,8 @@ class Cluster:
 
         d = self.device
         device = replace(d, flops={p: f / ratio for p, f in d.flops.items()}, layer_overhead=d.layer_overhead * ratio,
-                         optimizer_bytes_per_s=d.optimizer_bytes_per_s / ratio)
+                         optimizer_bytes_per_s=d.optimizer_bytes_per_s / ratio,
+                         attention_points=_scaled_points(d.attention_points, lambda p: 1 / ratio))
         f = self.factors
         factors = replace(f, action_overhead=f.action_overhead * ratio, step_overhead=f.step_overhead * ratio)
         return replace(self, device=device, topology=replace(self.topology, intra=link(self.topology.intra),
@@ -92,12 +93,20 @@ class Cluster:
         """A CPU cluster with each precision's block rate and matmul peak scaled (runtime/commands/precision_probe.py)."""
         d = self.device
         device = replace(d, flops={p: v * ratios.get(p, 1.0) for p, v in d.flops.items()},
-                         peak_flops={p: v * ratios.get(p, 1.0) for p, v in d.peak_flops.items()})
+                         peak_flops={p: v * ratios.get(p, 1.0) for p, v in d.peak_flops.items()},
+                         attention_points=_scaled_points(d.attention_points, lambda p: ratios.get(p, 1.0)))
         return replace(self, device=device, source=f"{self.source}; {line}")
 
     def to_json(self) -> str:
         """The file format it was read from (CPU: calibrate's; GPU: compiler/README.md's), factors included."""
         return json.dumps(cpu_file(self) if not self.is_gpu else gpu_file(self), indent=2)
+
+
+def _scaled_points(points: dict | None, factor) -> dict | None:
+    """Attention points with each precision's rates multiplied by ``factor(precision)``."""
+    if points is None:
+        return None
+    return {p: tuple((t, hd, rate * factor(p)) for t, hd, rate in pts) for p, pts in points.items()}
 
 
 # --- the CPU format (run.py calibrate) -----------------------------------------------------------------
@@ -108,7 +117,9 @@ def cpu_cluster_from_dict(d: dict) -> Cluster:
     device = CpuDevice(flops=dict(d["flops"]), peak_flops=dict(notes.get("peak_flops", d["flops"])),
                        units_per_node=int(d["compute_units_per_node"]), memory_per_node=float(d["memory_per_node"]),
                        layer_overhead=float(d.get("layer_overhead", 0.0)),
-                       optimizer_bytes_per_s=float(d.get("optimizer_bytes_per_s", 0.0)))
+                       optimizer_bytes_per_s=float(d.get("optimizer_bytes_per_s", 0.0)),
+                       attention_points={p: tuple((float(t), float(hd), float(r)) for t, hd, r in pts)
+                                         for p, pts in d["attention_flops"].items()} if "attention_flops" in d else None)
     factors = EngineFactors(**{k: float(d[k]) for k in FACTOR_NAMES if k in d})
     return Cluster(d["name"], device, Topology(int(d["ranks_per_node"]), intra, inter), factors,
                    d.get("source", ""), notes)
@@ -121,6 +132,8 @@ def cpu_file(c: Cluster) -> dict:
             "intra_node": {"bandwidth": c.topology.intra.bandwidth, "latency": c.topology.intra.latency},
             "inter_node": {"bandwidth": c.topology.inter.bandwidth, "latency": c.topology.inter.latency},
             "layer_overhead": d.layer_overhead, **asdict(c.factors), "optimizer_bytes_per_s": d.optimizer_bytes_per_s,
+            **({"attention_flops": {p: [list(x) for x in pts] for p, pts in d.attention_points.items()}}
+               if d.attention_points else {}),
             "source": c.source, "notes": {**c.notes, "peak_flops": d.peak_flops}}
 
 

@@ -21,6 +21,7 @@ reuses its parts (full: the forward again; selective: the memory-bound forward a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -44,6 +45,7 @@ class LayerWork:
     grouped: tuple[Gemm, ...] = ()  # experts' products: a grouped GEMM of ``groups`` experts, m rows each
     attention_flops: float = 0.0  # forward FLOPs of QK^T and AV actually run (causal half with flash)
     attention_head_dim: int = 64
+    attention_keys: int = 0  # the sequence length T the keys span (the CPU's attention rate depends on it)
     scores: float = 0.0  # T x T scores through HBM (materialised attention), per micro-batch on this rank
     elementwise_bytes: float = 0.0  # forward bytes through memory-bound kernels (norms, activations, adds, loss)
     counted_flops: float = 0.0  # forward + backward in FlopCounterMode's convention (what the CPU rate measures)
@@ -165,6 +167,11 @@ class CpuDevice:
     # mp > 1: DTensor's redistributions keep two full [B, T, d] fp32 buffers per block and in-flight
     # micro-batch beyond the saved tensors (measured here: 4 blocks, d 128, T 64; memory_model.py).
     tp_buffers_per_block: int = 2
+    # Causal flash attention's FLOP/s of one core, forward + backward over the FLOPs it runs, per precision:
+    # ((T, head_dim, rate), ...) measured by calibrate. It is not the block rate: the CPU kernel's tiles are small
+    # matrix products plus a softmax (measured here, bf16: 26 GFLOP/s at T 512 and 62 at T 8192, head dim 32,
+    # against 158 on blocks). None (or a precision without points): the block rate.
+    attention_points: dict[str, tuple[tuple[float, float, float], ...]] | None = None
 
     def memory_per_rank(self, ranks_on_node: int) -> float:
         return self.memory_per_node / ranks_on_node
@@ -176,6 +183,15 @@ class CpuDevice:
         """FLOP/s one rank reaches: fewer ranks than cores run cores // ranks threads each (runtime/device.py)."""
         return self.flops[precision] * max(1, self.units_per_node // ranks_on_node)
 
+    def attention_rate(self, precision: str, *, keys: int, head_dim: int, ranks_on_node: int) -> float:
+        """FLOP/s one rank reaches on causal attention over ``keys`` tokens: the calibrated points interpolated
+        linearly in log T and log head_dim (clamped to the measured range); the block rate without points."""
+        points = (self.attention_points or {}).get(precision)
+        if not points or keys <= 0:
+            return self.rate(precision, ranks_on_node=ranks_on_node)
+        threads = max(1, self.units_per_node // ranks_on_node)
+        return threads * _log_bilinear(points, float(keys), float(head_dim))
+
     def sharing(self, *, ranks_on_node: int, busy: float) -> float:
         """Compute slowdown when the ranks computing at once outnumber the cores."""
         return max(1.0, ranks_on_node * busy / self.units_per_node)
@@ -183,13 +199,35 @@ class CpuDevice:
     def compute(self, work: LayerWork, precision: str, *, linear_peak: float | None = None,
                 ranks_on_node: int = 1) -> ComputeSeconds:
         rate = self.rate(precision, ranks_on_node=ranks_on_node)
-        # FlopCounterMode counts attention's whole T x T; the CPU flash kernel skips the causal upper half
-        # (work.attention_flops: what it runs, forward; its backward 2.5x that). At T 8192 attention is ~87% of
-        # a 4 x d 256 Llama block's counted FLOPs: counting the half it skips priced cp runs at 1.6-2.4x their time.
-        skipped = work.attention_flops
-        forward = (work.counted_forward_flops - skipped) / rate
-        backward = (work.counted_flops - work.counted_forward_flops - 2.5 * skipped) / rate + self.layer_overhead
+        # FlopCounterMode counts attention's whole T x T (forward 2a, backward 5a, where a = work.attention_flops
+        # is the causal half the CPU flash kernel runs forward; its backward runs 2.5a). At T 8192 attention is
+        # ~87% of a 4 x d 256 Llama block's counted FLOPs: counting the half it skips priced cp runs at 1.6-2.4x
+        # their time. The half it runs goes at the attention rate, the rest of the block at the block rate.
+        a = work.attention_flops
+        attention = self.attention_rate(precision, keys=work.attention_keys, head_dim=work.attention_head_dim,
+                                        ranks_on_node=ranks_on_node)
+        forward = (work.counted_forward_flops - 2 * a) / rate + a / attention
+        backward = ((work.counted_flops - work.counted_forward_flops - 5 * a) / rate + 2.5 * a / attention
+                    + self.layer_overhead)
         return ComputeSeconds(forward, backward, 0.0)
 
     def optimizer_seconds(self, params: float) -> float:
         return params * 4 / self.optimizer_bytes_per_s if self.optimizer_bytes_per_s else 0.0
+
+
+def _log_bilinear(points: tuple[tuple[float, float, float], ...], t: float, hd: float) -> float:
+    """Rate at (t, hd) from (T, head_dim, rate) points on a grid: linear in log T within each measured head
+    dim, then linear in log head_dim between the two nearest; clamped outside the measured range."""
+    def along(pairs: list[tuple[float, float]], x: float) -> float:
+        pairs = sorted(pairs)
+        if x <= pairs[0][0]:
+            return pairs[0][1]
+        for (x0, y0), (x1, y1) in zip(pairs, pairs[1:]):
+            if x <= x1:
+                w = math.log(x / x0) / math.log(x1 / x0)
+                return y0 + w * (y1 - y0)
+        return pairs[-1][1]
+
+    dims = sorted({d for _, d, _ in points})
+    by_dim = [(d, along([(T, r) for T, dd, r in points if dd == d], t)) for d in dims]
+    return by_dim[0][1] if len(by_dim) == 1 else along(by_dim, hd)

@@ -71,7 +71,7 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
         act = (3 if shape.mlp == "swiglu" else 2) * e.width
         elementwise = rows * (replicated + split) * a + local * (e.top_k * (4 * shape.d_model + act) * a + 8 * e.count)
     matmul_forward = sum(g.flops for g in gemms + grouped)
-    return LayerWork(tuple(gemms + batched), tuple(grouped), flash, shape.head_dim, scores, elementwise,
+    return LayerWork(tuple(gemms + batched), tuple(grouped), flash, shape.head_dim, shape.seq_len, scores, elementwise,
                      3 * matmul_forward + 3.5 * attention_counted, matmul_forward + attention_counted)
 
 

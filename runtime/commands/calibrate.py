@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from compiler.cost import layer_costs
 from compiler.planner.cluster import CALIBRATED, Cluster, EngineFactors, load_cluster, preset_for_device
@@ -60,6 +61,27 @@ def block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, repe
     return statistics.median(times), flops
 
 
+# Causal attention's rate grows with the sequence and the head dim (the CPU flash kernel's tiles): measured at
+# these (T, head_dim), with fewer heads at long T so that each takes about a second. fp16 runs ~35x slower than
+# bf16 on CPUs without AVX-512 FP16 and is left at the block rate.
+ATTENTION_POINTS = ((512, 32, 8), (512, 128, 8), (2048, 32, 8), (2048, 128, 8), (8192, 32, 1), (8192, 128, 1))
+ATTENTION_PRECISIONS = ("fp32", "bf16")
+
+
+def attention_rate(seq: int, head_dim: int, heads: int, precision: str, repeats: int = 2) -> float:
+    """FLOP/s of one causal ``scaled_dot_product_attention`` forward + backward, batch 1, over the FLOPs it runs:
+    forward 2 T^2 hd per head (QK^T and AV over the causal half), backward 2.5x that."""
+    dtype = PRECISIONS[precision].dtype
+    q, k, v = (torch.randn(1, heads, seq, head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
+    times = []
+    for i in range(repeats + 1):
+        start = time.perf_counter()
+        F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+        if i:
+            times.append(time.perf_counter() - start)
+    return 3.5 * 2 * seq * seq * head_dim * heads / statistics.median(times)
+
+
 def _compute_worker(out_dir: str) -> None:
     """One of the concurrent measuring processes (runtime/distributed/spawn.py sets RANK, WORLD_SIZE)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -73,6 +95,11 @@ def _compute_worker(out_dir: str) -> None:
         rate = (f1 - f0) / max(t1 - t0, 1e-9)
         result["block"][precision] = {"rate": rate, "overhead": max(0.0, t0 - f0 / rate), "points": points}
         result["matmul"][precision] = best_matmul_flops(PRECISIONS[precision].dtype, torch.device("cpu"))
+    result["attention"] = {}
+    for precision in ATTENTION_PRECISIONS:
+        dist.barrier()
+        result["attention"][precision] = [(t, hd, attention_rate(t, hd, heads, precision))
+                                          for t, hd, heads in ATTENTION_POINTS]
     if world >= 2:
         result["all_reduce"] = _all_reduce_fit()
     if rank == 0:
@@ -125,6 +152,13 @@ def measure(processes: int, work_dir: Path, *, timeout: float = 900) -> list[dic
     return [json.loads((work_dir / f"calib{r}.json").read_text()) for r in range(processes)]
 
 
+def mean_attention_points(results: list[dict]) -> dict[str, tuple[tuple[float, float, float], ...]]:
+    """Each (T, head_dim) point's rate averaged over the concurrent processes."""
+    first = results[0].get("attention", {})
+    return {p: tuple((t, hd, statistics.mean(r["attention"][p][i][2] for r in results))
+                     for i, (t, hd, _) in enumerate(points)) for p, points in first.items()}
+
+
 def build_cluster(results: list[dict], *, name: str, cores: int, ranks_per_node: int, memory_bytes: float) -> Cluster:
     def mean(key: str, precision: str) -> float:
         return statistics.mean(r["block"][precision][key] for r in results)
@@ -134,7 +168,8 @@ def build_cluster(results: list[dict], *, name: str, cores: int, ranks_per_node:
     device = CpuDevice(flops={p: mean("rate", p) for p in PRECISIONS},
                        peak_flops={p: statistics.mean(r["matmul"][p] for r in results) for p in PRECISIONS},
                        units_per_node=cores, memory_per_node=memory_bytes, layer_overhead=mean("overhead", "fp32"),
-                       optimizer_bytes_per_s=results[0]["adamw_bytes_per_s"])
+                       optimizer_bytes_per_s=results[0]["adamw_bytes_per_s"],
+                       attention_points=mean_attention_points(results))
     return Cluster(
         name=name, device=device, topology=Topology(ranks_per_node, link, link), factors=EngineFactors(),
         source=f"python run.py calibrate on {time.strftime('%Y-%m-%d')}: {processes_note(len(results))}",
@@ -153,6 +188,9 @@ def print_cluster(cluster: Cluster) -> None:
         for precision in PRECISIONS:
             print(f"  {precision}: {d.flops[precision] / 1e9:.1f} GFLOP/s per core on blocks, "
                   f"peak matmul {d.peak_flops[precision] / 1e9:.1f}")
+            points = (d.attention_points or {}).get(precision)
+            if points:
+                print("    causal attention: " + ", ".join(f"T {t:,.0f} hd {hd:.0f} {r / 1e9:.1f}" for t, hd, r in points))
         print(f"  fixed cost per layer {d.layer_overhead * 1e3:.2f} ms; all-reduce latency "
               f"{link.latency * 1e6:.0f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s; "
               f"AdamW {d.optimizer_bytes_per_s / 1e9:.2f} GB/s")
