@@ -5,6 +5,8 @@ What it measures, with one process per compute unit running at the same time (as
   straight-line fit of time against counted FLOPs gives the achievable FLOP/s and the fixed cost
   per layer (Python, kernel launches), which dominates small models on CPU;
 - the best dense matmul rate per precision (the peak MFU is measured against);
+- causal attention (``scaled_dot_product_attention``) forward + backward at three sequence lengths and two head
+  dims, fp32 and bf16: the CPU's flash kernel runs at its own rate, far from the block rate at short T;
 - gloo all-reduce between two processes at several sizes: latency and bandwidth from a fit of the
   ring formula, time = S / bandwidth + 2 * latency for two ranks;
 - AdamW's throughput over parameter bytes.
