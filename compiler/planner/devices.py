@@ -169,7 +169,7 @@ class CpuDevice:
     tp_buffers_per_block: int = 2
     # Causal flash attention's FLOP/s of one core, forward + backward over the FLOPs it runs, per precision:
     # ((T, head_dim, rate), ...) measured by calibrate. It is not the block rate: the CPU kernel's tiles are small
-    # matrix products plus a softmax (measured here, bf16: 26 GFLOP/s at T 512 and 62 at T 8192, head dim 32,
+    # matrix products plus a softmax (measured here, bf16: 22 GFLOP/s at T 512 and 65 at T 8192, head dim 32,
     # against 158 on blocks). None (or a precision without points): the block rate.
     attention_points: dict[str, tuple[tuple[float, float, float], ...]] | None = None
 
