@@ -87,6 +87,8 @@ class DataConfig:
     data_format: str = "auto"  # --data-format: how to read --data / --val-data ("auto": by name and header)
     eod_token: int | None = None  # --eod-token: the end-of-document token id
     document_mask: bool = False  # --document-mask: attention and positions restart at each document
+    # --no-loss-across-documents: no loss on the token that follows an end-of-document id (Megatron's eod_mask_loss)
+    no_loss_across_documents: bool = False
     tokenizer: str | None = None  # --tokenizer (or the --init-from folder's): text is tokenized with it
 
 

@@ -59,6 +59,10 @@ def _batch_loss(model: torch.nn.Module, source, index: int, cfg: TrainConfig) ->
     positions = source.positions(index, 0, cfg.global_batch_size) if cfg.data.document_mask else None
     inputs, targets = model_batch(source.rows(index, 0, cfg.global_batch_size), positions)
     logits = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+    if cfg.data.no_loss_across_documents:  # no loss where the input token ends a document; mean over every position
+        tokens = inputs[0] if isinstance(inputs, tuple) else inputs
+        losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+        return (losses * (tokens.flatten() != cfg.data.eod_token)).sum() / losses.numel()
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 

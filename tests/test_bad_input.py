@@ -42,6 +42,8 @@ CASES = {
     "missing-data-path": (2, ["--dp", "2", "--data", "/nonexistent/corpus.txt"], ["--data /nonexistent/corpus.txt", "builtin"]),
     "eod-token-outside-vocabulary": (2, ["--dp", "2", "--eod-token", "256"], ["--eod-token 256", "[0, 256)"]),
     "document-mask-without-boundaries": (2, ["--dp", "2", "--document-mask"], ["--document-mask", "--eod-token", "Megatron"]),
+    "no-loss-across-documents-without-eod": (2, ["--dp", "2", "--no-loss-across-documents"],
+                                             ["--no-loss-across-documents", "--eod-token"]),
     "unknown-token-dtype": (2, ["--dp", "2", "--token-dtype", "float16"], ["--token-dtype", "uint16", "uint32"]),
     "bad-mixture-weight": (2, ["--dp", "2", "--data", "0.7:a.bin,b.bin"], ["--data 0.7:a.bin,b.bin", "WEIGHT:PATH"]),
     "v-with-single-stage-schedule": (2, ["--pp", "2", "--schedule", "gpipe", "--stages-per-rank", "2"],

@@ -11,10 +11,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from compiler.parallelize.context_parallel import local_chunks
+from compiler.parallelize.cross_entropy import IGNORE_INDEX
 from runtime.engine.data import build_data
 from runtime.engine.data.batches import CorpusBatches
 from runtime.engine.data.corpus import Corpus, restart_at_window
-from runtime.engine.data.inputs import ContextSlice, document_ids, model_batch, rank_batch
+from runtime.engine.data.inputs import (ContextSlice, document_ids, model_batch, rank_batch,
+                                        without_loss_across_documents)
 from runtime.engine.evaluation import window_batch
 from tests.token_writers import write_megatron, write_nanogpt
 
@@ -161,3 +164,17 @@ def test_batches_of_one_row_have_a_fresh_tensors_strides(tmp_path, kind, documen
             inputs, targets = rank_batch(data.train, 1, rows, document_mask=document_mask, context=context)
             for t in (*(inputs if isinstance(inputs, tuple) else (inputs,)), targets):
                 assert t.stride() == torch.empty(t.shape).stride(), (rows, context, t.shape, t.stride())
+
+
+def test_no_loss_after_an_end_of_document_is_the_same_on_chunks_as_on_whole_rows(tmp_path):
+    """--no-loss-across-documents: a target is ignored exactly where its input token is the end-of-document id,
+    and a cp rank's chunks get what cutting the whole rows' masked targets gives."""
+    data = _data(tmp_path, "eod", True)
+    inputs, targets = rank_batch(data.train, 1, (0, B), document_mask=True, context=None)
+    masked = without_loss_across_documents(inputs, targets, EOD)
+    assert torch.equal(masked == IGNORE_INDEX, inputs[0] == EOD) and bool((inputs[0] == EOD).any())
+    assert torch.equal(masked[masked != IGNORE_INDEX], targets[inputs[0] != EOD])
+    for context in CONTEXTS:
+        chunk_inputs, chunk_targets = rank_batch(data.train, 1, (0, B), document_mask=True, context=context)
+        got = without_loss_across_documents(chunk_inputs, chunk_targets, EOD)
+        assert torch.equal(got, local_chunks(masked, rank=context.rank, cp=context.size, dim=1))

@@ -67,7 +67,8 @@ CASES = [
     # Sequence parallelism: norms and residual stream on sequence shards, also across stage boundaries, with
     # DP (and packed documents), under PP + selective AC (DTensor ops and the reduce-scatter kept), zbv (above),
     # and the embedding alone on a stage (it sends its slice of the sequence on).
-    (2, 1, 4, "1f1b", [*DOCUMENTS, "--sequence-parallel", "--profile-memory"]),  # its inputs are (tokens, positions)
+    # (tokens, positions) inputs; no loss on the token after each end of document (the mean over every position)
+    (2, 1, 4, "1f1b", [*DOCUMENTS, "--sequence-parallel", "--profile-memory", "--no-loss-across-documents"]),
     (2, 2, 2, "interleaved-1f1b", ["--sequence-parallel", "--activation-checkpointing", "selective"]),
     (2, 2, 2, "gpipe", ["--split", "manual:0,4", "--sequence-parallel"]),
     # Llama 3 (RMSNorm, RoPE with llama3 scaling, grouped-query attention 8 heads / 4 kv heads, SwiGLU): the
@@ -95,7 +96,7 @@ CASES = [
     (1, 1, 1, "1f1b", ["--cp", "2", "--eval-every", "2"]),  # validation on sequence chunks too
     (2, 1, 1, "1f1b", [*LLAMA, "--cp", "2", "--activation-checkpointing", "selective"]),
     (1, 2, 2, "interleaved-1f1b", ["--cp", "2", *DOCUMENTS]),
-    (2, 1, 2, "1f1b", [*LLAMA, "--cp", "2", "--sequence-parallel", *DOCUMENTS]),
+    (2, 1, 2, "1f1b", [*LLAMA, "--cp", "2", "--sequence-parallel", *DOCUMENTS, "--no-loss-across-documents"]),
     (2, 1, 1, "1f1b", [*QWEN3_MOE, "--cp", "2", "--ep", "2"]),
     # Validation through the V placements (a forward-only action list: torch's V schedules cannot eval()).
     (1, 2, 1, "zbv", ["--eval-every", "2"]),

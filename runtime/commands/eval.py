@@ -182,4 +182,5 @@ def evaluate(inputs: EvalInputs, *, env: LaunchEnv, device: torch.device) -> Eva
                                 replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
                                 loss_copies=cfg.mesh.mp, byte_level=inputs.byte_level,
                                 document_mask=cfg.data.document_mask,
+                                eod_without_loss=cfg.data.eod_token if cfg.data.no_loss_across_documents else None,
                                 context=ContextSlice(layout.cp_index(env.rank), cfg.mesh.cp) if cfg.mesh.cp > 1 else None)

@@ -243,6 +243,10 @@ def add_data_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--document-mask", action="store_true",
                    help="restart attention and positions at each document: needs --eod-token or a Megatron "
                         "document index")
+    g.add_argument("--no-loss-across-documents", action="store_true",
+                   help="no loss on the token after each --eod-token (the next document's first token is not "
+                        "predicted from the previous one; Megatron's --eod-mask-loss); the loss stays a mean over "
+                        "every position, a skipped one counting zero, so it is the same on any mesh")
 
 
 def add_validation_flags(p: argparse.ArgumentParser) -> None:

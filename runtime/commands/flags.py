@@ -87,7 +87,8 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
                           args.stop_at_step),
         data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches, val_source=args.val_data,
                         token_dtype=args.token_dtype, data_format=args.data_format, eod_token=args.eod_token,
-                        document_mask=args.document_mask, tokenizer=_tokenizer_folder(args)),
+                        document_mask=args.document_mask, tokenizer=_tokenizer_folder(args),
+                        no_loss_across_documents=getattr(args, "no_loss_across_documents", False)),
         metrics=MetricsConfig(args.logdir or "", args.log_every, args.peak_tflops, args.profile, args.profile_memory),
         seed=args.seed,
         activation_checkpointing=args.activation_checkpointing,
@@ -104,6 +105,8 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
     vocab_size = cfg.model.vocab_size
     if args.eod_token is not None and not 0 <= args.eod_token < vocab_size:
         raise ConfigError(f"--eod-token {args.eod_token} must be a token id in [0, {vocab_size}) (--vocab-size {vocab_size})")
+    if cfg.data.no_loss_across_documents and args.eod_token is None:
+        raise ConfigError("--no-loss-across-documents needs --eod-token ID: the token that ends each document")
     if world_size is not None:
         validate(cfg, world_size=world_size)
     return cfg if args.logdir else with_default_logdir(cfg, now=now)

@@ -252,7 +252,8 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
     scaler = build_grad_scaler(cfg.precision, device.type)
     vocab_parallel = cfg.mesh.mp > 1
     loss_fn = scaled_cross_entropy(scaler, microbatches=cfg.pipeline.microbatches,
-                                   vocab_mesh=mesh["mp"] if vocab_parallel else None, vocab_size=cfg.model.vocab_size)
+                                   vocab_mesh=mesh["mp"] if vocab_parallel else None, vocab_size=cfg.model.vocab_size,
+                                   over_every_position=cfg.data.no_loss_across_documents)
     schedule = build_schedule(cfg.pipeline.schedule, stages.stages, n_microbatches=cfg.pipeline.microbatches,
                               loss_fn=loss_fn)
     optimizer = build_optimizer(stages.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)

@@ -75,7 +75,7 @@ def ensure_scale_initialised(scaler: ShardedGradScaler, device: torch.device) ->
 
 
 def scaled_cross_entropy(scaler: ShardedGradScaler, *, microbatches: int, vocab_mesh: DeviceMesh | None = None,
-                         vocab_size: int | None = None):
+                         vocab_size: int | None = None, over_every_position: bool = False):
     """The schedule's loss function: next-token cross-entropy of one micro-batch, divided by the
     number of micro-batches and loss-scaled.
 
@@ -87,11 +87,19 @@ def scaled_cross_entropy(scaler: ShardedGradScaler, *, microbatches: int, vocab_
     bf16 or fp16 under autocast; compiler/parallelize/cross_entropy.py). With ``vocab_mesh`` the logits are
     this rank's vocabulary shard (mb, T, V/mp) of a vocabulary-parallel head, and the softmax's statistics
     are all-reduced over the mp group, never gathering the (mb, T, V) logits.
+
+    ``over_every_position`` (targets with ``IGNORE_INDEX``: --no-loss-across-documents): the sum of the token
+    losses over the micro-batch's mb x T positions, an ignored one counting zero. Every micro-batch and rank then
+    has the same denominator, so the gradient is the same on any mesh; a mean over each micro-batch's own
+    unignored tokens would weigh micro-batches by how many they hold.
     """
     shard = vocabulary_shard(vocab_mesh, vocab_size) if vocab_mesh is not None else None
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = token_cross_entropy(logits, targets, shard=shard)
+        if over_every_position:
+            loss = token_cross_entropy(logits, targets, shard=shard, reduction="sum") / targets.numel()
+        else:
+            loss = token_cross_entropy(logits, targets, shard=shard)
         return scaler.scale(loss / microbatches)
 
     return loss_fn

@@ -21,7 +21,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from compiler.parallelize.cross_entropy import IGNORE_INDEX, token_cross_entropy, vocabulary_shard
 from runtime.engine.data.batches import WindowColumns
 from runtime.engine.data.corpus import Corpus, restart_at_window
-from runtime.engine.data.inputs import ContextSlice, Inputs, chunked_model_batch, model_batch
+from runtime.engine.data.inputs import (ContextSlice, Inputs, chunked_model_batch, model_batch,
+                                        without_loss_across_documents)
 from runtime.engine.step import StepContext, run_schedule
 
 
@@ -67,17 +68,20 @@ def window_batch(corpus: Corpus, windows: list[int], *, document_mask: bool,
 
 def evaluate_windows(ctx: StepContext, corpus: Corpus, *, global_batch_size: int, replica_rows: tuple[int, int],
                      loss_copies: int, byte_level: bool, document_mask: bool = False,
-                     context: ContextSlice | None = None) -> Evaluation:
+                     context: ContextSlice | None = None, eod_without_loss: int | None = None) -> Evaluation:
     """Every window of ``corpus`` once, in file order; this replica reads rows ``replica_rows`` of each batch.
     ``loss_copies``: ranks reporting the same replica's sum (its mp last-stage ranks; context-parallel ranks sum
     other tokens). ``document_mask``: the model also takes each token's position in its document and its
-    document's id (counted from the window as in training); ``context``: this rank's chunks of each window."""
+    document's id (counted from the window as in training); ``context``: this rank's chunks of each window;
+    ``eod_without_loss``: no loss on the token after this id (--no-loss-across-documents), counted as zero."""
     n, (start, stop) = corpus.windows, replica_rows
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for first in range(0, n, global_batch_size):
         windows = range(first + start, first + stop)
         inputs, targets = window_batch(corpus, [g if g < n else 0 for g in windows], document_mask=document_mask,
                                        context=context)
+        if eod_without_loss is not None:
+            targets = without_loss_across_documents(inputs, targets, eod_without_loss)
         targets[torch.tensor([g >= n for g in windows])] = IGNORE_INDEX  # padding rows of the last batch
         inputs = tuple(t.to(ctx.device) for t in inputs) if isinstance(inputs, tuple) else inputs.to(ctx.device)
         losses = run_schedule(ctx, inputs, targets.to(ctx.device), train=False)

@@ -16,7 +16,7 @@ from runtime.device import host_to_device, peak_memory_bytes, peak_reserved_byte
 from runtime.distributed.collectives import all_gather_objects, max_over_ranks
 from runtime.distributed.timeouts import CHECKPOINT, STARTUP, STEADY, PhaseTimeouts
 from runtime.engine.data import DataSources
-from runtime.engine.data.inputs import ContextSlice, rank_batch
+from runtime.engine.data.inputs import ContextSlice, rank_batch, without_loss_across_documents
 from runtime.engine.evaluation import language_model_metrics
 from runtime.engine.gc_control import collect_if_due, garbage_collection_between_steps
 from runtime.engine.guards import DivergenceGuard
@@ -82,6 +82,8 @@ def training_loop(
     checkpoint saves in checkpoint I/O, each bounded by its own timeout."""
     def batch(source, step):
         inputs, targets = rank_batch(source, step, replica_rows, document_mask=data_cfg.document_mask, context=context)
+        if data_cfg.no_loss_across_documents:
+            targets = without_loss_across_documents(inputs, targets, data_cfg.eod_token)
         inputs = tuple(host_to_device(t, ctx.device) for t in inputs) if isinstance(inputs, tuple) else host_to_device(inputs, ctx.device)
         return inputs, host_to_device(targets, ctx.device)
 

@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 from compiler.parallelize.context_parallel import local_chunks
+from compiler.parallelize.cross_entropy import IGNORE_INDEX
 from runtime.engine.data.batches import CorpusBatches, SyntheticBatches
 
 Inputs = torch.Tensor | tuple[torch.Tensor, ...]
@@ -90,6 +91,14 @@ def rank_batch(source: CorpusBatches | SyntheticBatches, step: int, rows: tuple[
                                    document_mask=document_mask, context=context)
     positions = source.positions(step, *rows) if document_mask else None
     return model_batch(source.rows(step, *rows), positions, context=context)
+
+
+def without_loss_across_documents(inputs: Inputs, targets: torch.Tensor, eod: int) -> torch.Tensor:
+    """``targets`` with ``IGNORE_INDEX`` wherever the input token is ``eod``: the token after an end of document
+    is the next document's first, not predicted from the previous one (Megatron-LM's eod_mask_loss). Per position,
+    so a context-parallel rank's chunks get what cutting the masked whole rows gives."""
+    tokens = inputs[0] if isinstance(inputs, tuple) else inputs  # (B, T) or (B, T/cp)
+    return targets.masked_fill(tokens == eod, IGNORE_INDEX)
 
 
 def model_input_count(*, document_mask: bool, cp: int) -> int:
