@@ -116,3 +116,20 @@ def test_the_cpu_attention_rate_is_interpolated_in_log_sequence_and_log_head_dim
     assert rate(100, 32) == pytest.approx(10.0) and rate(10**5, 128) == pytest.approx(60.0)  # clamped
     assert rate(2048, 128, ranks=1) == pytest.approx(120.0)  # one rank on two cores: two threads
     assert cpu.attention_rate("fp32", keys=2048, head_dim=64, ranks_on_node=2) == 50.0  # no points: block rate
+
+
+def test_the_cpu_prices_a_mixture_of_experts_layer_at_its_own_calibrated_rate_and_fixed_cost():
+    """An MoE layer's router, top-k, token sort and per-expert products run below the dense block rate with a
+    larger fixed cost (calibrate fits both on Mixtral blocks); dense layers keep the dense figures."""
+    cpu = dataclasses.replace(load_cluster("cpu-2core").device, attention_points=None,
+                              moe_flops={"bf16": 40e9}, moe_layer_overhead={"bf16": 0.008})
+    setup = dict(micro_batch_size=4, mp=1, cp=1, ep=1, precision="bf16", sequence_parallel=False, traits=THIS_ENGINE)
+    moe, dense = block_work(MOE_SHAPE, MOE, **setup), block_work(SHAPE, DENSE, **setup)
+    threads = cpu.units_per_node  # one rank on the node: every core
+    seconds = cpu.compute(moe, "bf16")
+    a, rate = moe.attention_flops, cpu.rate("bf16", ranks_on_node=1)  # attention: its own rate (here the block's)
+    assert seconds.forward == pytest.approx((moe.counted_forward_flops - 2 * a) / (threads * 40e9) + a / rate)
+    assert seconds.backward == pytest.approx((moe.counted_flops - moe.counted_forward_flops - 5 * a) / (threads * 40e9)
+                                             + 2.5 * a / rate + 0.008)
+    assert cpu.compute(dense, "bf16").backward == pytest.approx(
+        (dense.counted_flops - dense.counted_forward_flops - 2.5 * dense.attention_flops) / rate + cpu.layer_overhead)

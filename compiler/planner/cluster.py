@@ -82,7 +82,10 @@ class Cluster:
         d = self.device
         device = replace(d, flops={p: f / ratio for p, f in d.flops.items()}, layer_overhead=d.layer_overhead * ratio,
                          optimizer_bytes_per_s=d.optimizer_bytes_per_s / ratio,
-                         attention_points=_scaled_points(d.attention_points, lambda p: 1 / ratio))
+                         attention_points=_scaled_points(d.attention_points, lambda p: 1 / ratio),
+                         moe_flops={p: f / ratio for p, f in d.moe_flops.items()} if d.moe_flops else None,
+                         moe_layer_overhead={p: s * ratio for p, s in d.moe_layer_overhead.items()}
+                         if d.moe_layer_overhead else None)
         f = self.factors
         factors = replace(f, action_overhead=f.action_overhead * ratio, step_overhead=f.step_overhead * ratio)
         return replace(self, device=device, topology=replace(self.topology, intra=link(self.topology.intra),
@@ -94,7 +97,8 @@ class Cluster:
         d = self.device
         device = replace(d, flops={p: v * ratios.get(p, 1.0) for p, v in d.flops.items()},
                          peak_flops={p: v * ratios.get(p, 1.0) for p, v in d.peak_flops.items()},
-                         attention_points=_scaled_points(d.attention_points, lambda p: ratios.get(p, 1.0)))
+                         attention_points=_scaled_points(d.attention_points, lambda p: ratios.get(p, 1.0)),
+                         moe_flops={p: v * ratios.get(p, 1.0) for p, v in d.moe_flops.items()} if d.moe_flops else None)
         return replace(self, device=device, source=f"{self.source}; {line}")
 
     def to_json(self) -> str:
@@ -119,7 +123,10 @@ def cpu_cluster_from_dict(d: dict) -> Cluster:
                        layer_overhead=float(d.get("layer_overhead", 0.0)),
                        optimizer_bytes_per_s=float(d.get("optimizer_bytes_per_s", 0.0)),
                        attention_points={p: tuple((float(t), float(hd), float(r)) for t, hd, r in pts)
-                                         for p, pts in d["attention_flops"].items()} if "attention_flops" in d else None)
+                                         for p, pts in d["attention_flops"].items()} if "attention_flops" in d else None,
+                       moe_flops={p: float(v) for p, v in d["moe_flops"].items()} if "moe_flops" in d else None,
+                       moe_layer_overhead={p: float(v) for p, v in d["moe_layer_overhead"].items()}
+                       if "moe_layer_overhead" in d else None)
     factors = EngineFactors(**{k: float(d[k]) for k in FACTOR_NAMES if k in d})
     return Cluster(d["name"], device, Topology(int(d["ranks_per_node"]), intra, inter), factors,
                    d.get("source", ""), notes)
@@ -134,6 +141,7 @@ def cpu_file(c: Cluster) -> dict:
             "layer_overhead": d.layer_overhead, **asdict(c.factors), "optimizer_bytes_per_s": d.optimizer_bytes_per_s,
             **({"attention_flops": {p: [list(x) for x in pts] for p, pts in d.attention_points.items()}}
                if d.attention_points else {}),
+            **({"moe_flops": d.moe_flops, "moe_layer_overhead": d.moe_layer_overhead} if d.moe_flops else {}),
             "source": c.source, "notes": {**c.notes, "peak_flops": d.peak_flops}}
 
 

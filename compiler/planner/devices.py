@@ -172,6 +172,10 @@ class CpuDevice:
     # matrix products plus a softmax (measured here, bf16: 22 GFLOP/s at T 512 and 65 at T 8192, head dim 32,
     # against 158 on blocks). None (or a precision without points): the block rate.
     attention_points: dict[str, tuple[tuple[float, float, float], ...]] | None = None
+    # A mixture-of-experts layer's own block rate and fixed cost (router, top-k, token sort, one product per
+    # expert), fitted by calibrate as the dense block's are; None: priced as a dense block.
+    moe_flops: dict[str, float] | None = None
+    moe_layer_overhead: dict[str, float] | None = None  # per precision: autocast's cost per small op adds up here
 
     def memory_per_rank(self, ranks_on_node: int) -> float:
         return self.memory_per_node / ranks_on_node
@@ -198,7 +202,10 @@ class CpuDevice:
 
     def compute(self, work: LayerWork, precision: str, *, linear_peak: float | None = None,
                 ranks_on_node: int = 1) -> ComputeSeconds:
-        rate = self.rate(precision, ranks_on_node=ranks_on_node)
+        rate, overhead = self.rate(precision, ranks_on_node=ranks_on_node), self.layer_overhead
+        if work.grouped and self.moe_flops and precision in self.moe_flops:  # a mixture-of-experts layer
+            rate = rate * self.moe_flops[precision] / self.flops[precision]
+            overhead = (self.moe_layer_overhead or {}).get(precision, overhead)
         # FlopCounterMode counts attention's whole T x T (forward 2a, backward 5a, where a = work.attention_flops
         # is the causal half the CPU flash kernel runs forward; its backward runs 2.5a). At T 8192 attention is
         # ~87% of a 4 x d 256 Llama block's counted FLOPs: counting the half it skips priced cp runs at 1.6-2.4x
@@ -208,7 +215,7 @@ class CpuDevice:
                                         ranks_on_node=ranks_on_node)
         forward = (work.counted_forward_flops - 2 * a) / rate + a / attention
         backward = ((work.counted_flops - work.counted_forward_flops - 5 * a) / rate + 2.5 * a / attention
-                    + self.layer_overhead)
+                    + overhead)
         return ComputeSeconds(forward, backward, 0.0)
 
     def optimizer_seconds(self, params: float) -> float:

@@ -44,11 +44,19 @@ from runtime.observe.cpu_identity import cpu_identity
 from runtime.observe.peak_flops import best_matmul_flops
 
 SHAPES = ((1, 32, 64, 4), (4, 128, 256, 4))  # (batch, seq, d_model, heads): overhead-bound, compute-bound
+# A mixture-of-experts block (Mixtral's: 8 SwiGLU experts of width d, top 2) at the same two shapes: its router,
+# top-k, token sort and per-expert products cost far more per counted FLOP than a dense block at small sizes
+# (here: 16-24 ms against 13-17 ms forward + backward at the same FLOPs, batch 4, T 128, d 128).
+MOE_BLOCK = dict(model="mixtral-debug", n_kv_heads=2)
 
 
-def block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, repeats: int = 3) -> tuple[float, float]:
-    """(median seconds, counted FLOPs) of one block's forward + backward."""
-    cfg = named_config("tiny", n_layers=1, d_model=d, n_heads=heads, seq_len=seq, vocab_size=256)
+def block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, repeats: int = 3, *,
+                  model: str = "tiny", **overrides) -> tuple[float, float]:
+    """(median seconds, counted FLOPs) of one block's forward + backward (``model``: the named size whose block,
+    resized to d_model ``d`` (and MLP or expert width d for a mixture of experts), is timed)."""
+    if model != "tiny":
+        overrides.setdefault("mlp_width", d)
+    cfg = named_config(model, n_layers=1, d_model=d, n_heads=heads, seq_len=seq, vocab_size=256, **overrides)
     flops = layer_costs(cfg, micro_batch_size=batch, precision=precision)[1].flops
     block = spec_of(cfg).build(cfg).layers["0"]
     x = torch.randn(batch, seq, d, requires_grad=True)
@@ -84,6 +92,13 @@ def attention_rate(seq: int, head_dim: int, heads: int, precision: str, repeats:
     return 3.5 * 2 * seq * seq * head_dim * heads / statistics.median(times)
 
 
+def straight_line(points: list[tuple[float, float]]) -> dict:
+    """Rate (FLOP/s) and fixed seconds of time = overhead + FLOPs / rate through two (seconds, FLOPs) points."""
+    (t0, f0), (t1, f1) = points
+    rate = (f1 - f0) / max(t1 - t0, 1e-9)
+    return {"rate": rate, "overhead": max(0.0, t0 - f0 / rate), "points": points}
+
+
 def _compute_worker(out_dir: str) -> None:
     """One of the concurrent measuring processes (runtime/distributed/spawn.py sets RANK, WORLD_SIZE)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -92,10 +107,9 @@ def _compute_worker(out_dir: str) -> None:
     result: dict = {"block": {}, "matmul": {}}
     for precision in PRECISIONS:
         dist.barrier()  # every process measures at the same time, like concurrent ranks
-        points = [block_seconds(*shape, precision) for shape in SHAPES]
-        (t0, f0), (t1, f1) = points
-        rate = (f1 - f0) / max(t1 - t0, 1e-9)
-        result["block"][precision] = {"rate": rate, "overhead": max(0.0, t0 - f0 / rate), "points": points}
+        result["block"][precision] = straight_line([block_seconds(*shape, precision) for shape in SHAPES])
+        result.setdefault("moe_block", {})[precision] = straight_line(
+            [block_seconds(*shape, precision, **MOE_BLOCK) for shape in SHAPES])
         result["matmul"][precision] = best_matmul_flops(PRECISIONS[precision].dtype, torch.device("cpu"))
     result["attention"] = {}
     for precision in ATTENTION_PRECISIONS:
@@ -162,8 +176,10 @@ def mean_attention_points(results: list[dict]) -> dict[str, tuple[tuple[float, f
 
 
 def build_cluster(results: list[dict], *, name: str, cores: int, ranks_per_node: int, memory_bytes: float) -> Cluster:
-    def mean(key: str, precision: str) -> float:
-        return statistics.mean(r["block"][precision][key] for r in results)
+    def mean(key: str, precision: str, block: str = "block") -> float:
+        return statistics.mean(r[block][precision][key] for r in results)
+
+    moe = "moe_block" in results[0]
 
     all_reduce = results[0].get("all_reduce") or {"latency": 50e-6, "bandwidth": 1e9}
     link = Link(bandwidth=all_reduce["bandwidth"], latency=all_reduce["latency"])
@@ -171,7 +187,9 @@ def build_cluster(results: list[dict], *, name: str, cores: int, ranks_per_node:
                        peak_flops={p: statistics.mean(r["matmul"][p] for r in results) for p in PRECISIONS},
                        units_per_node=cores, memory_per_node=memory_bytes, layer_overhead=mean("overhead", "fp32"),
                        optimizer_bytes_per_s=results[0]["adamw_bytes_per_s"],
-                       attention_points=mean_attention_points(results))
+                       attention_points=mean_attention_points(results),
+                       moe_flops={p: mean("rate", p, "moe_block") for p in PRECISIONS} if moe else None,
+                       moe_layer_overhead={p: mean("overhead", p, "moe_block") for p in PRECISIONS} if moe else None)
     return Cluster(
         name=name, device=device, topology=Topology(ranks_per_node, link, link), factors=EngineFactors(),
         source=f"python run.py calibrate on {time.strftime('%Y-%m-%d')}: {processes_note(len(results))}",
@@ -193,6 +211,10 @@ def print_cluster(cluster: Cluster) -> None:
             points = (d.attention_points or {}).get(precision)
             if points:
                 print("    causal attention: " + ", ".join(f"T {t:,.0f} hd {hd:.0f} {r / 1e9:.1f}" for t, hd, r in points))
+        if d.moe_flops:
+            print("  mixture-of-experts blocks: " + ", ".join(
+                f"{p} {r / 1e9:.1f} GFLOP/s + {(d.moe_layer_overhead or {}).get(p, 0.0) * 1e3:.2f} ms per layer"
+                for p, r in d.moe_flops.items()))
         print(f"  fixed cost per layer {d.layer_overhead * 1e3:.2f} ms; all-reduce latency "
               f"{link.latency * 1e6:.0f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s; "
               f"AdamW {d.optimizer_bytes_per_s / 1e9:.2f} GB/s")
