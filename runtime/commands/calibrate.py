@@ -7,6 +7,7 @@ What it measures, with one process per compute unit running at the same time (as
 - the best dense matmul rate per precision (the peak MFU is measured against);
 - causal attention (``scaled_dot_product_attention``) forward + backward at three sequence lengths and two head
   dims, fp32 and bf16: the CPU's flash kernel runs at its own rate, far from the block rate at short T;
+- a mixture-of-experts block (Mixtral's) at the same two shapes as the dense block: its own rate and fixed cost;
 - gloo all-reduce between two processes at several sizes: latency and bandwidth from a fit of the
   ring formula, time = S / bandwidth + 2 * latency for two ranks;
 - AdamW's throughput over parameter bytes.
