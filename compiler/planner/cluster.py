@@ -80,10 +80,8 @@ class Cluster:
             return replace(x, bandwidth=x.bandwidth / ratio, latency=x.latency * ratio)
 
         d = self.device
-        device = replace(d, flops={p: f / ratio for p, f in d.flops.items()}, layer_overhead=d.layer_overhead * ratio,
+        device = replace(d.with_rates(lambda p: 1 / ratio), layer_overhead=d.layer_overhead * ratio,
                          optimizer_bytes_per_s=d.optimizer_bytes_per_s / ratio,
-                         attention_points=_scaled_points(d.attention_points, lambda p: 1 / ratio),
-                         moe_flops={p: f / ratio for p, f in d.moe_flops.items()} if d.moe_flops else None,
                          moe_layer_overhead={p: s * ratio for p, s in d.moe_layer_overhead.items()}
                          if d.moe_layer_overhead else None)
         f = self.factors
@@ -95,22 +93,13 @@ class Cluster:
     def with_precision_rates(self, ratios: dict[str, float], line: str) -> "Cluster":
         """A CPU cluster with each precision's block rate and matmul peak scaled (runtime/commands/precision_probe.py)."""
         d = self.device
-        device = replace(d, flops={p: v * ratios.get(p, 1.0) for p, v in d.flops.items()},
-                         peak_flops={p: v * ratios.get(p, 1.0) for p, v in d.peak_flops.items()},
-                         attention_points=_scaled_points(d.attention_points, lambda p: ratios.get(p, 1.0)),
-                         moe_flops={p: v * ratios.get(p, 1.0) for p, v in d.moe_flops.items()} if d.moe_flops else None)
+        device = replace(d.with_rates(lambda p: ratios.get(p, 1.0)),
+                         peak_flops={p: v * ratios.get(p, 1.0) for p, v in d.peak_flops.items()})
         return replace(self, device=device, source=f"{self.source}; {line}")
 
     def to_json(self) -> str:
         """The file format it was read from (CPU: calibrate's; GPU: compiler/README.md's), factors included."""
         return json.dumps(cpu_file(self) if not self.is_gpu else gpu_file(self), indent=2)
-
-
-def _scaled_points(points: dict | None, factor) -> dict | None:
-    """Attention points with each precision's rates multiplied by ``factor(precision)``."""
-    if points is None:
-        return None
-    return {p: tuple((t, hd, rate * factor(p)) for t, hd, rate in pts) for p, pts in points.items()}
 
 
 # --- the CPU format (run.py calibrate) -----------------------------------------------------------------

@@ -22,7 +22,7 @@ reuses its parts (full: the forward again; selective: the memory-bound forward a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -183,9 +183,22 @@ class CpuDevice:
     def peak(self, precision: str) -> float:
         return self.peak_flops.get(precision, self.flops[precision])
 
-    def rate(self, precision: str, *, ranks_on_node: int) -> float:
-        """FLOP/s one rank reaches: fewer ranks than cores run cores // ranks threads each (runtime/device.py)."""
-        return self.flops[precision] * max(1, self.units_per_node // ranks_on_node)
+    def threads(self, ranks_on_node: int) -> int:
+        """Fewer ranks than cores run cores // ranks threads each (runtime/device.py)."""
+        return max(1, self.units_per_node // ranks_on_node)
+
+    def rate(self, precision: str, *, ranks_on_node: int, experts: bool = False) -> float:
+        """FLOP/s one rank reaches on blocks (``experts``: mixture-of-experts blocks, where calibrated)."""
+        table = self.moe_flops if experts and self.moe_flops and precision in self.moe_flops else self.flops
+        return table[precision] * self.threads(ranks_on_node)
+
+    def with_rates(self, factor) -> "CpuDevice":
+        """Every calibrated rate of precision p (blocks, MoE blocks, attention) multiplied by ``factor(p)``."""
+        def scaled(table):
+            return {p: v * factor(p) for p, v in table.items()} if table else table
+        points = ({p: tuple((t, hd, r * factor(p)) for t, hd, r in pts) for p, pts in self.attention_points.items()}
+                  if self.attention_points else self.attention_points)
+        return replace(self, flops=scaled(self.flops), moe_flops=scaled(self.moe_flops), attention_points=points)
 
     def attention_rate(self, precision: str, *, keys: int, head_dim: int, ranks_on_node: int) -> float:
         """FLOP/s one rank reaches on causal attention over ``keys`` tokens: the calibrated points interpolated
@@ -193,8 +206,7 @@ class CpuDevice:
         points = (self.attention_points or {}).get(precision)
         if not points or keys <= 0:
             return self.rate(precision, ranks_on_node=ranks_on_node)
-        threads = max(1, self.units_per_node // ranks_on_node)
-        return threads * _log_bilinear(points, float(keys), float(head_dim))
+        return self.threads(ranks_on_node) * _log_bilinear(points, float(keys), float(head_dim))
 
     def sharing(self, *, ranks_on_node: int, busy: float) -> float:
         """Compute slowdown when the ranks computing at once outnumber the cores."""
@@ -202,10 +214,9 @@ class CpuDevice:
 
     def compute(self, work: LayerWork, precision: str, *, linear_peak: float | None = None,
                 ranks_on_node: int = 1) -> ComputeSeconds:
-        rate, overhead = self.rate(precision, ranks_on_node=ranks_on_node), self.layer_overhead
-        if work.grouped and self.moe_flops and precision in self.moe_flops:  # a mixture-of-experts layer
-            rate = rate * self.moe_flops[precision] / self.flops[precision]
-            overhead = (self.moe_layer_overhead or {}).get(precision, overhead)
+        experts = bool(work.grouped)  # a mixture-of-experts layer: its own calibrated rate and fixed cost
+        rate = self.rate(precision, ranks_on_node=ranks_on_node, experts=experts)
+        overhead = (self.moe_layer_overhead or {}).get(precision, self.layer_overhead) if experts else self.layer_overhead
         # FlopCounterMode counts attention's whole T x T (forward 2a, backward 5a, where a = work.attention_flops
         # is the causal half the CPU flash kernel runs forward; its backward runs 2.5a). At T 8192 attention is
         # ~87% of a 4 x d 256 Llama block's counted FLOPs: counting the half it skips priced cp runs at 1.6-2.4x
