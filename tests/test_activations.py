@@ -44,6 +44,12 @@ def test_context_parallelism_divides_what_every_token_saves_and_keeps_the_gather
     gathered_kv = 2 * KV / 2 * T * 2  # the whole sequence's K and V of this TP shard, bf16
     assert split.saved == pytest.approx(whole.saved / 4 + gathered_kv)  # kept to attention's backward
     assert split.transient == pytest.approx(gathered_kv) and whole.transient == 0  # their gradients, built whole
+    selective = block_memory(LLAMA, DENSE, dataclasses.replace(c, cp=4, ac="selective"))
+    whole_selective = block_memory(LLAMA, DENSE, dataclasses.replace(c, ac="selective"))
+    assert selective.saved == pytest.approx(whole_selective.saved / 4)  # gathered again in the backward, not kept
+    assert selective.transient == pytest.approx(2 * gathered_kv)  # the backward's new copy and its gradient
+    engine = block_memory(LLAMA, DENSE, dataclasses.replace(c, cp=4, ac="selective", layout="engine"))
+    assert engine.transient == pytest.approx(3 * gathered_kv)  # and a slice's whole-size zero-filled gradient
 
 
 def test_a_moe_block_saves_its_router_dispatched_copies_and_experts_on_sequence_shards():

@@ -41,7 +41,8 @@ T / mp tokens. The dispatch's send and receive buffers (2 top_k d a per token) a
 Context parallelism (cp ranks) keeps T / cp tokens of every sequence per rank: every per-token term / cp;
 attention gathers the sequence's K and V (2 KV hd / t per token of the whole sequence) and keeps them to its
 backward in every layer, which builds their gradients whole (transient) before reduce-scattering them;
-selective checkpointing gathers them again in the backward instead (transient: the copy and its gradient).
+selective checkpointing gathers them again in the backward instead (transient: the copy and its gradient,
+and in the engine a whole-size slice gradient as well: three gathered K/V).
 
 The head saves the final norm's input and output and its V / t logits (the stage's output, kept to its
 backward, in the compute dtype). With the whole-vocabulary loss (F.cross_entropy on fp32 logits, as Megatron
@@ -172,10 +173,14 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     saved += rope
     # context parallelism: attention's backward keeps the sequence's gathered K and V (its prefix and diagonal
     # keys are views of them), and the backward builds their gradients whole before reduce-scattering them;
-    # selective checkpointing keeps attention's outputs but gathers K and V again (the gather is no kept op)
+    # selective checkpointing keeps attention's outputs but gathers K and V again (the gather is no kept op),
+    # so its backward holds the new copy and the gradient; in this engine also the whole-size zero-filled
+    # gradient autograd's slice backward makes of each prefix / diagonal view's gradient
+    # (compiler/parallelize/context_parallel.py): measured at cp 2-8, T 16k-64k, the selective runs' peaks
+    # exceeded the copy and one gradient by about one more gathered K/V (the plain runs' peaks fall elsewhere)
     gathered_kv = 2 * shape.kv_width / t * shape.seq_len * c.micro_batch_size * a if c.cp > 1 else 0.0
     saved += gathered_kv if c.ac != "selective" else 0.0
-    transient = gathered_kv
+    transient = gathered_kv * ((3 if c.layout == "engine" else 2) if c.ac == "selective" else 1)
     if kind == MOE:
         transient += 2 * shape.experts.top_k * d * a * moe_tokens
     if c.ac == "full":
