@@ -1,5 +1,6 @@
 """Saved activations (compiler/planner/activations.py) against hand computations: Korthikanti et al.'s
-layout, sequence and context parallelism, selective and full checkpointing, MoE blocks, the chunked loss."""
+layout, sequence and context parallelism, selective and full checkpointing, MoE blocks, the chunked loss, the
+gradients a block's backward holds and the phase of the peak."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 import pytest
 
 from compiler.parallelize.cross_entropy import SAVED_BYTES_PER_TOKEN, chunk_rows
-from compiler.planner.activations import Context, block_memory, head_memory
+from compiler.planner.activations import Context, block_memory, head_memory, mlp_backward_bytes
 from compiler.planner.shape import DENSE, MOE, DecoderShape
 from models.spec import Experts
 
@@ -76,3 +77,44 @@ def test_the_chunked_loss_holds_no_fp32_logits():
     # backward: the logits' gradient in bf16 and two fp32 chunks of rows, against two fp32 gradients of them all
     chunk = min(2 * T, chunk_rows(rows)) * rows
     assert chunked.transient == logits + 2 * 4 * chunk < whole.transient == 8 * 2 * T * rows
+
+
+def test_a_dense_blocks_backward_holds_its_output_gradient_and_the_mlps_factor_gradients():
+    """Measured with torch's memory profiler on the engine: the peak of a block's backward is its MLP's product
+    backward, with the output's gradient (d, fp32 residual) and 3 f-wide gradients live and the down input
+    (f) freed; GELU has one factor fewer. The engine layout only."""
+    c = Context(micro_batch_size=2, precision="bf16", mp=8, sequence_parallel=True)
+    assert mlp_backward_bytes(LLAMA, c) == pytest.approx(2 * T * (D * 4 / 8 + 2 * F / 8 * 2))
+    gpt = dataclasses.replace(LLAMA, mlp="gelu")
+    assert mlp_backward_bytes(gpt, dataclasses.replace(c, sequence_parallel=False)) == pytest.approx(
+        2 * T * (D * 4 + F / 8 * 2))
+    assert block_memory(LLAMA, DENSE, c).backward == mlp_backward_bytes(LLAMA, c)
+    assert block_memory(LLAMA, DENSE, dataclasses.replace(c, layout="megatron")).backward == 0
+
+
+def test_the_peak_is_the_heads_backward_or_a_blocks_after_the_head_freed_its_tensors():
+    """One phase at a time: a rank holding the head peaks in the head's backward (its loss transient) or later
+    in a block's, by which time the head kept only its logits (the stage's output)."""
+    from compiler.planner.candidates import Candidate
+    from compiler.planner.cluster import load_cluster
+    from compiler.planner.memory_model import DataParallelLayout, rank_memory
+    from compiler.planner.search import Pricer
+
+    shape = DecoderShape.from_flags(layers=4, d_model=256, heads=8, kv_heads=4, mlp="swiglu", mlp_width=1408,
+                                    seq_len=8192, vocab_size=256)
+    plan = Candidate(1, 1, 1, "1f1b", 1, 1, 1, "fp32", False, chunked_loss=True)
+    pricer = Pricer(shape, load_cluster("cpu-2core"))
+    holding = next(iter(pricer.holdings("1f1b", 1, 1)))
+    load = pricer._load(plan, holding)
+    c = Context(1, "fp32", chunked_loss=True)
+    head, block = head_memory(shape, c), block_memory(shape, DENSE, c)
+    blocks_phase = block.backward - (head.saved - head.kept)
+    assert blocks_phase > head.transient  # a wide MLP: the blocks' backward binds
+    assert load.transient_bytes == pytest.approx(blocks_phase)
+    narrow = dataclasses.replace(shape, mlp_width=256, d_model=512)
+    load = Pricer(narrow, load_cluster("cpu-2core"))._load(plan, holding)
+    c_head, c_block = head_memory(narrow, c), block_memory(narrow, DENSE, c)
+    assert c_block.backward - (c_head.saved - c_head.kept) < c_head.transient == pytest.approx(load.transient_bytes)
+    layout = DataParallelLayout()
+    assert rank_memory(load, schedule="1f1b", p=1, m=1, v=1, rank=0, dense=layout, experts=layout).activations == \
+        pytest.approx(load.saved_bytes + load.recompute_bytes + load.transient_bytes)

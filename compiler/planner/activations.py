@@ -96,6 +96,7 @@ class BlockMemory:
     saved: float  # kept from its forward to its backward
     recompute: float  # held while it is recomputed (full AC: its whole activations; else 0)
     transient: float  # held at once inside its forward or backward beyond that (K/V gathered, dispatch buffers)
+    backward: float = 0.0  # gradients its backward holds at once beyond what it saved or recomputed (engine, dense)
 
 
 def _norm_saved(shape: DecoderShape, residual_bytes: int = 4) -> float:
@@ -183,20 +184,34 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     transient = gathered_kv * ((3 if c.layout == "engine" else 2) if c.ac == "selective" else 1)
     if kind == MOE:
         transient += 2 * shape.experts.top_k * d * a * moe_tokens
+    backward = mlp_backward_bytes(shape, c) if c.layout == "engine" and kind == DENSE else 0.0
     if c.ac == "full":
         kept = tokens * d * (c.residual_bytes if c.layout == "engine" else a) / shard
-        return BlockMemory(kept, saved, transient)
+        return BlockMemory(kept, saved, transient, backward)
     if c.ac == "selective":  # its backward recomputes the rest of the block: all of it is held at once
         if c.layout == "engine" and kind == DENSE:  # the engine's kept ops, as compiler/cost.py counts them
             saved = block_selective_bytes(shape, c)
-        return BlockMemory(saved, block_memory(shape, kind, replace(c, ac="none")).saved - saved, transient)
-    return BlockMemory(saved, 0.0, transient)
+        return BlockMemory(saved, block_memory(shape, kind, replace(c, ac="none")).saved - saved, transient, backward)
+    return BlockMemory(saved, 0.0, transient, backward)
+
+
+def mlp_backward_bytes(shape: DecoderShape, c: Context) -> float:
+    """The gradients a dense block's backward holds at once beyond its saved and recomputed tensors, at its
+    peak: the MLP's product backward (found with torch's memory profiler on this engine's 4-block Llama at
+    T 8192, with and without checkpointing). Live there: the block output's gradient (d, residual dtype; a
+    sequence shard under SP), the gradient of the down projection's input and, for SwiGLU, of both factors of
+    silu(gate) x up (3 f / t; GELU: the down input's and the up output's, 2 f / t; compute dtype); the down
+    projection's input itself (f / t) was freed once its weight gradient was taken."""
+    shard = c.mp if c.sequence_parallel else 1
+    factors = 2 if shape.mlp == "swiglu" else 1
+    return (shape.d_model * c.residual_bytes / shard + factors * shape.mlp_width / c.mp * c.a) * c.tokens(shape)
 
 
 @dataclass(frozen=True)
 class HeadMemory:
     saved: float
     transient: float
+    kept: float = 0.0  # of ``saved``, what outlives the head's backward: its logits, the stage's output
 
 
 def head_memory(shape: DecoderShape, c: Context) -> HeadMemory:
@@ -206,8 +221,8 @@ def head_memory(shape: DecoderShape, c: Context) -> HeadMemory:
     logits = tokens * rows * PRECISIONS[c.precision].dtype.itemsize  # the stage's output, held to its backward
     if c.chunked_loss:
         _, transient = head_loss_bytes(int(tokens), vocab_rows=rows, precision=c.precision)
-        return HeadMemory(tokens * (norm + SAVED_BYTES_PER_TOKEN) + logits, transient)
-    return HeadMemory(tokens * (norm + 4 * rows + 8) + logits, 8 * tokens * rows)
+        return HeadMemory(tokens * (norm + SAVED_BYTES_PER_TOKEN) + logits, transient, logits)
+    return HeadMemory(tokens * (norm + 4 * rows + 8) + logits, 8 * tokens * rows, logits)
 
 
 def embedding_memory(shape: DecoderShape, c: Context) -> float:

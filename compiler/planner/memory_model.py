@@ -19,7 +19,9 @@
   1F1B min(m, p - rank), interleaved 1F1B its warm-up depth), each of 1/v of the rank's layers; with full
   activation checkpointing a block keeps its input, plus one block's whole activations while it is
   recomputed; the largest transient of a layer once (the loss's fp32 gradients of the logits, K/V gathered
-  by context parallelism, the expert dispatch's buffers): backward passes run one at a time.
+  by context parallelism, the expert dispatch's buffers, a dense block's backward gradients less what the
+  head's backward freed before it: compiler/planner/activations.py ``mlp_backward_bytes``): backward passes
+  run one at a time, so the peak is in one phase.
 - Autocast's low-precision weight copies, cached for the step, where parameters are fp32 (no FSDP).
 - On a CPU, tensor parallelism keeps two more full [B, T, d] fp32 buffers per block and in-flight
   micro-batch than the saved tensors (DTensor's redistributions; measured here on 4 blocks, d 128, T 64: the

@@ -116,7 +116,7 @@ class Pricer:
         residual = dtype.itemsize if dtype and fsdp else 4
         ctx = Context(c.micro_batch_size, c.precision, c.mp, c.cp, c.sequence_parallel, c.ac,
                       self.traits.activations, residual, c.chunked_loss)
-        dense = experts = saved = recompute = transient = copies = 0.0
+        dense = experts = saved = recompute = transient = backward = copies = 0.0
         units = []
         a = PRECISIONS[c.precision].dtype.itemsize if dtype else 0
         for kind, n in h.kinds:
@@ -124,6 +124,7 @@ class Pricer:
             m = block_memory(shape, kind, ctx)
             dense, experts = dense + n * p.dense, experts + n * p.experts
             saved, recompute, transient = saved + n * m.saved, max(recompute, m.recompute), max(transient, m.transient)
+            backward = max(backward, m.backward)
             mats = _block_matrices(shape, c.mp) if kind == DENSE else {}
             copies += n * (sum(i * o for i, o in mats.values()) + (p.experts if kind == MOE else 0)) * a
             units.append(p.total)
@@ -135,10 +136,12 @@ class Pricer:
             dense += head_params(shape, c.mp)
             head = head_memory(shape, ctx)
             saved, transient = saved + head.saved, max(transient, head.transient)
+            backward -= head.saved - head.kept  # the blocks' backward runs after the head's has freed its tensors
             copies += -(-shape.vocab_size // c.mp) * shape.d_model * a
             units.append(head_params(shape, c.mp))
         if shape.tied and h.embedding and h.head:  # one copy of a tied weight on a rank holding both ends
             dense -= -(-shape.vocab_size // c.mp) * shape.d_model
+        transient = max(transient, backward)  # the peak is in one phase: the head's backward or a block's
         buffers = self.cluster.device.tp_buffers_per_block if c.mp > 1 and c.ac != "full" else 0
         tokens = c.micro_batch_size * shape.seq_len / c.cp
         return RankLoad(dense, experts, max(units), saved, recompute, transient, copies, h.blocks,
