@@ -48,9 +48,11 @@ def test_context_parallelism_divides_what_every_token_saves_and_keeps_the_gather
     selective = block_memory(LLAMA, DENSE, dataclasses.replace(c, cp=4, ac="selective"))
     whole_selective = block_memory(LLAMA, DENSE, dataclasses.replace(c, ac="selective"))
     assert selective.saved == pytest.approx(whole_selective.saved / 4)  # gathered again in the backward, not kept
-    assert selective.transient == pytest.approx(2 * gathered_kv)  # the backward's new copy and its gradient
-    engine = block_memory(LLAMA, DENSE, dataclasses.replace(c, cp=4, ac="selective", layout="engine"))
-    assert engine.transient == pytest.approx(3 * gathered_kv)  # and a slice's whole-size zero-filled gradient
+    assert selective.transient == pytest.approx(gathered_kv)  # the gradient (the new copy is recomputed)
+    engine = dataclasses.replace(c, cp=4, ac="selective", layout="engine")
+    assert block_memory(LLAMA, DENSE, engine).transient == pytest.approx(2 * gathered_kv)  # and a slice gradient
+    cpu = block_memory(LLAMA, DENSE, dataclasses.replace(engine, split_cp_attention=True))
+    assert cpu.saved - block_memory(LLAMA, DENSE, engine).saved == pytest.approx(T / 4 * 32 / 2 * (128 * 2 + 4))
 
 
 def test_a_moe_block_saves_its_router_dispatched_copies_and_experts_on_sequence_shards():

@@ -41,8 +41,9 @@ T / mp tokens. The dispatch's send and receive buffers (2 top_k d a per token) a
 Context parallelism (cp ranks) keeps T / cp tokens of every sequence per rank: every per-token term / cp;
 attention gathers the sequence's K and V (2 KV hd / t per token of the whole sequence) and keeps them to its
 backward in every layer, which builds their gradients whole (transient) before reduce-scattering them;
-selective checkpointing gathers them again in the backward instead (transient: the copy and its gradient,
-and in the engine a whole-size slice gradient as well: three gathered K/V).
+selective checkpointing gathers them again in the backward instead (recomputed with the block), and its
+backward holds their gradient (in the engine also a whole-size slice gradient); the CPU's split attention
+keeps both partial outputs of each chunk (one more attention output and log-sum-exp per token).
 
 The head saves the final norm's input and output and its V / t logits (the stage's output, kept to its
 backward, in the compute dtype). With the whole-vocabulary loss (F.cross_entropy on fp32 logits, as Megatron
@@ -76,6 +77,9 @@ class Context:
     layout: str = "engine"  # "engine" | "megatron"
     residual_bytes: int = 4  # the residual stream's element size (engine: 4, or a under FSDP's param dtype)
     chunked_loss: bool = False
+    # the CPU's context-parallel attention runs each chunk as a prefix call and a diagonal call merged by
+    # log-sum-exp (compiler/parallelize/context_parallel.py ``_PrefixAndDiagonal``); CUDA runs one call
+    split_cp_attention: bool = False
 
     @property
     def a(self) -> int:
@@ -174,14 +178,13 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     saved += rope
     # context parallelism: attention's backward keeps the sequence's gathered K and V (its prefix and diagonal
     # keys are views of them), and the backward builds their gradients whole before reduce-scattering them;
-    # selective checkpointing keeps attention's outputs but gathers K and V again (the gather is no kept op),
-    # so its backward holds the new copy and the gradient; in this engine also the whole-size zero-filled
-    # gradient autograd's slice backward makes of each prefix / diagonal view's gradient
-    # (compiler/parallelize/context_parallel.py): measured at cp 2-8, T 16k-64k, the selective runs' peaks
-    # exceeded the copy and one gradient by about one more gathered K/V (the plain runs' peaks fall elsewhere)
+    # selective checkpointing keeps attention's outputs but gathers K and V again (the gather is no kept op:
+    # the copy is part of what the block recomputes), and the backward holds the gradient beside it; in this
+    # engine also the whole-size zero-filled gradient autograd's slice backward makes of each prefix /
+    # diagonal view's gradient (compiler/parallelize/context_parallel.py; seen with torch's memory profiler)
     gathered_kv = 2 * shape.kv_width / t * shape.seq_len * c.micro_batch_size * a if c.cp > 1 else 0.0
     saved += gathered_kv if c.ac != "selective" else 0.0
-    transient = gathered_kv * ((3 if c.layout == "engine" else 2) if c.ac == "selective" else 1)
+    transient = gathered_kv * (2 if c.ac == "selective" and c.layout == "engine" else 1)
     if kind == MOE:
         transient += 2 * shape.experts.top_k * d * a * moe_tokens
     backward = mlp_backward_bytes(shape, c) if c.layout == "engine" and kind == DENSE else 0.0
@@ -191,6 +194,8 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     if c.ac == "selective":  # its backward recomputes the rest of the block: all of it is held at once
         if c.layout == "engine" and kind == DENSE:  # the engine's kept ops, as compiler/cost.py counts them
             saved = block_selective_bytes(shape, c)
+            if c.cp > 1 and c.split_cp_attention:  # every flash call's output is a kept op: both partial
+                saved += tokens * (shape.heads // t * (shape.head_dim * a + 4))  # outputs, not the merged one
         return BlockMemory(saved, block_memory(shape, kind, replace(c, ac="none")).saved - saved, transient, backward)
     return BlockMemory(saved, 0.0, transient, backward)
 
