@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.planner.collectives import Link, Topology, all_gather_time, all_reduce_time, all_to_all_time
+from compiler.planner.collectives import (Link, Topology, all_gather_time, all_reduce_time, all_to_all_time,
+                                          deduplicated_dispatch_time, groups_hit)
 
 NVLINK, NIC = Link(450e9, 5e-6), Link(50e9, 10e-6)
 NODE = Topology(8, NVLINK, NIC, efficiency=0.8)
@@ -42,6 +43,33 @@ def test_all_to_all_across_nodes_sends_the_off_node_share_through_the_nic():
     link = NODE.all_to_all_link(32, 1)  # 8 of 32 members per node: 3/4 of each rank's bytes leave the node
     per_byte = 0.75 / 50e9 + 0.25 / 450e9
     assert link.bandwidth == pytest.approx(0.8 / per_byte)
+
+
+def test_a_tokens_top_k_experts_fall_in_fewer_distinct_groups():
+    # 4 experts in 2 groups of 2, top 2: of the 6 expert pairs, 2 lie in one group, 4 span both.
+    assert groups_hit(4, 2, 2) == pytest.approx((2 * 1 + 4 * 2) / 6)
+    assert groups_hit(128, 8, 1) == 1 and groups_hit(128, 8, 128) == pytest.approx(8)  # one expert per group
+    # 128 experts over 4 nodes, top 8: a node is missed with probability C(96, 8) / C(128, 8).
+    miss = 1.0
+    for i in range(8):
+        miss *= (96 - i) / (128 - i)
+    assert groups_hit(128, 8, 4) == pytest.approx(4 * (1 - miss))
+
+
+def test_deepep_sends_a_token_once_per_rank_and_once_per_node_across_the_network():
+    tokens = 1e9  # a rank's tokens, d x bytes each
+    # Inside a node: one copy per destination rank instead of one per expert.
+    inside = deduplicated_dispatch_time(tokens, experts=128, top_k=8, ranks=8, ranks_per_node=8, intra=NVLINK,
+                                        inter=NIC)
+    assert inside == pytest.approx(all_to_all_time(tokens * groups_hit(128, 8, 8), 8, NVLINK))
+    # 32 ranks on 4 nodes: the network carries one copy per other node hit, NVLink forwards the rank copies.
+    across = deduplicated_dispatch_time(tokens, experts=128, top_k=8, ranks=32, ranks_per_node=8, intra=NVLINK,
+                                        inter=NIC)
+    network = tokens * groups_hit(128, 8, 4) * 3 / 4
+    forwarded = tokens * groups_hit(128, 8, 32) * 7 / 8
+    assert across == pytest.approx(network / 50e9 + forwarded / 450e9 + 3 * 10e-6)
+    # Against one copy per (token, expert), 3/4 of them off the node: under half the network bytes.
+    assert network < 0.5 * tokens * 8 * 3 / 4
 
 
 def test_pipeline_neighbours_use_one_nic_once_the_group_spans_nodes():

@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 
 from compiler.planner.cluster import load_cluster
-from compiler.planner.collectives import all_gather_time, all_reduce_time, all_to_all_time
+from compiler.planner.collectives import (Link, all_gather_time, all_reduce_time, all_to_all_time,
+                                          deduplicated_dispatch_time)
 from compiler.planner.devices import CpuDevice, Gemm
 from compiler.planner.engines import THIS_ENGINE, TORCHTITAN
 from compiler.planner.layers import Setup, layer_table
@@ -61,6 +62,20 @@ def test_expert_parallel_all_to_alls_per_moe_block():
     assert _one(MOE_SHAPE, MOE, micro_batch_size=1, ep=8, dp=8).ep == pytest.approx(4 * all_to_all_time(copies, 8, ep_link))
     assert _one(MOE_SHAPE, MOE, micro_batch_size=1, ep=8, dp=8, ac="full").ep == pytest.approx(
         6 * all_to_all_time(copies, 8, ep_link))
+
+
+def test_deepep_dispatch_is_priced_where_the_engine_uses_it():
+    """The EP group of 32 ranks (mp 2 x dp 16, ETP 1) spans 4 nodes of 8: DeepEP's node-deduplicated dispatch."""
+    t = H100.topology
+    deepep = dataclasses.replace(THIS_ENGINE, ep_dispatch="deepep")
+    setup = Setup(1, "bf16", mp=2, ep=32, dp=16, sequence_parallel=True)
+    tokens = 8192 / 2 * 4096 * 2  # the rank's sequence shard x d, bf16
+    expected = deduplicated_dispatch_time(tokens, experts=64, top_k=8, ranks=32, ranks_per_node=8,
+                                          intra=Link(t.intra.bandwidth * t.efficiency, t.intra.latency),
+                                          inter=Link(t.inter.bandwidth * t.efficiency, t.inter.latency))
+    priced = layer_table(MOE_SHAPE, H100, deepep, setup).layers[MOE].ep
+    assert priced == pytest.approx(4 * expected)
+    assert priced < 0.6 * layer_table(MOE_SHAPE, H100, THIS_ENGINE, setup).layers[MOE].ep
 
 
 def test_what_checkpointing_recomputes():

@@ -4,7 +4,7 @@ Ring all-reduce over n ranks: 2 (n - 1) / n * S / bandwidth plus a latency per s
 reduce-scatter half of that each (Patarasuk and Yuan 2009; Thakur et al. 2005). Steps: 2 (n - 1) in a
 ring inside a node; across nodes NCCL's trees take 2 log2 n latency steps. All-to-all (expert dispatch):
 each rank sends (n - 1) / n of its S bytes, one message per peer (pairwise exchange). A point-to-point
-message: latency + S / bandwidth.
+message: latency + S / bandwidth. DeepEP's deduplicated dispatch: ``deduplicated_dispatch_time``.
 
 Which link a group uses (``Topology.group_link``): ranks are numbered by the mesh's dimensions, innermost
 fastest (the engine's order: dp, pp, cp, mp, mp innermost), so a group of ``members`` ranks ``stride``
@@ -49,6 +49,35 @@ def all_to_all_time(nbytes: float, n: int, link: Link) -> float:
     if n <= 1:
         return 0.0
     return (n - 1) / n * nbytes / link.bandwidth + (n - 1) * link.latency
+
+
+def groups_hit(experts: int, top_k: int, groups: int) -> float:
+    """Expected number of ``groups`` equal groups of ``experts`` that a token's ``top_k`` distinct experts fall
+    in under uniform routing: groups x (1 - C(E - E/groups, k) / C(E, k)) (each group is missed with the
+    hypergeometric probability of drawing none of its E/groups experts)."""
+    if groups <= 1:
+        return 1.0
+    per_group = experts // groups
+    return groups * (1 - math.comb(experts - per_group, top_k) / math.comb(experts, top_k))
+
+
+def deduplicated_dispatch_time(token_bytes: float, *, experts: int, top_k: int, ranks: int, ranks_per_node: int,
+                               intra: Link, inter: Link) -> float:
+    """One dispatch (or combine) of a rank's tokens, ``token_bytes`` in all, by DeepEP's normal kernels: a
+    token goes once to each destination rank (not once per expert), and across nodes once over the network to
+    each destination node's GPU of the same local index, which forwards it over NVLink to that node's
+    destination ranks (DeepSeek-V3 technical report, arXiv 2412.19437, sec. 3.2.2; DeepEP csrc/kernels/
+    internode.cu: one RDMA transfer per token and node, with a bit per local rank). Network and NVLink bytes
+    are priced one after the other, as ``all_to_all_time`` prices a mixed group."""
+    if ranks <= 1:
+        return 0.0
+    copies = token_bytes * groups_hit(experts, top_k, ranks)  # one per destination rank
+    nodes = -(-ranks // ranks_per_node)
+    if nodes == 1:
+        return all_to_all_time(copies, ranks, intra)
+    network = token_bytes * groups_hit(experts, top_k, nodes) * (nodes - 1) / nodes
+    forwarded = copies * (ranks_per_node - 1) / ranks_per_node
+    return network / inter.bandwidth + forwarded / intra.bandwidth + (nodes - 1) * inter.latency
 
 
 @dataclass(frozen=True)

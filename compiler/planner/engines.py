@@ -25,6 +25,10 @@ class EngineTraits:
     tp_overlap: bool = False  # TP collectives hidden behind the matrix products (async TP, TE comm overlap)
     float8_linears: bool = False  # linear layers' products at the device's fp8 peak (torchao Float8, TE fp8)
     sp_messages: bool = True  # under sequence parallelism pipeline messages are (B, T/mp, D) shards
+    # How MoE tokens reach their experts (compiler/planner/layers.py): "all-to-all" sends one copy per
+    # (token, expert) pair (this engine, Megatron's alltoall dispatcher); "deepep" one per destination rank,
+    # and across nodes one per destination node, forwarded over NVLink there (DeepEP's normal kernels).
+    ep_dispatch: str = "all-to-all"
     # Ranks are numbered by these mesh dimensions, outermost first (the innermost is contiguous): which
     # groups share a node. The engine builds (dp, pp, mp); Megatron orders tp, cp, dp, pp from the inside.
     mesh_order: tuple[str, ...] = ("dp", "pp", "cp", "mp")

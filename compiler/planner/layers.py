@@ -10,7 +10,8 @@ devices.py) of the layer's work (work.py), and the layer's collectives on the li
 - context parallelism: each attention all-gathers the sequence's K and V over cp forward and reduce-scatters
   their gradients backward (torchtitan's and Llama 3's all-gather CP).
 - expert parallelism: four all-to-alls per MoE block (dispatch and combine, forward and backward) of the
-  rank's top_k token copies on the EP group's link.
+  rank's top_k token copies on the EP group's link; under DeepEP (engines.py ``ep_dispatch``) one copy per
+  destination rank, and one per destination node across the network (collectives.py).
 - activation checkpointing: full recompute runs the forward again (compute and its collectives: six TP
   collectives, a second K/V gather, six all-to-alls); selective recompute the memory-bound forward only.
 
@@ -24,13 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.planner.cluster import Cluster
-from compiler.planner.collectives import Link, all_gather_time, all_reduce_time, all_to_all_time
+from compiler.planner.collectives import (Link, all_gather_time, all_reduce_time, all_to_all_time,
+                                          deduplicated_dispatch_time)
 from compiler.planner.devices import ComputeSeconds
 from compiler.planner.engines import EngineTraits
 from compiler.planner.shape import DENSE, MOE, DecoderShape
 from compiler.planner.split import Holding
 from compiler.planner.work import EMBEDDING, HEAD, block_work, embedding_work, head_work
 from compiler.precisions import PRECISIONS
+from models.spec import Experts
 
 
 @dataclass(frozen=True)
@@ -88,18 +91,37 @@ class LayerTable:
         return total
 
 
-def _ep_link(cluster: Cluster, s: Setup, strides: dict[str, int]) -> Link:
+def _ep_ranks_per_node(cluster: Cluster, s: Setup, strides: dict[str, int]) -> int:
     """EP's ranks come from dp x cp x mp, innermost first: consecutive while they fit in cp x mp."""
     inner = s.mp * s.cp
     topology = cluster.topology
     if s.ep <= inner:
-        return topology.all_to_all_link(s.ep, strides["mp"])
-    per_node = min(s.ep, inner * topology.members_per_node(s.ep // inner, strides["dp"]))
+        return topology.members_per_node(s.ep, strides["mp"])
+    return min(s.ep, topology.devices_per_node, inner * topology.members_per_node(s.ep // inner, strides["dp"]))
+
+
+def _ep_link(cluster: Cluster, s: Setup, strides: dict[str, int]) -> Link:
+    topology = cluster.topology
+    per_node = _ep_ranks_per_node(cluster, s, strides)
     if s.ep <= per_node:
-        return topology.all_to_all_link(s.ep, 1)
+        return Link(topology.intra.bandwidth * topology.efficiency, topology.intra.latency)
     off_node = (s.ep - per_node) / s.ep
     seconds_per_byte = off_node / topology.inter.bandwidth + (1 - off_node) / topology.intra.bandwidth
     return Link(topology.efficiency / seconds_per_byte, topology.inter.latency)
+
+
+def _ep_dispatch_time(cluster: Cluster, traits: EngineTraits, s: Setup, strides: dict[str, int], *,
+                      token_bytes: float, experts: Experts) -> float:
+    """One dispatch or combine of a rank's ``token_bytes`` of tokens over the EP group (engines.py
+    ``ep_dispatch``)."""
+    if traits.ep_dispatch == "deepep":
+        t = cluster.topology
+        return deduplicated_dispatch_time(
+            token_bytes, experts=experts.count, top_k=experts.top_k, ranks=s.ep,
+            ranks_per_node=_ep_ranks_per_node(cluster, s, strides),
+            intra=Link(t.intra.bandwidth * t.efficiency, t.intra.latency),
+            inter=Link(t.inter.bandwidth * t.efficiency, t.inter.latency))
+    return all_to_all_time(token_bytes * experts.top_k, s.ep, _ep_link(cluster, s, strides))
 
 
 def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: Setup) -> LayerTable:
@@ -132,8 +154,9 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
         cp = (3 if full else 2) * all_gather_time(kv, s.cp, topology.group_link(s.cp, strides["cp"]))
         ep = 0.0
         if kind == MOE:
-            copies = rows / s.mp * shape.experts.top_k * shape.d_model * a
-            ep = (6 if full else 4) * all_to_all_time(copies, s.ep, _ep_link(cluster, s, strides))
+            tokens = rows / s.mp * shape.d_model * a
+            ep = (6 if full else 4) * _ep_dispatch_time(cluster, traits, s, strides, token_bytes=tokens,
+                                                        experts=shape.experts)
         out[kind] = LayerSeconds(compute, tp, cp, ep)
     embedding = device.compute(embedding_work(shape, micro_batch_size=s.micro_batch_size, cp=s.cp,
                                               precision=s.precision), s.precision, ranks_on_node=ranks_on_node)

@@ -4,7 +4,7 @@ fitted to them.
 A file names its source, the cluster preset it ran on, the engine that ran it (compiler/planner/engines.py),
 the metric it reports and, per row, the model, GPUs, sequence, global batch, the layout the source states
 (dp, pp, mp, cp, ep, micro-batch, schedule, v, checkpointing, DP mode, SP) and the reported figure (and
-peak memory where given). Each row is priced as the best plan within what the source states: what it leaves
+peak memory where given; a MoE row's ``dispatcher``). Each row is priced as the best plan within what the source states: what it leaves
 open is searched. ``fitted`` marks the files a constant was fitted to (in-sample): Megatron-LM's Table 1
 (Narayanan et al. SC'21) for the GEMM efficiency's ``max_efficiency``; every other file is out of sample.
 Features a row used that the model does not describe are listed in its ``unmodelled`` (torch.compile,
@@ -47,6 +47,7 @@ class PublishedRun:
     reported: float
     memory_gib: float | None = None
     float8: bool = False
+    dispatcher: str = "all-to-all"  # how MoE tokens travel (engines.py ``ep_dispatch``): "all-to-all" | "deepep"
     unmodelled: tuple[str, ...] = ()
     note: str = ""
 
@@ -107,7 +108,8 @@ def load_table(path: str | Path) -> PublishedTable:
             layout["schedule"] = tuple(layout["schedule"])
         runs.append(PublishedRun(row["label"], shape, int(row["gpus"]), int(row["global_batch"]),
                                  Constraints(**layout), float(row["reported"]), row.get("memory_gib"),
-                                 bool(row.get("float8", False)), tuple(row.get("unmodelled", ())), row.get("note", "")))
+                                 bool(row.get("float8", False)), row.get("dispatcher", "all-to-all"),
+                                 tuple(row.get("unmodelled", ())), row.get("note", "")))
     source = data["source"]
     source = source if isinstance(source, str) else f"{source['citation']} ({source.get('url', '')})"
     return PublishedTable(data["name"], source, data["cluster"], ENGINES[data["engine"]], data["precision"],
@@ -159,7 +161,7 @@ def metric_value(metric: str, e: Estimate, run: PublishedRun) -> float:
 
 
 def price_run(table: PublishedTable, run: PublishedRun, cluster: Cluster) -> Estimate | None:
-    traits = replace(table.engine, float8_linears=run.float8)
+    traits = replace(table.engine, float8_linears=run.float8, ep_dispatch=run.dispatcher)
     args = dict(world=run.gpus, global_batch_size=run.global_batch, cluster=cluster, traits=traits,
                 precisions=(table.precision,), constraints=traits.limits(run.layout))
     return search(run.shape, **args).best or search(run.shape, require_fit=False, **args).best
