@@ -5,6 +5,7 @@ summaries apart; Table 1 (in sample) holds; Llama 3 405B at its published layout
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -93,3 +94,31 @@ def test_plan_reproduce_prints_errors_and_separates_in_and_out_of_sample(tmp_pat
     data = json.loads(out.read_text())
     assert data["summary"]["in_sample"]["rows"] == 10 and data["summary"]["out_of_sample"]["rows"] == 1
     assert all(r["error"] is not None for r in data["rows"])
+
+
+def test_deepep_rows_are_priced_with_its_dispatch_and_the_others_with_the_all_to_all():
+    qwen = load_table(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json"))
+    cross_node = next(r for r in qwen.runs if r.label.startswith("cross-node EP"))
+    assert cross_node.dispatcher == "deepep" and "DeepEP dispatcher" not in cross_node.unmodelled
+    assert next(r for r in qwen.runs if "all-to-all" in r.label).dispatcher == "all-to-all"
+    deepep = price_run(qwen, cross_node, load_cluster(qwen.cluster))
+    as_all_to_all = price_run(qwen, replace(cross_node, dispatcher="all-to-all"), load_cluster(qwen.cluster))
+    # EP 32 over 4 nodes: the network carries 2.7 copies of a token instead of 6, so the step is shorter.
+    assert deepep.step_time < 0.8 * as_all_to_all.step_time
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(engine="megatron-x"), "engine 'megatron-x': one of this, megatron-2021"),
+    (lambda d: d["rows"][0].update(dispatcher="deep-ep"), "dispatcher 'deep-ep': one of all-to-all, deepep"),
+    (lambda d: d.pop("metric"), "no 'metric'"),
+])
+def test_a_malformed_published_file_is_one_error_naming_it(tmp_path, capsys, change, message):
+    data = json.loads(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json").read_text())
+    change(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=str(path)) as e:
+        load_table(path)
+    assert message in str(e.value)
+    assert plan_command.main(["--reproduce", str(path)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {path}")

@@ -14,6 +14,9 @@ from dataclasses import dataclass, replace
 from compiler.planner.candidates import Constraints
 
 
+EP_DISPATCHES = ("all-to-all", "deepep")
+
+
 @dataclass(frozen=True)
 class EngineTraits:
     name: str = "this engine"
@@ -28,7 +31,7 @@ class EngineTraits:
     # How MoE tokens reach their experts (compiler/planner/layers.py): "all-to-all" sends one copy per
     # (token, expert) pair (this engine, Megatron's alltoall dispatcher); "deepep" one per destination rank,
     # and across nodes one per destination node, forwarded over NVLink there (DeepEP's normal kernels).
-    ep_dispatch: str = "all-to-all"
+    ep_dispatch: str = "all-to-all"  # one of EP_DISPATCHES
     # Ranks are numbered by these mesh dimensions, outermost first (the innermost is contiguous): which
     # groups share a node. The engine builds (dp, pp, mp); Megatron orders tp, cp, dp, pp from the inside.
     mesh_order: tuple[str, ...] = ("dp", "pp", "cp", "mp")

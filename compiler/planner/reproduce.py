@@ -25,7 +25,7 @@ from pathlib import Path
 from compiler.planner.candidates import Constraints
 from compiler.planner.cluster import Cluster, load_cluster
 from compiler.planner.devices import GemmEfficiency
-from compiler.planner.engines import ENGINES, EngineTraits
+from compiler.planner.engines import ENGINES, EP_DISPATCHES, EngineTraits
 from compiler.planner.search import Estimate, search
 from compiler.planner.shape import DecoderShape, hardware_flops_per_token
 from models import named_config
@@ -96,19 +96,35 @@ def _columns_table(data: dict) -> PublishedTable:
 
 
 def load_table(path: str | Path) -> PublishedTable:
-    data = json.loads(Path(path).read_text())
-    if "columns" in data:
-        return _columns_table(data)
+    """The published runs of one file; a malformed file is a ValueError naming it and what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    try:
+        return _columns_table(data) if "columns" in data else _rows_table(data, path)
+    except KeyError as e:
+        raise ValueError(f"{path}: no {e} (the keys a published file holds: compiler/README.md, "
+                         f"'Published runs')") from None
+
+
+def _rows_table(data: dict, path: str | Path) -> PublishedTable:
+    if data["engine"] not in ENGINES:
+        raise ValueError(f"{path}: engine {data['engine']!r}: one of {', '.join(ENGINES)}")
     models = data.get("models", {})
     runs = []
     for row in data["rows"]:
+        dispatcher = row.get("dispatcher", "all-to-all")
+        if dispatcher not in EP_DISPATCHES:
+            raise ValueError(f"{path}: row {row['label']!r}: dispatcher {dispatcher!r}: one of "
+                             f"{', '.join(EP_DISPATCHES)}")
         shape = _shape(models.get(row["model"], row["model"]), int(row["seq_len"]))
         layout = {k: row["layout"][key] for key, k in LAYOUT_KEYS.items() if key in row["layout"]}
         if isinstance(layout.get("schedule"), list):
             layout["schedule"] = tuple(layout["schedule"])
         runs.append(PublishedRun(row["label"], shape, int(row["gpus"]), int(row["global_batch"]),
                                  Constraints(**layout), float(row["reported"]), row.get("memory_gib"),
-                                 bool(row.get("float8", False)), row.get("dispatcher", "all-to-all"),
+                                 bool(row.get("float8", False)), dispatcher,
                                  tuple(row.get("unmodelled", ())), row.get("note", "")))
     source = data["source"]
     source = source if isinstance(source, str) else f"{source['citation']} ({source.get('url', '')})"
