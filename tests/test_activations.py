@@ -39,6 +39,21 @@ def test_selective_checkpointing_drops_the_norm_outputs_and_activation_functions
     assert block_memory(LLAMA, DENSE, c).saved == pytest.approx(T * per_token)
 
 
+def test_torchtitans_op_policy_keeps_every_other_matrix_products_output():
+    """q (1st), v (3rd), w1 (5th) and w2 (7th) of q, k, v, o, w1, w3, w2; attention's output and LSE; the input."""
+    c = Context(micro_batch_size=1, precision="bf16", mp=1, layout="megatron", ac="selective",
+                selective_policy="every-other-mm")
+    per_token = (D + Q + KV + F + D + Q) * 2 + 32 * 4
+    m = block_memory(LLAMA, DENSE, c)
+    assert m.saved == pytest.approx(T * per_token)
+    assert m.recompute == pytest.approx(block_memory(LLAMA, DENSE, dataclasses.replace(c, ac="none")).saved - m.saved)
+    # TP 8 with SP: column-parallel outputs per shard, w2's output whole before its reduce-scatter, the input and
+    # both reduce-scatters' outputs sequence shards.
+    sp = dataclasses.replace(c, mp=8, sequence_parallel=True)
+    per_token = (D / 8 + Q / 8 + KV / 8 + F / 8 + D + 2 * D / 8 + Q / 8) * 2 + 32 / 8 * 4
+    assert block_memory(LLAMA, DENSE, sp).saved == pytest.approx(T * per_token)
+
+
 def test_context_parallelism_divides_what_every_token_saves_and_keeps_the_gathered_k_v():
     c = Context(micro_batch_size=1, precision="bf16", mp=2, layout="megatron")
     whole, split = block_memory(LLAMA, DENSE, c), block_memory(LLAMA, DENSE, dataclasses.replace(c, cp=4))

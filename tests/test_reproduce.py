@@ -122,3 +122,14 @@ def test_a_malformed_published_file_is_one_error_naming_it(tmp_path, capsys, cha
     assert message in str(e.value)
     assert plan_command.main(["--reproduce", str(path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {path}")
+
+
+def test_torchtitans_selective_rows_peak_within_10_percent_of_their_published_memory():
+    """Table 1 / 3's eager 8B FSDP rows run torchtitan's op-level SAC (every other mm's output kept)."""
+    table = load_table(TORCHTITAN)
+    eager = [r for r in table.runs if r.label in ("Table 1: 8B FSDP, 8 GPUs", "Table 3: 8B FSDP, 128 GPUs")]
+    assert len(eager) == 2
+    for run in eager:
+        e = price_run(table, run, load_cluster(table.cluster))
+        assert e.candidate.ac == "selective"
+        assert abs(e.memory_per_rank / 2**30 / run.memory_gib - 1) < 0.10, run.label

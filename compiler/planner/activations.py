@@ -59,8 +59,8 @@ from dataclasses import dataclass, replace
 
 from compiler.cost import LayerCost, head_loss_bytes
 from compiler.parallelize.cross_entropy import SAVED_BYTES_PER_TOKEN
-from compiler.planner.shape import DENSE, MOE, DecoderShape, _block_matrices, block_forward_flops, block_params, \
-    embedding_params, head_params, shared_width
+from compiler.planner.shape import DENSE, MOE, DecoderShape, _block_matrices, attention_matrices, block_forward_flops, \
+    block_params, embedding_params, head_params, mlp_matrices, shared_width
 from compiler.precisions import PRECISIONS
 
 
@@ -80,6 +80,7 @@ class Context:
     # the CPU's context-parallel attention runs each chunk as a prefix call and a diagonal call merged by
     # log-sum-exp (compiler/parallelize/context_parallel.py ``_PrefixAndDiagonal``); CUDA runs one call
     split_cp_attention: bool = False
+    selective_policy: str = "products"  # what selective recompute keeps (engines.py ``selective_policy``)
 
     @property
     def a(self) -> int:
@@ -192,12 +193,33 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
         kept = tokens * d * (c.residual_bytes if c.layout == "engine" else a) / shard
         return BlockMemory(kept, saved, transient, backward)
     if c.ac == "selective":  # its backward recomputes the rest of the block: all of it is held at once
+        if c.selective_policy == "every-other-mm" and kind == DENSE:
+            saved = every_other_mm_kept(shape, c) * tokens
+            return BlockMemory(saved, block_memory(shape, kind, replace(c, ac="none")).saved - saved, transient,
+                               backward)
         if c.layout == "engine" and kind == DENSE:  # the engine's kept ops, as compiler/cost.py counts them
             saved = block_selective_bytes(shape, c)
             if c.cp > 1 and c.split_cp_attention:  # every flash call's output is a kept op: both partial
                 saved += tokens * (shape.heads // t * (shape.head_dim * a + 4))  # outputs, not the merged one
         return BlockMemory(saved, block_memory(shape, kind, replace(c, ac="none")).saved - saved, transient, backward)
     return BlockMemory(saved, 0.0, transient, backward)
+
+
+def every_other_mm_kept(shape: DecoderShape, c: Context) -> float:
+    """Per token: what torchtitan's op-level selective checkpointing keeps of a dense block (torchtitan/
+    distributed/activation_checkpoint.py ``_custom_policy``, counted afresh in each block): the block's input
+    (the checkpoint's), the outputs of the 1st, 3rd, ... matrix product in execution order (q, k, v, o, then
+    w1 (gate), w3 (up), w2 (down): q, v, gate and down for Llama), attention's output and log-sum-exp, and
+    under sequence parallelism the reduce-scatters' outputs (on its save list too); the rest is recomputed.
+    A column-parallel product's output is width / t per token, a row-parallel one's the whole d before its
+    reduction; the block input and the reduce-scattered outputs are sequence shards under SP."""
+    t, a, d = c.mp, c.a, shape.d_model
+    shard = t if c.sequence_parallel else 1
+    mlp = mlp_matrices(shape, shape.mlp_width, t)
+    order = list(attention_matrices(shape, t).values()) + [mlp[k] for k in ("gate", "up", "down") if k in mlp]
+    products = sum(out for _, out in order[::2])  # outputs per token of the 1st, 3rd, ... product
+    reduce_scattered = 2 * d / t if c.sequence_parallel and t > 1 else 0.0
+    return (d / shard + products + shape.q_width / t + reduce_scattered) * a + shape.heads / t * 4
 
 
 def mlp_backward_bytes(shape: DecoderShape, c: Context) -> float:

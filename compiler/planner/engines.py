@@ -40,12 +40,19 @@ class EngineTraits:
     has_sequence_parallel: bool = True
     has_selective_ac: bool = True
     has_chunked_loss: bool = True
-    # Selective recompute also recomputes this fraction of the matrix products (torchtitan's op-level policy
-    # saves the outputs of every other mm: 0.5; Megatron's --recompute-modules norm/act recompute none).
-    selective_matmul_recompute: float = 0.0
+    # What selective recompute keeps of a block (compiler/planner/activations.py): "products" every matrix
+    # product's output (Megatron's --recompute-modules norm/act, this engine's kept ops); "every-other-mm" the
+    # outputs of the 1st, 3rd, ... mm in execution order and attention's, the rest recomputed (torchtitan's
+    # op-level policy, torchtitan/distributed/activation_checkpoint.py ``_custom_policy``).
+    selective_policy: str = "products"
     # Stages beyond the blocks the engine's split allows (Megatron-Core's --account-for-embedding-in-pipeline-
     # split and -loss-: the embedding and the loss count as layers, 2); this engine's rule is pp x v <= layers.
     extra_stages: int = 0
+
+    @property
+    def selective_matmul_recompute(self) -> float:
+        """The fraction of a block's matrix products selective recompute runs again."""
+        return 0.5 if self.selective_policy == "every-other-mm" else 0.0
 
     def limits(self, given: "Constraints") -> "Constraints":
         """``given`` with what this engine cannot run fixed off."""
@@ -91,7 +98,7 @@ META_LLAMA3 = EngineTraits("Meta Llama 3", attention="flash", activations="megat
 # Its selective AC ("op") saves every other mm's output (torchtitan/distributed/activation_checkpoint.py).
 TORCHTITAN = EngineTraits("torchtitan", attention="flash", activations="megatron", dp_overlap=True,
                           grad_reduce_bytes=4, mesh_order=("dp", "pp", "cp", "mp"), has_chunked_loss=False,
-                          selective_matmul_recompute=0.5)
+                          selective_policy="every-other-mm")
 
 ENGINES = {"this": THIS_ENGINE, "megatron-2021": MEGATRON_2021, "megatron-core": MEGATRON_CORE,
            "meta-llama3": META_LLAMA3, "torchtitan": TORCHTITAN}

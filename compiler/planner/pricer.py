@@ -115,7 +115,8 @@ class Pricer:
         shape, dtype = self.shape, PRECISIONS[c.precision].autocast_dtype
         residual = dtype.itemsize if dtype and fsdp else 4
         ctx = Context(c.micro_batch_size, c.precision, c.mp, c.cp, c.sequence_parallel, c.ac,
-                      self.traits.activations, residual, c.chunked_loss, self.cluster.device.kind == "cpu")
+                      self.traits.activations, residual, c.chunked_loss, self.cluster.device.kind == "cpu",
+                      self.traits.selective_policy)
         dense = experts = saved = recompute = transient = backward = copies = 0.0
         units = []
         a = PRECISIONS[c.precision].dtype.itemsize if dtype else 0
