@@ -5,10 +5,10 @@ A file names its source, the cluster preset it ran on, the engine that ran it (c
 the metric it reports and, per row, the model, GPUs, sequence, global batch, the layout the source states
 (dp, pp, mp, cp, ep, micro-batch, schedule, v, checkpointing, DP mode, SP) and the reported figure (and
 peak memory where given; a MoE row's ``dispatcher``). Each row is priced as the best plan within what the
-source states: what it leaves open is searched. ``fitted`` marks the files a constant was fitted to (in-sample): Megatron-LM's Table 1
-(Narayanan et al. SC'21) for the GEMM efficiency's ``max_efficiency``; every other file is out of sample.
-Features a row used that the model does not describe are listed in its ``unmodelled`` (torch.compile,
-async TP, a dispatcher): their rows are reported apart as well.
+source states: what it leaves open is searched. ``fitted`` marks the files a constant was fitted to
+(in-sample): Megatron-LM's Table 1 (Narayanan et al. SC'21) for the GEMM efficiency's ``max_efficiency``;
+every other file is out of sample. Features a row used that the model does not describe are listed in its
+``unmodelled`` (torch.compile, async TP): their rows are reported apart as well.
 
 Metrics: ``hardware_tflops_per_gpu`` (Megatron's count with the recompute, shape.hardware_flops_per_token),
 ``model_tflops_per_gpu`` (PaLM's 6N + 12 L T d), ``tokens_per_s_per_gpu`` and ``step_time_s``.
