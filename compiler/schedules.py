@@ -142,6 +142,11 @@ class ScheduleSpec:
     def stage_microbatches_in_flight(self, *, p: int, m: int, v: int, rank: int = 0) -> int:
         return self.in_flight(p, m, v, rank)
 
+    def last_stage_in_flight(self, m: int) -> int:
+        """Micro-batches the last stage (the head and the loss) holds at once: all m where every forward runs
+        before the backwards (GPipe, looped BFS), else one: its backward follows its forward."""
+        return m if self.in_flight is _all else 1
+
 
 # Registry order is the planner's order of preference between plans it predicts equally fast.
 SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (

@@ -11,10 +11,12 @@ import pytest
 from compiler.partition import layer_split
 from compiler.planner.candidates import Candidate, Constraints, dp_modes, meshes
 from compiler.planner.cluster import PRESET_DIR, cpu_cluster_from_dict, load_cluster, preset_names
-from compiler.planner.memory_model import DataParallelLayout, in_flight_stage_microbatches, weight_memory
+from compiler.planner.memory_model import (DataParallelLayout, RankLoad, in_flight_stage_microbatches, rank_memory,
+                                          weight_memory)
 from compiler.planner.search import Pricer, search
 from compiler.planner.shape import DecoderShape
 from compiler.planner.split import v_split
+from compiler.schedules import SCHEDULES
 from compiler.stage_plan import plan_stages
 from models import named_config
 from runtime.commands import plan as plan_command
@@ -82,6 +84,21 @@ def test_in_flight_micro_batches_per_schedule():
     assert in_flight_stage_microbatches("1f1b", p=4, m=8, v=1, rank=3) == 1
     # torch's interleaved warm-up for rank 0: (v-1) * m_round + 2 (p-1) forwards, plus the one in flight.
     assert in_flight_stage_microbatches("interleaved-1f1b", p=4, m=8, v=2) == 4 + 6 + 1
+
+
+def test_the_heads_activations_are_held_by_the_last_stage_alone():
+    """The last stage runs its backward right after its forward (all m at once only under GPipe and looped BFS):
+    on an interleaved rank the head's saved bytes count once, the blocks' per in-flight stage-micro-batch."""
+    assert SCHEDULES["interleaved-1f1b"].last_stage_in_flight(8) == 1 and SCHEDULES["zbv"].last_stage_in_flight(8) == 1
+    assert SCHEDULES["gpipe"].last_stage_in_flight(8) == 8 and SCHEDULES["looped-bfs"].last_stage_in_flight(8) == 8
+    load = RankLoad(dense_params=0, expert_params=0, largest_unit=0, saved_bytes=100.0 + 40.0, recompute_bytes=0,
+                    transient_bytes=0, weight_copy_bytes=0, blocks=2, head_saved_bytes=40.0)
+    none = DataParallelLayout()
+    in_flight = in_flight_stage_microbatches("interleaved-1f1b", p=4, m=8, v=2, rank=3)
+    m = rank_memory(load, schedule="interleaved-1f1b", p=4, m=8, v=2, rank=3, dense=none, experts=none)
+    assert m.activations == pytest.approx(in_flight * 100.0 / 2 + 40.0)
+    m = rank_memory(load, schedule="gpipe", p=4, m=8, v=1, rank=3, dense=none, experts=none)
+    assert m.activations == pytest.approx(8 * 140.0)  # GPipe: every micro-batch of the one stage
 
 
 def test_presets_load():

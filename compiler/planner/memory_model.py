@@ -16,7 +16,8 @@
   that expert-data-parallel group. A tied embedding counts once on a rank that holds both ends.
 - Activations: per micro-batch and layer the bytes autograd saves (compiler/planner/activations.py), times
   the stage-micro-batches the schedule keeps in flight on the rank (compiler/schedules.py: GPipe all m,
-  1F1B min(m, p - rank), interleaved 1F1B its warm-up depth), each of 1/v of the rank's layers; with full
+  1F1B min(m, p - rank), interleaved 1F1B its warm-up depth), each of 1/v of the rank's layers (the head's
+  only on the last stage, which holds one micro-batch, or all m under GPipe and looped BFS); with full
   activation checkpointing a block keeps its input, plus one block's whole activations while it is
   recomputed; the largest transient of a layer once (the loss's fp32 gradients of the logits, K/V gathered
   by context parallelism, the expert dispatch's buffers, a dense block's backward gradients less what the
@@ -87,6 +88,7 @@ class RankLoad:
     weight_copy_bytes: float  # autocast's copies of its weights (no FSDP)
     blocks: int
     tp_buffer_bytes: float = 0.0  # device-specific extra bytes per block and in-flight micro-batch (CPU TP)
+    head_saved_bytes: float = 0.0  # of saved_bytes, the head's: only the last stage holds them
 
 
 def rank_memory(load: RankLoad, *, schedule: str, p: int, m: int, v: int, rank: int, dense: DataParallelLayout,
@@ -96,7 +98,9 @@ def rank_memory(load: RankLoad, *, schedule: str, p: int, m: int, v: int, rank: 
     if load.expert_params:
         weights += weight_memory(load.expert_params, load.largest_unit, experts, accumulate=m > 1)
     in_flight = in_flight_stage_microbatches(schedule, p=p, m=m, v=v, rank=rank)
-    per_stage_microbatch = (load.saved_bytes + load.blocks * load.tp_buffer_bytes) / v
-    activations = in_flight * per_stage_microbatch + load.recompute_bytes + load.transient_bytes
+    head = load.head_saved_bytes
+    per_stage_microbatch = (load.saved_bytes - head + load.blocks * load.tp_buffer_bytes) / v
+    activations = (in_flight * per_stage_microbatch + SCHEDULES[schedule].last_stage_in_flight(m) * head
+                   + load.recompute_bytes + load.transient_bytes)
     copies = 0.0 if dense.fsdp else load.weight_copy_bytes
     return MemoryEstimate(weights, activations, copies)

@@ -117,7 +117,7 @@ class Pricer:
         ctx = Context(c.micro_batch_size, c.precision, c.mp, c.cp, c.sequence_parallel, c.ac,
                       self.traits.activations, residual, c.chunked_loss, self.cluster.device.kind == "cpu",
                       self.traits.selective_policy)
-        dense = experts = saved = recompute = transient = backward = copies = 0.0
+        dense = experts = saved = recompute = transient = backward = copies = head_saved = 0.0
         units = []
         a = PRECISIONS[c.precision].dtype.itemsize if dtype else 0
         for kind, n in h.kinds:
@@ -136,7 +136,7 @@ class Pricer:
         if h.head:
             dense += head_params(shape, c.mp)
             head = head_memory(shape, ctx)
-            saved, transient = saved + head.saved, max(transient, head.transient)
+            saved, transient, head_saved = saved + head.saved, max(transient, head.transient), head.saved
             backward -= head.saved - head.kept  # the blocks' backward runs after the head's has freed its tensors
             copies += -(-shape.vocab_size // c.mp) * shape.d_model * a
             units.append(head_params(shape, c.mp))
@@ -146,7 +146,7 @@ class Pricer:
         buffers = self.cluster.device.tp_buffers_per_block if c.mp > 1 and c.ac != "full" else 0
         tokens = c.micro_batch_size * shape.seq_len / c.cp
         return RankLoad(dense, experts, max(units), saved, recompute, transient, copies, h.blocks,
-                        buffers * tokens * shape.d_model * 4)
+                        buffers * tokens * shape.d_model * 4, head_saved)
 
     def memory(self, c: Candidate) -> tuple[float, ...]:
         """Tensor bytes of each distinct pp rank (compiler/planner/memory_model.py)."""
