@@ -9,7 +9,7 @@ import json
 import pytest
 
 from compiler.partition import layer_split
-from compiler.planner.candidates import Candidate, Constraints, dp_modes, meshes
+from compiler.planner.candidates import Candidate, Constraints, dp_mode, dp_modes, meshes
 from compiler.planner.cluster import PRESET_DIR, cpu_cluster_from_dict, load_cluster, preset_names
 from compiler.planner.memory_model import (DataParallelLayout, RankLoad, in_flight_stage_microbatches, rank_memory,
                                           weight_memory)
@@ -50,6 +50,18 @@ def test_every_feasible_plan_is_accepted_by_the_engine_and_fits(tiny_plans, cpu)
         assert plan_error(TINY, c) is None
         assert e.memory_per_rank <= cpu.memory_per_rank(4)
         assert e.step_time > 0 and e.tokens_per_sec > 0 and 0 < e.mfu
+
+
+def test_context_parallel_ranks_shard_the_parameters_at_dp_1_with_or_without_resharding(cpu):
+    """FSDP runs over dp x cp: at dp 1, cp 2 the search offers ZeRO-3 too, and the engine accepts it."""
+    assert dp_modes(1) == [(None, False)] and dp_modes(1, cp=2) == [(None, False), (None, True)]
+    llama = default_config(named_config("llama3-debug", seq_len=256))
+    plans = search(DecoderShape.from_config(llama.model), world=2, global_batch_size=2, cluster=cpu,
+                   constraints=Constraints(dp=1, cp=2, pp=1, mp=1), keep=8, collect=True).every
+    zero3 = [e.candidate for e in plans if e.candidate.reshard_after_forward]
+    assert zero3 and all(dp_mode(c) == "zero3" for c in zero3)
+    assert {dp_mode(e.candidate) for e in plans} == {"fsdp", "zero3"}
+    assert plan_error(llama, dataclasses.replace(zero3[0], chunked_loss=True)) is None
 
 
 def test_infeasible_plans_say_why(tiny_plans):

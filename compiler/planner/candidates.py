@@ -94,17 +94,19 @@ def hsdp_shards(dp: int, *, per_node: int) -> list[int]:
     return sorted({s for s in (per_node, *(2 ** i for i in range(1, 9))) if 1 < s < dp and dp % s == 0})
 
 
-def dp_modes(dp: int, *, per_node: int = 8) -> list[tuple[int | None, bool]]:
-    """(dp_shard, reshard_after_forward): FSDP, ZeRO-3, replicate and HSDP."""
+def dp_modes(dp: int, *, cp: int = 1, per_node: int = 8) -> list[tuple[int | None, bool]]:
+    """(dp_shard, reshard_after_forward): FSDP, ZeRO-3, replicate and HSDP. At dp 1 the parameters are still
+    sharded over cp ranks (FSDP over dp x cp), with or without resharding after the forward."""
     if dp == 1:
-        return [(None, False)]
+        return [(None, False), (None, True)] if cp > 1 else [(None, False)]
     return [(None, False), (None, True), (1, False), *((s, False) for s in hsdp_shards(dp, per_node=per_node))]
 
 
 def dp_mode(c: Candidate) -> str:
-    """The DP mode's name in plans and flags: none, fsdp, zero3, replicate or hsdp:N."""
+    """The DP mode's name in plans and flags: none, fsdp, zero3, replicate or hsdp:N (cp ranks shard like dp
+    ranks: at dp 1 and cp > 1, fsdp or zero3)."""
     if c.dp == 1:
-        return "none"
+        return ("zero3" if c.reshard_after_forward else "fsdp") if c.cp > 1 else "none"
     if c.shard == c.dp:
         return "zero3" if c.reshard_after_forward else "fsdp"
     return "replicate" if c.shard == 1 else f"hsdp:{c.shard}"

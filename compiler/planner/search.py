@@ -141,7 +141,7 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
         for name, v in schedule_choices(pp, shape.layers + traits.extra_stages):
             plans = [Candidate(dp, pp, mp, name, v, m, mbs, precision, ac == "full", shard, zero3, sp, cp, ep,
                                ac == "selective", chunked)
-                     for shard, zero3 in dp_modes(dp, per_node=per_node) for chunked in chunks]
+                     for shard, zero3 in dp_modes(dp, cp=cp, per_node=per_node) for chunked in chunks]
             plans = [c for c in plans if constraints.admits(c)]
             considered += len(plans)
             by_schedule += [plans] if plans else []

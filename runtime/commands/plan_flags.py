@@ -48,7 +48,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="none, selective (keep matmul and attention outputs) or full (bare flag: full)")
     g.add_argument("--no-activation-checkpointing", dest="activation_checkpointing", action="store_const",
                    const="none")
-    g.add_argument("--dp-mode", help="none, fsdp, zero3, replicate or hsdp:N")
+    g.add_argument("--dp-mode", help="none, fsdp, zero3, replicate or hsdp:N (FSDP runs over dp x cp: at --dp 1 "
+                                     "with --cp > 1, fsdp or zero3)")
     g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                    help="hold sequence parallelism on or off (default: searched where mp > 1)")
     g.add_argument("--chunked-loss", action=argparse.BooleanOptionalAction, default=None,
