@@ -195,9 +195,7 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     if c.ac == "selective":  # its backward recomputes the rest of the block: all of it is held at once
         if c.selective_policy == "every-other-mm" and kind == DENSE:
             saved = every_other_mm_kept(shape, c) * tokens
-            return BlockMemory(saved, block_memory(shape, kind, replace(c, ac="none")).saved - saved, transient,
-                               backward)
-        if c.layout == "engine" and kind == DENSE:  # the engine's kept ops, as compiler/cost.py counts them
+        elif c.layout == "engine" and kind == DENSE:  # the engine's kept ops, as compiler/cost.py counts them
             saved = block_selective_bytes(shape, c)
             if c.cp > 1 and c.split_cp_attention:  # every flash call's output is a kept op: both partial
                 saved += tokens * (shape.heads // t * (shape.head_dim * a + 4))  # outputs, not the merged one

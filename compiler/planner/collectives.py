@@ -99,7 +99,7 @@ class Topology:
         """The link a collective over ``members`` ranks ``stride`` apart runs at (module docstring)."""
         k = self.members_per_node(members, stride)
         if members <= k:
-            return Link(self.intra.bandwidth * self.efficiency, self.intra.latency)
+            return self.nvlink()
         bandwidth = min(self.intra.bandwidth, k * self.inter.bandwidth) * self.efficiency
         return Link(bandwidth, self.inter.latency, tree=True)
 
@@ -112,22 +112,34 @@ class Topology:
             per_node *= self.members_per_node(n, stride)
         per_node = min(per_node, self.devices_per_node, members)
         if members <= per_node:
-            return Link(self.intra.bandwidth * self.efficiency, self.intra.latency)
+            return self.nvlink()
         return Link(min(self.intra.bandwidth, per_node * self.inter.bandwidth) * self.efficiency, self.inter.latency,
                     tree=True)
 
     def neighbour_link(self, members: int, stride: int) -> Link:
         """A point-to-point message between neighbours of such a group: one NIC when the group spans nodes."""
         if self.spans_nodes(members, stride):
-            return Link(self.inter.bandwidth * self.efficiency, self.inter.latency)
+            return self.network()
+        return self.nvlink()
+
+    def nvlink(self) -> Link:
+        """One rank's link inside a node (NVLink, or a CPU's gloo), at the collectives' efficiency."""
         return Link(self.intra.bandwidth * self.efficiency, self.intra.latency)
+
+    def network(self) -> Link:
+        """One rank's share of the node's NICs, at the collectives' efficiency."""
+        return Link(self.inter.bandwidth * self.efficiency, self.inter.latency)
 
     def all_to_all_link(self, members: int, stride: int) -> Link:
         """All-to-all across nodes: each rank's off-node share leaves through its own NIC."""
-        k = self.members_per_node(members, stride)
-        if members <= k:
-            return Link(self.intra.bandwidth * self.efficiency, self.intra.latency)
-        off_node = (members - k) / members  # the bytes that cross the network; the rest go over NVLink
+        return self.spread_link(members, self.members_per_node(members, stride))
+
+    def spread_link(self, members: int, per_node: int) -> Link:
+        """An all-to-all over ``members`` ranks, ``per_node`` of them on each node: the off-node share of a
+        rank's bytes crosses the network, the rest goes over NVLink."""
+        if members <= per_node:
+            return self.nvlink()
+        off_node = (members - per_node) / members
         seconds_per_byte = off_node / self.inter.bandwidth + (1 - off_node) / self.intra.bandwidth
         return Link(1 / seconds_per_byte * self.efficiency, self.inter.latency)
 

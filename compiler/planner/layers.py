@@ -100,28 +100,16 @@ def _ep_ranks_per_node(cluster: Cluster, s: Setup, strides: dict[str, int]) -> i
     return min(s.ep, topology.devices_per_node, inner * topology.members_per_node(s.ep // inner, strides["dp"]))
 
 
-def _ep_link(cluster: Cluster, s: Setup, strides: dict[str, int]) -> Link:
-    topology = cluster.topology
-    per_node = _ep_ranks_per_node(cluster, s, strides)
-    if s.ep <= per_node:
-        return Link(topology.intra.bandwidth * topology.efficiency, topology.intra.latency)
-    off_node = (s.ep - per_node) / s.ep
-    seconds_per_byte = off_node / topology.inter.bandwidth + (1 - off_node) / topology.intra.bandwidth
-    return Link(topology.efficiency / seconds_per_byte, topology.inter.latency)
-
-
 def _ep_dispatch_time(cluster: Cluster, traits: EngineTraits, s: Setup, strides: dict[str, int], *,
                       token_bytes: float, experts: Experts) -> float:
     """One dispatch or combine of a rank's ``token_bytes`` of tokens over the EP group (engines.py
     ``ep_dispatch``)."""
+    t = cluster.topology
+    per_node = _ep_ranks_per_node(cluster, s, strides)
     if traits.ep_dispatch == "deepep":
-        t = cluster.topology
-        return deduplicated_dispatch_time(
-            token_bytes, experts=experts.count, top_k=experts.top_k, ranks=s.ep,
-            ranks_per_node=_ep_ranks_per_node(cluster, s, strides),
-            intra=Link(t.intra.bandwidth * t.efficiency, t.intra.latency),
-            inter=Link(t.inter.bandwidth * t.efficiency, t.inter.latency))
-    return all_to_all_time(token_bytes * experts.top_k, s.ep, _ep_link(cluster, s, strides))
+        return deduplicated_dispatch_time(token_bytes, experts=experts.count, top_k=experts.top_k, ranks=s.ep,
+                                          ranks_per_node=per_node, intra=t.nvlink(), inter=t.network())
+    return all_to_all_time(token_bytes * experts.top_k, s.ep, t.spread_link(s.ep, per_node))
 
 
 def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: Setup) -> LayerTable:
