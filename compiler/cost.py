@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from compiler.parallelize.activation_checkpointing import SAVED_OPS
-from compiler.parallelize.cross_entropy import chunk_rows, chunked_cross_entropy
+from compiler.parallelize.cross_entropy import CPU_CHUNK_BYTES, chunk_rows, chunked_cross_entropy
 from compiler.precisions import PRECISIONS
 from compiler.torch_compat import CPU_FLASH_ATTENTION, FakeTensorMode, TorchDispatchMode, tensor_base
 from models import GROUPED_MM_FLOPS, spec_of
@@ -113,15 +113,17 @@ def layer_costs(cfg, *, micro_batch_size: int, precision: str = "fp32", mp: int 
     return [embed, *(replace(blocks[kind], name=f"layers.{i}") for i, kind in enumerate(kinds)), head]
 
 
-def head_loss_bytes(tokens: int, *, vocab_rows: int, precision: str) -> tuple[int, int]:
+def head_loss_bytes(tokens: int, *, vocab_rows: int, precision: str,
+                    chunk_bytes: int = CPU_CHUNK_BYTES) -> tuple[int, int]:
     """(held, transient) bytes of the logits of ``tokens`` tokens over ``vocab_rows`` vocabulary rows: the last
     stage's output, kept from its forward to its backward in the compute dtype (compiler/parallelize/
     message_dtype.py) and saved by the loss; and during the loss's backward their gradient, in the same
     dtype, with two fp32 chunks of rows (one upcast chunk and its softmax; compiler/parallelize/
-    cross_entropy.py), where F.cross_entropy on fp32 logits held two fp32 gradients of the whole size."""
+    cross_entropy.py; ``chunk_bytes`` as ``loss_chunk_bytes`` gives them for the device), where
+    F.cross_entropy on fp32 logits held two fp32 gradients of the whole size."""
     itemsize = PRECISIONS[precision].dtype.itemsize
     logits = tokens * vocab_rows
-    chunk = min(tokens, chunk_rows(vocab_rows)) * vocab_rows
+    chunk = min(tokens, chunk_rows(vocab_rows, chunk_bytes=chunk_bytes)) * vocab_rows
     return logits * itemsize, logits * itemsize + (2 if itemsize < 4 else 1) * 4 * chunk
 
 

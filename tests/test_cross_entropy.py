@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from compiler.parallelize.cross_entropy import IGNORE_INDEX, chunk_rows, chunked_cross_entropy
+from compiler.parallelize import cross_entropy
+from compiler.parallelize.cross_entropy import (ACCELERATOR_CHUNK_BYTES, CPU_CHUNK_BYTES, IGNORE_INDEX, chunk_rows,
+                                                chunked_cross_entropy)
 from runtime.observe.memory import peak_growth_during
 
 
@@ -83,6 +85,20 @@ def test_no_fp32_copy_of_the_logits_is_held():
 def test_chunks_hold_a_bounded_number_of_bytes():
     assert chunk_rows(50257, chunk_bytes=64 * 2**20) == 64 * 2**20 // (4 * 50257)
     assert chunk_rows(10**9) == 1  # at least one row
+
+
+@pytest.mark.parametrize("device, chunk_bytes", [("cpu", CPU_CHUNK_BYTES), ("meta", ACCELERATOR_CHUNK_BYTES)])
+def test_chunks_are_larger_on_accelerators(monkeypatch, device, chunk_bytes):
+    """The CPU's nodes share their memory among ranks (64 MiB chunks); anything else (a GPU; the meta device
+    stands for one here) upcasts 256 MiB at once, the size the memory model prices there."""
+    seen = []
+    row_statistics = cross_entropy._row_statistics
+    monkeypatch.setattr(cross_entropy, "_row_statistics", lambda x, local, rows: seen.append(rows) or
+                        row_statistics(x, local, rows))
+    vocab = 50257
+    chunked_cross_entropy(torch.zeros(2000, vocab, dtype=torch.bfloat16, device=device),
+                          torch.zeros(2000, dtype=torch.long, device=device))
+    assert seen == [chunk_rows(vocab, chunk_bytes=chunk_bytes)] and chunk_bytes // (4 * vocab) in (333, 1335)
 
 
 def test_reduction_must_be_mean_or_sum():

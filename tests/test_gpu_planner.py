@@ -10,6 +10,9 @@ import time
 import pytest
 import torch
 
+from compiler.parallelize.cross_entropy import ACCELERATOR_CHUNK_BYTES, CPU_CHUNK_BYTES
+from compiler.planner import pricer as pricer_module
+from compiler.planner.activations import head_memory
 from compiler.planner.candidates import Constraints
 from compiler.planner.cluster import gpu_cluster_from_dict, load_cluster, preset_for_device, resolve_cluster
 from compiler.planner.devices import GemmEfficiency
@@ -149,3 +152,17 @@ def test_a_plan_that_does_not_fit_is_priced_says_so_and_names_the_cheapest_chang
     assert plan_command.main(argv) == 0
     data = json.loads(out.read_text())
     assert data["priced"]["fits"] is False and data["advice"] and "add" in data["advice"]
+
+
+@pytest.mark.parametrize("preset, chunk_bytes", [("h100-80gb", ACCELERATOR_CHUNK_BYTES),
+                                                 ("cpu-2core", CPU_CHUNK_BYTES)])
+def test_the_loss_chunks_priced_are_the_ones_the_engine_upcasts_on_that_device(monkeypatch, preset, chunk_bytes):
+    contexts = []
+    monkeypatch.setattr(pricer_module, "head_memory", lambda shape, c: contexts.append(c) or head_memory(shape, c))
+    shape = DecoderShape.from_flags(layers=4, d_model=512, heads=8, seq_len=1024, vocab_size=50257)
+    cluster = load_cluster(preset)
+    c = search(shape, world=1, global_batch_size=8, cluster=cluster,
+               constraints=Constraints(dp=1, pp=1, mp=1, micro_batch_size=8, chunked_loss=True)).best.candidate
+    contexts.clear()
+    Pricer(shape, cluster).rank_memories(c)
+    assert contexts and {x.loss_chunk_bytes for x in contexts} == {chunk_bytes}

@@ -58,7 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from compiler.cost import LayerCost, head_loss_bytes
-from compiler.parallelize.cross_entropy import SAVED_BYTES_PER_TOKEN
+from compiler.parallelize.cross_entropy import CPU_CHUNK_BYTES, SAVED_BYTES_PER_TOKEN
 from compiler.planner.shape import DENSE, MOE, DecoderShape, _block_matrices, attention_matrices, block_forward_flops, \
     block_params, embedding_params, head_params, mlp_matrices, shared_width
 from compiler.precisions import PRECISIONS
@@ -81,6 +81,7 @@ class Context:
     # log-sum-exp (compiler/parallelize/context_parallel.py ``_PrefixAndDiagonal``); CUDA runs one call
     split_cp_attention: bool = False
     selective_policy: str = "products"  # what selective recompute keeps (engines.py ``selective_policy``)
+    loss_chunk_bytes: int = CPU_CHUNK_BYTES  # the chunked loss's fp32 chunk on this device (``loss_chunk_bytes``)
 
     @property
     def a(self) -> int:
@@ -245,7 +246,8 @@ def head_memory(shape: DecoderShape, c: Context) -> HeadMemory:
     norm = _norm_saved(shape, 4 if c.layout == "engine" else c.a) + shape.d_model * (c.a if c.autocast else 4)
     logits = tokens * rows * PRECISIONS[c.precision].dtype.itemsize  # the stage's output, held to its backward
     if c.chunked_loss:
-        _, transient = head_loss_bytes(int(tokens), vocab_rows=rows, precision=c.precision)
+        _, transient = head_loss_bytes(int(tokens), vocab_rows=rows, precision=c.precision,
+                                       chunk_bytes=c.loss_chunk_bytes)
         return HeadMemory(tokens * (norm + SAVED_BYTES_PER_TOKEN) + logits, transient, logits)
     return HeadMemory(tokens * (norm + 4 * rows + 8) + logits, 8 * tokens * rows, logits)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from compiler.parallelize.cross_entropy import loss_chunk_bytes
 from compiler.planner.activations import Context, block_memory, embedding_memory, head_memory
 from compiler.planner.candidates import Candidate, dp_mode
 from compiler.planner.cluster import Cluster
@@ -116,7 +117,7 @@ class Pricer:
         residual = dtype.itemsize if dtype and fsdp else 4
         ctx = Context(c.micro_batch_size, c.precision, c.mp, c.cp, c.sequence_parallel, c.ac,
                       self.traits.activations, residual, c.chunked_loss, self.cluster.device.kind == "cpu",
-                      self.traits.selective_policy)
+                      self.traits.selective_policy, loss_chunk_bytes(self.cluster.device.kind))
         dense = experts = saved = recompute = transient = backward = copies = head_saved = 0.0
         units = []
         a = PRECISIONS[c.precision].dtype.itemsize if dtype else 0
