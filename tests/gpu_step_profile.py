@@ -53,7 +53,10 @@ def summarise(prof, wall_s: list[float]) -> dict:
     """Per profiled step: device time by kernel (top TOP), host ops by self time, totals. Kernels are the events
     on the device (host ops carry their kernels' time too, so summing every event would count it twice)."""
     events = prof.key_averages()
-    on_device = [e for e in events if e.device_type == DeviceType.CUDA]
+    # Ranges the host annotates (ProfilerStep#, the schedule's PP:0F0 ...) have a device copy spanning their
+    # kernels: a key seen on the host is not a kernel.
+    host_keys = {e.key for e in events if e.device_type == DeviceType.CPU}
+    on_device = [e for e in events if e.device_type == DeviceType.CUDA and e.key not in host_keys]
     kernels = sorted(((e.key, e.self_device_time_total / 1e6 / ACTIVE, e.count / ACTIVE) for e in on_device),
                      key=lambda r: -r[1])
     host = sorted(((e.key, e.self_cpu_time_total / 1e6 / ACTIVE, e.count / ACTIVE) for e in events
