@@ -187,3 +187,16 @@ def test_validation_runs_plans_with_every_dimension_the_planner_prices():
                                                                    for c in chosen["tiny"])
     assert all(c.ep > 1 for c in chosen["mixtral-debug"]) and {c.ep for c in chosen["mixtral-debug"]} == {2, 4}
     assert all(c.cp > 1 for c in chosen["llama3-debug"]) and {c.cp for c in chosen["llama3-debug"]} == {2, 4}
+
+
+def test_a_validation_summary_of_one_or_no_measured_run_prints_without_a_rank_correlation():
+    """On 2 ranks the mixture of experts has one ep plan: no Spearman, and the summary line still prints."""
+    from runtime.commands.plan_validation import summarize, summary_line
+
+    one = summarize([{"plan": "2x1x1 ep=2", "predicted_s": 0.24, "measured_s": 0.19}])
+    assert one["spearman"] is None and one["mdape"] == pytest.approx(0.05 / 0.19)
+    assert summary_line("mixtral-debug", one) == ("mixtral-debug: MdAPE 26.3%, Spearman n/a, predicted best within "
+                                                  "10% of measured best: True (1 of 1 runs measured)")
+    none = summarize([{"plan": "2x1x1", "predicted_s": 0.24, "measured_s": None}])
+    assert summary_line("tiny", none).startswith("tiny: MdAPE n/a, Spearman n/a, predicted best within 10% of "
+                                                 "measured best: False (0 of 1")

@@ -79,14 +79,15 @@ def spearman(x: list[float], y: list[float]) -> float:
 def summarize(rows: list[dict]) -> dict:
     ok = [r for r in rows if r["measured_s"]]
     ape = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in ok]
-    best_predicted = min(ok, key=lambda r: r["predicted_s"])
-    best_measured = min(ok, key=lambda r: r["measured_s"])
+    best_predicted = min(ok, key=lambda r: r["predicted_s"], default=None)
+    best_measured = min(ok, key=lambda r: r["measured_s"], default=None)
     return {
         "runs": len(rows), "measured": len(ok),
         "mdape": statistics.median(ape) if ape else None,
         "spearman": spearman([r["predicted_s"] for r in ok], [r["measured_s"] for r in ok]) if len(ok) > 1 else None,
-        "predicted_best": best_predicted["plan"], "measured_best": best_measured["plan"],
-        "predicted_best_within_10pct": best_predicted["measured_s"] <= 1.10 * best_measured["measured_s"],
+        "predicted_best": best_predicted and best_predicted["plan"],
+        "measured_best": best_measured and best_measured["plan"],
+        "predicted_best_within_10pct": bool(ok) and best_predicted["measured_s"] <= 1.10 * best_measured["measured_s"],
     }
 
 
@@ -119,10 +120,18 @@ def validate(*, world: int, cluster: Cluster, precisions: tuple[str, ...], out: 
     report["overall"] = summarize(all_rows)
     Path(out).write_text(json.dumps(report, indent=2))
     for name, r in [*report["models"].items(), ("all", report["overall"])]:
-        print(f"{name}: MdAPE {100 * r['mdape']:.1f}%, Spearman {r['spearman']:.3f}, predicted best within 10% of "
-              f"measured best: {r['predicted_best_within_10pct']} ({r['measured']} runs)")
+        print(summary_line(name, r))
     print(f"wrote {out}")
     return 0
+
+
+def summary_line(name: str, r: dict) -> str:
+    """One model's (or all models') figures; a rank correlation needs two measured runs, an error one (a small
+    world can leave a model one plan, e.g. one ep plan on 2 ranks)."""
+    mdape = "n/a" if r["mdape"] is None else f"{100 * r['mdape']:.1f}%"
+    rho = "n/a" if r["spearman"] is None else f"{r['spearman']:.3f}"
+    return (f"{name}: MdAPE {mdape}, Spearman {rho}, predicted best within 10% of measured best: "
+            f"{r['predicted_best_within_10pct']} ({r['measured']} of {r['runs']} runs measured)")
 
 
 def validate_measured(path: str, *, cluster: Cluster, out: str) -> int:
