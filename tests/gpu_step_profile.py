@@ -32,16 +32,8 @@ TOP = 25
 
 
 def run_engine(argv: list[str]) -> None:
-    from runtime.commands.train import check_inputs, train
-    from runtime.device import select_device
-    from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
-
-    env = LaunchEnv.from_environ()
-    cfg, data, start = check_inputs(argv, env)
-    device = select_device(env.local_rank, cfg.device)
-    init_distributed(env, device)
-    train(cfg, data, start, env=env, device=device)
-    shutdown_distributed()
+    from runtime.commands.train import main  # run.py's training entry point, as torchrun runs it
+    main(argv)
 
 
 def run_plain(argv: list[str]) -> None:
