@@ -25,14 +25,29 @@ MOE_SHAPE = dataclasses.replace(SHAPE, experts=Experts(64, 8, 2048))
 
 def test_a_gemm_runs_three_products_each_at_the_efficiency_of_its_reduction():
     g, e, peak = Gemm(8192, 6144, 4096), H100.device.gemm.efficiency, 989e12
-    forward, backward = H100.device._products(g, peak, False)
+    forward, backward = H100.device._products(g, peak, False, itemsize=2)
     flops = 2 * 8192 * 6144 * 4096
     assert forward == pytest.approx(flops / (peak * e(4096)))
     assert backward == pytest.approx(flops / (peak * e(6144)) + flops / (peak * e(8192)))
     # A grouped product with few rows per expert also reaches only rows / (rows + k_half) of it.
     few = Gemm(64, 2048, 4096, groups=8)
-    f_grouped, _ = H100.device._products(few, peak, True)
+    f_grouped, _ = H100.device._products(few, peak, True, itemsize=2)
     assert f_grouped == pytest.approx(few.flops / (peak * e(4096) * 64 / (64 + 128)))
+
+
+@pytest.mark.parametrize(("n", "itemsize", "aligned"), [
+    (50304, 2, True), (50264, 2, True), (50257, 2, False), (50260, 2, False), (50260, 4, True), (50258, 4, False)])
+def test_a_product_whose_rows_are_off_16_bytes_runs_all_three_products_on_the_unaligned_kernels(n, itemsize, aligned):
+    """GPT-2's head, [8192, 768] x [768, 50,257]: the logits' rows are 50,257 values long, in bf16 not a multiple of
+    16 bytes, and the forward, the input gradient and the weight gradient all read or write them."""
+    g, e, peak = Gemm(8192, n, 768), H100.device.gemm.efficiency, 989e12
+    slow = 1.0 if aligned else H100.device.unaligned_slowdown
+    forward, backward = H100.device._products(g, peak, False, itemsize=itemsize)
+    assert forward == pytest.approx(g.flops * slow / (peak * e(768)))
+    assert backward == pytest.approx(g.flops * slow / (peak * e(n)) + g.flops * slow / (peak * e(8192)))
+    # a reduction off 16 bytes (k: the rows of x and of the weight) as well
+    assert H100.device._products(Gemm(8192, 768, n), peak, False, itemsize=itemsize)[0] == pytest.approx(
+        g.flops * slow / (peak * e(n)))
 
 
 def _one(shape, kind, **setup):

@@ -24,6 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from compiler.precisions import PRECISIONS
+
 
 @dataclass(frozen=True)
 class Gemm:
@@ -100,6 +102,12 @@ class GemmEfficiency:
         return GemmEfficiency(max_efficiency=1 / intercept, k_half=slope / intercept)
 
 
+def rows_aligned(length: float, itemsize: int) -> bool:
+    """Whether a matrix row of ``length`` values of ``itemsize`` bytes is a multiple of 16 bytes, as cuBLAS's
+    tensor-core kernels need of every operand's rows (else it falls back to unaligned kernels; ``GpuDevice``)."""
+    return length * itemsize % 16 == 0
+
+
 @dataclass(frozen=True)
 class GpuDevice:
     memory_gib: float
@@ -113,6 +121,12 @@ class GpuDevice:
     kind: str = "gpu"
     dp_overlap: bool = True  # collectives run on their own streams beside compute
     tp_buffers_per_block: int = 0  # DTensor's extra [B, T, d] fp32 buffers were measured on CPU only
+    # A product whose matrices' rows are not a multiple of 16 bytes (GPT-2's 50,257-word head in bf16) runs on
+    # cuBLAS's unaligned kernels (a Turing-era cutlass_75 align1 kernel on Hopper). Measured on an H200, torch
+    # 2.11 + CUDA 13, 2026-11-28: [8192, 768] x [768, V] bf16 forward + backward 15.59 ms at V 50,257 against
+    # 2.61 ms at 50,264 and 2.57 at 50,304; GPT-2 small's step 90.8 -> 64.3 ms (the engine), 82.4 -> 57.2 ms (a
+    # plain PyTorch loop). Measured in bf16 only; the alignment rule is cuBLAS's, in bytes, for every dtype.
+    unaligned_slowdown: float = 15.59 / 2.61
 
     def memory_per_rank(self, ranks_on_node: int) -> float:
         return (self.memory_gib - self.reserved_gib) * 2**30
@@ -123,9 +137,13 @@ class GpuDevice:
     def sharing(self, *, ranks_on_node: int, busy: float) -> float:
         return 1.0  # one rank per device
 
-    def _products(self, g: Gemm, peak: float, grouped: bool) -> tuple[float, float]:
-        """(forward, backward) seconds: forward reduces over k, the input gradient over n, the weight gradient over m."""
+    def _products(self, g: Gemm, peak: float, grouped: bool, *, itemsize: int) -> tuple[float, float]:
+        """(forward, backward) seconds: forward reduces over k, the input gradient over n, the weight gradient over m.
+        The rows of x [m, k], of the weight [n, k] and of the output [m, n] are k and n values long; all three
+        products read or write them, so either one off a 16-byte multiple slows all three."""
         e, rows = self.gemm.efficiency, self.gemm.rows(g.m) if grouped else 1.0
+        aligned = rows_aligned(g.n, itemsize) and rows_aligned(g.k, itemsize)
+        peak = peak if aligned else peak / self.unaligned_slowdown
         return g.flops / (peak * e(g.k) * rows), g.flops / (peak * e(g.n) * rows) + g.flops / (peak * e(g.m))
 
     def memory_seconds(self, nbytes: float) -> float:
@@ -134,12 +152,13 @@ class GpuDevice:
     def compute(self, work: LayerWork, precision: str, *, linear_peak: float | None = None,
                 ranks_on_node: int = 1) -> ComputeSeconds:
         peak = self.peak_flops[precision]
+        itemsize = PRECISIONS[precision].dtype.itemsize
         fwd = bwd = 0.0
         for g in work.gemms:
-            f, b = self._products(g, linear_peak or peak, False)
+            f, b = self._products(g, linear_peak or peak, False, itemsize=itemsize)
             fwd, bwd = fwd + f, bwd + b
         for g in work.grouped:
-            f, b = self._products(g, linear_peak or peak, True)
+            f, b = self._products(g, linear_peak or peak, True, itemsize=itemsize)
             fwd, bwd = fwd + f, bwd + b
         if work.attention_flops:
             e = self.gemm.efficiency(work.attention_head_dim)
