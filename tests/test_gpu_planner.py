@@ -139,6 +139,27 @@ def test_plan_json_and_a_priced_plan(tmp_path, capsys):
     assert "exceeds" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("vocab", "mp", "padded"), [("50257", "1", "50304"), ("50257", "2", "50304"),
+                                                     ("50304", "1", None), ("32000", "4", None)])
+def test_a_gpu_plan_whose_head_is_unaligned_prices_the_padded_vocabulary(tmp_path, capsys, vocab, mp, padded):
+    """GPT-2's 50,257 words: the head's products run on unaligned kernels (compiler/planner/devices.py); plan
+    names --vocab-size padded to a multiple of 64 x mp and prices it, faster."""
+    out = tmp_path / "p.json"
+    argv = ["--world", "8", "--cluster", "h100-80gb", "--model", "small", "--vocab-size", vocab, "--mp", mp,
+            "--global-batch-size", "64", "--json", str(out)]
+    assert plan_command.main(argv) == 0
+    line, best = json.loads(out.read_text())["vocabulary"], json.loads(out.read_text())["best"]
+    if padded is None:
+        assert line is None
+        return
+    assert line in capsys.readouterr().out and f"--vocab-size {padded}:" in line
+    speedup = float(line.rsplit(", ", 1)[1].split("x")[0])
+    assert speedup > 1.2  # the head's three products at 1 / unaligned_slowdown of the rate, then at the full rate
+    argv[argv.index("--vocab-size") + 1] = padded
+    assert plan_command.main(argv) == 0
+    assert json.loads(out.read_text())["best"]["step_time_s"] == pytest.approx(best["step_time_s"] / speedup, rel=0.01)
+
+
 def test_a_plan_that_does_not_fit_is_priced_says_so_and_names_the_cheapest_change(tmp_path, capsys):
     result = search(LLAMA_405B, world=64, global_batch_size=64, cluster=load_cluster("h100-80gb"),
                      constraints=Constraints(dp=8, pp=1, mp=8))

@@ -73,6 +73,7 @@ from runtime.engine.preemption import PREEMPTED_EXIT_CODE, stop_on_signals
 from runtime.engine.replicate import ReplicatedGradients
 from runtime.engine.step import StepContext
 from runtime.engine.tied import TiedWeights
+from runtime.observe.alignment import unaligned_head_note
 from runtime.observe.layer_timing import measure_layer_times
 from runtime.observe.metrics import MetricsLogger, Throughput
 from runtime.observe.peak_flops import world_peak_flops
@@ -300,6 +301,10 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
     if env.rank == logging_rank:
         print(f"data: {data.description}\nlogdir: {cfg.metrics.logdir}\n"
               f"MFU peak: {peak_flops / 1e12:.4f} TFLOP/s for the world ({peak_source})", flush=True)
+        note = unaligned_head_note(cfg.model.vocab_size, mp=cfg.mesh.mp, itemsize=PRECISIONS[cfg.precision].dtype.itemsize,
+                                   device_type=device.type)
+        if note:
+            print(note, flush=True)
     logger.text("config", "```\n" + json.dumps(cfg.to_dict(), indent=2) + "\n```")
     logger.text("stage_plan", "```\n" + plan.describe() + "\n```")
 
