@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from compiler.planner.devices import rows_aligned
-from runtime.observe.alignment import padded_vocabulary, unaligned_head_note
+from runtime.observe.alignment import padded_vocabulary, shard_widths, unaligned_head_note
 
 
 @pytest.mark.parametrize(("length", "itemsize", "aligned"), [(50257, 2, False), (50264, 2, True), (50260, 2, False),
@@ -23,7 +23,8 @@ def test_the_padded_vocabulary_gives_every_mp_shard_a_multiple_of_64_words(vocab
 
 def test_a_gpu_run_with_gpt2s_vocabulary_is_told_how_to_pad_it():
     note = unaligned_head_note(50257, mp=2, itemsize=2, device_type="cuda")
-    assert note.startswith("note: ") and "25,129 per mp rank" in note and note.endswith("--vocab-size 50304")
+    assert note.startswith("note: ") and "25,129 per mp rank, 25,128 on the last" in note
+    assert note.endswith("--vocab-size 50304")
 
 
 @pytest.mark.parametrize(("vocab", "mp", "itemsize", "device"), [
@@ -32,6 +33,11 @@ def test_a_gpu_run_with_gpt2s_vocabulary_is_told_how_to_pad_it():
     (50260, 1, 4, "cuda")])  # fp32 rows need 4 values
 def test_no_note_where_the_head_is_aligned_or_on_cpu(vocab, mp, itemsize, device):
     assert unaligned_head_note(vocab, mp=mp, itemsize=itemsize, device_type=device) is None
+
+
+def test_shards_are_split_as_dtensor_splits_them():
+    assert shard_widths(50257, 2) == [25129, 25128] and shard_widths(10, 4) == [3, 3, 3, 1]
+    assert shard_widths(4, 8) == [1, 1, 1, 1, 0, 0, 0, 0]
 
 
 def test_uneven_shards_are_noted_even_when_the_larger_one_is_aligned():

@@ -18,13 +18,21 @@ def padded_vocabulary(vocab_size: int, mp: int) -> int:
     return -(-vocab_size // step) * step
 
 
+def shard_widths(vocab_size: int, mp: int) -> list[int]:
+    """The head's rows per mp rank as DTensor's Shard(0) splits them (torch.chunk: ceil(V / mp) each, the last
+    ranks what is left, possibly fewer or none)."""
+    size = -(-vocab_size // mp)
+    return [max(0, min(size, vocab_size - r * size)) for r in range(mp)]
+
+
 def unaligned_head_note(vocab_size: int, *, mp: int, itemsize: int, device_type: str) -> str | None:
-    """A one-line note for a GPU run whose head shard (ceil(V / mp) words; DTensor's uneven shards differ by
-    one word at most) is not 16-byte aligned; None on CPU (its kernels do not care, measured) or when aligned."""
-    shard = -(-vocab_size // mp)
-    if device_type == "cpu" or (rows_aligned(shard, itemsize) and vocab_size % mp == 0):
+    """A one-line note for a GPU run where some mp rank's head shard is not 16-byte aligned; None on CPU (the
+    slowdown was measured on a GPU) or when every shard is aligned."""
+    widths = shard_widths(vocab_size, mp)
+    if device_type == "cpu" or all(rows_aligned(w, itemsize) for w in widths if w):
         return None
-    return (f"note: the vocabulary ({vocab_size:,} words, {shard:,} per mp rank) is not a multiple of "
-            f"{16 // itemsize} values: the LM head's products run on unaligned GPU kernels, ~6x slower (H200, GPT-2 "
-            f"small: 91.9 ms per step, 64.8 ms at --vocab-size 50304). A model trained from scratch can pad it: "
-            f"--vocab-size {padded_vocabulary(vocab_size, mp)}")
+    per_rank = f"{widths[0]:,} per mp rank" + (f", {widths[-1]:,} on the last" if widths[-1] != widths[0] else "")
+    return (f"note: the LM head's rows ({vocab_size:,} words, {per_rank}) are not all a multiple of 16 bytes: its "
+            f"products run on unaligned GPU kernels, ~6x slower (H200, GPT-2 small: 91.9 ms per step, 64.8 ms at "
+            f"--vocab-size 50304). A model trained from scratch can pad it: --vocab-size "
+            f"{padded_vocabulary(vocab_size, mp)}")
