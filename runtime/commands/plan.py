@@ -29,7 +29,7 @@ from runtime.commands.speed_probe import probe
 from runtime.config import ConfigError, TrainConfig, apply_plan, plan_error
 from runtime.config import validate as validate_config
 from runtime.device import has_accelerator
-from runtime.observe.alignment import padded_vocabulary, unaligned_head_note
+from runtime.observe.alignment import head_aligned, padded_vocabulary
 from runtime.planning import ENGINE_RUNS, best_plan
 
 DEFAULT_GLOBAL_BATCH = 32
@@ -198,8 +198,7 @@ def padded_vocabulary_line(shape: DecoderShape, best: Estimate, search_padded) -
     """Where the best plan's LM head runs on unaligned GPU kernels (runtime/observe/alignment.py): the best plan
     with the vocabulary padded to a multiple of 64 x mp, searched again (``search_padded(shape)``)."""
     c = best.candidate
-    if unaligned_head_note(shape.vocab_size, mp=c.mp, itemsize=PRECISIONS[c.precision].dtype.itemsize,
-                           device_type="cuda") is None:
+    if head_aligned(shape.vocab_size, mp=c.mp, itemsize=PRECISIONS[c.precision].dtype.itemsize):
         return None
     padded = padded_vocabulary(shape.vocab_size, c.mp)
     faster = search_padded(dataclasses.replace(shape, vocab_size=padded)).best

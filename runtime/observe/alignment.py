@@ -25,14 +25,19 @@ def shard_widths(vocab_size: int, mp: int) -> list[int]:
     return [max(0, min(size, vocab_size - r * size)) for r in range(mp)]
 
 
+def head_aligned(vocab_size: int, *, mp: int, itemsize: int) -> bool:
+    """Whether every mp rank's head shard is a multiple of 16 bytes (compiler/planner/devices.py ``rows_aligned``)."""
+    return all(rows_aligned(w, itemsize) for w in shard_widths(vocab_size, mp) if w)
+
+
 def unaligned_head_note(vocab_size: int, *, mp: int, itemsize: int, device_type: str) -> str | None:
     """A one-line note for a GPU run where some mp rank's head shard is not 16-byte aligned; None when every
     shard is aligned, and on CPU, where it costs little: one thread here (2026-11-28, idle), [512, 768] x [768, V]
     forward + backward at V 50,257 took 1.50-1.54 s fp32 and 691-701 ms bf16, at 50,304 1.33-1.37 s and 656-667
     ms (12% and 5%)."""
-    widths = shard_widths(vocab_size, mp)
-    if device_type == "cpu" or all(rows_aligned(w, itemsize) for w in widths if w):
+    if device_type == "cpu" or head_aligned(vocab_size, mp=mp, itemsize=itemsize):
         return None
+    widths = shard_widths(vocab_size, mp)
     per_rank = f"{widths[0]:,} per mp rank" + (f", {widths[-1]:,} on the last" if widths[-1] != widths[0] else "")
     return (f"note: the LM head's rows ({vocab_size:,} words, {per_rank}) are not all a multiple of 16 bytes: its "
             f"products run on unaligned GPU kernels, ~6x slower (H200, GPT-2 small: 91.9 ms per step, 64.8 ms at "
