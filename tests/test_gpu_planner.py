@@ -139,6 +139,17 @@ def test_plan_json_and_a_priced_plan(tmp_path, capsys):
     assert "exceeds" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("fixed", "why"), [
+    (["--pp", "4", "--schedule", "zbv", "--stages-per-rank", "3"], "zbv at pp 4 runs v in [2], not 3"),
+    (["--pp", "8", "--stages-per-rank", "8"], "too few layers for pp x v stages"),
+    (["--dp", "16", "--micro-batch-size", "3"], "micro-batch 3 does not divide a replica's 4 sequences"),
+])
+def test_a_named_layout_no_plan_matches_says_which_value_rules_it_out(capsys, fixed, why):
+    argv = ["--world", "64", "--cluster", "h100-80gb", "--model", "llama3-8b", "--global-batch-size", "64", *fixed]
+    assert plan_command.main(argv) == 0
+    assert f"priced: no plan matches --dp/--pp/--mp/... here: {why}\n" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("vocab", "mp", "padded"), [("50257", "1", "50304"), ("50257", "2", "50304"),
                                                      ("50304", "1", None), ("32000", "4", None)])
 def test_a_gpu_plan_whose_head_is_unaligned_prices_the_padded_vocabulary(tmp_path, capsys, vocab, mp, padded):

@@ -11,7 +11,8 @@ import pytest
 
 from compiler.planner.cluster import load_cluster
 from compiler.planner.engines import ENGINES
-from compiler.planner.reproduce import load_table, metric_value, price_run, published_files, reproduce, summary
+from compiler.planner.published import load_table, published_files
+from compiler.planner.reproduce import metric_value, price_run, reproduce, summary
 from compiler.planner.shape import hardware_flops_per_token
 from runtime.commands import plan as plan_command
 
@@ -111,6 +112,23 @@ def test_deepep_rows_are_priced_with_its_dispatch_and_the_others_with_the_all_to
     (lambda d: d.update(engine="megatron-x"), "engine 'megatron-x': one of this, megatron-2021"),
     (lambda d: d["rows"][0].update(dispatcher="deep-ep"), "dispatcher 'deep-ep': one of all-to-all, deepep"),
     (lambda d: d.pop("metric"), "no 'metric'"),
+    (lambda d: d.update(metric="mfu"), "metric 'mfu': one of hardware_tflops_per_gpu"),
+    (lambda d: d.update(cluster="h800"), "cluster 'h800': a preset (a100-80gb"),
+    # Megatron's name for mp: never silently dropped (the row would be priced at a searched mp).
+    (lambda d: d["rows"][0]["layout"].update(tp=2), "row 'cross-node EP: TP 2, EP 32, PP 8, VPP 4, DP 16, DeepEP, "
+                                                    "recompute norm + act': layout key 'tp': one of dp, pp, mp"),
+    (lambda d: d["rows"][1]["layout"].update(schedule="dualpipe"), "layout schedule 'dualpipe': one of naive"),
+    (lambda d: d["rows"][1]["layout"].update(ac="partial"), "layout ac 'partial': one of none, selective, full"),
+    (lambda d: d["rows"][1]["layout"].update(dp_mode="zero1"), "layout dp_mode 'zero1': one of none, fsdp"),
+    (lambda d: d["rows"][1]["layout"].update(pp=0), "layout pp 0: a positive integer"),
+    (lambda d: d["rows"][1].update(gpus=128), "layout dp 128 x pp 1 x mp 2 x cp 1 is 256 GPUs, the row has 128"),
+    (lambda d: d["rows"][1].update(global_batch=100), "global_batch 100 is not a multiple of dp 128"),
+    (lambda d: d["rows"][1]["layout"].update(ep=6), "layout ep 6: ep divides the model's experts (128)"),
+    (lambda d: d["rows"][1].update(reported_tflops=276), "key 'reported_tflops': one of label"),
+    (lambda d: d["rows"][1].update(model="deepseek-v3"), "model 'deepseek-v3': neither in the file's \"models\""),
+    (lambda d: d["models"]["qwen3-235b-a22b"].update(attention="mla"), "model key 'attention': one of layers"),
+    (lambda d: d["models"]["qwen3-235b-a22b"]["experts"].update(groups=8), "experts key 'groups': one of count"),
+    (lambda d: d["models"]["qwen3-235b-a22b"].update(positions="sinusoid"), "model positions 'sinusoid': one of learned, rope"),
 ])
 def test_a_malformed_published_file_is_one_error_naming_it(tmp_path, capsys, change, message):
     data = json.loads(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json").read_text())
@@ -122,6 +140,31 @@ def test_a_malformed_published_file_is_one_error_naming_it(tmp_path, capsys, cha
     assert message in str(e.value)
     assert plan_command.main(["--reproduce", str(path)]) == 2
     assert capsys.readouterr().err.startswith(f"error: {path}")
+
+
+def test_a_row_no_plan_matches_says_why_and_is_counted_apart(tmp_path, capsys):
+    data = json.loads(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json").read_text())
+    data["rows"][2]["layout"]["stages_per_rank"] = 4  # pp 32 x v 4 = 128 stages for 94 layers (+ 2)
+    path = tmp_path / "qwen3.json"
+    path.write_text(json.dumps(data))
+    assert plan_command.main(["--reproduce", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| no plan: too few layers for pp x v stages |" in out
+    assert "out of sample: 3 rows (1 not priced: no plan)" in out
+
+
+def test_a_model_given_by_its_sizes_with_first_dense_layers_and_shared_experts(tmp_path):
+    data = json.loads(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json").read_text())
+    experts = data["models"]["qwen3-235b-a22b"]["experts"]
+    experts.update(shared=1, dense_layers=[0, 1, 2])
+    path = tmp_path / "qwen3.json"
+    path.write_text(json.dumps(data))
+    table = load_table(path)
+    assert table.runs[0].shape.experts.dense_layers == (0, 1, 2) and table.runs[0].shape.experts.shared == 1
+    plain = load_table(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json"))
+    cluster = load_cluster(table.cluster)
+    # A shared expert and three dense layers are more work per token than the published model: a slower step.
+    assert price_run(table, table.runs[0], cluster).step_time > price_run(plain, plain.runs[0], cluster).step_time
 
 
 def test_torchtitans_selective_rows_peak_within_10_percent_of_their_published_memory():

@@ -102,6 +102,11 @@ def dp_modes(dp: int, *, cp: int = 1, per_node: int = 8) -> list[tuple[int | Non
     return [(None, False), (None, True), (1, False), *((s, False) for s in hsdp_shards(dp, per_node=per_node))]
 
 
+def is_dp_mode(name: str) -> bool:
+    """Whether ``name`` is a DP mode ``dp_mode`` can return: none, fsdp, zero3, replicate or hsdp:N."""
+    return name in ("none", "fsdp", "zero3", "replicate") or (name.startswith("hsdp:") and name[5:].isdigit())
+
+
 def dp_mode(c: Candidate) -> str:
     """The DP mode's name in plans and flags: none, fsdp, zero3, replicate or hsdp:N (cp ranks shard like dp
     ranks: at dp 1 and cp > 1, fsdp or zero3)."""

@@ -1,14 +1,9 @@
-"""Published large-scale runs priced by the cost model (compiler/published/*.json), and the one constant
-fitted to them.
+"""Published runs (compiler/published/*.json, read by compiler/planner/published.py) priced by the cost model,
+and the one constant fitted to them.
 
-A file names its source, the cluster preset it ran on, the engine that ran it (compiler/planner/engines.py),
-the metric it reports and, per row, the model, GPUs, sequence, global batch, the layout the source states
-(dp, pp, mp, cp, ep, micro-batch, schedule, v, checkpointing, DP mode, SP) and the reported figure (and
-peak memory where given; a MoE row's ``dispatcher``). Each row is priced as the best plan within what the
-source states: what it leaves open is searched. ``fitted`` marks the files a constant was fitted to
-(in-sample): Megatron-LM's Table 1 (Narayanan et al. SC'21) for the GEMM efficiency's ``max_efficiency``;
-every other file is out of sample. Features a row used that the model does not describe are listed in its
-``unmodelled`` (torch.compile, async TP): their rows are reported apart as well.
+Each row is priced as the best plan within what its source states: what it leaves open is searched. Only
+Megatron-LM's Table 1 (Narayanan et al. SC'21) is in-sample: the GEMM efficiency's ``max_efficiency`` was
+fitted to it; every other file is out of sample. A row no plan matches says why (the search's reasons).
 
 Metrics: ``hardware_tflops_per_gpu`` (Megatron's count with the recompute, shape.hardware_flops_per_token),
 ``model_tflops_per_gpu`` (PaLM's 6N + 12 L T d), ``tokens_per_s_per_gpu`` and ``step_time_s``.
@@ -16,124 +11,15 @@ Metrics: ``hardware_tflops_per_gpu`` (Megatron's count with the recompute, shape
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-from compiler.planner.candidates import Constraints
 from compiler.planner.cluster import Cluster, load_cluster
 from compiler.planner.devices import GemmEfficiency
-from compiler.planner.engines import ENGINES, EP_DISPATCHES, EngineTraits
-from compiler.planner.search import Estimate, search
-from compiler.planner.shape import DecoderShape, hardware_flops_per_token
-from models import named_config
-from models.spec import Experts
-
-PUBLISHED_DIR = Path(__file__).resolve().parent.parent / "published"
-LAYOUT_KEYS = {"dp": "dp", "pp": "pp", "mp": "mp", "cp": "cp", "ep": "ep", "micro_batch_size": "micro_batch_size",
-               "schedule": "schedule", "stages_per_rank": "stages_per_rank", "ac": "ac", "dp_mode": "dp_mode",
-               "sequence_parallel": "sequence_parallel"}
-
-
-@dataclass(frozen=True)
-class PublishedRun:
-    label: str
-    shape: DecoderShape
-    gpus: int
-    global_batch: int  # sequences per step
-    layout: Constraints  # what the source states
-    reported: float
-    memory_gib: float | None = None
-    float8: bool = False
-    dispatcher: str = "all-to-all"  # how MoE tokens travel (engines.py ``ep_dispatch``): "all-to-all" | "deepep"
-    unmodelled: tuple[str, ...] = ()
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class PublishedTable:
-    name: str
-    source: str
-    cluster: str
-    engine: EngineTraits
-    precision: str
-    metric: str
-    fitted: bool
-    runs: list[PublishedRun]
-
-
-def _shape(spec: dict | str, seq_len: int) -> DecoderShape:
-    """A model of the registry by name, or explicit sizes (``run.py plan``'s shape flags as JSON keys)."""
-    if isinstance(spec, str):
-        return DecoderShape.from_config(named_config(spec, seq_len=seq_len))
-    d = dict(spec)
-    experts = Experts(**d.pop("experts")) if "experts" in d else None
-    positions = d.pop("positions", None)
-    shape = DecoderShape.from_flags(seq_len=seq_len, experts=experts, **d)
-    return replace(shape, positions=positions) if positions else shape
-
-
-def _columns_table(data: dict) -> PublishedTable:
-    """The SC'21 Table 1 file (columns, rows, setup)."""
-    setup = data["setup"]
-    seq_len, vocab = int(setup["seq_len"]), int(setup["vocab"])
-    runs = []
-    for values in data["rows"]:
-        row = dict(zip(data["columns"], values))
-        shape = DecoderShape.from_flags(layers=int(row["layers"]), d_model=int(row["hidden"]), heads=int(row["heads"]),
-                                        seq_len=seq_len, vocab_size=vocab)
-        dp = int(row["gpus"]) // (int(row["tp"]) * int(row["pp"]))
-        layout = Constraints(dp=dp, pp=int(row["pp"]), mp=int(row["tp"]), cp=1, ac="full",
-                             schedule=("1f1b", "interleaved-1f1b"))
-        runs.append(PublishedRun(f"{row['params_billion']}B", shape, int(row["gpus"]), int(row["global_batch"]), layout,
-                                 float(row["tflops_per_gpu"])))
-    precision = "fp16" if "fp16" in setup.get("precision", "fp16") else "bf16"
-    return PublishedTable("Megatron-LM SC'21 Table 1", data["source"], data.get("cluster", "a100-80gb"),
-                          ENGINES[data.get("engine", "megatron-2021")], precision,
-                          data.get("metric", "hardware_tflops_per_gpu"), bool(data.get("fitted", True)), runs)
-
-
-def load_table(path: str | Path) -> PublishedTable:
-    """The published runs of one file; a malformed file is a ValueError naming it and what is wrong."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from None
-    try:
-        return _columns_table(data) if "columns" in data else _rows_table(data, path)
-    except KeyError as e:
-        raise ValueError(f"{path}: no {e} (the keys a published file holds: compiler/README.md, "
-                         f"'Published runs')") from None
-
-
-def _rows_table(data: dict, path: str | Path) -> PublishedTable:
-    if data["engine"] not in ENGINES:
-        raise ValueError(f"{path}: engine {data['engine']!r}: one of {', '.join(ENGINES)}")
-    models = data.get("models", {})
-    runs = []
-    for row in data["rows"]:
-        dispatcher = row.get("dispatcher", "all-to-all")
-        if dispatcher not in EP_DISPATCHES:
-            raise ValueError(f"{path}: row {row['label']!r}: dispatcher {dispatcher!r}: one of "
-                             f"{', '.join(EP_DISPATCHES)}")
-        shape = _shape(models.get(row["model"], row["model"]), int(row["seq_len"]))
-        layout = {k: row["layout"][key] for key, k in LAYOUT_KEYS.items() if key in row["layout"]}
-        if isinstance(layout.get("schedule"), list):
-            layout["schedule"] = tuple(layout["schedule"])
-        runs.append(PublishedRun(row["label"], shape, int(row["gpus"]), int(row["global_batch"]),
-                                 Constraints(**layout), float(row["reported"]), row.get("memory_gib"),
-                                 bool(row.get("float8", False)), dispatcher,
-                                 tuple(row.get("unmodelled", ())), row.get("note", "")))
-    source = data["source"]
-    source = source if isinstance(source, str) else f"{source['citation']} ({source.get('url', '')})"
-    return PublishedTable(data["name"], source, data["cluster"], ENGINES[data["engine"]], data["precision"],
-                          data["metric"], bool(data["fitted"]), runs)
-
-
-def published_files() -> list[Path]:
-    return sorted(PUBLISHED_DIR.glob("*.json"))
+from compiler.planner.published import PublishedRun, PublishedTable
+from compiler.planner.search import Estimate, SearchResult, search
+from compiler.planner.shape import hardware_flops_per_token
 
 
 @dataclass(frozen=True)
@@ -141,6 +27,7 @@ class RowResult:
     table: PublishedTable
     run: PublishedRun
     priced: Estimate | None  # the best plan within the stated layout (fitting, else the fastest)
+    why_unpriced: str = ""  # with no plan: the search's reasons
 
     @property
     def predicted(self) -> float | None:
@@ -176,16 +63,24 @@ def metric_value(metric: str, e: Estimate, run: PublishedRun) -> float:
     raise ValueError(f"unknown metric {metric}")
 
 
-def price_run(table: PublishedTable, run: PublishedRun, cluster: Cluster) -> Estimate | None:
+def _search(table: PublishedTable, run: PublishedRun, cluster: Cluster, **kw) -> SearchResult:
     traits = replace(table.engine, float8_linears=run.float8, ep_dispatch=run.dispatcher)
-    args = dict(world=run.gpus, global_batch_size=run.global_batch, cluster=cluster, traits=traits,
-                precisions=(table.precision,), constraints=traits.limits(run.layout))
-    return search(run.shape, **args).best or search(run.shape, require_fit=False, **args).best
+    return search(run.shape, world=run.gpus, global_batch_size=run.global_batch, cluster=cluster, traits=traits,
+                  precisions=(table.precision,), constraints=traits.limits(run.layout), **kw)
+
+
+def price_run(table: PublishedTable, run: PublishedRun, cluster: Cluster) -> Estimate | None:
+    return _search(table, run, cluster).best or _search(table, run, cluster, require_fit=False).best
 
 
 def reproduce(table: PublishedTable, cluster: Cluster | None = None) -> list[RowResult]:
     cluster = cluster or load_cluster(table.cluster)
-    return [RowResult(table, run, price_run(table, run, cluster)) for run in table.runs]
+    out = []
+    for run in table.runs:
+        priced = price_run(table, run, cluster)
+        why = "" if priced else _search(table, run, cluster, require_fit=False).reasons()
+        out.append(RowResult(table, run, priced, why))
+    return out
 
 
 def summary(results: list[RowResult]) -> dict:

@@ -73,6 +73,39 @@ def structural_error(c: Candidate, shape: DecoderShape, extra_stages: int = 0) -
     return shape.shard_error(c.mp) or shape.expert_error(c.ep)
 
 
+UNMATCHED = "no plan has every value the layout fixes"
+
+
+def unmatched(constraints: Constraints, shape: DecoderShape, *, world: int, global_batch_size: int,
+              extra_stages: int = 0) -> str:
+    """Why no plan of the space has the values a user fixed (a search that considered none says this)."""
+    c = constraints
+    mesh = {k: getattr(c, k) for k in ("dp", "pp", "mp", "cp") if getattr(c, k)}
+    product = 1
+    for n in mesh.values():
+        product *= n
+    if world % product or (len(mesh) == 4 and product != world):
+        return f"{' x '.join(f'{k} {n}' for k, n in mesh.items())} is {product} ranks, not {world}"
+    if c.dp and global_batch_size % c.dp:
+        return f"dp {c.dp} does not divide the batch of {global_batch_size}"
+    if c.dp and c.micro_batch_size and (global_batch_size // c.dp) % c.micro_batch_size:
+        return f"micro-batch {c.micro_batch_size} does not divide a replica's {global_batch_size // c.dp} sequences"
+    if c.ep and c.ep > 1 and (shape.experts is None or shape.experts.count % c.ep):
+        return shape.expert_error(c.ep)
+    if c.pp:
+        stages = shape.layers + extra_stages
+        if c.stages_per_rank and c.pp * c.stages_per_rank > stages:
+            return "too few layers for pp x v stages"
+        wanted = (c.schedule,) if isinstance(c.schedule, str) else c.schedule or ()
+        choices = schedule_choices(c.pp, stages)
+        runs = [n for n, v in choices if n in wanted and c.stages_per_rank in (None, v)]
+        if wanted and not runs:
+            vs = sorted({v for n, v in choices if n in wanted})
+            return (f"{' or '.join(wanted)} at pp {c.pp} runs v in {vs or 'none'}"
+                    + (f", not {c.stages_per_rank}" if c.stages_per_rank else ""))
+    return UNMATCHED
+
+
 @dataclass(frozen=True)
 class SearchResult:
     top: list[Estimate]  # the fastest plans (that fit, unless the search was asked to ignore memory), fastest first
@@ -80,12 +113,15 @@ class SearchResult:
     priced: int  # plans whose step time was computed
     infeasible: Counter  # reason -> plans
     every: list[Estimate] | None = None  # with ``collect=True``: every plan, feasible first, fastest first
+    fixed: str | None = None  # when no plan has the values the user fixed: which one rules them out
 
     @property
     def best(self) -> Estimate | None:
         return self.top[0] if self.top else None
 
     def reasons(self) -> str:
+        if self.fixed:  # the other meshes' reasons would only hide it
+            return self.fixed
         return ", ".join(f"{n} x {r}" for r, n in self.infeasible.most_common()) or "none"
 
 
@@ -148,6 +184,12 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
         if by_schedule:
             table = pricer.table(pricer.setup(by_schedule[0][0]))
             groups.append((m * table.rank(everything).total / pp, by_schedule))
+    if not considered:  # what the user fixed rules out every plan: say which value, before the meshes' reasons
+        why = unmatched(constraints, shape, world=world, global_batch_size=global_batch_size,
+                        extra_stages=traits.extra_stages)
+        fixed = why if why != UNMATCHED or not infeasible else None
+    else:
+        fixed = None
     groups.sort(key=lambda g: g[0])
     top: list[Estimate] = []
     every: list[Estimate] = []
@@ -193,4 +235,4 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
     ordered = sorted(every, key=lambda e: (not e.feasible, e.step_time if e.feasible else 0.0)) if collect else None
     if collect:
         top = [e for e in ordered if e.feasible][:keep]
-    return SearchResult(top, considered, priced, infeasible, ordered)
+    return SearchResult(top, considered, priced, infeasible, ordered, fixed)

@@ -164,8 +164,10 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
     if given.fixes_layout():
         held = dataclasses.replace(given, **{k: getattr(limits, k) for k in ("cp", "ep", "chunked_loss", "ac_modes")
                                              if getattr(limits, k) is not None and getattr(given, k) is None})
-        priced = run(held, world).best or run(held, world, require_fit=False).best
-        print("priced: " + (describe_estimate(priced) if priced else "no plan matches --dp/--pp/--mp/... here"))
+        unfitted = run(held, world, require_fit=False)
+        priced = run(held, world).best or unfitted.best
+        print("priced: " + (describe_estimate(priced) if priced
+                            else f"no plan matches --dp/--pp/--mp/... here: {unfitted.reasons()}"))
         if priced and result.best:
             print(f"      the best plan is {priced.step_time / result.best.step_time:.2f}x as fast")
     stuck = result.best is None or (priced is not None and not priced.fits)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from compiler.planner.candidates import AC_MODES, Constraints
+from compiler.planner.candidates import AC_MODES, Constraints, is_dp_mode
 from compiler.planner.search import Estimate
 from compiler.planner.shape import DecoderShape, activated_parameter_count, default_mlp_width, parameter_count
 from compiler.schedules import SCHEDULES
@@ -116,8 +116,7 @@ def constraints_from_args(args: argparse.Namespace, world: int) -> Constraints:
     if all(x is not None for x in mesh) and mesh[0] * mesh[1] * mesh[2] * mesh[3] != world:
         raise ConfigError(f"--dp {mesh[0]} x --pp {mesh[1]} x --mp {mesh[2]} x --cp {mesh[3]} must equal --world {world}")
     mode = args.dp_mode
-    if mode is not None and mode not in ("none", "fsdp", "zero3", "replicate") and not (
-            mode.startswith("hsdp:") and mode[5:].isdigit()):
+    if mode is not None and not is_dp_mode(mode):
         raise ConfigError(f"--dp-mode must be none, fsdp, zero3, replicate or hsdp:N, got {mode}")
     return Constraints(dp=args.dp, pp=args.pp, mp=args.mp, cp=args.cp, ep=args.ep,
                        micro_batch_size=args.micro_batch_size, schedule=args.schedule,

@@ -1,6 +1,6 @@
 """``run.py plan --reproduce [FILE ...]``: published runs (compiler/published/*.json) priced at the layouts they
 state, each row's error, which rows a constant was fitted to (in-sample) and the errors in and out of sample
-apart (compiler/planner/reproduce.py); ``--fit`` refits the GEMM efficiency constant to the in-sample tables."""
+apart (compiler/planner/published.py reads the files, compiler/planner/reproduce.py prices them); ``--fit`` refits the GEMM efficiency constant to the in-sample tables."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import json
 import time
 
 from compiler.planner.cluster import load_cluster
-from compiler.planner.reproduce import RowResult, fit_max_efficiency, load_table, published_files, reproduce, summary
+from compiler.planner.published import load_table, published_files
+from compiler.planner.reproduce import RowResult, fit_max_efficiency, reproduce, summary
 
 
 def row_line(r: RowResult) -> str:
@@ -19,7 +20,7 @@ def row_line(r: RowResult) -> str:
     memory = ""
     if r.memory_error is not None:
         memory = f", memory {e.memory_per_rank / 2**30:.1f} vs {run.memory_gib} GiB ({100 * r.memory_error:+.0f}%)"
-    plan = e.candidate.describe() + ("" if e.fits else " (does not fit)") if e else "no plan"
+    plan = e.candidate.describe() + ("" if e.fits else " (does not fit)") if e else f"no plan: {r.why_unpriced}"
     unmodelled = f"  [not modelled: {', '.join(run.unmodelled)}]" if run.unmodelled else ""
     return (f"| {run.label} | {run.reported:,.1f} | {predicted} | {error}{memory} | "
             f"{'in' if r.table.fitted else 'out of'} sample | {plan}{unmodelled} |")
@@ -27,9 +28,12 @@ def row_line(r: RowResult) -> str:
 
 def print_summary(name: str, results: list[RowResult]) -> dict:
     s = summary(results)
+    unpriced = f" ({s['rows'] - s['priced']} not priced: no plan)" if s["rows"] > s["priced"] else ""
     if s["priced"]:
-        print(f"{name}: {s['priced']} rows, median |error| {100 * s['median_abs_error']:.1f}%, largest "
+        print(f"{name}: {s['priced']} rows{unpriced}, median |error| {100 * s['median_abs_error']:.1f}%, largest "
               f"{100 * s['max_abs_error']:.1f}%, {s['within_25_percent']} within 25%")
+    elif s["rows"]:
+        print(f"{name}: {s['rows']} rows, none priced")
     return s
 
 
