@@ -43,6 +43,8 @@ def test_cluster_files_need_the_required_keys_and_take_documented_defaults(tmp_p
         gpu_cluster_from_dict({**NODE, "peak_tflops": {"bf16": 1}}, default_name="x")
     with pytest.raises(ValueError, match="unknown key"):
         gpu_cluster_from_dict({**NODE, "memory_gb": 80}, default_name="x")
+    with pytest.raises(ValueError, match="gemm must be an object with max_efficiency"):
+        gpu_cluster_from_dict({**NODE, "gemm": {"max_eff": 0.5}}, default_name="x")  # never silently the default
     path = tmp_path / "c.json"
     path.write_text(json.dumps({**NODE, "nodes": 2, "gemm": {"max_efficiency": 0.5}, "compute_scale": 1.4}))
     loaded = load_cluster(str(path))

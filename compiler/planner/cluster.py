@@ -162,12 +162,15 @@ def gpu_cluster_from_dict(data: dict, *, default_name: str) -> Cluster:
                          f"(known: {', '.join(sorted((*REQUIRED, *OPTIONAL)))})")
     defaults = GpuDevice(1.0, {})
     gemm = data.get("gemm", {})
+    if not isinstance(gemm, dict) or set(gemm) - {"max_efficiency", "k_half"}:
+        raise ValueError(f"cluster file {default_name}: gemm must be an object with max_efficiency and / or k_half, "
+                         f"got {gemm!r}")
     device = GpuDevice(
         memory_gib=float(data["memory_gib"]), peak_flops={p: float(v) * 1e12 for p, v in peaks.items()},
         memory_bandwidth=float(data.get("memory_bandwidth_gb_per_s", defaults.memory_bandwidth / 1e9)) * 1e9,
         memory_efficiency=float(data.get("memory_efficiency", defaults.memory_efficiency)),
         reserved_gib=float(data.get("reserved_gib", defaults.reserved_gib)),
-        gemm=GemmEfficiency(**{k: float(v) for k, v in gemm.items() if k in ("max_efficiency", "k_half")}))
+        gemm=GemmEfficiency(**{k: float(v) for k, v in gemm.items()}))
     topology = Topology(
         devices_per_node=int(data["devices_per_node"]),
         intra=Link(float(data["intra_node_gb_per_s"]) * 1e9, float(data.get("intra_node_latency_us", 5)) * 1e-6),
