@@ -170,6 +170,25 @@ def test_a_study_folder_is_read_run_by_run_with_tensor_peaks_on_the_cpu(tmp_path
     assert got[0].plan.cp == 2 and got[0].plan.dp == 2
 
 
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "a JSON object is a summary or a results file; got a list"),
+    ("nope", "not JSON (Expecting value"),
+    (json.dumps({"a": {"config": {"mesh": {}}, "step_time_s": 1.0}}), "run 'a': its config is not an engine "
+                                                                      "summary's (no 'model')"),
+])
+def test_a_malformed_measured_file_is_one_error_naming_it(tmp_path, text, message):
+    from runtime.commands import plan as plan_command
+    from runtime.commands.measured_runs import read_runs
+
+    path = tmp_path / "results.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=str(path)) as e:
+        read_runs(path)
+    assert message in str(e.value)
+    assert plan_command.main(["--validate", "--measured", str(path), "--cluster", "h100-80gb",
+                              "--out", str(tmp_path / "out.json")]) == 2
+
+
 def test_validation_runs_plans_with_every_dimension_the_planner_prices():
     """plan --validate on 4 ranks: dense plans with and without SP, a mixture of experts' plans with ep > 1 and
     long sequences' plans with cp > 1, each the best of its mesh."""

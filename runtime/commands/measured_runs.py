@@ -49,18 +49,31 @@ def _plan(config: dict) -> Candidate:
 def read_runs(path: str | Path) -> list[MeasuredRun]:
     """Every engine summary in ``path`` (one summary, a results file of them, or a folder of run folders such as
     a study's, each with its summary.json) that records its config."""
+    files = sorted(Path(path).glob("*/summary.json")) if Path(path).is_dir() else [Path(path)]
+    loaded = {}
+    for f in files:
+        try:
+            loaded[f] = json.loads(f.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{f}: not JSON ({e})") from None
     if Path(path).is_dir():
-        summaries = {f.parent.name: json.loads(f.read_text()) for f in sorted(Path(path).glob("*/summary.json"))}
+        summaries = {f.parent.name: data for f, data in loaded.items() if isinstance(data, dict)}
     else:
-        data = json.loads(Path(path).read_text())
+        data = loaded[Path(path)]
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a JSON object is a summary or a results file; got a {type(data).__name__}")
         summaries = {"run": data} if "step_time_s" in data else {k: v for k, v in data.items() if isinstance(v, dict)}
     runs = []
     for name, s in sorted(summaries.items()):
         if "config" not in s or not s.get("step_time_s"):
             continue  # a plain-loop result, or a summary written without its config
-        model = config_from_dict(s["config"]["model"])
-        runs.append(MeasuredRun(name, DecoderShape.from_config(model), _plan(s["config"]), float(s["step_time_s"]),
-                                _peak_tensor_bytes(s), str(s.get("device", ""))))
+        try:
+            model = config_from_dict(s["config"]["model"])
+            runs.append(MeasuredRun(name, DecoderShape.from_config(model), _plan(s["config"]),
+                                    float(s["step_time_s"]), _peak_tensor_bytes(s), str(s.get("device", ""))))
+        except (KeyError, TypeError, ValueError) as e:
+            what = f"no {e}" if isinstance(e, KeyError) else str(e)
+            raise ValueError(f"{path}: run {name!r}: its config is not an engine summary's ({what})") from None
     if not runs:
         raise ValueError(f"{path}: no engine summary with a config and a step time (summary.json, or results.json "
                          f"of tests/gpu_check.sh)")
