@@ -4,7 +4,9 @@ fast at 16,384 GPUs), a priced layout is the run it names, and ``run.py plan``'s
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+from collections import Counter
 import time
 
 import pytest
@@ -95,6 +97,29 @@ def test_pruned_search_finds_the_exhaustive_best(shape):
     assert pruned.priced < everything.priced
     assert pruned.best.step_time == everything.best.step_time
     assert all(e.fits for e in everything.top)
+
+
+_EVERY_PLAN = dict(world=8, global_batch_size=32, cluster=load_cluster("a100-80gb"), precisions=("bf16",), collect=True)
+
+
+@functools.cache
+def _every_moe_plan():
+    return search(MOE, **_EVERY_PLAN)
+
+
+@pytest.mark.parametrize("fixed", [
+    Constraints(dp_mode="zero3", schedule="interleaved-1f1b", stages_per_rank=2, ac="selective"),
+    Constraints(ep=2, micro_batch_size=2, sequence_parallel=True, chunked_loss=True, precision="bf16"),
+    Constraints(dp_mode="hsdp:2", schedule=("1f1b", "zbv")),
+], ids=["schedule-mode-ac", "ep-mbs-sp-loss", "hsdp-schedules"])
+def test_the_search_holds_exactly_the_plans_the_constraints_admit(fixed):
+    """Constraints are applied by group, schedule and DP mode before any plan is built (a large search builds
+    only the plans of the groups it prices): the plans held are those of the whole space that ``admits`` keeps."""
+    held = search(MOE, constraints=fixed, **_EVERY_PLAN)
+    everything = _every_moe_plan()
+    key = lambda e: dataclasses.astuple(e.candidate)  # noqa: E731
+    assert held.every and held.considered == len(held.every)
+    assert Counter(map(key, held.every)) == Counter(key(e) for e in everything.every if fixed.admits(e.candidate))
 
 
 def test_a_16384_gpu_search_for_a_405b_gqa_swiglu_shape_is_fast():

@@ -110,11 +110,17 @@ def is_dp_mode(name: str) -> bool:
 def dp_mode(c: Candidate) -> str:
     """The DP mode's name in plans and flags: none, fsdp, zero3, replicate or hsdp:N (cp ranks shard like dp
     ranks: at dp 1 and cp > 1, fsdp or zero3)."""
-    if c.dp == 1:
-        return ("zero3" if c.reshard_after_forward else "fsdp") if c.cp > 1 else "none"
-    if c.shard == c.dp:
-        return "zero3" if c.reshard_after_forward else "fsdp"
-    return "replicate" if c.shard == 1 else f"hsdp:{c.shard}"
+    return dp_mode_name(c.dp, c.cp, c.dp_shard, c.reshard_after_forward)
+
+
+def dp_mode_name(dp: int, cp: int, dp_shard: int | None, reshard_after_forward: bool) -> str:
+    """``dp_mode`` of a plan with these fields (``dp_modes`` gives the (dp_shard, reshard) pairs)."""
+    if dp == 1:
+        return ("zero3" if reshard_after_forward else "fsdp") if cp > 1 else "none"
+    shard = dp_shard or dp
+    if shard == dp:
+        return "zero3" if reshard_after_forward else "fsdp"
+    return "replicate" if shard == 1 else f"hsdp:{shard}"
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,10 @@ class Constraints:
     max_cp: int | None = None  # default: compiler/planner/search.py ``default_max_cp``
     max_ep: int | None = None
     headroom: float = 0.0  # fraction of a device's memory left free
+
+    def schedules(self) -> tuple[str, ...] | None:
+        """The schedules admitted (None: any)."""
+        return (self.schedule,) if isinstance(self.schedule, str) else self.schedule
 
     def admits(self, c: Candidate) -> bool:
         if self.schedule is not None and c.schedule not in ((self.schedule,) if isinstance(self.schedule, str)

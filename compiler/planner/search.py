@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
-from compiler.planner.candidates import Candidate, Constraints, dp_modes, mesh_shapes
+from compiler.planner.candidates import Candidate, Constraints, dp_mode_name, dp_modes, mesh_shapes
 from compiler.planner.cluster import Cluster
 from compiler.planner.engines import THIS_ENGINE, EngineTraits
 from compiler.planner.pricer import Estimate, Pricer, price
@@ -106,6 +107,15 @@ def unmatched(constraints: Constraints, shape: DecoderShape, *, world: int, glob
     return UNMATCHED
 
 
+def _plans(dp: int, pp: int, mp: int, schedule: str, v: int, modes: list[tuple[int | None, bool]],
+           chunks: tuple[bool, ...], *, m: int, mbs: int, precision: str, ac: str, sp: bool, cp: int,
+           ep: int) -> list[Candidate]:
+    """A group's plans of one schedule: one per DP mode and loss. Built only when the search prices that group
+    (most are pruned by their bound; building millions of plans took most of a large search's time)."""
+    return [Candidate(dp, pp, mp, schedule, v, m, mbs, precision, ac == "full", shard, zero3, sp, cp, ep,
+                      ac == "selective", chunked) for shard, zero3 in modes for chunked in chunks]
+
+
 @dataclass(frozen=True)
 class SearchResult:
     top: list[Estimate]  # the fastest plans (that fit, unless the search was asked to ignore memory), fastest first
@@ -147,12 +157,16 @@ def _groups(shape: DecoderShape, *, world: int, global_batch_size: int, cluster:
             infeasible[reason.split(" must")[0] if "must divide" in reason else reason] += 1
             continue
         per_replica = global_batch_size // dp
-        for ep in _expert_choices(shape, dp, cp, mp, constraints.max_ep):
+        c = constraints
+        for ep in _expert_choices(shape, dp, cp, mp, c.max_ep):
             for mbs in (b for b in range(1, per_replica + 1) if per_replica % b == 0):
-                for ac in constraints.ac_modes or AC_ORDER:
+                for ac in c.ac_modes or AC_ORDER:
                     for precision in precisions:
                         for sp in ((False, True) if mp > 1 else (False,)):
-                            yield dp, pp, mp, cp, ep, mbs, ac, precision, sp
+                            if all(want is None or want == got for want, got in (
+                                    (c.ep, ep), (c.micro_batch_size, mbs), (c.ac, ac), (c.precision, precision),
+                                    (c.sequence_parallel, sp))):
+                                yield dp, pp, mp, cp, ep, mbs, ac, precision, sp
 
 
 def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: Cluster,
@@ -173,17 +187,19 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
         m = global_batch_size // dp // mbs
         per_node = max(1, cluster.devices_per_node // (pp * mp * cp))
         chunks = (False, True) if constraints.chunked_loss is None else (constraints.chunked_loss,)
-        by_schedule = []
-        for name, v in schedule_choices(pp, shape.layers + traits.extra_stages):
-            plans = [Candidate(dp, pp, mp, name, v, m, mbs, precision, ac == "full", shard, zero3, sp, cp, ep,
-                               ac == "selective", chunked)
-                     for shard, zero3 in dp_modes(dp, cp=cp, per_node=per_node) for chunked in chunks]
-            plans = [c for c in plans if constraints.admits(c)]
-            considered += len(plans)
-            by_schedule += [plans] if plans else []
+        modes = [(shard, zero3) for shard, zero3 in dp_modes(dp, cp=cp, per_node=per_node)
+                 if constraints.dp_mode in (None, dp_mode_name(dp, cp, shard, zero3))]
+        wanted = constraints.schedules()
+        plan_of = partial(_plans, dp, pp, mp, m=m, mbs=mbs, precision=precision, ac=ac, sp=sp, cp=cp, ep=ep)
+        by_schedule = [(partial(plan_of, name, v, modes[:1], chunks[:1]), partial(plan_of, name, v, modes, chunks))
+                       for name, v in schedule_choices(pp, shape.layers + traits.extra_stages)
+                       if modes and (wanted is None or name in wanted)
+                       and constraints.stages_per_rank in (None, v)]
+        count = len(modes) * len(chunks)  # plans per schedule
+        considered += len(by_schedule) * count
         if by_schedule:
-            table = pricer.table(pricer.setup(by_schedule[0][0]))
-            groups.append((m * table.rank(everything).total / pp, by_schedule))
+            table = pricer.table(pricer.setup(by_schedule[0][0]()[0]))
+            groups.append((m * table.rank(everything).total / pp, count, by_schedule))
     if not considered:  # what the user fixed rules out every plan: say which value, before the meshes' reasons
         why = unmatched(constraints, shape, world=world, global_batch_size=global_batch_size,
                         extra_stages=traits.extra_stages)
@@ -198,23 +214,23 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
     def cutoff() -> float:
         return top[-1].step_time if len(top) >= keep and not collect else float("inf")
 
-    for bound, by_schedule in groups:
+    for bound, count, by_schedule in groups:
         if bound >= cutoff():
             break  # every later group is bounded higher still
-        for plans in by_schedule:
-            first = plans[0]
+        for first_plan, plans in by_schedule:
+            first = first_plan()[0]
             if bound / (1 - bubble(first)) >= cutoff():
                 continue
             error = structural_error(first, shape, traits.extra_stages)  # the same for every DP mode and loss of this schedule
             if error:
-                infeasible[error] += len(plans)
-                every.extend(Estimate(c, False, error) for c in plans) if collect else None
+                infeasible[error] += count
+                every.extend(Estimate(c, False, error) for c in plans()) if collect else None
                 continue
             limit = pricer.memory_limit(first, constraints.headroom)
             if require_fit and not collect and pricer.memory_floor(first) > limit:
-                infeasible["out of memory"] += len(plans)  # not even its shards and activations fit
+                infeasible["out of memory"] += count  # not even its shards and activations fit
                 continue
-            for c in plans:
+            for c in plans():
                 error = validate(c) if validate else None
                 if error:
                     infeasible[error.split(";")[0]] += 1
