@@ -122,6 +122,16 @@ def test_the_search_holds_exactly_the_plans_the_constraints_admit(fixed):
     assert Counter(map(key, held.every)) == Counter(key(e) for e in everything.every if fixed.admits(e.candidate))
 
 
+def test_a_search_for_plans_faster_than_a_step_finds_the_fastest_or_none():
+    """``plan``'s binding-constraint search asks only for plans faster than the best fitting one."""
+    args = dict(world=8, global_batch_size=32, cluster=load_cluster("a100-80gb"), precisions=("bf16",),
+                require_fit=False)
+    fastest = search(MOE, **args)
+    assert search(MOE, faster_than=fastest.best.step_time * 1.01, **args).best == fastest.best
+    slower = search(MOE, faster_than=fastest.best.step_time, **args)
+    assert slower.best is None and slower.priced < fastest.priced
+
+
 def test_a_16384_gpu_search_for_a_405b_gqa_swiglu_shape_is_fast():
     """The issue's bound is 60 s on this 2-core machine (shared with other work: CPU time, not wall time)."""
     start = time.process_time()

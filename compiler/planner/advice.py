@@ -23,9 +23,14 @@ PARTS = {"bubble": "the pipeline bubble", "tp": "tensor-parallel collectives", "
          "optimizer": "the optimizer step", "fixed": "fixed per-step costs"}
 
 
+# Memory binds the best plan when one that does not fit would take less than this share of its step.
+MEMORY_BINDS_BELOW = 0.98
+
+
 def binding_constraint(best: Estimate, unconstrained: Estimate | None) -> str:
-    """One line naming what limits ``best`` (``unconstrained``: the fastest plan with memory ignored)."""
-    if unconstrained is not None and unconstrained.step_time < best.step_time * 0.98:
+    """One line naming what limits ``best`` (``unconstrained``: the fastest plan with memory ignored, or None
+    when none is faster than ``MEMORY_BINDS_BELOW`` x its step)."""
+    if unconstrained is not None and unconstrained.step_time < best.step_time * MEMORY_BINDS_BELOW:
         return (f"memory: {unconstrained.candidate.describe()} would be {best.step_time / unconstrained.step_time:.2f}x "
                 f"as fast but needs {unconstrained.memory_per_rank / 2**30:.1f} GiB of "
                 f"{unconstrained.memory_limit / 2**30:.1f} per rank")

@@ -172,9 +172,11 @@ def _groups(shape: DecoderShape, *, world: int, global_batch_size: int, cluster:
 def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: Cluster,
            traits: EngineTraits = THIS_ENGINE, precisions: tuple[str, ...] = ("bf16",),
            constraints: Constraints = Constraints(), validate: Validator | None = None, keep: int = 1,
-           require_fit: bool = True, collect: bool = False) -> SearchResult:
-    """The ``keep`` fastest plans that fit (all plans with ``require_fit=False``). ``collect`` prices every plan
-    (no pruning) and returns them all, infeasible ones with their reason (the CPU planner's table)."""
+           require_fit: bool = True, collect: bool = False, faster_than: float = float("inf")) -> SearchResult:
+    """The ``keep`` fastest plans that fit (all plans with ``require_fit=False``), and only those faster than
+    ``faster_than`` seconds a step (a bound that prunes: "is any plan faster than this one?"). ``collect``
+    prices every plan (no pruning) and returns them all, infeasible ones with their reason (the CPU planner's
+    table)."""
     pricer = Pricer(shape, cluster, traits)
     kinds = shape.kinds()
     everything = Holding(tuple((k, kinds.count(k)) for k in sorted(set(kinds))), True, True)
@@ -212,7 +214,9 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
     priced = 0
 
     def cutoff() -> float:
-        return top[-1].step_time if len(top) >= keep and not collect else float("inf")
+        if collect:
+            return float("inf")
+        return top[-1].step_time if len(top) >= keep else faster_than
 
     for bound, count, by_schedule in groups:
         if bound >= cutoff():

@@ -10,7 +10,7 @@ import json
 import sys
 import time
 
-from compiler.planner.advice import binding_constraint, cheapest_fit, why_slower
+from compiler.planner.advice import MEMORY_BINDS_BELOW, binding_constraint, cheapest_fit, why_slower
 from compiler.planner.candidates import Constraints
 from compiler.planner.cluster import CALIBRATED, LOCAL_PRESET, Cluster, preset_names, resolve_cluster
 from compiler.planner.engines import THIS_ENGINE
@@ -155,7 +155,9 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
     else:
         for i, e in enumerate(result.top, 1):
             print(f"{i:>3}. {describe_estimate(e)}" + (f"\n      loses: {why_slower(e, result.best)}" if i > 1 else ""))
-        unconstrained = run(limits, world, require_fit=False).best
+        # Only plans fast enough to make memory the binding constraint are searched for.
+        unconstrained = run(limits, world, require_fit=False,
+                            faster_than=MEMORY_BINDS_BELOW * result.best.step_time).best
         report["binding"] = binding_constraint(result.best, unconstrained)
         print(f"binding constraint: {report['binding']}")
     print(f"searched {result.considered:,} plans in {seconds:.1f} s ({result.priced:,} priced); "
