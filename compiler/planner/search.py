@@ -97,7 +97,7 @@ def unmatched(constraints: Constraints, shape: DecoderShape, *, world: int, glob
         stages = shape.layers + extra_stages
         if c.stages_per_rank and c.pp * c.stages_per_rank > stages:
             return "too few layers for pp x v stages"
-        wanted = (c.schedule,) if isinstance(c.schedule, str) else c.schedule or ()
+        wanted = c.schedules() or ()
         choices = schedule_choices(c.pp, stages)
         runs = [n for n, v in choices if n in wanted and c.stages_per_rank in (None, v)]
         if wanted and not runs:
