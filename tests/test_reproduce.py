@@ -147,10 +147,13 @@ def test_a_row_no_plan_matches_says_why_and_is_counted_apart(tmp_path, capsys):
     data["rows"][2]["layout"]["stages_per_rank"] = 4  # pp 32 x v 4 = 128 stages for 94 layers (+ 2)
     path = tmp_path / "qwen3.json"
     path.write_text(json.dumps(data))
-    assert plan_command.main(["--reproduce", str(path)]) == 0
+    assert plan_command.main(["--reproduce", str(path), "--json", str(tmp_path / "out.json")]) == 0
     out = capsys.readouterr().out
     assert "| no plan: too few layers for pp x v stages |" in out
     assert "out of sample: 3 rows (1 not priced: no plan)" in out
+    rows = json.loads((tmp_path / "out.json").read_text())["rows"]
+    assert [r["why_unpriced"] for r in rows] == [None, None, "too few layers for pp x v stages", None]
+    assert rows[2]["plan"] is None and rows[2]["error"] is None
 
 
 def test_a_model_given_by_its_sizes_with_first_dense_layers_and_shared_experts(tmp_path):

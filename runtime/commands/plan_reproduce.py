@@ -71,7 +71,8 @@ def main(args: argparse.Namespace) -> int:
         rows = [{"table": r.table.name, "run": r.run.label, "fitted": r.table.fitted, "metric": r.table.metric,
                  "published": r.run.reported, "predicted": r.predicted, "error": r.error,
                  "memory_gib_published": r.run.memory_gib, "memory_error": r.memory_error,
-                 "unmodelled": list(r.run.unmodelled), "plan": r.priced.to_json() if r.priced else None} for r in every]
+                 "unmodelled": list(r.run.unmodelled), "plan": r.priced.to_json() if r.priced else None,
+                 "why_unpriced": r.why_unpriced or None} for r in every]
         with open(args.json, "w") as f:
             json.dump({"summary": out, "rows": rows}, f, indent=2)
         print(f"wrote {args.json}")
