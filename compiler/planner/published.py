@@ -121,8 +121,8 @@ def _layout_error(layout: dict, gpus: int, global_batch: int) -> str | None:
     product = 1
     for n in mesh.values():
         product *= n
-    full = len(mesh) == 4 or (len(mesh) == 3 and "cp" not in mesh)  # cp left out: 1
-    if (product != gpus) if full else (gpus % product):
+    # A dimension left out is searched (what the other dimensions leave of the GPUs, e.g. cp = gpus / dp pp mp).
+    if (product != gpus) if len(mesh) == 4 else (gpus % product):
         stated = " x ".join(f"{k} {n}" for k, n in mesh.items())
         return f"layout {stated} is {product} GPUs, the row has {gpus}"
     if "dp" in layout and global_batch % layout["dp"]:
