@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from compiler.parallelize.cross_entropy import chunk_rows, chunked_cross_entropy
+from tests.gpu_timing import median_ms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = ((8192, 50257), (8192, 128256)) if DEVICE == "cuda" else ((256, 1000),)
@@ -28,26 +29,13 @@ def timed(loss_of, logits: torch.Tensor, targets: torch.Tensor) -> dict:
         return x.grad
     for _ in range(2):
         once()
-    times = []
     if DEVICE == "cuda":
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-    for _ in range(REPEATS):
-        if DEVICE == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            once()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            import time
-            t = time.perf_counter()
-            once()
-            times.append((time.perf_counter() - t) * 1e3)
+    ms = median_ms(once, repeats=REPEATS, warmups=0)
     peak = torch.cuda.max_memory_allocated() - base if DEVICE == "cuda" else None
-    return {"ms": sorted(times)[len(times) // 2], "peak_bytes_above_inputs": peak}
+    return {"ms": ms, "peak_bytes_above_inputs": peak}
 
 
 def main(out: str) -> None:

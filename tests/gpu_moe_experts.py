@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import torch
 
+import compiler.torch_compat  # noqa: F401 (on import: torch's grouped GEMM is the operator's CUDA kernel)
 from compiler.planner.cluster import load_cluster
 from compiler.planner.devices import Gemm, GemmEfficiency
-import compiler.torch_compat  # noqa: F401 (on import: torch's grouped GEMM is the operator's CUDA kernel)
 from models.common.grouped_mm import grouped_mm  # noqa: F401 (registers torch.ops.moe.grouped_mm)
+from tests.gpu_timing import median_ms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16
@@ -32,25 +32,6 @@ SHAPES = ((4096, 1536), (2048, 768)) if DEVICE == "cuda" else ((256, 128),)  # (
 EXPERTS = (16, 4) if DEVICE == "cuda" else (4,)
 TOKENS_PER_EXPERT = (128, 256, 512, 1024, 2048, 4096, 8192) if DEVICE == "cuda" else (16, 64)
 REPEATS = 10
-
-
-def median_ms(fn) -> float:
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(REPEATS):
-        if DEVICE == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def product_ms(m: int, k: int, n: int, experts: int) -> float:
@@ -63,7 +44,7 @@ def product_ms(m: int, k: int, n: int, experts: int) -> float:
     def once():
         x.grad = w.grad = None
         torch.ops.moe.grouped_mm(x, w, offsets).backward(grad)
-    return median_ms(once)
+    return median_ms(once, repeats=REPEATS)
 
 
 def main(out_path: str) -> None:
