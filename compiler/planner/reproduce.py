@@ -69,18 +69,22 @@ def _search(table: PublishedTable, run: PublishedRun, cluster: Cluster, **kw) ->
                   precisions=(table.precision,), constraints=traits.limits(run.layout), **kw)
 
 
+def _priced(table: PublishedTable, run: PublishedRun, cluster: Cluster) -> tuple[Estimate | None, str]:
+    """The best plan that fits, else the fastest; with none, the search's reasons."""
+    fitting = _search(table, run, cluster)
+    if fitting.best:
+        return fitting.best, ""
+    anything = _search(table, run, cluster, require_fit=False)
+    return anything.best, "" if anything.best else anything.reasons()
+
+
 def price_run(table: PublishedTable, run: PublishedRun, cluster: Cluster) -> Estimate | None:
-    return _search(table, run, cluster).best or _search(table, run, cluster, require_fit=False).best
+    return _priced(table, run, cluster)[0]
 
 
 def reproduce(table: PublishedTable, cluster: Cluster | None = None) -> list[RowResult]:
     cluster = cluster or load_cluster(table.cluster)
-    out = []
-    for run in table.runs:
-        priced = price_run(table, run, cluster)
-        why = "" if priced else _search(table, run, cluster, require_fit=False).reasons()
-        out.append(RowResult(table, run, priced, why))
-    return out
+    return [RowResult(table, run, *_priced(table, run, cluster)) for run in table.runs]
 
 
 def summary(results: list[RowResult]) -> dict:
