@@ -82,6 +82,22 @@ def test_a_moe_block_saves_its_router_dispatched_copies_and_experts_on_sequence_
     assert m.transient == pytest.approx(2 * 8 * D * 2 * T / 2)  # the dispatch's send and receive buffers
 
 
+def test_megatrons_moe_recompute_keeps_only_the_mlps_input():
+    """--recompute-modules layernorm moe: attention as under selective recompute, the MoE MLP its input (d per
+    token on the rank's sequence shard); the rest is held while the block is recomputed."""
+    moe = dataclasses.replace(LLAMA, experts=Experts(64, 8, 2048))
+    c = Context(micro_batch_size=1, precision="bf16", mp=2, sequence_parallel=True, layout="megatron",
+                ac="selective", selective_policy="products+moe")
+    attention_and_norms = 2 * D * 2 / 2 + (Q + 2 * KV + Q) / 2 * 2 + 32 / 2 * 4  # the residual inputs: shards
+    m = block_memory(moe, MOE, c)
+    assert m.saved == pytest.approx(T * attention_and_norms + T / 2 * D * 2)
+    assert m.recompute == pytest.approx(block_memory(moe, MOE, dataclasses.replace(c, ac="none")).saved - m.saved)
+    kept_experts = block_memory(moe, MOE, dataclasses.replace(c, selective_policy="products")).saved
+    assert kept_experts - m.saved == pytest.approx(T / 2 * (64 * 4 + 8 * (2 * D * 2 + 2 * 2048 * 2) - D * 2))
+    assert block_memory(LLAMA, DENSE, c).saved == block_memory(  # a dense block is as under "products"
+        LLAMA, DENSE, dataclasses.replace(c, selective_policy="products")).saved
+
+
 def test_the_chunked_loss_holds_no_fp32_logits():
     c = Context(micro_batch_size=2, precision="bf16", mp=4)
     whole, chunked = head_memory(LLAMA, c), head_memory(LLAMA, dataclasses.replace(c, chunked_loss=True))

@@ -14,7 +14,7 @@ from compiler.planner.devices import CpuDevice, Gemm
 from compiler.planner.engines import THIS_ENGINE, TORCHTITAN
 from compiler.planner.layers import Setup, layer_table
 from compiler.planner.shape import DENSE, MOE, DecoderShape
-from compiler.planner.work import block_work
+from compiler.planner.work import block_work, moe_mlp_work
 from models.spec import Experts
 
 H100 = load_cluster("h100-80gb")
@@ -103,6 +103,22 @@ def test_what_checkpointing_recomputes():
     titan = layer_table(SHAPE, H100, TORCHTITAN, Setup(1, "bf16", ac="selective")).layers[DENSE].compute
     matmuls = none.forward - none.memory_bound_forward
     assert titan.backward == pytest.approx(none.backward + none.memory_bound_forward + 0.5 * matmuls)
+
+
+def test_megatrons_moe_recompute_runs_the_moe_mlp_and_its_all_to_alls_again():
+    """--recompute-modules moe: beyond selective recompute's memory-bound forward, the MoE MLP's products (router,
+    grouped experts) and its forward dispatch and combine run again in the backward; attention's do not."""
+    setup = Setup(1, "bf16", mp=2, ep=8, dp=4, sequence_parallel=True, ac="selective")
+    products = layer_table(MOE_SHAPE, H100, THIS_ENGINE, setup).layers[MOE]
+    moe_engine = dataclasses.replace(THIS_ENGINE, selective_policy="products+moe")
+    again = layer_table(MOE_SHAPE, H100, moe_engine, setup).layers[MOE]
+    mlp = H100.device.compute(moe_mlp_work(MOE_SHAPE, micro_batch_size=1, mp=2, cp=1, ep=8, precision="bf16"), "bf16")
+    assert mlp.forward - mlp.memory_bound_forward > 0.3 * (products.compute.forward - products.compute.memory_bound_forward)
+    assert again.compute.backward == pytest.approx(products.compute.backward + mlp.forward - mlp.memory_bound_forward)
+    assert again.compute.forward == products.compute.forward
+    assert again.ep == pytest.approx(products.ep * 6 / 4)
+    dense = layer_table(SHAPE, H100, moe_engine, setup).layers[DENSE]  # a dense block: as under "products"
+    assert dense == layer_table(SHAPE, H100, THIS_ENGINE, setup).layers[DENSE]
 
 
 def test_context_parallel_splits_the_causal_attention_work_evenly():

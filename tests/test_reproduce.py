@@ -11,9 +11,9 @@ import pytest
 
 from compiler.planner.cluster import load_cluster
 from compiler.planner.engines import ENGINES
-from compiler.planner.published import load_table, published_files
+from compiler.planner.published import METRICS, load_table, published_files
 from compiler.planner.reproduce import metric_value, price_run, reproduce, summary
-from compiler.planner.shape import hardware_flops_per_token
+from compiler.planner.shape import hardware_flops_per_token, megatron_model_flops_per_token
 from runtime.commands import plan as plan_command
 
 FILES = published_files()
@@ -28,7 +28,7 @@ def test_every_published_file_states_its_source_layout_and_figure(path):
     table = load_table(path)
     assert "http" in json.dumps(data["source"] if "source" in data else "") or "url" in data
     assert load_cluster(table.cluster) and table.engine in ENGINES.values()
-    assert table.metric in ("hardware_tflops_per_gpu", "model_tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
+    assert table.metric in METRICS
     assert table.runs and all(r.reported > 0 and r.gpus % (r.layout.mp or 1) == 0 for r in table.runs)
     for run in table.runs:  # the stated mesh fills the GPUs
         mesh = [run.layout.dp, run.layout.pp, run.layout.mp, run.layout.cp or 1]
@@ -56,6 +56,24 @@ def test_the_metric_is_the_sources_count():
         hardware_flops_per_token(run.shape, activation_checkpointing=True) * tokens / run.gpus / 1e12)
     assert metric_value("tokens_per_s_per_gpu", e, run) == pytest.approx(tokens / run.gpus)
     assert metric_value("step_time_s", e, run) == e.step_time
+    # Megatron-Core's count of today: causal attention once, no recompute.
+    assert metric_value("megatron_tflops_per_gpu", e, run) == pytest.approx(
+        megatron_model_flops_per_token(run.shape) * tokens / run.gpus / 1e12)
+
+
+def test_qwen3_long_context_rows_fit_only_with_the_moe_recompute_they_ran():
+    """The model zoo ran its 16k-128k rows with --recompute-modules layernorm moe on 80 GB H100s. Priced so,
+    each fits and the MoE MLP runs again; priced with layernorm and moe_act only, none fits."""
+    path = next(p for p in FILES if p.name == "megatron_moe_qwen3_235b_long_context.json")
+    table = load_table(path)
+    cluster = load_cluster(table.cluster)
+    assert table.metric == "megatron_tflops_per_gpu" and len(table.runs) == 4
+    for run in table.runs:
+        assert run.selective_policy == "products+moe", run.label
+        moe = price_run(table, run, cluster)
+        products = price_run(table, replace(run, selective_policy="products"), cluster)
+        assert moe.fits and not products.fits, run.label
+        assert moe.breakdown.compute > products.breakdown.compute and moe.breakdown.ep > products.breakdown.ep
 
 
 def test_llama3_405b_at_its_published_layout_fits_without_zero3_and_is_not_priced_at_20_percent():
@@ -129,6 +147,10 @@ def test_deepep_rows_are_priced_with_its_dispatch_and_the_others_with_the_all_to
     (lambda d: d["models"]["qwen3-235b-a22b"].update(attention="mla"), "model key 'attention': one of layers"),
     (lambda d: d["models"]["qwen3-235b-a22b"]["experts"].update(groups=8), "experts key 'groups': one of count"),
     (lambda d: d["models"]["qwen3-235b-a22b"].update(positions="sinusoid"), "model positions 'sinusoid': one of learned, rope"),
+    (lambda d: d["rows"][0].update(recompute_modules=["layernorm", "mlp"]),
+     "recompute_modules 'mlp': a list of layernorm, moe_act, moe"),
+    (lambda d: d["rows"][0].update(recompute_modules="moe"), "recompute_modules 'moe': a list of layernorm"),
+    (lambda d: d["rows"][1].update(recompute_modules=["moe"]), "recompute_modules: only with layout ac \"selective\""),
 ])
 def test_a_malformed_published_file_is_one_error_naming_it(tmp_path, capsys, change, message):
     data = json.loads(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json").read_text())

@@ -36,7 +36,8 @@ A mixture-of-experts MLP saves per local token (both layouts): the router's fp32
 ``top_k`` dispatched copies of the token (d each), each expert's hidden activations (as a dense MLP of the
 expert width) and its output (d, for the weighted combine's backward); shared experts as dense MLPs. With
 expert tensor parallelism 1 a TP group's ranks dispatch disjoint sequence shards, so a rank's MoE MLP sees
-T / mp tokens. The dispatch's send and receive buffers (2 top_k d a per token) are transient.
+T / mp tokens. The dispatch's send and receive buffers (2 top_k d a per token) are transient. Megatron's
+``--recompute-modules moe`` (selective policy ``"products+moe"``) keeps only the MLP's input (d per token).
 
 Context parallelism (cp ranks) keeps T / cp tokens of every sequence per rank: every per-token term / cp;
 attention gathers the sequence's K and V (2 KV hd / t per token of the whole sequence) and keeps them to its
@@ -175,7 +176,10 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
         norms = selective_norms
     dense_mlp = _mlp_hidden(shape, shape.mlp_width / t, c) if kind == DENSE else 0.0
     per_token = norms + attention + dense_mlp
-    saved = per_token * tokens + (_moe_mlp(shape, c) * moe_tokens if kind == MOE else 0.0)
+    moe_mlp = 0.0
+    if kind == MOE:  # with --recompute-modules moe its input only: the whole MLP runs again in the backward
+        moe_mlp = d * a if c.ac == "selective" and c.selective_policy == "products+moe" else _moe_mlp(shape, c)
+    saved = per_token * tokens + moe_mlp * moe_tokens
     rope = 2 * shape.seq_len / c.cp * shape.head_dim * a if shape.positions == "rope" and c.layout == "engine" else 0
     saved += rope
     # context parallelism: attention's backward keeps the sequence's gathered K and V (its prefix and diagonal

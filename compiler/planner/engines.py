@@ -15,6 +15,7 @@ from compiler.planner.candidates import Constraints
 
 
 EP_DISPATCHES = ("all-to-all", "deepep")
+SELECTIVE_POLICIES = ("products", "every-other-mm", "products+moe")
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,18 @@ class EngineTraits:
     # What selective recompute keeps of a block (compiler/planner/activations.py): "products" every matrix
     # product's output (Megatron's --recompute-modules norm/act, this engine's kept ops); "every-other-mm" the
     # outputs of the 1st, 3rd, ... mm in execution order and attention's, the rest recomputed (torchtitan's
-    # op-level policy, torchtitan/distributed/activation_checkpoint.py ``_custom_policy``).
+    # op-level policy, torchtitan/distributed/activation_checkpoint.py ``_custom_policy``); "products+moe" as
+    # "products" for attention, while a MoE block's MLP keeps only its input and runs again whole in the
+    # backward, router, experts and all-to-alls (Megatron's --recompute-modules moe).
     selective_policy: str = "products"
     # Stages beyond the blocks the engine's split allows (Megatron-Core's --account-for-embedding-in-pipeline-
     # split and -loss-: the embedding and the loss count as layers, 2); this engine's rule is pp x v <= layers.
     extra_stages: int = 0
+
+    @property
+    def recomputes_moe(self) -> bool:
+        """Selective recompute runs a MoE block's whole MLP again (its products and all-to-alls too)."""
+        return self.selective_policy == "products+moe"
 
     @property
     def selective_matmul_recompute(self) -> float:

@@ -13,7 +13,9 @@ devices.py) of the layer's work (work.py), and the layer's collectives on the li
   rank's top_k token copies on the EP group's link; under DeepEP (engines.py ``ep_dispatch``) one copy per
   destination rank, and one per destination node across the network (collectives.py).
 - activation checkpointing: full recompute runs the forward again (compute and its collectives: six TP
-  collectives, a second K/V gather, six all-to-alls); selective recompute the memory-bound forward only.
+  collectives, a second K/V gather, six all-to-alls); selective recompute the memory-bound forward only
+  (Megatron's ``--recompute-modules moe``, engines.py ``recomputes_moe``: and a MoE block's whole MLP, its
+  products and its two forward all-to-alls).
 
 Groups and links: ranks are numbered by the engine's mesh order (compiler/planner/engines.py); the TP
 group is ``mp`` ranks ``stride_mp`` apart, CP ``cp`` ranks ``stride_cp`` apart; EP takes its ranks from
@@ -31,7 +33,7 @@ from compiler.planner.devices import ComputeSeconds
 from compiler.planner.engines import EngineTraits
 from compiler.planner.shape import DENSE, MOE, DecoderShape
 from compiler.planner.split import Holding
-from compiler.planner.work import EMBEDDING, HEAD, block_work, embedding_work, head_work
+from compiler.planner.work import EMBEDDING, HEAD, block_work, embedding_work, head_work, moe_mlp_work
 from compiler.precisions import PRECISIONS
 from models.spec import Experts
 
@@ -122,6 +124,7 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
     tp_link = topology.group_link(s.mp, strides["mp"])
     one_tp = all_reduce_time(rows * shape.d_model * a, s.mp, tp_link)
     full = s.ac == "full"
+    recompute_moe = s.ac == "selective" and traits.recomputes_moe
     out = {}
     for kind in set(shape.kinds()):
         work = block_work(shape, kind, micro_batch_size=s.micro_batch_size, mp=s.mp, cp=s.cp, ep=s.ep,
@@ -132,6 +135,11 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
         elif s.ac == "selective":
             matmuls = compute.forward - compute.memory_bound_forward
             again = compute.memory_bound_forward + traits.selective_matmul_recompute * matmuls
+            if recompute_moe and kind == MOE:  # its memory-bound part is in ``again`` already
+                moe = device.compute(moe_mlp_work(shape, micro_batch_size=s.micro_batch_size, mp=s.mp, cp=s.cp,
+                                                  ep=s.ep, precision=s.precision), s.precision,
+                                     linear_peak=linear_peak, ranks_on_node=ranks_on_node)
+                again += moe.forward - moe.memory_bound_forward
             compute = ComputeSeconds(compute.forward, compute.backward + again, compute.memory_bound_forward)
         tp = (6 if full else 4) * one_tp
         if kind == MOE:
@@ -143,7 +151,7 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
         ep = 0.0
         if kind == MOE:
             tokens = rows / s.mp * shape.d_model * a
-            ep = (6 if full else 4) * _ep_dispatch_time(cluster, traits, s, strides, token_bytes=tokens,
+            ep = (6 if full or recompute_moe else 4) * _ep_dispatch_time(cluster, traits, s, strides, token_bytes=tokens,
                                                         experts=shape.experts)
         out[kind] = LayerSeconds(compute, tp, cp, ep)
     embedding = device.compute(embedding_work(shape, micro_batch_size=s.micro_batch_size, cp=s.cp,

@@ -3,7 +3,8 @@
 A file names its source, the cluster preset it ran on, the engine that ran it (compiler/planner/engines.py),
 the metric it reports and, per row, the model, GPUs, sequence, global batch, the layout the source states
 (dp, pp, mp, cp, ep, micro-batch, schedule, v, checkpointing, DP mode, SP) and the reported figure (and
-peak memory where given; a MoE row's ``dispatcher``). ``fitted`` marks the files a constant was fitted to
+peak memory where given; a MoE row's ``dispatcher``; Megatron's ``recompute_modules`` where the source
+names them). ``fitted`` marks the files a constant was fitted to
 (in-sample). Features a row used that the model does not describe are listed in its ``unmodelled``.
 
 Every key a price depends on is checked on reading: a key the planner does not know (``"tp"`` for ``"mp"``,
@@ -29,12 +30,17 @@ from models import MODEL_NAMES, named_config
 from models.spec import Experts
 
 PUBLISHED_DIR = Path(__file__).resolve().parent.parent / "published"
-METRICS = ("hardware_tflops_per_gpu", "model_tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s")
+METRICS = ("hardware_tflops_per_gpu", "model_tflops_per_gpu", "megatron_tflops_per_gpu", "tokens_per_s_per_gpu",
+           "step_time_s")
 LAYOUT_KEYS = ("dp", "pp", "mp", "cp", "ep", "micro_batch_size", "schedule", "stages_per_rank", "ac", "dp_mode",
                "sequence_parallel")
 SIZE_KEYS = ("dp", "pp", "mp", "cp", "ep", "micro_batch_size", "stages_per_rank")
 ROW_KEYS = ("label", "model", "gpus", "seq_len", "global_batch", "layout", "reported", "memory_gib", "float8",
-            "dispatcher", "unmodelled", "note")
+            "dispatcher", "recompute_modules", "unmodelled", "note")
+# Megatron-Core's --recompute-modules under --recompute-granularity selective, as the planner prices them
+# (engines.py ``selective_policy``): norms and the experts' activation recomputed ("products"), or the whole
+# MoE MLP ("products+moe").
+RECOMPUTE_MODULES = {"layernorm": "products", "moe_act": "products", "moe": "products+moe"}
 # A model given by its sizes: ``run.py plan``'s shape flags (DecoderShape.from_flags) plus ``positions``, and
 # ``experts`` as an object of models.spec.Experts' fields.
 MODEL_KEYS = tuple(k for k in inspect.signature(DecoderShape.from_flags).parameters if k != "seq_len") + ("positions",)
@@ -53,6 +59,7 @@ class PublishedRun:
     memory_gib: float | None = None
     float8: bool = False
     dispatcher: str = "all-to-all"  # how MoE tokens travel (engines.py ``ep_dispatch``): "all-to-all" | "deepep"
+    selective_policy: str | None = None  # from the row's ``recompute_modules``; None: the engine's
     unmodelled: tuple[str, ...] = ()
     note: str = ""
 
@@ -178,6 +185,16 @@ def _row(row: dict, models: dict) -> PublishedRun:
         error = error or f"dispatcher {dispatcher!r}: one of {', '.join(EP_DISPATCHES)}"
     gpus, batch = int(row["gpus"]), int(row["global_batch"])
     error = error or _layout_error(row["layout"], gpus, batch)
+    modules = row.get("recompute_modules")
+    policy = None
+    if modules is not None and not error:
+        unknown = [m for m in modules if m not in RECOMPUTE_MODULES] if isinstance(modules, list) else [modules]
+        if unknown:
+            error = f"recompute_modules {unknown[0]!r}: a list of {', '.join(RECOMPUTE_MODULES)}"
+        elif row["layout"].get("ac") != "selective":
+            error = "recompute_modules: only with layout ac \"selective\" (Megatron's --recompute-granularity selective)"
+        else:
+            policy = "products+moe" if "moe" in modules else "products"
     if error:
         raise ValueError(error)
     shape = _shape(models.get(row["model"], row["model"]), int(row["seq_len"]))
@@ -189,7 +206,7 @@ def _row(row: dict, models: dict) -> PublishedRun:
         raise ValueError(f"layout ep {ep}: ep divides the model's experts "
                          f"({shape.experts.count if shape.experts else 'it has none'})")
     return PublishedRun(row["label"], shape, gpus, batch, Constraints(**layout), float(row["reported"]),
-                        row.get("memory_gib"), bool(row.get("float8", False)), dispatcher,
+                        row.get("memory_gib"), bool(row.get("float8", False)), dispatcher, policy,
                         tuple(row.get("unmodelled", ())), row.get("note", ""))
 
 

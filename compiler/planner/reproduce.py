@@ -6,7 +6,9 @@ Megatron-LM's Table 1 (Narayanan et al. SC'21) is in-sample: the GEMM efficiency
 fitted to it; every other file is out of sample. A row no plan matches says why (the search's reasons).
 
 Metrics: ``hardware_tflops_per_gpu`` (Megatron's count with the recompute, shape.hardware_flops_per_token),
-``model_tflops_per_gpu`` (PaLM's 6N + 12 L T d), ``tokens_per_s_per_gpu`` and ``step_time_s``.
+``model_tflops_per_gpu`` (PaLM's 6N + 12 L T d), ``megatron_tflops_per_gpu`` (Megatron-Core's count of
+today: causal attention, 6N + 6 L T d, shape.megatron_model_flops_per_token), ``tokens_per_s_per_gpu`` and
+``step_time_s``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from compiler.planner.cluster import Cluster, load_cluster
 from compiler.planner.devices import GemmEfficiency
 from compiler.planner.published import PublishedRun, PublishedTable
 from compiler.planner.search import Estimate, SearchResult, search
-from compiler.planner.shape import hardware_flops_per_token
+from compiler.planner.shape import hardware_flops_per_token, megatron_model_flops_per_token
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ def metric_value(metric: str, e: Estimate, run: PublishedRun) -> float:
         return e.step_time
     if metric == "model_tflops_per_gpu":
         return e.model_tflops_per_gpu
+    if metric == "megatron_tflops_per_gpu":
+        return megatron_model_flops_per_token(run.shape) * tokens / run.gpus / 1e12
     if metric == "hardware_tflops_per_gpu":
         full = e.candidate.ac == "full"
         return hardware_flops_per_token(run.shape, activation_checkpointing=full) * tokens / run.gpus / 1e12
@@ -64,7 +68,8 @@ def metric_value(metric: str, e: Estimate, run: PublishedRun) -> float:
 
 
 def _search(table: PublishedTable, run: PublishedRun, cluster: Cluster, **kw) -> SearchResult:
-    traits = replace(table.engine, float8_linears=run.float8, ep_dispatch=run.dispatcher)
+    traits = replace(table.engine, float8_linears=run.float8, ep_dispatch=run.dispatcher,
+                     selective_policy=run.selective_policy or table.engine.selective_policy)
     return search(run.shape, world=run.gpus, global_batch_size=run.global_batch, cluster=cluster, traits=traits,
                   precisions=(table.precision,), constraints=traits.limits(run.layout), **kw)
 

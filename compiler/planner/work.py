@@ -60,19 +60,33 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
         split += (3 if shape.mlp == "swiglu" else 2) * shape.mlp_width / t
         elementwise = rows * (replicated + split) * a
     else:
-        e = shape.experts
-        local = rows / t  # the rows this rank dispatches
-        gemms.append(Gemm(local, e.count, shape.d_model))
-        for _ in range(e.shared):
-            gemms += _linears(mlp_matrices(shape, shared_width(e), t), rows)
-            split += (3 if shape.mlp == "swiglu" else 2) * shared_width(e) / t
-        per_expert = local * e.top_k * ep / e.count
-        grouped = [Gemm(per_expert, out, inp, groups=e.count / ep) for inp, out in mlp_matrices(shape, e.width).values()]
-        act = (3 if shape.mlp == "swiglu" else 2) * e.width
-        elementwise = rows * (replicated + split) * a + local * (e.top_k * (4 * shape.d_model + act) * a + 8 * e.count)
+        moe = moe_mlp_work(shape, micro_batch_size=b, mp=t, cp=cp, ep=ep, precision=precision)
+        gemms += list(moe.gemms)
+        grouped = list(moe.grouped)
+        elementwise = rows * (replicated + split) * a + moe.elementwise_bytes
     matmul_forward = sum(g.flops for g in gemms + grouped)
     return LayerWork(tuple(gemms + batched), tuple(grouped), flash, shape.head_dim, shape.seq_len, scores, elementwise,
                      3 * matmul_forward + 3.5 * attention_counted, matmul_forward + attention_counted)
+
+
+def moe_mlp_work(shape: DecoderShape, *, micro_batch_size: int, mp: int, cp: int, ep: int, precision: str) -> LayerWork:
+    """A MoE block's MLP alone (module docstring): the router, the shared experts, the routed experts' grouped
+    products and their memory-bound kernels. What Megatron's ``--recompute-modules moe`` runs again."""
+    e, t, a = shape.experts, mp, PRECISIONS[precision].dtype.itemsize
+    rows = micro_batch_size * shape.seq_len / cp
+    local = rows / t  # the rows this rank dispatches
+    gemms = [Gemm(local, e.count, shape.d_model)]
+    shared = 0.0
+    for _ in range(e.shared):
+        gemms += _linears(mlp_matrices(shape, shared_width(e), t), rows)
+        shared += (3 if shape.mlp == "swiglu" else 2) * shared_width(e) / t
+    per_expert = local * e.top_k * ep / e.count
+    grouped = [Gemm(per_expert, out, inp, groups=e.count / ep) for inp, out in mlp_matrices(shape, e.width).values()]
+    act = (3 if shape.mlp == "swiglu" else 2) * e.width
+    elementwise = rows * shared * a + local * (e.top_k * (4 * shape.d_model + act) * a + 8 * e.count)
+    matmul_forward = sum(g.flops for g in gemms + grouped)
+    return LayerWork(tuple(gemms), tuple(grouped), elementwise_bytes=elementwise, counted_flops=3 * matmul_forward,
+                     counted_forward_flops=matmul_forward)
 
 
 def head_work(shape: DecoderShape, *, micro_batch_size: int, mp: int, cp: int, precision: str) -> LayerWork:
