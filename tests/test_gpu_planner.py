@@ -57,6 +57,18 @@ def test_cluster_files_need_the_required_keys_and_take_documented_defaults(tmp_p
     assert load_cluster(str(path)).to_json() == loaded.to_json()
 
 
+def test_a_cluster_file_states_cudnn_attentions_speed_over_flash_attention():
+    cluster = gpu_cluster_from_dict({**NODE, "fused_attention_speedup": {"forward": 1.5, "backward": 1.25}},
+                                    default_name="x")
+    assert cluster.device.fused_attention_speedup == (1.5, 1.25)
+    again = gpu_cluster_from_dict(json.loads(cluster.to_json()), default_name="x")  # written back, read again
+    assert again.device == cluster.device
+    assert gpu_cluster_from_dict(NODE, default_name="x").device.fused_attention_speedup is None
+    for bad in ({"forward": 1.5}, {"forward": 1.5, "backward": 0}, {"forward": "fast", "backward": 1.2}, 1.6):
+        with pytest.raises(ValueError, match="fused_attention_speedup must be an object with positive forward"):
+            gpu_cluster_from_dict({**NODE, "fused_attention_speedup": bad}, default_name="x")
+
+
 def test_the_gemm_curve_is_fitted_back_from_measured_points():
     truth = GemmEfficiency(max_efficiency=0.74, k_half=96)
     fitted = GemmEfficiency.fit([(k, truth.efficiency(k)) for k in (64, 128, 512, 4096, 16384)])

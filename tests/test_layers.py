@@ -121,6 +121,25 @@ def test_megatrons_moe_recompute_runs_the_moe_mlp_and_its_all_to_alls_again():
     assert dense == layer_table(SHAPE, H100, THIS_ENGINE, setup).layers[DENSE]
 
 
+def test_transformer_engines_attention_runs_at_cudnns_speed_where_the_device_states_it():
+    """Megatron-Core's attention (TE: cuDNN's fused kernel on Hopper) at the H100's measured speed-up over
+    FlashAttention-2, forward and backward; the rest of the block, and devices without a speed-up, unchanged."""
+    fused, flash = (block_work(SHAPE, DENSE, micro_batch_size=1, mp=1, cp=1, ep=1, precision="bf16",
+                               sequence_parallel=False, traits=dataclasses.replace(THIS_ENGINE, attention=kind))
+                    for kind in ("fused", "flash"))
+    assert fused.attention_kernel == "fused" and flash.attention_kernel == "flash"
+    h100 = H100.device
+    up_f, up_b = h100.fused_attention_speedup
+    assert up_f > 1.5 and up_b > 1.5  # 539 / 335 and 516 / 322 TFLOP/s (FlashAttention-3 paper, sec. 4.1)
+    e = h100.gemm.efficiency(128) * h100.peak("bf16")
+    attention = fused.attention_flops
+    a, b = h100.compute(flash, "bf16"), h100.compute(fused, "bf16")
+    assert a.forward - b.forward == pytest.approx(attention / e * (1 - 1 / up_f))
+    assert a.backward - b.backward == pytest.approx(2.5 * attention / e * (1 - 1 / up_b))
+    a100 = load_cluster("a100-80gb").device
+    assert a100.fused_attention_speedup is None and a100.compute(fused, "bf16") == a100.compute(flash, "bf16")
+
+
 def test_context_parallel_splits_the_causal_attention_work_evenly():
     """Load-balanced (2 cp chunks, head-tail): every rank runs 1/cp of the causal attention FLOPs."""
     whole = block_work(SHAPE, DENSE, micro_batch_size=1, mp=1, cp=1, ep=1, precision="bf16", sequence_parallel=False,

@@ -139,7 +139,8 @@ def cpu_file(c: Cluster) -> dict:
 PRECISION_KEYS = ("bf16", "fp16", "fp32")
 REQUIRED = ("devices_per_node", "memory_gib", "peak_tflops", "intra_node_gb_per_s", "inter_node_gb_per_s")
 OPTIONAL = ("name", "nodes", "memory_bandwidth_gb_per_s", "intra_node_latency_us", "inter_node_latency_us",
-            "link_efficiency", "memory_efficiency", "reserved_gib", "gemm", "source", "notes", *FACTOR_NAMES)
+            "link_efficiency", "memory_efficiency", "reserved_gib", "gemm", "fused_attention_speedup", "source", "notes",
+            *FACTOR_NAMES)
 
 
 def is_gpu_cluster_file(data: dict) -> bool:
@@ -165,7 +166,13 @@ def gpu_cluster_from_dict(data: dict, *, default_name: str) -> Cluster:
     if not isinstance(gemm, dict) or set(gemm) - {"max_efficiency", "k_half"}:
         raise ValueError(f"cluster file {default_name}: gemm must be an object with max_efficiency and / or k_half, "
                          f"got {gemm!r}")
+    fused = data.get("fused_attention_speedup")
+    if fused is not None and not (isinstance(fused, dict) and set(fused) == {"forward", "backward"}
+                                  and all(isinstance(v, (int, float)) and v > 0 for v in fused.values())):
+        raise ValueError(f"cluster file {default_name}: fused_attention_speedup must be an object with positive "
+                         f"forward and backward (cuDNN's fused attention over FlashAttention-2), got {fused!r}")
     device = GpuDevice(
+        fused_attention_speedup=(float(fused["forward"]), float(fused["backward"])) if fused else None,
         memory_gib=float(data["memory_gib"]), peak_flops={p: float(v) * 1e12 for p, v in peaks.items()},
         memory_bandwidth=float(data.get("memory_bandwidth_gb_per_s", defaults.memory_bandwidth / 1e9)) * 1e9,
         memory_efficiency=float(data.get("memory_efficiency", defaults.memory_efficiency)),
@@ -191,6 +198,8 @@ def gpu_file(c: Cluster) -> dict:
            "memory_efficiency": d.memory_efficiency, "reserved_gib": d.reserved_gib,
            "gemm": {"max_efficiency": d.gemm.max_efficiency, "k_half": d.gemm.k_half}, **asdict(c.factors),
            "source": c.source, "notes": c.notes}
+    if d.fused_attention_speedup:
+        out["fused_attention_speedup"] = dict(zip(("forward", "backward"), d.fused_attention_speedup))
     return {**out, "nodes": t.nodes} if t.nodes is not None else out
 
 

@@ -48,6 +48,7 @@ class LayerWork:
     attention_flops: float = 0.0  # forward FLOPs of QK^T and AV actually run (causal half with flash)
     attention_head_dim: int = 64
     attention_keys: int = 0  # the sequence length T the keys span (the CPU's attention rate depends on it)
+    attention_kernel: str = "flash"  # "flash" (FlashAttention-2, SDPA) | "fused" (cuDNN's, engines.py ``attention``)
     scores: float = 0.0  # T x T scores through HBM (materialised attention), per micro-batch on this rank
     elementwise_bytes: float = 0.0  # forward bytes through memory-bound kernels (norms, activations, adds, loss)
     counted_flops: float = 0.0  # forward + backward in FlopCounterMode's convention (what the CPU rate measures)
@@ -127,6 +128,10 @@ class GpuDevice:
     # 2.61 ms at 50,264 and 2.57 at 50,304; GPT-2 small's step 90.8 -> 64.3 ms (the engine), 82.4 -> 57.2 ms (a
     # plain PyTorch loop). Measured in bf16 only; the alignment rule is cuBLAS's, in bytes, for every dtype.
     unaligned_slowdown: float = 15.59 / 2.61
+    # Transformer Engine's attention on Hopper+ is cuDNN's fused kernel (TE prefers it to FlashAttention-2 there,
+    # dot_product_attention/utils.py ``get_attention_backend``): (forward, backward) speed over FlashAttention-2 on
+    # this device, where measured (the cluster file's ``fused_attention_speedup``); None: priced as flash.
+    fused_attention_speedup: tuple[float, float] | None = None
 
     def memory_per_rank(self, ranks_on_node: int) -> float:
         return (self.memory_gib - self.reserved_gib) * 2**30
@@ -162,7 +167,9 @@ class GpuDevice:
             fwd, bwd = fwd + f, bwd + b
         if work.attention_flops:
             e = self.gemm.efficiency(work.attention_head_dim)
-            fwd, bwd = fwd + work.attention_flops / (peak * e), bwd + 2.5 * work.attention_flops / (peak * e)
+            up_f, up_b = (self.fused_attention_speedup or (1.0, 1.0)) if work.attention_kernel == "fused" else (1.0, 1.0)
+            fwd += work.attention_flops / (peak * e * up_f)
+            bwd += 2.5 * work.attention_flops / (peak * e * up_b)
         other = self.memory_seconds(work.elementwise_bytes + 9 * work.scores)
         return ComputeSeconds(fwd + other, bwd + self.memory_seconds(2 * work.elementwise_bytes + 11 * work.scores),
                               other)

@@ -21,7 +21,10 @@ SELECTIVE_POLICIES = ("products", "every-other-mm", "products+moe")
 @dataclass(frozen=True)
 class EngineTraits:
     name: str = "this engine"
-    attention: str = "flash"  # "flash" | "materialized" (T x T scores in HBM, Megatron-LM 2021)
+    # "flash" (FlashAttention-2: PyTorch's SDPA) | "fused" (Transformer Engine: cuDNN's fused attention where
+    # the device has it, devices.py ``fused_attention_speedup``, else flash) | "materialized" (T x T scores in
+    # HBM, Megatron-LM 2021)
+    attention: str = "flash"
     activations: str = "engine"  # saved-tensor layout: "engine" | "megatron" (compiler/planner/activations.py)
     p2p_scatter_gather: bool = False  # pipeline messages split over the TP ranks (Megatron's scatter/gather)
     dp_overlap: bool = True  # gradient reduction and parameter gathers overlap compute (where the device can)
@@ -89,10 +92,10 @@ MEGATRON_2021 = EngineTraits("Megatron-LM 2021", attention="materialized", activ
                              mesh_order=("pp", "dp", "cp", "mp"), has_sequence_parallel=False,
                              has_selective_ac=False, has_chunked_loss=False)
 
-# Megatron-Core (2024-): FlashAttention through Transformer Engine, the distributed optimizer's
+# Megatron-Core (2024-): attention through Transformer Engine (cuDNN's fused kernel on Hopper+), the distributed optimizer's
 # reduce-scatter and all-gather overlapped with compute (--overlap-grad-reduce --overlap-param-gather), fp32
 # gradient buckets, sequence parallelism with TP, TP communication overlapped (--tp-comm-overlap).
-MEGATRON_CORE = EngineTraits("Megatron-Core", attention="flash", activations="megatron", dp_overlap=True,
+MEGATRON_CORE = EngineTraits("Megatron-Core", attention="fused", activations="megatron", dp_overlap=True,
                              grad_reduce_bytes=4, tp_overlap=True, mesh_order=("pp", "dp", "cp", "mp"),
                              has_chunked_loss=False, extra_stages=2)
 

@@ -38,7 +38,7 @@ def _attention(shape: DecoderShape, *, b: int, rows: float, t: int, cp: int,
     """(batched products, flash FLOPs run, scores through HBM, counted FLOPs forward) of one block's attention."""
     T, heads, hd = shape.seq_len, shape.heads / t, shape.head_dim
     counted = 4.0 * rows * T * shape.q_width / t  # FlopCounterMode: no causal discount
-    if traits.attention == "flash":
+    if traits.attention in ("flash", "fused"):
         return [], counted / 2, 0.0, counted
     q = T / cp
     products = [Gemm(q, T, hd, groups=b * heads), Gemm(q, hd, T, groups=b * heads)]
@@ -65,7 +65,8 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
         grouped = list(moe.grouped)
         elementwise = rows * (replicated + split) * a + moe.elementwise_bytes
     matmul_forward = sum(g.flops for g in gemms + grouped)
-    return LayerWork(tuple(gemms + batched), tuple(grouped), flash, shape.head_dim, shape.seq_len, scores, elementwise,
+    return LayerWork(tuple(gemms + batched), tuple(grouped), flash, shape.head_dim, shape.seq_len,
+                     "fused" if traits.attention == "fused" else "flash", scores, elementwise,
                      3 * matmul_forward + 3.5 * attention_counted, matmul_forward + attention_counted)
 
 
