@@ -150,7 +150,9 @@ def test_deepep_rows_are_priced_with_its_dispatch_and_the_others_with_the_all_to
     (lambda d: d["rows"][0].update(recompute_modules=["layernorm", "mlp"]),
      "recompute_modules 'mlp': a list of layernorm, moe_act, moe"),
     (lambda d: d["rows"][0].update(recompute_modules="moe"), "recompute_modules 'moe': a list of layernorm"),
-    (lambda d: d["rows"][1].update(recompute_modules=["moe"]), "recompute_modules: only with layout ac \"selective\""),
+    (lambda d: d["rows"][0].update(recompute_modules=["moe"]),  # norm outputs kept: not what "products" prices
+     "recompute_modules ['moe']: priced are ['layernorm', 'moe_act'] or ['layernorm', 'moe']"),
+    (lambda d: d["rows"][1].update(recompute_modules=["layernorm", "moe"]), "recompute_modules: only with layout ac \"selective\""),
 ])
 def test_a_malformed_published_file_is_one_error_naming_it(tmp_path, capsys, change, message):
     data = json.loads(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json").read_text())

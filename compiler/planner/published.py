@@ -38,9 +38,12 @@ SIZE_KEYS = ("dp", "pp", "mp", "cp", "ep", "micro_batch_size", "stages_per_rank"
 ROW_KEYS = ("label", "model", "gpus", "seq_len", "global_batch", "layout", "reported", "memory_gib", "float8",
             "dispatcher", "recompute_modules", "unmodelled", "note")
 # Megatron-Core's --recompute-modules under --recompute-granularity selective, as the planner prices them
-# (engines.py ``selective_policy``): norms and the experts' activation recomputed ("products"), or the whole
-# MoE MLP ("products+moe").
-RECOMPUTE_MODULES = {"layernorm": "products", "moe_act": "products", "moe": "products+moe"}
+# (engines.py ``selective_policy``): the sets it prices exactly, norms and activation functions recomputed
+# ("products"), or also the whole MoE MLP ("products+moe"). Another set (norm outputs kept, attention's core
+# or a dense MLP recomputed) would be priced as one of these, so it is an error, not a silent approximation.
+RECOMPUTE_MODULES = ("layernorm", "moe_act", "moe")
+RECOMPUTE_POLICIES = {frozenset({"layernorm", "moe_act"}): "products", frozenset({"layernorm", "moe"}): "products+moe",
+                      frozenset({"layernorm", "moe_act", "moe"}): "products+moe"}
 # A model given by its sizes: ``run.py plan``'s shape flags (DecoderShape.from_flags) plus ``positions``, and
 # ``experts`` as an object of models.spec.Experts' fields.
 MODEL_KEYS = tuple(k for k in inspect.signature(DecoderShape.from_flags).parameters if k != "seq_len") + ("positions",)
@@ -191,10 +194,13 @@ def _row(row: dict, models: dict) -> PublishedRun:
         unknown = [m for m in modules if m not in RECOMPUTE_MODULES] if isinstance(modules, list) else [modules]
         if unknown:
             error = f"recompute_modules {unknown[0]!r}: a list of {', '.join(RECOMPUTE_MODULES)}"
+        elif frozenset(modules) not in RECOMPUTE_POLICIES:
+            error = (f"recompute_modules {modules}: priced are {' or '.join(str(sorted(m)) for m in RECOMPUTE_POLICIES)} "
+                     f"(what else a set keeps or recomputes is not modelled)")
         elif row["layout"].get("ac") != "selective":
             error = "recompute_modules: only with layout ac \"selective\" (Megatron's --recompute-granularity selective)"
         else:
-            policy = "products+moe" if "moe" in modules else "products"
+            policy = RECOMPUTE_POLICIES[frozenset(modules)]
     if error:
         raise ValueError(error)
     shape = _shape(models.get(row["model"], row["model"]), int(row["seq_len"]))
