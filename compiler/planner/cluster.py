@@ -139,8 +139,8 @@ def cpu_file(c: Cluster) -> dict:
 PRECISION_KEYS = ("bf16", "fp16", "fp32")
 REQUIRED = ("devices_per_node", "memory_gib", "peak_tflops", "intra_node_gb_per_s", "inter_node_gb_per_s")
 OPTIONAL = ("name", "nodes", "memory_bandwidth_gb_per_s", "intra_node_latency_us", "inter_node_latency_us",
-            "link_efficiency", "memory_efficiency", "reserved_gib", "gemm", "fused_attention_speedup", "source", "notes",
-            *FACTOR_NAMES)
+            "link_efficiency", "memory_efficiency", "reserved_gib", "gemm", "fused_attention_speedup", "source",
+            "notes", *FACTOR_NAMES)
 
 
 def is_gpu_cluster_file(data: dict) -> bool:

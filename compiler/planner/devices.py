@@ -167,7 +167,8 @@ class GpuDevice:
             fwd, bwd = fwd + f, bwd + b
         if work.attention_flops:
             e = self.gemm.efficiency(work.attention_head_dim)
-            up_f, up_b = (self.fused_attention_speedup or (1.0, 1.0)) if work.attention_kernel == "fused" else (1.0, 1.0)
+            fused = work.attention_kernel == "fused" and self.fused_attention_speedup
+            up_f, up_b = fused or (1.0, 1.0)
             fwd += work.attention_flops / (peak * e * up_f)
             bwd += 2.5 * work.attention_flops / (peak * e * up_b)
         other = self.memory_seconds(work.elementwise_bytes + 9 * work.scores)

@@ -15,7 +15,6 @@ from compiler.planner.candidates import Constraints
 
 
 EP_DISPATCHES = ("all-to-all", "deepep")
-SELECTIVE_POLICIES = ("products", "every-other-mm", "products+moe")
 
 
 @dataclass(frozen=True)
@@ -92,9 +91,10 @@ MEGATRON_2021 = EngineTraits("Megatron-LM 2021", attention="materialized", activ
                              mesh_order=("pp", "dp", "cp", "mp"), has_sequence_parallel=False,
                              has_selective_ac=False, has_chunked_loss=False)
 
-# Megatron-Core (2024-): attention through Transformer Engine (cuDNN's fused kernel on Hopper+), the distributed optimizer's
-# reduce-scatter and all-gather overlapped with compute (--overlap-grad-reduce --overlap-param-gather), fp32
-# gradient buckets, sequence parallelism with TP, TP communication overlapped (--tp-comm-overlap).
+# Megatron-Core (2024-): attention through Transformer Engine (cuDNN's fused kernel on Hopper+), the
+# distributed optimizer's reduce-scatter and all-gather overlapped with compute (--overlap-grad-reduce
+# --overlap-param-gather), fp32 gradient buckets, sequence parallelism with TP, TP communication overlapped
+# (--tp-comm-overlap).
 MEGATRON_CORE = EngineTraits("Megatron-Core", attention="fused", activations="megatron", dp_overlap=True,
                              grad_reduce_bytes=4, tp_overlap=True, mesh_order=("pp", "dp", "cp", "mp"),
                              has_chunked_loss=False, extra_stages=2)

@@ -151,8 +151,8 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
         ep = 0.0
         if kind == MOE:
             tokens = rows / s.mp * shape.d_model * a
-            ep = (6 if full or recompute_moe else 4) * _ep_dispatch_time(cluster, traits, s, strides, token_bytes=tokens,
-                                                        experts=shape.experts)
+            one = _ep_dispatch_time(cluster, traits, s, strides, token_bytes=tokens, experts=shape.experts)
+            ep = (6 if full or recompute_moe else 4) * one
         out[kind] = LayerSeconds(compute, tp, cp, ep)
     embedding = device.compute(embedding_work(shape, micro_batch_size=s.micro_batch_size, cp=s.cp,
                                               precision=s.precision), s.precision, ranks_on_node=ranks_on_node)

@@ -195,8 +195,8 @@ def _row(row: dict, models: dict) -> PublishedRun:
         if unknown:
             error = f"recompute_modules {unknown[0]!r}: a list of {', '.join(RECOMPUTE_MODULES)}"
         elif frozenset(modules) not in RECOMPUTE_POLICIES:
-            error = (f"recompute_modules {modules}: priced are {' or '.join(str(sorted(m)) for m in RECOMPUTE_POLICIES)} "
-                     f"(what else a set keeps or recomputes is not modelled)")
+            priced = " or ".join(str(sorted(m)) for m in RECOMPUTE_POLICIES)
+            error = f"recompute_modules {modules}: priced are {priced} (what else a set keeps or recomputes is not modelled)"
         elif row["layout"].get("ac") != "selective":
             error = "recompute_modules: only with layout ac \"selective\" (Megatron's --recompute-granularity selective)"
         else:

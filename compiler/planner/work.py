@@ -65,9 +65,11 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
         grouped = list(moe.grouped)
         elementwise = rows * (replicated + split) * a + moe.elementwise_bytes
     matmul_forward = sum(g.flops for g in gemms + grouped)
-    return LayerWork(tuple(gemms + batched), tuple(grouped), flash, shape.head_dim, shape.seq_len,
-                     "fused" if traits.attention == "fused" else "flash", scores, elementwise,
-                     3 * matmul_forward + 3.5 * attention_counted, matmul_forward + attention_counted)
+    return LayerWork(tuple(gemms + batched), tuple(grouped), attention_flops=flash, attention_head_dim=shape.head_dim,
+                     attention_keys=shape.seq_len, attention_kernel="fused" if traits.attention == "fused" else "flash",
+                     scores=scores, elementwise_bytes=elementwise,
+                     counted_flops=3 * matmul_forward + 3.5 * attention_counted,
+                     counted_forward_flops=matmul_forward + attention_counted)
 
 
 def moe_mlp_work(shape: DecoderShape, *, micro_batch_size: int, mp: int, cp: int, ep: int, precision: str) -> LayerWork:
