@@ -11,7 +11,8 @@ for the same product and the reduction-curve fit of the measured fractions of pe
 
 Run from the repository root on a GPU: ``python -m tests.gpu_moe_experts OUT.json`` (on a CPU: a dry run at
 small sizes). Shapes: Qwen3-235B-A22B's experts (d 4096, width 1536) and Qwen3-30B-A3B's (d 2048, width 768),
-16 and 4 experts per rank (EP 8 and 32 of 128)."""
+16 and 4 experts per rank (EP 8 and 32 of 128): at equal tokens per expert, a time per token that grows with the
+experts per rank would be a per-expert cost (compiler/README.md, "Left over 25%": the second reading)."""
 
 from __future__ import annotations
 
