@@ -102,6 +102,15 @@ def dp_modes(dp: int, *, cp: int = 1, per_node: int = 8) -> list[tuple[int | Non
     return [(None, False), (None, True), (1, False), *((s, False) for s in hsdp_shards(dp, per_node=per_node))]
 
 
+def mesh_misfit(sizes: dict[str, int], world: int) -> int | None:
+    """The product of the mesh sizes a layout fixes when they cannot fill ``world`` ranks, else None: all four
+    (dp, pp, mp, cp) must multiply to it; fewer must divide it (the dimension left out is searched)."""
+    product = 1
+    for n in sizes.values():
+        product *= n
+    return product if ((product != world) if len(sizes) == 4 else (world % product)) else None
+
+
 def is_dp_mode(name: str) -> bool:
     """Whether ``name`` is a DP mode ``dp_mode`` can return: none, fsdp, zero3, replicate or hsdp:N."""
     return name in ("none", "fsdp", "zero3", "replicate") or (name.startswith("hsdp:") and name[5:].isdigit())
@@ -151,8 +160,7 @@ class Constraints:
         return (self.schedule,) if isinstance(self.schedule, str) else self.schedule
 
     def admits(self, c: Candidate) -> bool:
-        if self.schedule is not None and c.schedule not in ((self.schedule,) if isinstance(self.schedule, str)
-                                                            else self.schedule):
+        if self.schedule is not None and c.schedule not in self.schedules():
             return False
         return all(want is None or want == got for want, got in (
             (self.dp, c.dp), (self.pp, c.pp), (self.mp, c.mp), (self.cp, c.cp), (self.ep, c.ep),

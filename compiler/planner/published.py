@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from compiler.planner.candidates import AC_MODES, Constraints, is_dp_mode
+from compiler.planner.candidates import AC_MODES, Constraints, is_dp_mode, mesh_misfit
 from compiler.planner.cluster import preset_names
 from compiler.planner.engines import ENGINES, EP_DISPATCHES, EngineTraits
 from compiler.planner.shape import DecoderShape
@@ -128,11 +128,8 @@ def _layout_error(layout: dict, gpus: int, global_batch: int) -> str | None:
     if not isinstance(layout.get("sequence_parallel", False), bool):
         return f"layout sequence_parallel {layout['sequence_parallel']!r}: true or false"
     mesh = {k: layout[k] for k in ("dp", "pp", "mp", "cp") if k in layout}
-    product = 1
-    for n in mesh.values():
-        product *= n
-    # A dimension left out is searched (what the other dimensions leave of the GPUs, e.g. cp = gpus / dp pp mp).
-    if (product != gpus) if len(mesh) == 4 else (gpus % product):
+    product = mesh_misfit(mesh, gpus)  # a dimension left out is searched (e.g. cp = gpus / dp pp mp)
+    if product:
         stated = " x ".join(f"{k} {n}" for k, n in mesh.items())
         return f"layout {stated} is {product} GPUs, the row has {gpus}"
     if "dp" in layout and global_batch % layout["dp"]:

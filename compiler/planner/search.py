@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from compiler.planner.candidates import Candidate, Constraints, dp_mode_name, dp_modes, mesh_shapes
+from compiler.planner.candidates import Candidate, Constraints, dp_mode_name, dp_modes, mesh_misfit, mesh_shapes
 from compiler.planner.cluster import Cluster
 from compiler.planner.engines import THIS_ENGINE, EngineTraits
 from compiler.planner.pricer import Estimate, Pricer, price
@@ -82,10 +82,8 @@ def unmatched(constraints: Constraints, shape: DecoderShape, *, world: int, glob
     """Why no plan of the space has the values a user fixed (a search that considered none says this)."""
     c = constraints
     mesh = {k: getattr(c, k) for k in ("dp", "pp", "mp", "cp") if getattr(c, k)}
-    product = 1
-    for n in mesh.values():
-        product *= n
-    if world % product or (len(mesh) == 4 and product != world):
+    product = mesh_misfit(mesh, world)
+    if product:
         return f"{' x '.join(f'{k} {n}' for k, n in mesh.items())} is {product} ranks, not {world}"
     if c.dp and global_batch_size % c.dp:
         return f"dp {c.dp} does not divide the batch of {global_batch_size}"

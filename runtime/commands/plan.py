@@ -166,8 +166,9 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
     if given.fixes_layout():
         held = dataclasses.replace(given, **{k: getattr(limits, k) for k in ("cp", "ep", "chunked_loss", "ac_modes")
                                              if getattr(limits, k) is not None and getattr(given, k) is None})
-        unfitted = run(held, world, require_fit=False)
-        priced = run(held, world).best or unfitted.best
+        priced = run(held, world).best
+        unfitted = None if priced else run(held, world, require_fit=False)  # searched again only when none fits
+        priced = priced or unfitted.best
         print("priced: " + (describe_estimate(priced) if priced
                             else f"no plan matches --dp/--pp/--mp/... here: {unfitted.reasons()}"))
         if priced and result.best:

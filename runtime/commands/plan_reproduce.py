@@ -1,6 +1,7 @@
 """``run.py plan --reproduce [FILE ...]``: published runs (compiler/published/*.json) priced at the layouts they
 state, each row's error, which rows a constant was fitted to (in-sample) and the errors in and out of sample
-apart (compiler/planner/published.py reads the files, compiler/planner/reproduce.py prices them); ``--fit`` refits the GEMM efficiency constant to the in-sample tables."""
+apart (compiler/planner/published.py reads the files, compiler/planner/reproduce.py prices them); ``--fit``
+refits the GEMM efficiency constant to the in-sample tables."""
 
 from __future__ import annotations
 
