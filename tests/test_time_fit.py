@@ -119,6 +119,48 @@ def test_refit_recovers_factors_from_recorded_runs_and_refuses_foreign_records()
         refit_engine(base, dataclasses.replace(base, notes={}))
 
 
+def test_a_fit_at_a_second_world_is_kept_beside_the_first_and_prices_plans_near_it(tmp_path):
+    """Ranks that share cores slow collectives more than kernels (this machine: TP / PP x1.8 at 4 ranks, x5.1
+    at 8): calibrating at 8 ranks keeps the 4-rank fit, each plan is priced with the nearer world's factors,
+    the table survives the file, and a refit recovers both worlds from their recorded runs."""
+    from runtime.commands.calibrate_engine import calibration_runs, predicted_terms, refit_engine, with_fitted_factors
+
+    base = dataclasses.replace(load_cluster("cpu-2core").with_factors(**dict.fromkeys(FACTORS, 1.0)), notes={},
+                               source="kernels; engine factors fitted to 8 engine runs on 2 ranks (old); attention")
+    truth = {4: {"compute_scale": 1.5, "comm_scale": 1.8, "dp_comm_scale": 3.7, "action_overhead": 0.001,
+                 "step_overhead": 0.03},
+             8: {"compute_scale": 1.2, "comm_scale": 5.0, "dp_comm_scale": 4.1, "action_overhead": 0.002,
+                 "step_overhead": 0.08}}
+    cluster = base
+    for world in (4, 8):
+        runs = calibration_runs(world)
+        terms = [predicted_terms(model, plan, base) for model, plan in runs]
+        rows = [{"plan": plan.describe(), "measured_s": _combine(t, truth[world])} for (_, plan), t in zip(runs, terms)]
+        cluster = with_fitted_factors(cluster, world, rows, terms, [r["measured_s"] for r in rows])
+    for world, near in ((1, 4), (4, 4), (5, 4), (6, 8), (8, 8), (64, 8)):
+        assert dataclasses.asdict(cluster.factors_for(world)) == pytest.approx(truth[near], rel=1e-6), world
+    assert cluster.source.startswith("kernels; attention; engine factors fitted to 8 engine runs on 4 ranks (")
+    assert "8 engine runs on 8 ranks" in cluster.source and "2 ranks" not in cluster.source
+    config = default_config(named_config("tiny"))
+    for world in (4, 8):
+        plan = next(e for e in rank_plans(config, world=world, global_batch_size=16, cluster=cluster,
+                                          precisions=("bf16",)) if e.feasible and e.candidate.mp > 1)
+        assert plan.step_time == pytest.approx(_combine(plan.terms, truth[world]), rel=1e-9)
+    path = tmp_path / "cluster.json"
+    path.write_text(cluster.to_json())
+    again = load_cluster(str(path))
+    assert again.factors_by_world == cluster.factors_by_world and again.to_json() == cluster.to_json()
+    refitted = refit_engine(base, again)
+    assert refitted.factors_by_world == pytest.approx(cluster.factors_by_world)
+    assert refitted.notes["engine_fit"]["world"] == 8  # the latest fit stays the default
+    assert not base.with_factors(compute_scale=2.0).factors_by_world  # one set of factors: every world
+    bad = json.loads(cluster.to_json())
+    bad["engine_factors_by_world"]["8"].pop("comm_scale")
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="cluster file cluster: engine_factors_by_world '8'"):
+        load_cluster(str(path))
+
+
 def test_a_few_runs_fit_only_the_factors_they_determine_the_rest_stay():
     """A lent GPU gives one or two runs: compute_scale alone is fitted, the other factors keep their values."""
     rng = random.Random(2)

@@ -8,12 +8,17 @@ the same ``Cluster``:
 - a GPU node kind from datasheets (``devices_per_node``, ``memory_gib``, ``peak_tflops``, link rates: the
   format compiler/README.md documents), repeated as many times as the world needs.
 Either may carry fitted engine factors (``compute_scale`` ... ``step_overhead``): ``run.py calibrate``
-fits them on this CPU, ``run.py calibrate --gpu-results FILE`` to GPU runs (tests/gpu_check.sh's output).
+fits them on this CPU, ``run.py calibrate --measured FILE`` to GPU runs (tests/gpu_check.sh's output).
+A CPU file may also hold factors fitted at several worlds (``engine_factors_by_world``): ranks that share
+cores slow gloo's collectives and the per-step work more than the kernels' sharing accounts for (on this
+2-core machine the TP / PP factor is 1.8 at 4 ranks, 5.1 at 8), so a plan is priced with the factors
+fitted at the world nearest its own (``Cluster.factors_for``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -55,6 +60,9 @@ class Cluster:
     factors: EngineFactors = field(default_factory=EngineFactors)
     source: str = ""
     notes: dict = field(default_factory=dict)
+    # CPU: factors fitted on engine runs at each of these worlds (run.py calibrate --engine-world N); empty:
+    # ``factors`` at every world.
+    factors_by_world: dict[int, EngineFactors] = field(default_factory=dict)
 
     @property
     def is_gpu(self) -> bool:
@@ -70,8 +78,27 @@ class Cluster:
     def world_error(self, world: int) -> str | None:
         return self.topology.world_error(world, self.name)
 
+    def factors_for(self, world: int) -> EngineFactors:
+        """The factors fitted at the world nearest ``world`` (by ratio; a tie goes to the larger world, the
+        more shared cores), or ``factors`` when none were fitted per world."""
+        if not self.factors_by_world:
+            return self.factors
+        nearest = min(self.factors_by_world, key=lambda w: (abs(math.log(world / w)), -w))
+        return self.factors_by_world[nearest]
+
     def with_factors(self, **factors: float) -> "Cluster":
-        return replace(self, factors=replace(self.factors, **factors))
+        """These factors at every world (a per-world table is dropped: a fit to runs supersedes it)."""
+        return replace(self, factors=replace(self.factors, **factors), factors_by_world={})
+
+    def with_world_factors(self, world: int, factors: EngineFactors) -> "Cluster":
+        """``factors`` fitted at ``world`` added to the per-world table, and the default. A cluster fitted at
+        one world before keeps that fit (notes ``engine_fit``) as the table's first entry."""
+        table = dict(self.factors_by_world)
+        earlier = self.notes.get("engine_fit", {}).get("world")
+        if not table and isinstance(earlier, int) and earlier != world:
+            table[earlier] = self.factors
+        table[world] = factors
+        return replace(self, factors=factors, factors_by_world=table)
 
     def rescaled(self, ratio: float, why: str) -> "Cluster":
         """Every time it prices multiplied by ``ratio`` (rates divided, latencies and fixed costs multiplied):
@@ -84,11 +111,14 @@ class Cluster:
                          optimizer_bytes_per_s=d.optimizer_bytes_per_s / ratio,
                          moe_layer_overhead={p: s * ratio for p, s in d.moe_layer_overhead.items()}
                          if d.moe_layer_overhead else None)
-        f = self.factors
-        factors = replace(f, action_overhead=f.action_overhead * ratio, step_overhead=f.step_overhead * ratio)
+        def slower(f: EngineFactors) -> EngineFactors:
+            return replace(f, action_overhead=f.action_overhead * ratio, step_overhead=f.step_overhead * ratio)
+
         return replace(self, device=device, topology=replace(self.topology, intra=link(self.topology.intra),
                                                               inter=link(self.topology.inter)),
-                       factors=factors, source=f"{self.source}; {why}")
+                       factors=slower(self.factors), factors_by_world={w: slower(f) for w, f in
+                                                                       self.factors_by_world.items()},
+                       source=f"{self.source}; {why}")
 
     def with_precision_rates(self, ratios: dict[str, float], line: str) -> "Cluster":
         """A CPU cluster with each precision's block rate and matmul peak scaled (runtime/commands/precision_probe.py)."""
@@ -118,7 +148,20 @@ def cpu_cluster_from_dict(d: dict) -> Cluster:
                        if "moe_layer_overhead" in d else None)
     factors = EngineFactors(**{k: float(d[k]) for k in FACTOR_NAMES if k in d})
     return Cluster(d["name"], device, Topology(int(d["ranks_per_node"]), intra, inter), factors,
-                   d.get("source", ""), notes)
+                   d.get("source", ""), notes, _factors_by_world(d.get("engine_factors_by_world", {})))
+
+
+def _factors_by_world(table: dict) -> dict[int, EngineFactors]:
+    """``{"4": {"compute_scale": ...}, ...}`` -> {4: EngineFactors}; ValueError naming what is malformed."""
+    out = {}
+    for world, factors in table.items():
+        if not (str(world).isdigit() and int(world) >= 1 and isinstance(factors, dict)
+                and set(factors) == set(FACTOR_NAMES)
+                and all(isinstance(v, (int, float)) and v >= 0 for v in factors.values())):
+            raise ValueError(f"engine_factors_by_world {world!r}: a world (a positive integer) with the "
+                             f"non-negative factors {', '.join(FACTOR_NAMES)}, got {factors!r}")
+        out[int(world)] = EngineFactors(**{k: float(v) for k, v in factors.items()})
+    return out
 
 
 def cpu_file(c: Cluster) -> dict:
@@ -131,6 +174,8 @@ def cpu_file(c: Cluster) -> dict:
             **({"attention_flops": {p: [list(x) for x in pts] for p, pts in d.attention_points.items()}}
                if d.attention_points else {}),
             **({"moe_flops": d.moe_flops, "moe_layer_overhead": d.moe_layer_overhead} if d.moe_flops else {}),
+            **({"engine_factors_by_world": {str(w): asdict(f) for w, f in sorted(c.factors_by_world.items())}}
+               if c.factors_by_world else {}),
             "source": c.source, "notes": {**c.notes, "peak_flops": d.peak_flops}}
 
 
@@ -218,7 +263,10 @@ def load_cluster(path_or_name: str) -> Cluster:
         raise ValueError(f"--cluster {path_or_name}: not JSON ({e})") from None
     if is_gpu_cluster_file(data):
         return gpu_cluster_from_dict(data, default_name=path.stem)
-    return cpu_cluster_from_dict(data)
+    try:
+        return cpu_cluster_from_dict(data)
+    except ValueError as e:
+        raise ValueError(f"cluster file {path.stem}: {e}") from None
 
 
 # CUDA device names (torch.cuda.get_device_name) -> the preset of their node kind. SXM parts only: a PCIe

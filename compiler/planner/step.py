@@ -172,7 +172,7 @@ def step_time(c: Candidate, cluster: Cluster, traits: EngineTraits, *, busiest: 
               rank_dense_params: float, units: int, seq_len: int, d_model: int,
               strides: dict[str, int]) -> Step:
     """The step of plan ``c`` whose busiest rank runs ``busiest`` per micro-batch (module docstring)."""
-    f = cluster.factors
+    f = cluster.factors_for(c.world)
     bub = bubble(c)
     stretch = 1 / (1 - bub) if bub < 1 else float("inf")
     ranks_on_node = min(cluster.topology.devices_per_node, c.world)

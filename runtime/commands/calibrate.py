@@ -219,9 +219,11 @@ def print_cluster(cluster: Cluster) -> None:
         print(f"  fixed cost per layer {d.layer_overhead * 1e3:.2f} ms; all-reduce latency "
               f"{link.latency * 1e6:.0f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s; "
               f"AdamW {d.optimizer_bytes_per_s / 1e9:.2f} GB/s")
-    print(f"  engine factors: compute x{f.compute_scale:.2f}, TP/CP/EP/PP communication x{f.comm_scale:.2f}, "
-          f"DP x{f.dp_comm_scale:.2f}, {f.action_overhead * 1e3:.2f} ms per pipeline action, "
-          f"{f.step_overhead * 1e3:.1f} ms per step")
+    tables = sorted(cluster.factors_by_world.items()) or [(None, f)]
+    for world, f in tables:
+        print(f"  engine factors{f' at {world} ranks' if world else ''}: compute x{f.compute_scale:.2f}, "
+              f"TP/CP/EP/PP communication x{f.comm_scale:.2f}, DP x{f.dp_comm_scale:.2f}, "
+              f"{f.action_overhead * 1e3:.2f} ms per pipeline action, {f.step_overhead * 1e3:.1f} ms per step")
 
 
 def calibrate_measured(args: argparse.Namespace) -> int:
@@ -257,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks-per-node", type=int, default=8, help="ranks you launch per node (CPU: may exceed cores)")
     p.add_argument("--engine-world", type=int, default=4,
                    help="ranks of the engine runs that fit the time model's engine factors (a multiple of 4; "
-                        "0 skips them, ~6 min at 4 ranks on 2 cores)")
+                        "0 skips them, ~6 min at 4 ranks on 2 cores); with --base fitted at another world, both "
+                        "fits are kept and each plan is priced with the factors of the world nearer its own")
     p.add_argument("--base", default=None, help="skip the kernel measurements: start from this cluster file or "
                    "preset and only rerun the engine runs that fit its engine factors")
     p.add_argument("--refit", action="store_true", help="with --base: no new runs; refit the engine factors to the "

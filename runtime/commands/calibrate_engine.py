@@ -14,13 +14,14 @@ Every mesh kind (DP, PP, TP, mixed) and the schedules with different action coun
 from __future__ import annotations
 
 import dataclasses
+import re
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from compiler.planner.candidates import Candidate
-from compiler.planner.cluster import Cluster
+from compiler.planner.cluster import Cluster, EngineFactors
 from compiler.planner.fit import fit_factors
 from compiler.planner.search import price
 from compiler.planner.shape import DecoderShape
@@ -81,29 +82,54 @@ def calibrate_engine(cluster: Cluster, *, world: int, timeout: float = 900) -> C
 
 
 def refit_engine(cluster: Cluster, recorded: Cluster) -> Cluster:
-    """Refit ``cluster``'s engine factors to the runs ``recorded`` measured (no new runs): for a changed
-    time model or new kernel rates. The recorded runs must be this module's current calibration set."""
-    fit_notes = recorded.notes.get("engine_fit")
-    if not fit_notes:
+    """Refit ``cluster``'s engine factors to the runs ``recorded`` measured (no new runs), at every world it
+    recorded: for a changed time model or new kernel rates. The recorded runs must be this module's current
+    calibration set."""
+    fits = recorded_fits(recorded)
+    if not fits:
         raise ValueError(f"{recorded.name}: no recorded engine runs to refit (run calibrate without --refit)")
-    world, rows = fit_notes["world"], [dict(r) for r in fit_notes["runs"]]
-    runs = calibration_runs(world)
-    if [r["plan"] for r in rows] != [plan.describe() for _, plan in runs]:
-        raise ValueError("the recorded engine runs are not the current calibration set; rerun calibrate")
-    terms = [predicted_terms(model, plan, cluster) for model, plan in runs]
-    for row, t in zip(rows, terms):
-        row["terms"] = dataclasses.asdict(t)
-    return with_fitted_factors(cluster, world, rows, terms, [r["measured_s"] for r in rows])
+    latest = str(recorded.notes["engine_fit"]["world"])
+    for world in sorted(fits, key=lambda w: (w == latest, int(w))):  # the latest fit stays the default
+        rows = [dict(r) for r in fits[world]["runs"]]
+        runs = calibration_runs(int(world))
+        if [r["plan"] for r in rows] != [plan.describe() for _, plan in runs]:
+            raise ValueError(f"the engine runs recorded on {world} ranks are not the current calibration set; "
+                             f"rerun calibrate")
+        terms = [predicted_terms(model, plan, cluster) for model, plan in runs]
+        for row, t in zip(rows, terms):
+            row["terms"] = dataclasses.asdict(t)
+        cluster = with_fitted_factors(cluster, int(world), rows, terms, [r["measured_s"] for r in rows],
+                                      date=fits[world].get("date"))
+    return cluster
 
 
-def with_fitted_factors(cluster: Cluster, world: int, rows: list[dict], terms: list, measured: list[float]) -> Cluster:
+def recorded_fits(cluster: Cluster) -> dict[str, dict]:
+    """The engine fits a cluster's notes record, by world (a string, as JSON keys are)."""
+    fits = dict(cluster.notes.get("engine_fits", {}))
+    latest = cluster.notes.get("engine_fit")
+    if latest and "world" in latest:
+        fits[str(latest["world"])] = latest  # the latest fit is its world's
+    return fits
+
+
+def with_fitted_factors(cluster: Cluster, world: int, rows: list[dict], terms: list, measured: list[float], *,
+                        date: str | None = None) -> Cluster:
+    """``cluster`` with factors fitted to these runs on ``world`` ranks: the default and that world's entry of
+    the per-world table (a fit at another world is kept: compiler/planner/cluster.py ``factors_for``)."""
     fit = fit_factors(terms, measured)
     for row, err in zip(rows, fit.relative_errors):
         row["fit_error"] = err
-    notes = {**cluster.notes, "engine_fit": {
-        "world": world, "runs": rows, "median_abs_fit_error": statistics.median(abs(e) for e in fit.relative_errors),
-        "meaning": "step = compute_scale * compute + comm_scale * communication + dp_comm_scale * fsdp + action_overhead * actions + "
-                   "optimizer + step_overhead, fitted (non-negative least squares of relative errors) to these runs"}}
-    source = cluster.source.split("; engine factors")[0]
-    source += f"; engine factors fitted to {len(rows)} engine runs on {world} ranks ({time.strftime('%Y-%m-%d')})"
-    return dataclasses.replace(cluster.with_factors(**fit.factors), notes=notes, source=source)
+    note = {"world": world, "date": date or time.strftime('%Y-%m-%d'), "runs": rows,
+            "median_abs_fit_error": statistics.median(abs(e) for e in fit.relative_errors),
+            "meaning": "step = compute_scale * compute + comm_scale * communication + dp_comm_scale * fsdp + "
+                       "action_overhead * actions + optimizer + step_overhead, fitted (non-negative least squares of "
+                       "relative errors) to these runs"}
+    fits = {**recorded_fits(cluster), str(world): note}
+    # The clause of an earlier fit is replaced; what other measurements wrote after it stays.
+    source = re.sub(r"; engine factors fitted to [^;]*", "", cluster.source) + "; engine factors fitted to " + ", ".join(
+        f"{len(f['runs'])} engine runs on {w} ranks" + (f" ({f['date']})" if f.get("date") else "")
+        for w, f in sorted(fits.items(), key=lambda item: int(item[0])))
+    notes = {**cluster.notes, "engine_fit": note, **({"engine_fits": fits} if len(fits) > 1 else {})}
+    fitted = cluster.with_world_factors(world, EngineFactors(**fit.factors)) if len(fits) > 1 \
+        else cluster.with_factors(**fit.factors)
+    return dataclasses.replace(fitted, notes=notes, source=source)
