@@ -88,7 +88,7 @@ def refit_engine(cluster: Cluster, recorded: Cluster) -> Cluster:
     fits = recorded_fits(recorded)
     if not fits:
         raise ValueError(f"{recorded.name}: no recorded engine runs to refit (run calibrate without --refit)")
-    latest = str(recorded.notes["engine_fit"]["world"])
+    latest = str(recorded.notes.get("engine_fit", {}).get("world"))
     for world in sorted(fits, key=lambda w: (w == latest, int(w))):  # the latest fit stays the default
         rows = [dict(r) for r in fits[world]["runs"]]
         runs = calibration_runs(int(world))
