@@ -90,16 +90,6 @@ class Cluster:
         """These factors at every world (a per-world table is dropped: a fit to runs supersedes it)."""
         return replace(self, factors=replace(self.factors, **factors), factors_by_world={})
 
-    def with_world_factors(self, world: int, factors: EngineFactors) -> "Cluster":
-        """``factors`` fitted at ``world`` added to the per-world table, and the default. A cluster fitted at
-        one world before keeps that fit (notes ``engine_fit``) as the table's first entry."""
-        table = dict(self.factors_by_world)
-        earlier = self.notes.get("engine_fit", {}).get("world")
-        if not table and isinstance(earlier, int) and earlier != world:
-            table[earlier] = self.factors
-        table[world] = factors
-        return replace(self, factors=factors, factors_by_world=table)
-
     def rescaled(self, ratio: float, why: str) -> "Cluster":
         """Every time it prices multiplied by ``ratio`` (rates divided, latencies and fixed costs multiplied):
         the machine measured ``ratio`` times slower (or faster, < 1) than calibrated (CPU clusters)."""

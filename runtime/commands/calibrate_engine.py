@@ -130,6 +130,9 @@ def with_fitted_factors(cluster: Cluster, world: int, rows: list[dict], terms: l
         f"{len(f['runs'])} engine runs on {w} ranks" + (f" ({f['date']})" if f.get("date") else "")
         for w, f in sorted(fits.items(), key=lambda item: int(item[0])))
     notes = {**cluster.notes, "engine_fit": note, **({"engine_fits": fits} if len(fits) > 1 else {})}
-    fitted = cluster.with_world_factors(world, EngineFactors(**fit.factors)) if len(fits) > 1 \
-        else cluster.with_factors(**fit.factors)
-    return dataclasses.replace(fitted, notes=notes, source=source)
+    # A file fitted at one world before the per-world table existed keeps that fit as the table's entry.
+    earlier = cluster.notes.get("engine_fit", {}).get("world")
+    table = cluster.factors_by_world or ({earlier: cluster.factors} if str(earlier) in fits else {})
+    factors = EngineFactors(**fit.factors)
+    return dataclasses.replace(cluster, factors=factors, factors_by_world={**table, world: factors}, notes=notes,
+                               source=source)
