@@ -92,7 +92,15 @@ def test_calibration_plans_are_valid_and_use_models_the_validation_does_not():
     assert {g.name for g in MODELS} == {"tiny", "small", "mixtral-debug", "llama3-debug"}
     assert not {model for model, _ in runs} & {g.model() for g in MODELS}  # fitted on other shapes than validated
     assert all(plan.dp * plan.pp * plan.mp == 8 for _, plan in calibration_runs(8))
-    with pytest.raises(ValueError, match="multiple of 4"):
+    two = calibration_runs(2)  # 2 ranks on 2 cores: each 4-rank plan with one dimension halved
+    assert [model for model, _ in two] == [model for model, _ in runs]
+    assert all(plan.dp * plan.pp * plan.mp == 2 for _, plan in two)
+    assert {(c.dp > 1, c.pp > 1, c.mp > 1) for _, c in two} == {(True, False, False), (False, True, False),
+                                                                (False, False, True)}
+    assert {c.schedule for _, c in two} == {c.schedule for _, c in runs}
+    for model, plan in two:
+        assert predicted_terms(model, plan, cluster).compute > 0  # raises if the engine would refuse the plan
+    with pytest.raises(ValueError, match="2 or a multiple of 4"):
         calibration_runs(6)
 
 
@@ -111,7 +119,7 @@ def test_refit_recovers_factors_from_recorded_runs_and_refuses_foreign_records()
     refitted = refit_engine(base, recorded)
     for name in FACTORS:
         assert getattr(refitted.factors, name) == pytest.approx(truth[name], rel=1e-6)
-    assert "engine factors fitted to 8 engine runs on 4 ranks" in refitted.source
+    assert "8 engine runs on 4 ranks" in refitted.source.split("; engine factors fitted to ")[1]
     foreign = dataclasses.replace(base, notes={"engine_fit": {"world": 4, "runs": rows[::-1]}})
     with pytest.raises(ValueError, match="not the current calibration set"):
         refit_engine(base, foreign)

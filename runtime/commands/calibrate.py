@@ -258,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(CALIBRATED), help="cluster JSON to write")
     p.add_argument("--ranks-per-node", type=int, default=8, help="ranks you launch per node (CPU: may exceed cores)")
     p.add_argument("--engine-world", type=int, default=4,
-                   help="ranks of the engine runs that fit the time model's engine factors (a multiple of 4; "
+                   help="ranks of the engine runs that fit the time model's engine factors (2 or a multiple of 4; "
                         "0 skips them, ~6 min at 4 ranks on 2 cores); with --base fitted at another world, both "
                         "fits are kept and each plan is priced with the factors of the world nearer its own")
     p.add_argument("--base", default=None, help="skip the kernel measurements: start from this cluster file or "

@@ -48,10 +48,21 @@ RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-
 
 
 def calibration_runs(world: int) -> list[tuple[object, Candidate]]:
-    """The plans to run on ``world`` ranks: the 4-rank set with dp scaled to the world size."""
+    """The plans to run on ``world`` ranks: the 4-rank set with dp scaled to the world size; on 2 ranks each
+    4-rank plan with one of its dimensions halved (dp first, then pp, then mp), so that every mesh kind and
+    schedule still appears with 2 ranks on 2 cores, where no rank time-shares a core."""
+    if world == 2:
+        return [(model, _halved(c)) for model, c in RUNS_4]
     if world < 4 or world % 4:
-        raise ValueError(f"--engine-world {world}: must be a multiple of 4 (or 0 to skip the engine runs)")
+        raise ValueError(f"--engine-world {world}: must be 2 or a multiple of 4 (or 0 to skip the engine runs)")
     return [(model, dataclasses.replace(c, dp=c.dp * world // 4)) for model, c in RUNS_4]
+
+
+def _halved(plan: Candidate) -> Candidate:
+    for dim in ("dp", "pp", "mp"):
+        if getattr(plan, dim) > 1:
+            return dataclasses.replace(plan, **{dim: getattr(plan, dim) // 2})
+    raise ValueError(f"{plan.describe()} runs on one rank")
 
 
 def predicted_terms(model, plan: Candidate, cluster: Cluster):
