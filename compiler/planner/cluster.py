@@ -100,7 +100,9 @@ class Cluster:
         device = replace(d.with_rates(lambda p: 1 / ratio), layer_overhead=d.layer_overhead * ratio,
                          optimizer_bytes_per_s=d.optimizer_bytes_per_s / ratio,
                          moe_layer_overhead={p: s * ratio for p, s in d.moe_layer_overhead.items()}
-                         if d.moe_layer_overhead else None)
+                         if d.moe_layer_overhead else None,
+                         tp_module_overhead={p: s * ratio for p, s in d.tp_module_overhead.items()}
+                         if d.tp_module_overhead else None)
         def slower(f: EngineFactors) -> EngineFactors:
             return replace(f, action_overhead=f.action_overhead * ratio, step_overhead=f.step_overhead * ratio)
 
@@ -135,7 +137,9 @@ def cpu_cluster_from_dict(d: dict) -> Cluster:
                                          for p, pts in d["attention_flops"].items()} if "attention_flops" in d else None,
                        moe_flops={p: float(v) for p, v in d["moe_flops"].items()} if "moe_flops" in d else None,
                        moe_layer_overhead={p: float(v) for p, v in d["moe_layer_overhead"].items()}
-                       if "moe_layer_overhead" in d else None)
+                       if "moe_layer_overhead" in d else None,
+                       tp_module_overhead={p: float(v) for p, v in d["tp_module_overhead"].items()}
+                       if "tp_module_overhead" in d else None)
     factors = EngineFactors(**{k: float(d[k]) for k in FACTOR_NAMES if k in d})
     return Cluster(d["name"], device, Topology(int(d["ranks_per_node"]), intra, inter), factors,
                    d.get("source", ""), notes, _factors_by_world(d.get("engine_factors_by_world", {})))
@@ -164,6 +168,7 @@ def cpu_file(c: Cluster) -> dict:
             **({"attention_flops": {p: [list(x) for x in pts] for p, pts in d.attention_points.items()}}
                if d.attention_points else {}),
             **({"moe_flops": d.moe_flops, "moe_layer_overhead": d.moe_layer_overhead} if d.moe_flops else {}),
+            **({"tp_module_overhead": d.tp_module_overhead} if d.tp_module_overhead else {}),
             **({"engine_factors_by_world": {str(w): asdict(f) for w, f in sorted(c.factors_by_world.items())}}
                if c.factors_by_world else {}),
             "source": c.source, "notes": {**c.notes, "peak_flops": d.peak_flops}}

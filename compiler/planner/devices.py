@@ -53,6 +53,7 @@ class LayerWork:
     elementwise_bytes: float = 0.0  # forward bytes through memory-bound kernels (norms, activations, adds, loss)
     counted_flops: float = 0.0  # forward + backward in FlopCounterMode's convention (what the CPU rate measures)
     counted_forward_flops: float = 0.0
+    tensor_parallel_modules: int = 0  # mp > 1: the block's DTensor modules (shape.py ``tensor_parallel_modules``)
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,12 @@ class CpuDevice:
     # expert), fitted by calibrate as the dense block's are; None: priced as a dense block.
     moe_flops: dict[str, float] | None = None
     moe_layer_overhead: dict[str, float] | None = None  # per precision: autocast's cost per small op adds up here
+    # Per precision: seconds per micro-batch (forward + backward) that each tensor-parallel module of a block
+    # adds in DTensor's Python dispatch (sharding propagation, placement conversions at its boundaries),
+    # collectives apart. Measured by calibrate (a block on a one-rank mesh against the plain block): about 0.7-1.3
+    # ms here against the whole block's 0.44 ms fixed cost, so tiny TP plans ran 1.5-2.6x a price without it.
+    # None: not measured (0).
+    tp_module_overhead: dict[str, float] | None = None
 
     def memory_per_rank(self, ranks_on_node: int) -> float:
         return self.memory_per_node / ranks_on_node
@@ -252,6 +259,7 @@ class CpuDevice:
         attention = self.attention_rate(precision, keys=work.attention_keys, head_dim=work.attention_head_dim,
                                         ranks_on_node=ranks_on_node)
         forward = (work.counted_forward_flops - 2 * a) / rate + a / attention
+        overhead += work.tensor_parallel_modules * (self.tp_module_overhead or {}).get(precision, 0.0)
         backward = ((work.counted_flops - work.counted_forward_flops - 5 * a) / rate + 2.5 * a / attention
                     + overhead)
         return ComputeSeconds(forward, backward, 0.0)

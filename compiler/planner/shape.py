@@ -155,6 +155,19 @@ def mlp_matrices(shape: DecoderShape, width: int, shards: int = 1) -> dict[str, 
     return mats
 
 
+def tensor_parallel_modules(shape: DecoderShape, kind: str, *, sequence_parallel: bool) -> int:
+    """Modules of one block that the tensor-parallel plan turns into DTensor modules (models/common/tp_plan.py,
+    models/gpt2/tp_plan.py): each attention and dense-MLP linear, Qwen3's two per-head norms and, with SP, the
+    two sequence-sharded norms and the sequence gathers before attention and a dense MLP. A mixture-of-experts
+    MLP is not tensor-parallel. Each costs DTensor's dispatch at its boundaries (devices.py ``CpuDevice``)."""
+    modules = len(attention_matrices(shape, 1)) + (2 if shape.qk_norm else 0)
+    if kind == DENSE:
+        modules += len(mlp_matrices(shape, shape.mlp_width))
+    if sequence_parallel:
+        modules += 4 if kind == DENSE else 3
+    return modules
+
+
 def _block_matrices(shape: DecoderShape, mp: int) -> dict[str, tuple[int, int]]:
     """A dense block's linear layers on one TP shard."""
     return {**attention_matrices(shape, mp), **mlp_matrices(shape, shape.mlp_width, mp)}

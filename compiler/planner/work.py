@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from compiler.planner.devices import Gemm, LayerWork
 from compiler.planner.engines import EngineTraits
-from compiler.planner.shape import DENSE, DecoderShape, attention_matrices, mlp_matrices, shared_width
+from compiler.planner.shape import (DENSE, DecoderShape, attention_matrices, mlp_matrices, shared_width,
+                                    tensor_parallel_modules)
 from compiler.precisions import PRECISIONS
 
 EMBEDDING, HEAD = "embedding", "head"
@@ -69,7 +70,9 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
                      attention_keys=shape.seq_len, attention_kernel="fused" if traits.attention == "fused" else "flash",
                      scores=scores, elementwise_bytes=elementwise,
                      counted_flops=3 * matmul_forward + 3.5 * attention_counted,
-                     counted_forward_flops=matmul_forward + attention_counted)
+                     counted_forward_flops=matmul_forward + attention_counted,
+                     tensor_parallel_modules=tensor_parallel_modules(shape, kind, sequence_parallel=sequence_parallel)
+                     if mp > 1 else 0)
 
 
 def moe_mlp_work(shape: DecoderShape, *, micro_batch_size: int, mp: int, cp: int, ep: int, precision: str) -> LayerWork:

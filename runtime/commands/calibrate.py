@@ -8,6 +8,8 @@ What it measures, with one process per compute unit running at the same time (as
 - causal attention (``scaled_dot_product_attention``) forward + backward at three sequence lengths and two head
   dims, fp32 and bf16: the CPU's flash kernel runs at its own rate, far from the block rate at short T;
 - a mixture-of-experts block (Mixtral's) at the same two shapes as the dense block: its own rate and fixed cost;
+- tensor parallelism's DTensor cost per module: the small block under the engine's TP plan on a mesh of one
+  process against the plain block (dispatch and placement conversions; the collectives are priced apart);
 - gloo all-reduce between two processes at several sizes: latency and bandwidth from a fit of the
   ring formula, time = S / bandwidth + 2 * latency for two ranks;
 - AdamW's throughput over parameter bytes.
@@ -29,11 +31,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
 
 from compiler.cost import layer_costs
+from compiler.parallelize.tensor_parallel import apply_tp
 from compiler.planner.cluster import CALIBRATED, Cluster, EngineFactors, load_cluster, preset_for_device
 from compiler.planner.collectives import Link, Topology
 from compiler.planner.devices import CpuDevice
+from compiler.planner.shape import DENSE, DecoderShape, tensor_parallel_modules
 from compiler.precisions import PRECISIONS
 from models import named_config, spec_of
 from runtime.commands.calibrate_engine import calibrate_engine, calibration_runs, refit_engine
@@ -61,6 +66,11 @@ def block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, repe
     flops = layer_costs(cfg, micro_batch_size=batch, precision=precision)[1].flops
     block = spec_of(cfg).build(cfg).layers["0"]
     x = torch.randn(batch, seq, d, requires_grad=True)
+    return statistics.median(_forward_backward_seconds(block, x, precision, repeats)), flops
+
+
+def _forward_backward_seconds(block: torch.nn.Module, x: torch.Tensor, precision: str, repeats: int) -> list[float]:
+    """Seconds of ``repeats`` forward + backward passes of ``block`` on ``x`` (after one warm-up)."""
     times = []
     for i in range(repeats + 1):
         start = time.perf_counter()
@@ -69,7 +79,26 @@ def block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, repe
         out.float().sum().backward()
         if i:
             times.append(time.perf_counter() - start)
-    return statistics.median(times), flops
+    return times
+
+
+def tp_module_seconds(mesh: DeviceMesh, precision: str, rounds: int = 5) -> float:
+    """DTensor's cost per tensor-parallel module and micro-batch (forward + backward), collectives apart: a
+    block at the overhead-bound shape timed plain and under the engine's tensor-parallel plan on ``mesh``, a
+    mesh of this one process (DTensor's dispatch and placement conversions run, no collective does), the
+    difference over the plan's module count. The two alternate, so that drift hits both."""
+    batch, seq, d, heads = SHAPES[0]
+    cfg = named_config("tiny", n_layers=1, d_model=d, n_heads=heads, seq_len=seq, vocab_size=256)
+    spec = spec_of(cfg)
+    plain, sharded = spec.build(cfg), spec.build(cfg)
+    apply_tp(sharded, mesh, block_plan=spec.block_plan(sequence_parallel=False))
+    modules = tensor_parallel_modules(DecoderShape.from_config(cfg), DENSE, sequence_parallel=False)
+    x = torch.randn(batch, seq, d, requires_grad=True)
+    differences = []
+    for _ in range(rounds):
+        base = statistics.median(_forward_backward_seconds(plain.layers["0"], x, precision, 3))
+        differences.append(statistics.median(_forward_backward_seconds(sharded.layers["0"], x, precision, 3)) - base)
+    return max(0.0, statistics.median(differences) / modules)
 
 
 # Causal attention's rate grows with the sequence and the head dim (the CPU flash kernel's tiles): measured at
@@ -112,6 +141,12 @@ def _compute_worker(out_dir: str) -> None:
         result.setdefault("moe_block", {})[precision] = straight_line(
             [block_seconds(*shape, precision, **MOE_BLOCK) for shape in SHAPES])
         result["matmul"][precision] = best_matmul_flops(PRECISIONS[precision].dtype, torch.device("cpu"))
+    # A mesh of this process alone, for each process at once (every rank creates every group, as new_group needs).
+    own = DeviceMesh.from_group([dist.new_group([r]) for r in range(world)][rank], "cpu")
+    result["tp_module"] = {}
+    for precision in PRECISIONS:
+        dist.barrier()
+        result["tp_module"][precision] = tp_module_seconds(own, precision)
     result["attention"] = {}
     for precision in ATTENTION_PRECISIONS:
         dist.barrier()
@@ -176,6 +211,13 @@ def mean_attention_points(results: list[dict]) -> dict[str, tuple[tuple[float, f
                      for i, (t, hd, _) in enumerate(points)) for p, points in first.items()}
 
 
+def mean_tp_module_overhead(results: list[dict]) -> dict[str, float] | None:
+    """Each precision's DTensor cost per tensor-parallel module, averaged over the concurrent processes."""
+    if "tp_module" not in results[0]:
+        return None
+    return {p: statistics.mean(r["tp_module"][p] for r in results) for p in results[0]["tp_module"]}
+
+
 def build_cluster(results: list[dict], *, name: str, cores: int, ranks_per_node: int, memory_bytes: float) -> Cluster:
     def mean(key: str, precision: str, block: str = "block") -> float:
         return statistics.mean(r[block][precision][key] for r in results)
@@ -190,7 +232,8 @@ def build_cluster(results: list[dict], *, name: str, cores: int, ranks_per_node:
                        optimizer_bytes_per_s=results[0]["adamw_bytes_per_s"],
                        attention_points=mean_attention_points(results),
                        moe_flops={p: mean("rate", p, "moe_block") for p in PRECISIONS} if moe else None,
-                       moe_layer_overhead={p: mean("overhead", p, "moe_block") for p in PRECISIONS} if moe else None)
+                       moe_layer_overhead={p: mean("overhead", p, "moe_block") for p in PRECISIONS} if moe else None,
+                       tp_module_overhead=mean_tp_module_overhead(results))
     return Cluster(
         name=name, device=device, topology=Topology(ranks_per_node, link, link), factors=EngineFactors(),
         source=f"python run.py calibrate on {time.strftime('%Y-%m-%d')}: {processes_note(len(results))}",
@@ -216,6 +259,9 @@ def print_cluster(cluster: Cluster) -> None:
             print("  mixture-of-experts blocks: " + ", ".join(
                 f"{p} {r / 1e9:.1f} GFLOP/s + {(d.moe_layer_overhead or {}).get(p, 0.0) * 1e3:.2f} ms per layer"
                 for p, r in d.moe_flops.items()))
+        if d.tp_module_overhead:
+            print("  tensor parallelism (DTensor) per module of a block: " + ", ".join(
+                f"{p} {s * 1e3:.2f} ms" for p, s in d.tp_module_overhead.items()))
         print(f"  fixed cost per layer {d.layer_overhead * 1e3:.2f} ms; all-reduce latency "
               f"{link.latency * 1e6:.0f} us, bandwidth {link.bandwidth / 1e9:.2f} GB/s; "
               f"AdamW {d.optimizer_bytes_per_s / 1e9:.2f} GB/s")
