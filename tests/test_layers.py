@@ -13,7 +13,7 @@ from compiler.planner.collectives import (Link, all_gather_time, all_reduce_time
 from compiler.planner.devices import CpuDevice, Gemm
 from compiler.planner.engines import THIS_ENGINE, TORCHTITAN
 from compiler.planner.layers import Setup, layer_table
-from compiler.planner.shape import DENSE, MOE, DecoderShape
+from compiler.planner.shape import DENSE, MOE, DecoderShape, tensor_parallel_modules
 from compiler.planner.work import block_work, moe_mlp_work
 from models.spec import Experts
 
@@ -198,3 +198,36 @@ def test_the_cpu_prices_a_mixture_of_experts_layer_at_its_own_calibrated_rate_an
                                              + 2.5 * a / rate + 0.008)
     assert cpu.compute(dense, "bf16").backward == pytest.approx(
         (dense.counted_flops - dense.counted_forward_flops - 2.5 * dense.attention_flops) / rate + cpu.layer_overhead)
+
+
+def test_each_tensor_parallel_module_of_a_block_costs_the_cpu_its_dtensor_dispatch():
+    """mp > 1 on CPU: DTensor's Python dispatch at each TP module's boundaries costs ~1 ms per micro-batch here
+    (calibrate's tp_module_overhead), more than the whole plain block's fixed cost; mp 1 pays nothing."""
+    cpu = dataclasses.replace(load_cluster("cpu-2core").device, attention_points=None,
+                              tp_module_overhead={"bf16": 0.001})
+    without = dataclasses.replace(cpu, tp_module_overhead=None)
+    setup = dict(micro_batch_size=4, cp=1, ep=1, precision="bf16", traits=THIS_ENGINE)
+    alone = block_work(SHAPE, DENSE, mp=1, sequence_parallel=False, **setup)
+    assert alone.tensor_parallel_modules == 0 and cpu.compute(alone, "bf16") == without.compute(alone, "bf16")
+    for sp in (False, True):
+        sharded = block_work(SHAPE, DENSE, mp=2, sequence_parallel=sp, **setup)
+        assert sharded.tensor_parallel_modules == tensor_parallel_modules(SHAPE, DENSE, sequence_parallel=sp)
+        extra = cpu.compute(sharded, "bf16").backward - without.compute(sharded, "bf16").backward
+        assert extra == pytest.approx(0.001 * sharded.tensor_parallel_modules)
+    cluster = load_cluster("cpu-2core")
+    cluster = dataclasses.replace(cluster, device=dataclasses.replace(cluster.device, tp_module_overhead={"bf16": 0.001}))
+    assert cluster.rescaled(2.0, "slower").device.tp_module_overhead == {"bf16": pytest.approx(0.002)}
+
+
+@pytest.mark.parametrize("name", ["tiny", "llama3-debug", "qwen3-debug", "qwen3-moe-debug", "mixtral-debug"])
+def test_a_blocks_tensor_parallel_modules_are_those_the_engines_plan_shards(name):
+    from models import named_config, spec_of
+
+    cfg = named_config(name)
+    spec, shape = spec_of(cfg), DecoderShape.from_config(cfg)
+    model = spec.build(cfg)
+    for sp in (False, True):
+        plan = spec.block_plan(sequence_parallel=sp)
+        for i, kind in enumerate(shape.kinds()):
+            held = dict(model.layers[str(i)].named_modules())
+            assert tensor_parallel_modules(shape, kind, sequence_parallel=sp) == sum(key in held for key in plan), (i, sp)

@@ -269,3 +269,33 @@ def test_a_validation_summary_of_one_or_no_measured_run_prints_without_a_rank_co
     none = summarize([{"plan": "2x1x1", "predicted_s": 0.24, "measured_s": None}])
     assert summary_line("tiny", none).startswith("tiny: MdAPE n/a, Spearman n/a, predicted best within 10% of "
                                                  "measured best: False (0 of 1")
+
+
+def _measure_tp_module(out: str) -> None:
+    """One of two concurrent ranks: calibrate's DTensor cost per TP module on a mesh of itself alone."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from runtime.commands.calibrate import tp_module_seconds
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    own = DeviceMesh.from_group([dist.new_group([r]) for r in range(dist.get_world_size())][rank], "cpu")
+    seconds = tp_module_seconds(own, "fp32", rounds=3)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(seconds, f)
+    dist.destroy_process_group()
+
+
+def test_calibrate_measures_dtensors_cost_per_tensor_parallel_module_on_one_process_meshes(tmp_path):
+    """Two processes at once, each timing a TP block on a mesh of itself (no collective to wait on): DTensor's
+    dispatch adds ~0.8 ms per module and micro-batch here (fp32), several times the plain block's fixed cost;
+    timing the plain block twice would give about 0."""
+    from tests.launch import spawn_ranks
+
+    spawn_ranks(_measure_tp_module, world_size=2, args=(str(tmp_path / "tp"),), timeout=240)
+    for rank in range(2):
+        seconds = json.loads((tmp_path / f"tp.{rank}").read_text())
+        assert 1e-4 < seconds < 0.02
