@@ -96,13 +96,14 @@ class Cluster:
         def link(x: Link) -> Link:
             return replace(x, bandwidth=x.bandwidth / ratio, latency=x.latency * ratio)
 
+        def longer(seconds: dict[str, float] | None) -> dict[str, float] | None:
+            return {p: s * ratio for p, s in seconds.items()} if seconds else None
+
         d = self.device
         device = replace(d.with_rates(lambda p: 1 / ratio), layer_overhead=d.layer_overhead * ratio,
                          optimizer_bytes_per_s=d.optimizer_bytes_per_s / ratio,
-                         moe_layer_overhead={p: s * ratio for p, s in d.moe_layer_overhead.items()}
-                         if d.moe_layer_overhead else None,
-                         tp_module_overhead={p: s * ratio for p, s in d.tp_module_overhead.items()}
-                         if d.tp_module_overhead else None)
+                         moe_layer_overhead=longer(d.moe_layer_overhead),
+                         tp_module_overhead=longer(d.tp_module_overhead))
         def slower(f: EngineFactors) -> EngineFactors:
             return replace(f, action_overhead=f.action_overhead * ratio, step_overhead=f.step_overhead * ratio)
 
@@ -135,14 +136,17 @@ def cpu_cluster_from_dict(d: dict) -> Cluster:
                        optimizer_bytes_per_s=float(d.get("optimizer_bytes_per_s", 0.0)),
                        attention_points={p: tuple((float(t), float(hd), float(r)) for t, hd, r in pts)
                                          for p, pts in d["attention_flops"].items()} if "attention_flops" in d else None,
-                       moe_flops={p: float(v) for p, v in d["moe_flops"].items()} if "moe_flops" in d else None,
-                       moe_layer_overhead={p: float(v) for p, v in d["moe_layer_overhead"].items()}
-                       if "moe_layer_overhead" in d else None,
-                       tp_module_overhead={p: float(v) for p, v in d["tp_module_overhead"].items()}
-                       if "tp_module_overhead" in d else None)
+                       moe_flops=_by_precision(d, "moe_flops"),
+                       moe_layer_overhead=_by_precision(d, "moe_layer_overhead"),
+                       tp_module_overhead=_by_precision(d, "tp_module_overhead"))
     factors = EngineFactors(**{k: float(d[k]) for k in FACTOR_NAMES if k in d})
     return Cluster(d["name"], device, Topology(int(d["ranks_per_node"]), intra, inter), factors,
                    d.get("source", ""), notes, _factors_by_world(d.get("engine_factors_by_world", {})))
+
+
+def _by_precision(d: dict, key: str) -> dict[str, float] | None:
+    """An optional ``{precision: value}`` table of a CPU file; None where the file has none."""
+    return {p: float(v) for p, v in d[key].items()} if key in d else None
 
 
 def _factors_by_world(table: dict) -> dict[int, EngineFactors]:
