@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import runtime.checkpoint.safetensors as safetensors_module
 from runtime.checkpoint.files import CheckpointError
 from runtime.checkpoint.safetensors import (
     INDEX_FILE,
@@ -23,6 +24,7 @@ from runtime.checkpoint.safetensors import (
     read_header,
     save_file,
     save_sharded,
+    write_bytes,
 )
 from tests import hf_reference as ref
 
@@ -134,6 +136,21 @@ def test_writer_files_follow_the_format(tmp_path):
     for name, (dtype, _, _) in parsed.items():  # each tensor aligned to its element size
         assert (8 + n + header[name]["data_offsets"][0]) % ref.ITEMSIZE[dtype] == 0, name
     assert [p.name for p in tmp_path.iterdir()] == ["ours.safetensors"]  # no temporary left behind
+
+
+@pytest.mark.parametrize("what", ["tensors", "bytes"])
+def test_an_interrupted_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path, monkeypatch, what):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"the previous file")
+
+    def interrupted(fd):  # Ctrl-C (or SIGTERM's handler) after the bytes, before the rename
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(safetensors_module.os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_file({"x": torch.ones(3)}, path) if what == "tensors" else write_bytes(path, b"new")
+    assert path.read_bytes() == b"the previous file"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 def test_round_trip_random_tensors_of_every_dtype(tmp_path):

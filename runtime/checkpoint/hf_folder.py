@@ -35,6 +35,7 @@ from runtime.checkpoint.safetensors import (
     SafetensorsReader,
     ShardedWrite,
     TensorFileError,
+    refuse_duplicate_keys,
     save_sharded,
     write_bytes,
     write_json,
@@ -182,16 +183,9 @@ def read_config(folder: str | os.PathLike) -> dict:
 
 def read_index(path: Path) -> dict[str, str]:
     """An index's weight map (tensor name -> shard file name), every shard present in the folder."""
-    def pairs_to_dict(pairs: list[tuple[str, object]]) -> dict:
-        out = {}
-        for key, value in pairs:
-            if key in out:
-                raise TensorFileError(f"{path}: tensor {key!r} is listed twice")
-            out[key] = value
-        return out
-
     try:
-        index = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=pairs_to_dict)
+        index = json.loads(path.read_text(encoding="utf-8"),
+                           object_pairs_hook=refuse_duplicate_keys(path, "tensor {!r} is listed twice"))
     except (OSError, UnicodeDecodeError) as e:
         raise TensorFileError(f"{path}: cannot be read ({e})") from None
     except json.JSONDecodeError as e:

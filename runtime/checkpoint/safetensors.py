@@ -26,9 +26,11 @@ import re
 import secrets
 import struct
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -99,7 +101,7 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     except OSError as e:
         raise TensorFileError(f"{path}: cannot be read ({e.strerror or e})") from None
     try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=_refuse_duplicates(path))
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=refuse_duplicate_keys(path))
     except UnicodeDecodeError:
         raise TensorFileError(f"{path}: the header is not UTF-8 text: not a safetensors file?") from None
     except json.JSONDecodeError as e:
@@ -115,12 +117,14 @@ def read_header(path: str | os.PathLike) -> SafetensorsHeader:
     return SafetensorsHeader(path=path, file_size=size, data_start=8 + n, tensors=entries, metadata=metadata)
 
 
-def _refuse_duplicates(path: Path):
+def refuse_duplicate_keys(path: Path, listed_twice: str = "the header lists {!r} twice"):
+    """A ``json.loads`` object_pairs_hook that refuses a key given twice (JSON allows it; the last would
+    silently win): ``listed_twice`` says so, formatted with the key, after ``path``."""
     def pairs_to_dict(pairs: list[tuple[str, object]]) -> dict:
         out = {}
         for key, value in pairs:
             if key in out:
-                raise TensorFileError(f"{path}: the header lists {key!r} twice")
+                raise TensorFileError(f"{path}: {listed_twice.format(key)}")
             out[key] = value
         return out
     return pairs_to_dict
@@ -264,24 +268,13 @@ def save_file(tensors: Mapping[str, torch.Tensor], path: str | os.PathLike, *,
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     raw += b" " * (-len(raw) % 8)
-    fd, tmp = _create_temporary(path)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(struct.pack("<Q", len(raw)))
-            f.write(raw)
-            buffer = bytearray(min(_CHUNK, max(offset, 1)))
-            staging = torch.frombuffer(buffer, dtype=torch.uint8)
-            for name in order:
-                _write_tensor(f, tensors[name], buffer, staging)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise TensorFileError(f"{path}: cannot be written ({e.strerror or e})") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with _atomic_file(path) as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        buffer = bytearray(min(_CHUNK, max(offset, 1)))
+        staging = torch.frombuffer(buffer, dtype=torch.uint8)
+        for name in order:
+            _write_tensor(f, tensors[name], buffer, staging)
     return 8 + len(raw) + offset
 
 
@@ -363,16 +356,28 @@ def write_json(path: Path, value: object) -> None:
 
 def write_bytes(path: Path, data: bytes) -> None:
     """``data`` as the file ``path``, atomically (written beside it, then renamed over it)."""
+    with _atomic_file(path) as f:
+        f.write(data)
+
+
+@contextmanager
+def _atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A binary file opened beside ``path`` that becomes ``path`` when the block ends (fsync, then a rename
+    over it, so a reader sees the old file or the whole new one, never a part); on any error, an interrupt
+    included, it is removed and ``path`` left as it was. An OSError is a TensorFileError naming ``path``."""
     fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise TensorFileError(f"{path}: cannot be written ({e.strerror or e})") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _create_temporary(path: Path) -> tuple[int, Path]:
