@@ -13,6 +13,7 @@ from compiler.planner.cluster import load_cluster
 from compiler.planner.engines import ENGINES
 from compiler.planner.published import METRICS, load_table, published_files
 from compiler.planner.reproduce import metric_value, price_run, reproduce, summary
+from compiler.planner.step import DataParallelGroups
 from compiler.planner.shape import hardware_flops_per_token, megatron_model_flops_per_token
 from runtime.commands import plan as plan_command
 
@@ -126,6 +127,18 @@ def test_deepep_rows_are_priced_with_its_dispatch_and_the_others_with_the_all_to
     assert deepep.step_time < 0.8 * as_all_to_all.step_time
 
 
+def test_the_priced_plans_hold_each_expert_on_the_ranks_the_source_states():
+    """Megatron-Core's table states EDP per row (1, 32, 1, 4): the planner's priced plan has its experts'
+    gradients reduced over as many ranks (dp x cp x mp / ep with ETP 1, not dp x cp / ep)."""
+    qwen = load_table(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json"))
+    data = json.loads(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json").read_text())
+    stated = [row["layout"]["expert_dp"] for row in data["rows"]]
+    assert stated == [1, 32, 1, 4]
+    cluster = load_cluster(qwen.cluster)
+    priced = [DataParallelGroups.of(price_run(qwen, run, cluster).candidate).experts for run in qwen.runs]
+    assert priced == stated
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda d: d.update(engine="megatron-x"), "engine 'megatron-x': one of this, megatron-2021"),
     (lambda d: d["rows"][0].update(dispatcher="deep-ep"), "dispatcher 'deep-ep': one of all-to-all, deepep"),
@@ -153,6 +166,12 @@ def test_deepep_rows_are_priced_with_its_dispatch_and_the_others_with_the_all_to
     (lambda d: d["rows"][0].update(recompute_modules=["moe"]),  # norm outputs kept: not what "products" prices
      "recompute_modules ['moe']: priced are ['layernorm', 'moe_act'] or ['layernorm', 'moe']"),
     (lambda d: d["rows"][1].update(recompute_modules=["layernorm", "moe"]), "recompute_modules: only with layout ac \"selective\""),
+    # The experts' layout a source states is checked, never priced as something else: ETP 2 would halve each
+    # expert's products and split its tokens' traffic differently; the FSDP row's EDP is 128 x 2 / 8.
+    (lambda d: d["rows"][1]["layout"].update(expert_tp=2), "layout expert_tp 2: the planner prices experts whole"),
+    (lambda d: d["rows"][1]["layout"].update(expert_dp=16), "layout expert_dp 16: dp 128 x cp 1 x mp 2 / ep 8 is 32"),
+    (lambda d: d["rows"][1]["layout"].pop("cp"), "layout expert_dp: states the experts' data parallelism of a layout "
+                                                 "whose cp is given too"),
 ])
 def test_a_malformed_published_file_is_one_error_naming_it(tmp_path, capsys, change, message):
     data = json.loads(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json").read_text())

@@ -2,7 +2,8 @@
 
 A file names its source, the cluster preset it ran on, the engine that ran it (compiler/planner/engines.py),
 the metric it reports and, per row, the model, GPUs, sequence, global batch, the layout the source states
-(dp, pp, mp, cp, ep, micro-batch, schedule, v, checkpointing, DP mode, SP) and the reported figure (and
+(dp, pp, mp, cp, ep, micro-batch, schedule, v, checkpointing, DP mode, SP; the experts' ETP and EDP where
+stated, checked, not searched) and the reported figure (and
 peak memory where given; a MoE row's ``dispatcher``; Megatron's ``recompute_modules`` where the source
 names them). ``fitted`` marks the files a constant was fitted to
 (in-sample). Features a row used that the model does not describe are listed in its ``unmodelled``.
@@ -24,6 +25,7 @@ from compiler.planner.candidates import AC_MODES, Constraints, is_dp_mode, mesh_
 from compiler.planner.cluster import preset_names
 from compiler.planner.engines import ENGINES, EP_DISPATCHES, EngineTraits
 from compiler.planner.shape import DecoderShape
+from compiler.planner.step import expert_data_parallel
 from compiler.precisions import PRECISIONS
 from compiler.schedules import SCHEDULES
 from models import MODEL_NAMES, named_config
@@ -34,6 +36,10 @@ METRICS = ("hardware_tflops_per_gpu", "model_tflops_per_gpu", "megatron_tflops_p
            "step_time_s")
 LAYOUT_KEYS = ("dp", "pp", "mp", "cp", "ep", "micro_batch_size", "schedule", "stages_per_rank", "ac", "dp_mode",
                "sequence_parallel")
+# What a source may also state of its experts' layout, checked against what the planner prices rather than
+# searched: Megatron-Core's ETP (--expert-tensor-parallel-size; the planner keeps experts whole, ETP 1) and
+# EDP (the ranks holding the same experts, step.py ``expert_data_parallel``).
+EXPERT_LAYOUT_KEYS = ("expert_tp", "expert_dp")
 SIZE_KEYS = ("dp", "pp", "mp", "cp", "ep", "micro_batch_size", "stages_per_rank")
 ROW_KEYS = ("label", "model", "gpus", "seq_len", "global_batch", "layout", "reported", "memory_gib", "float8",
             "dispatcher", "recompute_modules", "unmodelled", "note")
@@ -111,10 +117,10 @@ def _shape(spec: dict | str, seq_len: int) -> DecoderShape:
 
 def _layout_error(layout: dict, gpus: int, global_batch: int) -> str | None:
     """What is wrong with a row's stated layout, or None."""
-    error = _unknown("layout key", layout, LAYOUT_KEYS)
+    error = _unknown("layout key", layout, LAYOUT_KEYS + EXPERT_LAYOUT_KEYS)
     if error:
         return error
-    for key in SIZE_KEYS:
+    for key in SIZE_KEYS + EXPERT_LAYOUT_KEYS:
         if key in layout and not (isinstance(layout[key], int) and layout[key] >= 1):
             return f"layout {key} {layout[key]!r}: a positive integer"
     schedules = layout.get("schedule")
@@ -134,6 +140,23 @@ def _layout_error(layout: dict, gpus: int, global_batch: int) -> str | None:
         return f"layout {stated} is {product} GPUs, the row has {gpus}"
     if "dp" in layout and global_batch % layout["dp"]:
         return f"global_batch {global_batch} is not a multiple of dp {layout['dp']}"
+    return None
+
+
+def _expert_layout_error(layout: dict) -> str | None:
+    """A stated ETP the planner does not price, or a stated EDP other than the one its layout gives."""
+    if layout.get("expert_tp", 1) != 1:
+        return (f"layout expert_tp {layout['expert_tp']}: the planner prices experts whole on each EP rank "
+                f"(expert tensor parallelism 1) only")
+    if "expert_dp" not in layout:
+        return None
+    missing = [k for k in ("dp", "mp", "cp", "ep") if k not in layout]
+    if missing:
+        return f"layout expert_dp: states the experts' data parallelism of a layout whose {missing[0]} is given too"
+    edp = expert_data_parallel(dp=layout["dp"], cp=layout["cp"], mp=layout["mp"], ep=layout["ep"])
+    if layout["expert_dp"] != edp:
+        return (f"layout expert_dp {layout['expert_dp']}: dp {layout['dp']} x cp {layout['cp']} x mp {layout['mp']} "
+                f"/ ep {layout['ep']} is {edp} (with expert_tp 1)")
     return None
 
 
@@ -208,6 +231,9 @@ def _row(row: dict, models: dict) -> PublishedRun:
     if ep > 1 and (shape.experts is None or shape.experts.count % ep):
         raise ValueError(f"layout ep {ep}: ep divides the model's experts "
                          f"({shape.experts.count if shape.experts else 'it has none'})")
+    error = _expert_layout_error(row["layout"])
+    if error:
+        raise ValueError(error)
     return PublishedRun(row["label"], shape, gpus, batch, Constraints(**layout), float(row["reported"]),
                         row.get("memory_gib"), bool(row.get("float8", False)), dispatcher, policy,
                         tuple(row.get("unmodelled", ())), row.get("note", ""))

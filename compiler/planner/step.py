@@ -99,8 +99,15 @@ class DataParallelGroups:
     def of(c: Candidate) -> "DataParallelGroups":
         dense = c.dp * c.cp
         shard = c.shard * c.cp if (c.shard > 1 or c.cp > 1) else 1
-        experts = max(1, c.dp * c.cp * c.mp // c.ep)
+        experts = expert_data_parallel(dp=c.dp, cp=c.cp, mp=c.mp, ep=c.ep)
         return DataParallelGroups(dense, shard, experts, max(1, round(experts * shard / dense)))
+
+
+def expert_data_parallel(*, dp: int, cp: int, mp: int, ep: int) -> int:
+    """Ranks holding the same experts (Megatron-Core's EDP): a stage's dp x cp x mp ranks are ep x EDP, as
+    experts are not split by TP (expert tensor parallelism 1: Megatron's --expert-tensor-parallel-size 1,
+    torchtitan's default), so TP ranks hold different tokens of the same experts."""
+    return max(1, dp * cp * mp // ep)
 
 
 def data_parallel_seconds(c: Candidate, cluster: Cluster, traits: EngineTraits, *, dense_params: float,
