@@ -170,8 +170,8 @@ def test_the_priced_plans_hold_each_expert_on_the_ranks_the_source_states():
     # expert's products and split its tokens' traffic differently; the FSDP row's EDP is 128 x 2 / 8.
     (lambda d: d["rows"][1]["layout"].update(expert_tp=2), "layout expert_tp 2: the planner prices experts whole"),
     (lambda d: d["rows"][1]["layout"].update(expert_dp=16), "layout expert_dp 16: dp 128 x cp 1 x mp 2 / ep 8 is 32"),
-    (lambda d: d["rows"][1]["layout"].pop("cp"), "layout expert_dp: states the experts' data parallelism of a layout "
-                                                 "whose cp is given too"),
+    (lambda d: d["rows"][1]["layout"].pop("cp"), "layout expert_dp: checked against dp, mp, cp and ep, so those are "
+                                                 "stated too (cp is not)"),
 ])
 def test_a_malformed_published_file_is_one_error_naming_it(tmp_path, capsys, change, message):
     data = json.loads(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json").read_text())

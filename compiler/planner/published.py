@@ -152,7 +152,7 @@ def _expert_layout_error(layout: dict) -> str | None:
         return None
     missing = [k for k in ("dp", "mp", "cp", "ep") if k not in layout]
     if missing:
-        return f"layout expert_dp: states the experts' data parallelism of a layout whose {missing[0]} is given too"
+        return f"layout expert_dp: checked against dp, mp, cp and ep, so those are stated too ({missing[0]} is not)"
     edp = expert_data_parallel(dp=layout["dp"], cp=layout["cp"], mp=layout["mp"], ep=layout["ep"])
     if layout["expert_dp"] != edp:
         return (f"layout expert_dp {layout['expert_dp']}: dp {layout['dp']} x cp {layout['cp']} x mp {layout['mp']} "
