@@ -235,10 +235,13 @@ def _check_document_positions(flag: str | None, pp: int) -> None:
 def check_world(mesh: MeshShape, world_size: int) -> None:
     if mesh.world_size != world_size:
         cp = f" x --cp {mesh.cp}" if mesh.cp > 1 else ""
-        raise ConfigError(
-            f"--dp {mesh.dp} x --pp {mesh.pp}{cp} x --mp {mesh.mp} = {mesh.world_size} must equal the number of "
-            f"processes (WORLD_SIZE={world_size}); valid meshes: {', '.join(valid_meshes(world_size // mesh.cp))}"
-            + (f" (times --cp {mesh.cp})" if mesh.cp > 1 else ""))
+        product = (f"--dp {mesh.dp} x --pp {mesh.pp}{cp} x --mp {mesh.mp} = {mesh.world_size} must equal the number "
+                   f"of processes (WORLD_SIZE={world_size})")
+        if world_size % mesh.cp:  # no dp x pp x mp completes it: the meshes of world / cp would be another world's
+            raise ConfigError(f"{product}, and --cp {mesh.cp} does not divide {world_size}; valid --cp values: "
+                              f"{_divisors(world_size)}")
+        raise ConfigError(f"{product}; valid meshes: {', '.join(valid_meshes(world_size // mesh.cp))}"
+                          + (f" (times --cp {mesh.cp})" if mesh.cp > 1 else ""))
 
 
 def valid_meshes(world_size: int) -> list[str]:

@@ -55,6 +55,18 @@ def test_errors_raise_config_error_not_exit():
         config_from_args(build_parser().parse_args(["--schedule", "nope"]), world_size=1)
 
 
+@pytest.mark.parametrize("world, argv, words", [
+    (8, ["--dp", "2", "--pp", "2"], "valid meshes: 1x1x8, 1x2x4"),
+    (8, ["--dp", "2", "--cp", "2"], "valid meshes: 1x1x4, 1x2x2, 1x4x1, 2x1x2, 2x2x1, 4x1x1 (times --cp 2)"),
+    # No dp x pp x mp completes --cp 3 to 8 ranks: say so, rather than list 2-rank meshes "times --cp 3".
+    (8, ["--dp", "2", "--cp", "3"], "--cp 3 does not divide 8; valid --cp values: 1, 2, 4, 8"),
+])
+def test_a_mesh_that_is_not_the_world_lists_the_meshes_that_are(world, argv, words):
+    with pytest.raises(ConfigError) as e:
+        config_from_args(build_parser().parse_args(argv), world_size=world)
+    assert words in str(e.value) and f"WORLD_SIZE={world}" in str(e.value)
+
+
 @pytest.mark.parametrize("flags,words", [
     (["--resume"], "--resume needs --checkpoint-dir"),
     (["--keep-checkpoints", "2"], "--keep-checkpoints needs --checkpoint-dir"),
