@@ -275,15 +275,13 @@ def _measure_tp_module(out: str) -> None:
     """One of two concurrent ranks: calibrate's DTensor cost per TP module on a mesh of itself alone."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.device_mesh import DeviceMesh
 
-    from runtime.commands.calibrate import tp_module_seconds
+    from runtime.commands.calibrate import own_process_mesh, tp_module_seconds
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    own = DeviceMesh.from_group([dist.new_group([r]) for r in range(dist.get_world_size())][rank], "cpu")
-    seconds = tp_module_seconds(own, "fp32", rounds=3)
+    seconds = tp_module_seconds(own_process_mesh(), "fp32", rounds=3)
     with open(f"{out}.{rank}", "w") as f:
         json.dump(seconds, f)
     dist.destroy_process_group()

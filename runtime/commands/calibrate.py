@@ -82,6 +82,13 @@ def _forward_backward_seconds(block: torch.nn.Module, x: torch.Tensor, precision
     return times
 
 
+def own_process_mesh() -> DeviceMesh:
+    """A mesh of this process alone, made on every process at once (every rank creates every group, as
+    new_group needs): DTensor's dispatch runs on it, no collective has a peer to wait for."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    return DeviceMesh.from_group([dist.new_group([r]) for r in range(world)][rank], "cpu")
+
+
 def tp_module_seconds(mesh: DeviceMesh, precision: str, rounds: int = 5) -> float:
     """DTensor's cost per tensor-parallel module and micro-batch (forward + backward), collectives apart: a
     block at the overhead-bound shape timed plain and under the engine's tensor-parallel plan on ``mesh``, a
@@ -141,8 +148,7 @@ def _compute_worker(out_dir: str) -> None:
         result.setdefault("moe_block", {})[precision] = straight_line(
             [block_seconds(*shape, precision, **MOE_BLOCK) for shape in SHAPES])
         result["matmul"][precision] = best_matmul_flops(PRECISIONS[precision].dtype, torch.device("cpu"))
-    # A mesh of this process alone, for each process at once (every rank creates every group, as new_group needs).
-    own = DeviceMesh.from_group([dist.new_group([r]) for r in range(world)][rank], "cpu")
+    own = own_process_mesh()
     result["tp_module"] = {}
     for precision in PRECISIONS:
         dist.barrier()
