@@ -1,35 +1,35 @@
-"""Hybrid-parallel GPT training on a (dp, pp, mp) mesh: the command line.
+"""Hybrid-parallel LLM training on a (dp, pp, mp) mesh: the command line.
 
     torchrun --nproc_per_node=8 run.py --dp 2 --pp 2 --mp 2 --model tiny --precision fp16   # train
-    python run.py study | plan | calibrate | export | eval | generate | tokenize ...        # the tools
+    python run.py eval | export | generate | tokenize | plan ...                             # users' tools
+    python run.py study | calibrate | validate | data-benchmark ...                         # the lab
 
-Training reads in run order in runtime/commands/train.py; each subcommand is a module of
-runtime/commands/ with its own --help.
+Training reads in run order in runtime/commands/train.py. Users' subcommands are modules of runtime/commands/,
+the lab's of runtime/lab/, each with its own --help; a subcommand's module is imported only when it runs.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import warnings
 
-from runtime.commands import calibrate, data_benchmark, export, generate, plan, tokenize, train
-from runtime.commands import eval as eval_command
-from runtime.commands.study import cli as study
-
 # torch.export's pytree emits a FutureWarning per traced module on 2.13; it says nothing about our code.
 warnings.filterwarnings("ignore", message=".*isinstance\\(treespec, LeafSpec\\).*", category=FutureWarning)
 
-SUBCOMMANDS = {"study": study.main, "plan": plan.main, "calibrate": calibrate.main, "export": export.main,
-               "eval": eval_command.main, "data-benchmark": data_benchmark.main, "generate": generate.main,
-               "tokenize": tokenize.main}
+TRAIN = "runtime.commands.train"
+SUBCOMMANDS = {"eval": "runtime.commands.eval", "export": "runtime.commands.export",
+               "generate": "runtime.commands.generate", "tokenize": "runtime.commands.tokenize",
+               "plan": "runtime.commands.plan", "study": "runtime.lab.study.cli", "calibrate": "runtime.lab.calibrate",
+               "validate": "runtime.lab.validate", "data-benchmark": "runtime.lab.data_benchmark"}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in SUBCOMMANDS:
-        return SUBCOMMANDS[argv[0]](argv[1:])
-    return train.main(argv)
+        return importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:])
+    return importlib.import_module(TRAIN).main(argv)
 
 
 def exit_rank(code: int) -> None:

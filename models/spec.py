@@ -206,5 +206,11 @@ def name_seeded_normal(name: str, shape: tuple[int, ...], *, seed: int, std: flo
     return torch.randn(shape, generator=torch.Generator().manual_seed(name_seed(seed, name))).mul_(std)
 
 
-def divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+def divisors(n: int, *others: int) -> list[int]:
+    """The divisors of ``n`` that divide every one of ``others`` too, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0 and all(o % d == 0 for o in others)]
+
+
+def listed_divisors(n: int, *others: int) -> str:
+    """``divisors`` as a message lists them: "1, 2, 4"."""
+    return ", ".join(map(str, divisors(n, *others)))

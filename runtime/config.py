@@ -15,12 +15,13 @@ from typing import Any
 
 import torch
 
+from compiler.parallel_plan import ParallelPlan
 from compiler.partition import parse_split
-from compiler.planner.candidates import Candidate, meshes
+from compiler.planner.candidates import meshes
 from compiler.schedules import SCHEDULES
 from compiler.torch_compat import stages_receive_integer_tensors
 from models import spec_of
-from models.spec import MOE
+from models.spec import MOE, listed_divisors
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 from runtime.distributed.timeouts import DEFAULT_CHECKPOINT_TIMEOUT_S, DEFAULT_STARTUP_TIMEOUT_S, Timeouts
 from runtime.tokenizer import has_tokenizer
@@ -31,33 +32,11 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class MeshShape:
-    dp: int
-    pp: int
-    mp: int
-    cp: int = 1  # context parallelism: ranks sharing each sequence (--cp)
-    ep: int = 1  # expert parallelism, borrowed from dp: ranks sharing each MoE layer's experts (--ep)
+class PlacementConfig:
+    """How this run's ranks use the machine, beyond the plan: what ``--split auto`` balances, CPU core binding and
+    heap behaviour."""
 
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.pp * self.cp * self.mp
-
-
-@dataclass(frozen=True)
-class DataParallelConfig:
-    shard: int  # ranks a parameter is sharded over: dp (FSDP), 1 (replicate) or between (HSDP)
-    reshard_after_forward: bool  # ZeRO-3: free gathered parameters after each forward
-    reduce_dtype: str  # precision of gradient communication: "fp32", "bf16" or "fp16"
-
-
-@dataclass(frozen=True)
-class PipelineConfig:
-    schedule: str
-    stages_per_rank: int  # v, virtual stages per pp rank
-    microbatches: int  # m, per dp replica per step
-    micro_batch_size: int  # samples per micro-batch
-    split: str  # "auto" | "uniform" | "manual:4,4,3,1"
-    split_cost: str  # what "auto" balances: "flops" (counted) or "time" (measured on the device)
+    split_cost: str = "flops"  # what "auto" balances: "flops" (counted) or "time" (measured on the device)
     bind_cores: str = "none"  # CPU: "cost" packs a node's ranks onto its cores by stage work
     compact_cpu_memory: bool = False  # CPU (glibc): large tensors mapped from and returned to the kernel
 
@@ -122,31 +101,24 @@ class GuardConfig:
 class TrainConfig:
     model_name: str
     model: Any  # the family's config dataclass (models/: cfg.family names the family)
-    mesh: MeshShape
-    data_parallel: DataParallelConfig
-    pipeline: PipelineConfig
-    precision: str
+    plan: ParallelPlan  # mesh, schedule, micro-batching, precision, AC, DP mode, SP, split (compiler/parallel_plan.py)
     optim: OptimConfig
     data: DataConfig
     metrics: MetricsConfig
     seed: int
-    activation_checkpointing: str  # --activation-checkpointing: "none", "full" or "selective"
     checkpoint: CheckpointConfig
     guard: GuardConfig
+    placement: PlacementConfig = PlacementConfig()
     compile_blocks: bool = False  # --compile: torch.compile each transformer block
-    sequence_parallel: bool = False  # --sequence-parallel: norms and residual stream on sequence shards (mp > 1)
     collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S  # --collective-timeout: a wait's bound in steady steps
     startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S  # --startup-timeout: groups, tracing, compile, first step
     checkpoint_timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S  # --checkpoint-timeout: saving and loading
     device: str = "cpu"  # --device, resolved: "cpu" (gloo) or the accelerator's type ("cuda": NCCL)
     expert_bias_rate: float = 0.0  # --expert-bias-rate: gamma of the MoE selection-bias update (0: none)
-    # The loss in chunks of tokens, never on fp32 logits held whole (compiler/parallelize/cross_entropy.py): always,
-    # recorded so that runs measured before it (summary.json's config) are priced as they ran.
-    chunked_loss: bool = True
 
     @property
     def global_batch_size(self) -> int:
-        return self.pipeline.micro_batch_size * self.pipeline.microbatches * self.mesh.dp
+        return self.plan.global_batch_size
 
     @property
     def timeouts(self) -> Timeouts:
@@ -154,11 +126,10 @@ class TrainConfig:
                         checkpoint_s=self.checkpoint_timeout_s)
 
     def to_dict(self) -> dict:
-        """The run's settings as JSON-ready values. The mesh names cp and ep only when they are used, so a
-        dense run records {"dp", "pp", "mp"} as it did before context and expert parallelism existed (readers
-        take a missing cp or ep as 1)."""
+        """The run's settings as JSON-ready values (summary.json, checkpoints; compiler/parallel_plan.py
+        ``plan_of_run`` reads the plan back, and the separate mesh / pipeline fields of older runs)."""
         out = dataclasses.asdict(self)
-        out["mesh"] = {k: v for k, v in out["mesh"].items() if k in ("dp", "pp", "mp") or v > 1}
+        out["plan"] = self.plan.to_dict()
         return out
 
 
@@ -166,50 +137,39 @@ def default_stages_per_rank(schedule: str, pp: int) -> int:
     return SCHEDULES[schedule].default_v if pp > 1 else 1
 
 
-def apply_plan(cfg: TrainConfig, plan: Candidate) -> TrainConfig:
-    """``cfg`` trained with a planner's plan: its mesh, data-parallel sharding, schedule, v, micro-batching,
-    precision, AC and sequence parallelism."""
-    pipeline = dataclasses.replace(cfg.pipeline, schedule=plan.schedule, stages_per_rank=plan.stages_per_rank,
-                                   microbatches=plan.microbatches, micro_batch_size=plan.micro_batch_size)
-    data_parallel = dataclasses.replace(cfg.data_parallel, shard=plan.shard,
-                                        reshard_after_forward=plan.reshard_after_forward)
-    return dataclasses.replace(cfg, mesh=MeshShape(plan.dp, plan.pp, plan.mp, cp=plan.cp, ep=plan.ep),
-                               pipeline=pipeline, data_parallel=data_parallel, precision=plan.precision,
-                               activation_checkpointing=plan.ac, sequence_parallel=plan.sequence_parallel)
-
-
-# What the planner prices that the engine does not run (plan -> why): it always computes the loss in chunks
-# (compiler/parallelize/cross_entropy.py), never on fp32 logits held whole.
-_NOT_YET = (("the whole-logits loss (the engine's is chunked)", lambda p: not p.chunked_loss),)
-
-
-def plan_error(cfg: TrainConfig, plan: Candidate) -> str | None:
-    """Why the engine would refuse ``plan`` for ``cfg``'s model, or None if it would run it."""
-    missing = [flag for flag, wants in _NOT_YET if wants(plan)]
-    if missing:
-        return f"{', '.join(missing)}: the engine does not run this yet (the planner prices it for plans at scale)"
+def plan_error(cfg: TrainConfig, plan: ParallelPlan) -> str | None:
+    """Why the engine would refuse to train ``cfg`` with ``plan``, or None if it would run it."""
+    if not plan.chunked_loss:  # the engine's loss is always chunked (compiler/parallelize/cross_entropy.py)
+        return ("the whole-logits loss (the engine's is chunked): the engine does not run this (the planner prices it "
+                "for plans at scale)")
     try:
-        validate(apply_plan(cfg, plan), world_size=plan.world)
+        validate(dataclasses.replace(cfg, plan=plan), world_size=plan.world)
     except ConfigError as e:
         return str(e)
     return None
 
 
+def plan_checker(cfg: TrainConfig):
+    """``plan_error`` for ``cfg``'s run: the planner's check of a plan (compiler/planner/auto.py)."""
+    return lambda plan: plan_error(cfg, plan)
+
+
 def validate(cfg: TrainConfig, *, world_size: int) -> None:
     """Raise ConfigError (one line naming the flag and the valid values) if the engine cannot run ``cfg``."""
-    check_world(cfg.mesh, world_size)
-    _check_model(cfg.model, cfg.mesh)
+    plan = cfg.plan
+    check_world(plan, world_size)
+    _check_model(cfg.model, plan.mp)
     _check_window(cfg.model)
-    _check_sequence_parallel(cfg.sequence_parallel, cfg.model.seq_len, cfg.mesh.mp)
-    _check_context_parallel(cfg.mesh, cfg.model.seq_len, sequence_parallel=cfg.sequence_parallel)
-    _check_expert_parallel(cfg.mesh, cfg.model)
-    _check_data_parallel(cfg.data_parallel, cfg.mesh)
-    _check_pipeline(cfg.pipeline, cfg.model, cfg.mesh)
-    _check_compile(cfg.compile_blocks, cfg.pipeline.schedule)
+    _check_sequence_parallel(plan.sequence_parallel, cfg.model.seq_len, plan.mp)
+    _check_context_parallel(plan, cfg.model.seq_len)
+    _check_expert_parallel(plan, cfg.model)
+    _check_data_parallel(plan)
+    _check_pipeline(plan, cfg.model)
+    _check_compile(cfg.compile_blocks, plan.schedule)
     if cfg.data.tokenizer is not None and not has_tokenizer(cfg.data.tokenizer):
         raise ConfigError(f"--tokenizer {cfg.data.tokenizer}: no tokenizer.json there (a Hugging Face tokenizer folder)")
-    _check_document_positions("--document-mask" if cfg.data.document_mask else f"--cp {cfg.mesh.cp}"
-                              if cfg.mesh.cp > 1 else None, cfg.mesh.pp)
+    _check_document_positions("--document-mask" if cfg.data.document_mask else f"--cp {plan.cp}"
+                              if plan.cp > 1 else None, plan.pp)
     for flag, seconds in (("--collective-timeout", cfg.collective_timeout_s), ("--startup-timeout", cfg.startup_timeout_s),
                           ("--checkpoint-timeout", cfg.checkpoint_timeout_s)):
         if not seconds > 0:
@@ -232,14 +192,14 @@ def _check_document_positions(flag: str | None, pp: int) -> None:
                           f"receives as requiring gradients, which integers cannot; use --pp 1 or upgrade torch")
 
 
-def check_world(mesh: MeshShape, world_size: int) -> None:
-    if mesh.world_size != world_size:
+def check_world(mesh: ParallelPlan, world_size: int) -> None:
+    if mesh.world != world_size:
         cp = f" x --cp {mesh.cp}" if mesh.cp > 1 else ""
-        product = (f"--dp {mesh.dp} x --pp {mesh.pp}{cp} x --mp {mesh.mp} = {mesh.world_size} must equal the number "
+        product = (f"--dp {mesh.dp} x --pp {mesh.pp}{cp} x --mp {mesh.mp} = {mesh.world} must equal the number "
                    f"of processes (WORLD_SIZE={world_size})")
         if world_size % mesh.cp:  # no dp x pp x mp completes it: the meshes of world / cp would be another world's
             raise ConfigError(f"{product}, and --cp {mesh.cp} does not divide {world_size}; valid --cp values: "
-                              f"{_divisors(world_size)}")
+                              f"{listed_divisors(world_size)}")
         raise ConfigError(f"{product}; valid meshes: {', '.join(valid_meshes(world_size // mesh.cp))}"
                           + (f" (times --cp {mesh.cp})" if mesh.cp > 1 else ""))
 
@@ -248,13 +208,9 @@ def valid_meshes(world_size: int) -> list[str]:
     return [f"{dp}x{pp}x{mp}" for dp, pp, mp in meshes(world_size)]
 
 
-def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
-
-
-def _check_model(model: Any, mesh: MeshShape) -> None:
+def _check_model(model: Any, mp: int) -> None:
     """The model family's own checks (heads, kv heads, widths against --mp), one line naming the flag."""
-    problem = spec_of(model).check(model, mesh.mp)
+    problem = spec_of(model).check(model, mp)
     if problem:
         raise ConfigError(problem)
 
@@ -278,7 +234,7 @@ def _check_sequence_parallel(enabled: bool, seq_len: int, mp: int) -> None:
                           f"valid --seq-len values: multiples of {mp}")
 
 
-def _check_context_parallel(mesh: MeshShape, seq_len: int, *, sequence_parallel: bool) -> None:
+def _check_context_parallel(mesh: ParallelPlan, seq_len: int) -> None:
     """Each sequence is cut into 2 cp load-balanced chunks (compiler/parallelize/context_parallel.py); under SP a
     rank's T/cp tokens are split over mp again."""
     if mesh.cp < 1:
@@ -286,12 +242,12 @@ def _check_context_parallel(mesh: MeshShape, seq_len: int, *, sequence_parallel:
     if mesh.cp > 1 and seq_len % (2 * mesh.cp):
         raise ConfigError(f"--cp {mesh.cp} cuts each sequence into {2 * mesh.cp} chunks: --seq-len {seq_len} must be a "
                           f"multiple of {2 * mesh.cp}")
-    if mesh.cp > 1 and sequence_parallel and (seq_len // mesh.cp) % mesh.mp:
+    if mesh.cp > 1 and mesh.sequence_parallel and (seq_len // mesh.cp) % mesh.mp:
         raise ConfigError(f"--sequence-parallel with --cp {mesh.cp} splits a rank's {seq_len // mesh.cp} tokens over "
                           f"--mp {mesh.mp}: --seq-len must be a multiple of {2 * mesh.cp * mesh.mp // math.gcd(2, mesh.mp)}")
 
 
-def _check_expert_parallel(mesh: MeshShape, model: Any) -> None:
+def _check_expert_parallel(mesh: ParallelPlan, model: Any) -> None:
     if mesh.ep < 1:
         raise ConfigError(f"--ep must be at least 1, got {mesh.ep}")
     if mesh.ep == 1:
@@ -301,16 +257,17 @@ def _check_expert_parallel(mesh: MeshShape, model: Any) -> None:
                           f"ranks; drop --ep (expert parallelism needs a mixture-of-experts model: qwen3_moe, mixtral)")
     if mesh.dp % mesh.ep:
         raise ConfigError(f"--ep {mesh.ep} borrows its ranks from data parallelism and must divide --dp {mesh.dp}; "
-                          f"valid --ep values: {_divisors(mesh.dp)}")
+                          f"valid --ep values: {listed_divisors(mesh.dp)}")
     if model.n_experts % mesh.ep:
         raise ConfigError(f"--ep {mesh.ep} must divide the model's {model.n_experts} experts; valid --ep values: "
-                          f"{', '.join(str(d) for d in range(1, mesh.dp + 1) if mesh.dp % d == 0 and model.n_experts % d == 0)}")
+                          f"{listed_divisors(mesh.dp, model.n_experts)}")
 
 
-def _check_data_parallel(dp: DataParallelConfig, mesh: MeshShape) -> None:
+def _check_data_parallel(plan: ParallelPlan) -> None:
+    mesh = dp = plan
     if mesh.dp % dp.shard:
         raise ConfigError(f"--dp-shard {dp.shard} must divide --dp {mesh.dp}; valid --dp-shard values: "
-                          f"{_divisors(mesh.dp)} ({mesh.dp}: FSDP, 1: replicate, between: HSDP)")
+                          f"{listed_divisors(mesh.dp)} ({mesh.dp}: FSDP, 1: replicate, between: HSDP)")
     if mesh.dp * mesh.cp == 1 and (dp.reshard_after_forward or dp.reduce_dtype != "fp32"):
         flag = "--reshard-after-forward" if dp.reshard_after_forward else f"--reduce-dtype {dp.reduce_dtype}"
         raise ConfigError(f"{flag} needs --dp > 1 or --cp > 1: it changes how data-parallel ranks share parameters "
@@ -320,8 +277,8 @@ def _check_data_parallel(dp: DataParallelConfig, mesh: MeshShape) -> None:
                           "them whole; use --dp-shard > 1")
 
 
-def _check_pipeline(pipeline: PipelineConfig, model: Any, mesh: MeshShape) -> None:
-    v, m, pp, name = pipeline.stages_per_rank, pipeline.microbatches, mesh.pp, pipeline.schedule
+def _check_pipeline(plan: ParallelPlan, model: Any) -> None:
+    v, m, pp, name = plan.stages_per_rank, plan.microbatches, plan.pp, plan.schedule
     spec = SCHEDULES[name]
     if spec.placement == "v" and pp < 2:
         raise ConfigError(f"--schedule {name} places two stages per rank in a V (rank r: stages r and 2p-1-r) "
@@ -345,6 +302,6 @@ def _check_pipeline(pipeline: PipelineConfig, model: Any, mesh: MeshShape) -> No
         raise ConfigError(f"--microbatches {m} must be a multiple of --pp {pp} for --schedule {name}; "
                           f"valid values: {pp}, {2 * pp}, {3 * pp}, ...")
     try:
-        parse_split(pipeline.split, n_stages=n_stages, n_layers=model.n_layers)
+        parse_split(plan.split, n_stages=n_stages, n_layers=model.n_layers)
     except ValueError as e:
         raise ConfigError(str(e)) from None

@@ -2,7 +2,7 @@
 # The GPU checks in one call on a lent CUDA machine (issue 27), from the repository root:
 #   OUT=results bash tests/gpu_check.sh
 # 1. the README's single-process training, GPT-2 small in bf16 (sequence 1024, 2 micro-batches of 8), alternated
-#    with a plain PyTorch loop of the same model and batch (runtime/commands/study/plain_loop.py);
+#    with a plain PyTorch loop of the same model and batch (runtime/lab/plain_loop.py);
 # 2. the planner's prediction for that run on this machine's preset (no --cluster: the GPU picks it);
 # 3. `pytest -m gpu tests`;
 # 4. one profiled run (the time split) and, while time is left, the same run with --compile.
@@ -34,7 +34,7 @@ engine() {  # NAME FLAGS...: one process under torchrun; its summary.json kept a
 }
 plain() {
     echo "== plain loop $1"
-    timeout 90 $PY -m runtime.commands.study.plain_loop "${PLAIN[@]}" --steps 60 | tail -1 > "$WORK/$1.json"
+    timeout 90 $PY -m runtime.lab.plain_loop "${PLAIN[@]}" --steps 60 | tail -1 > "$WORK/$1.json"
     cat "$WORK/$1.json"
 }
 

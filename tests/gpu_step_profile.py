@@ -37,7 +37,7 @@ def run_engine(argv: list[str]) -> None:
 
 
 def run_plain(argv: list[str]) -> None:
-    from runtime.commands.study.plain_loop import main
+    from runtime.lab.plain_loop import main
     main(argv)
 
 

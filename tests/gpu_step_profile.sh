@@ -31,7 +31,7 @@ for i in 1 2; do
 print(json.dumps({k: s[k] for k in ("step_time_s", "tokens_per_sec", "peak_bytes")}))' "$WORK/timed$i/summary.json" \
         | tee "$WORK/timed_engine$i.json"
     echo "== timed: plain loop $i"
-    timeout 90 $PY -m runtime.commands.study.plain_loop "${PLAIN[@]}" --steps 40 | tail -1 > "$WORK/timed_plain$i.json"
+    timeout 90 $PY -m runtime.lab.plain_loop "${PLAIN[@]}" --steps 40 | tail -1 > "$WORK/timed_plain$i.json"
     cat "$WORK/timed_plain$i.json"
 done
 profiled engine_profiled engine "${ENGINE[@]}" --logdir "$WORK/profiled"

@@ -128,14 +128,14 @@ def test_a_dense_blocks_backward_holds_its_output_gradient_and_the_mlps_factor_g
 def test_the_peak_is_the_heads_backward_or_a_blocks_after_the_head_freed_its_tensors():
     """One phase at a time: a rank holding the head peaks in the head's backward (its loss transient) or later
     in a block's, by which time the head kept only its logits (the stage's output)."""
-    from compiler.planner.candidates import Candidate
+    from compiler.parallel_plan import ParallelPlan
     from compiler.planner.cluster import load_cluster
     from compiler.planner.memory_model import DataParallelLayout, rank_memory
     from compiler.planner.search import Pricer
 
     shape = DecoderShape.from_flags(layers=4, d_model=256, heads=8, kv_heads=4, mlp="swiglu", mlp_width=1408,
                                     seq_len=8192, vocab_size=256)
-    plan = Candidate(1, 1, 1, "1f1b", 1, 1, 1, "fp32", False, chunked_loss=True)
+    plan = ParallelPlan(dp=1, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=1, precision="fp32")
     pricer = Pricer(shape, load_cluster("cpu-2core"))
     holding = next(iter(pricer.holdings("1f1b", 1, 1)))
     load = pricer._load(plan, holding)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from runtime.commands.flags import build_parser
-from runtime.commands.plan import auto_config
+from runtime.commands.auto import auto_config
 from tests.launch import torchrun
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
@@ -31,5 +31,5 @@ def test_auto_keeps_what_the_user_gave_beside_it():
     """--auto --sequence-parallel plans with SP (so tensor parallelism), --cp with that context parallelism."""
     argv = ["--auto", "--model", "tiny", "--precision", "fp32", "--sequence-parallel", "--cp", "2"]
     cfg, best, notes = auto_config(build_parser().parse_args(argv), argv, world=4)
-    assert cfg.sequence_parallel and best.candidate.sequence_parallel and cfg.mesh.mp > 1 and cfg.mesh.cp == 2
+    assert cfg.plan.sequence_parallel and best.candidate.sequence_parallel and cfg.plan.mp > 1 and cfg.plan.cp == 2
     assert any("holding sequence_parallel=True, cp=2" in n for n in notes)

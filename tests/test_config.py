@@ -20,29 +20,29 @@ def fast_bf16(request, monkeypatch):
 def test_defaults_for_a_plain_single_process(fast_bf16):
     fast, seen = fast_bf16
     cfg = parse_train_config([], world_size=1)
-    assert (cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp) == (1, 1, 1)
-    assert cfg.pipeline.schedule == "interleaved-1f1b"
-    assert cfg.pipeline.stages_per_rank == 1  # no virtual stages without a pipeline
+    assert (cfg.plan.dp, cfg.plan.pp, cfg.plan.mp) == (1, 1, 1)
+    assert cfg.plan.schedule == "interleaved-1f1b"
+    assert cfg.plan.stages_per_rank == 1  # no virtual stages without a pipeline
     # bf16 where the device computes it fast, else fp32; resolved before validation and in the printed config
     precision = "bf16" if fast else "fp32"
-    assert cfg.precision == precision and seen == [cfg.device]
+    assert cfg.plan.precision == precision and seen == [cfg.device]
     assert cfg.metrics.logdir.startswith(f"tensorboard_logs/tiny_dp1_pp1_mp1_interleaved-1f1b_{precision}_")
-    assert cfg.to_dict()["precision"] == precision
+    assert cfg.to_dict()["plan"]["precision"] == precision
 
 
 def test_fp16_with_loss_scaling_is_one_flag_away(fast_bf16):
-    assert parse_train_config(["--precision", "fp16"], world_size=1).precision == "fp16"
+    assert parse_train_config(["--precision", "fp16"], world_size=1).plan.precision == "fp16"
 
 
 def test_interleaved_defaults_to_two_virtual_stages_and_2p_microbatches():
     cfg = parse_train_config(["--pp", "2", "--dp", "2", "--mp", "2"], world_size=8)
-    assert cfg.pipeline.stages_per_rank == 2 and cfg.pipeline.microbatches == 4
+    assert cfg.plan.stages_per_rank == 2 and cfg.plan.microbatches == 4
     assert cfg.global_batch_size == 4 * 4 * 2
 
 
 def test_microbatches_derive_from_global_batch():
     cfg = parse_train_config(["--dp", "2", "--global-batch-size", "32", "--micro-batch-size", "2"], world_size=2)
-    assert cfg.pipeline.microbatches == 8 and cfg.global_batch_size == 32
+    assert cfg.plan.microbatches == 8 and cfg.global_batch_size == 32
 
 
 def test_overrides_and_mlp_width_follow_d_model():

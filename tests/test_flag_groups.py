@@ -8,11 +8,12 @@ import argparse
 
 import pytest
 
-from runtime.commands import calibrate, data_benchmark, export, generate, plan
+from runtime.commands import export, generate, plan
+from runtime.lab import calibrate, data_benchmark
 from runtime.commands import eval as eval_command
 from runtime.commands.flag_groups import build_parser, with_training_defaults
 from runtime.commands.flags import config_from_args
-from runtime.commands.study import cli as study
+from runtime.lab.study import cli as study
 from runtime.config import ConfigError
 
 PARSERS = {"eval": eval_command.build_parser, "generate": generate.build_parser, "export": export.build_parser,
@@ -73,8 +74,8 @@ def test_evals_flags_are_trainings_and_build_a_config():
     assert ours - training == {"checkpoint"}  # every other flag is one build_config reads
     args = eval_command.build_parser().parse_args(ACCEPTED["eval"])
     cfg = config_from_args(with_training_defaults(args), world_size=8)
-    assert (cfg.mesh.dp, cfg.pipeline.microbatches, cfg.pipeline.schedule, cfg.data.token_dtype) == (2, 4, "1f1b", "uint32")
-    assert cfg.data_parallel.shard == 1 and cfg.precision == "bf16" and cfg.seed == 3
+    assert (cfg.plan.dp, cfg.plan.microbatches, cfg.plan.schedule, cfg.data.token_dtype) == (2, 4, "1f1b", "uint32")
+    assert cfg.plan.shard == 1 and cfg.plan.precision == "bf16" and cfg.seed == 3
     default = config_from_args(with_training_defaults(eval_command.build_parser().parse_args(["--checkpoint", "c"])),
                                world_size=1)
-    assert default.precision == "fp32"  # evaluation's default, not training's
+    assert default.plan.precision == "fp32"  # evaluation's default, not training's

@@ -23,6 +23,7 @@ from compiler.planner.shape import DecoderShape
 from compiler.schedules import bubble_fraction
 from models import named_config
 from models.spec import Experts
+from runtime.commands import auto
 from runtime.commands import plan as plan_command
 from runtime.commands.flags import build_parser
 
@@ -88,8 +89,8 @@ def test_a_cuda_machine_defaults_to_its_gpus_preset_and_auto_uses_the_same_plann
     assert resolve_cluster(None).factors.compute_scale > 1
     assert not resolve_cluster("cpu-2core").is_gpu  # an explicit --cluster still wins
     argv = ["--auto", "--model", "tiny", "--precision", "bf16"]
-    cfg, best, notes = plan_command.auto_config(build_parser().parse_args(argv), argv, world=8)
-    assert cfg.mesh.dp * cfg.mesh.pp * cfg.mesh.mp == 8 and best.fits and "H100" in notes[-1]
+    cfg, best, notes = auto.auto_config(build_parser().parse_args(argv), argv, world=8)
+    assert cfg.plan.dp * cfg.plan.pp * cfg.plan.mp == 8 and best.fits and "H100" in notes[-1]
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA Mystery 99GB")
     with pytest.raises(ValueError, match="no cluster preset matches"):
         resolve_cluster(None)

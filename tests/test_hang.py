@@ -89,7 +89,7 @@ def _train_with_a_late_rank(argv: list[str], out_dir: str, late_in: str) -> None
         train(cfg, data, start, env=env, device=device)
         line = "trained to the end"
     except RuntimeError as e:
-        line = describe_peer_failure(e, rank=env.rank, layout=GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp),
+        line = describe_peer_failure(e, rank=env.rank, layout=GridLayout(cfg.plan.dp, cfg.plan.pp, cfg.plan.mp),
                                      timeouts=cfg.timeouts) or f"not a peer failure: {e}"
     Path(out_dir, f"rank{env.rank}.txt").write_text(line)
 

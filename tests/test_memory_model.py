@@ -12,16 +12,16 @@ either way by that much; it errs low so far. On an H200 the same model was withi
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 
 import pytest
 
-from compiler.planner.candidates import Candidate
+from compiler.parallel_plan import ParallelPlan
 from compiler.planner.cluster import load_cluster
 from compiler.planner.search import Pricer
 from compiler.planner.shape import DecoderShape
+from runtime.commands.flag_table import plan_flags
 from runtime.commands.flags import parse_train_config
 from tests.launch import spawn_ranks, train_each
 
@@ -31,24 +31,24 @@ MODEL = ["--layers", "4", "--d-model", "128", "--heads", "4", "--seq-len", "64",
 TOLERANCE = 0.20
 
 CASES = [
-    Candidate(1, 1, 1, "1f1b", 1, 2, 16, "fp32", False),
-    Candidate(1, 2, 1, "1f1b", 1, 4, 8, "fp32", False),
-    Candidate(2, 1, 1, "1f1b", 1, 2, 8, "fp32", False),
-    Candidate(1, 2, 1, "gpipe", 1, 4, 8, "bf16", False),
-    Candidate(1, 1, 2, "1f1b", 1, 2, 16, "bf16", False),
-    Candidate(1, 2, 1, "interleaved-1f1b", 2, 4, 8, "fp32", True),
-    Candidate(1, 2, 1, "1f1b", 1, 4, 8, "bf16", False, selective_ac=True, chunked_loss=True),
-    Candidate(2, 1, 1, "1f1b", 1, 2, 8, "fp32", False, dp_shard=1),  # replicate
-    Candidate(4, 1, 1, "1f1b", 1, 2, 4, "bf16", False, dp_shard=2),  # HSDP, parameters gathered in bf16
-    Candidate(2, 2, 1, "1f1b", 1, 4, 4, "fp32", False, reshard_after_forward=True),  # ZeRO-3, tied ends apart
+    ParallelPlan(dp=1, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=16, precision="fp32", chunked_loss=False),
+    ParallelPlan(dp=1, pp=2, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=8, precision="fp32", chunked_loss=False),
+    ParallelPlan(dp=2, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=8, precision="fp32", chunked_loss=False),
+    ParallelPlan(dp=1, pp=2, mp=1, schedule="gpipe", stages_per_rank=1, microbatches=4, micro_batch_size=8, precision="bf16", chunked_loss=False),
+    ParallelPlan(dp=1, pp=1, mp=2, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=16, precision="bf16", chunked_loss=False),
+    ParallelPlan(dp=1, pp=2, mp=1, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=4, micro_batch_size=8, precision="fp32", ac="full", chunked_loss=False),
+    ParallelPlan(dp=1, pp=2, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=8, precision="bf16", ac="selective"),
+    ParallelPlan(dp=2, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=8, precision="fp32", dp_shard=1, chunked_loss=False),  # replicate
+    ParallelPlan(dp=4, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=4, precision="bf16", dp_shard=2, chunked_loss=False),  # HSDP, parameters gathered in bf16
+    ParallelPlan(dp=2, pp=2, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=4, precision="fp32", reshard_after_forward=True, chunked_loss=False),  # ZeRO-3, tied ends apart
 ]
 
 
-def _flags(plan: Candidate) -> list[str]:
-    return [*MODEL, *plan.flags()]
+def _flags(plan: ParallelPlan) -> list[str]:
+    return [*MODEL, *plan_flags(plan)]
 
 
-def _case_id(plan: Candidate) -> str:
+def _case_id(plan: ParallelPlan) -> str:
     return plan.describe().replace(" ", "_")
 
 
@@ -61,7 +61,7 @@ def measured(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
     """Case id -> (its logdir, the error of its job or None): one spawned job per world size trains its
     cases in turn (the peak is measured per step, from that run's own tensors and allocations)."""
     root = tmp_path_factory.mktemp("memory_model")
-    by_world: dict[int, list[Candidate]] = {}
+    by_world: dict[int, list[ParallelPlan]] = {}
     for plan in CASES:
         by_world.setdefault(plan.dp * plan.pp * plan.mp, []).append(plan)
     out = {}

@@ -2,7 +2,7 @@
 
 import pytest
 
-from runtime.commands.study.memory_search import search_max_batch
+from runtime.lab.study.memory_search import search_max_batch
 
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 7, 64, 100, 1000])

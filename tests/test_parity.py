@@ -238,11 +238,11 @@ def test_sequence_parallel_stages_exchange_sequence_shards(trained, case):
     logdir, error = trained[_case_id(case)]
     assert error is None, error
     cfg = parse_train_config(_args(*case, logdir), world_size=_world(case))
-    shard = [cfg.pipeline.micro_batch_size, cfg.model.seq_len // cfg.mesh.cp // mp, cfg.model.d_model]
+    shard = [cfg.plan.micro_batch_size, cfg.model.seq_len // cfg.plan.cp // mp, cfg.model.d_model]
     received = {}
     for rank in range(_world(case)):
         received.update(json.loads((logdir / f"received_rank{rank}.json").read_text()))
-    assert sorted(int(i) for i in received) == list(range(pp * cfg.pipeline.stages_per_rank))
+    assert sorted(int(i) for i in received) == list(range(pp * cfg.plan.stages_per_rank))
     for index, shapes in received.items():
         assert shapes == ([] if index == "0" else [shard]), f"stage {index} receives {shapes}, expected {shard}"
 

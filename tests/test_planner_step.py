@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from compiler.planner.candidates import Candidate
+from compiler.parallel_plan import ParallelPlan
 from compiler.planner.cluster import load_cluster
 from compiler.planner.collectives import all_gather_time, all_reduce_time
 from compiler.planner.devices import ComputeSeconds
@@ -21,8 +21,8 @@ PARAMS = 1e9
 
 
 def _plan(**kw):
-    return Candidate(**{**dict(dp=16, pp=1, mp=8, schedule="1f1b", stages_per_rank=1, microbatches=4,
-                                micro_batch_size=1, precision="bf16", activation_checkpointing=False), **kw})
+    return ParallelPlan(**{**dict(dp=16, pp=1, mp=8, schedule="1f1b", stages_per_rank=1, microbatches=4,
+                                micro_batch_size=1, precision="bf16", chunked_loss=False), **kw})
 
 
 def test_fsdp_gathers_behind_the_first_forward_and_scatters_behind_the_last_backward():

@@ -9,10 +9,11 @@ import dataclasses
 import pytest
 
 from compiler.planner.cluster import load_cluster
+from runtime.commands import auto
 from runtime.commands import plan as plan_command
-from runtime.commands import precision_probe
+from compiler.planner import precision_probe
 from runtime.commands.flags import build_parser
-from runtime.observe.cpu_identity import cpu_identity, identity_difference
+from compiler.planner.cpu_identity import cpu_identity, identity_difference
 
 ZEN3 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -77,8 +78,8 @@ def test_auto_on_another_cpu_plans_in_fp32_unless_told(monkeypatch):
     """Every rank plans on its own, so --auto does not probe: it leaves the precisions it cannot price."""
     monkeypatch.setattr(precision_probe, "cpu_identity", lambda: {"vendor": "GenuineIntel", "flags": ["avx2"]})
     argv = ["--auto", "--model", "tiny"]
-    cfg, best, notes = plan_command.auto_config(build_parser().parse_args(argv), argv, world=4)
-    assert cfg.precision == "fp32" and "fp32 only" in notes[0] and "calibrated on" in notes[0]
+    cfg, best, notes = auto.auto_config(build_parser().parse_args(argv), argv, world=4)
+    assert cfg.plan.precision == "fp32" and "fp32 only" in notes[0] and "calibrated on" in notes[0]
     argv = ["--auto", "--model", "tiny", "--precision", "bf16"]
-    cfg, _, notes = plan_command.auto_config(build_parser().parse_args(argv), argv, world=4)
-    assert cfg.precision == "bf16" and notes[0].startswith("warning:")
+    cfg, _, notes = auto.auto_config(build_parser().parse_args(argv), argv, world=4)
+    assert cfg.plan.precision == "bf16" and notes[0].startswith("warning:")

@@ -78,4 +78,4 @@ def test_train_checks_memory_before_any_process_group(monkeypatch):
     with pytest.raises(ConfigError, match="--reshard-after-forward --activation-checkpointing --compact-cpu-memory"):
         train.check_inputs(LARGE, env)
     cfg, _, _ = train.check_inputs([*LARGE, "--skip-memory-check"], env)
-    assert cfg.mesh.world_size == 8
+    assert cfg.plan.world == 8

@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 
 from compiler.planner.cluster import load_cluster
-from runtime.commands import speed_probe
-from runtime.commands.calibrate_engine import calibration_runs
+from runtime.commands.flag_table import plan_flags
+from runtime.lab import speed_probe
+from runtime.lab.calibrate_engine import calibration_runs
 
 
 def _recorded(world: int = 4) -> list[dict]:
@@ -43,7 +44,7 @@ def test_probe_is_the_geometric_mean_of_now_over_then(monkeypatch):
     # The probe re-runs exactly calibration's plans on calibration's number of ranks.
     model, plan = calibration_runs(4)[speed_probe.PROBE_RUNS[1]]
     assert [(i, n) for i, n, _ in seen] == [(i, 4) for i in speed_probe.PROBE_RUNS]
-    assert all(flag in seen[1][2] for flag in plan.flags())
+    assert all(flag in seen[1][2] for flag in plan_flags(plan))
 
 
 def test_probe_declines_without_a_comparable_calibration(monkeypatch):

@@ -12,16 +12,17 @@ import torch.distributed as dist
 
 from runtime.engine.amp import build_grad_scaler
 from runtime.engine.optim import build_lr_schedule
-from runtime.engine.step import StepContext, _optimizer_step
+from runtime.engine.step import PipelineContext, StepContext, _optimizer_step
 
 
 def _context(precision: str, fused: bool) -> StepContext:
     weight = torch.nn.Parameter(torch.ones(4))
     optimizer = torch.optim.AdamW([weight], lr=1e-2, fused=fused)  # fused: skipped on the device (step_unless)
-    return StepContext(schedule=None, schedule_name="1f1b", stages=SimpleNamespace(parameters=lambda: [weight]),
-                       optimizer=optimizer, lr_schedule=build_lr_schedule(optimizer, warmup_steps=3, total_steps=10),
-                       scaler=build_grad_scaler(precision, "cpu"), device=torch.device("cpu"), precision=precision,
-                       grad_clip=1.0, loss_copies=1, plane_size=1)
+    pipeline = PipelineContext(schedule=None, schedule_name="1f1b", stages=SimpleNamespace(parameters=lambda: [weight]),
+                               device=torch.device("cpu"), precision=precision)
+    return StepContext(pipeline=pipeline, optimizer=optimizer,
+                       lr_schedule=build_lr_schedule(optimizer, warmup_steps=3, total_steps=10),
+                       scaler=build_grad_scaler(precision, "cpu"), grad_clip=1.0, loss_replicas=1, plane_size=1)
 
 
 def _step(ctx: StepContext, gradient: float, loss: float):

@@ -62,7 +62,7 @@ def test_results_hold_every_section_and_the_report(study):
     assert "## Memory per configuration" in report and "## Replicate against DistributedDataParallel" in report
     replicate = results["replicate"]["summary"]
     assert replicate["replicate_samples_per_sec"] > 0 and replicate["ddp_samples_per_sec"] > 0
-    assert any("-m runtime.commands.study.plain_loop" in c and "nproc_per_node=2" in c for c in commands)
+    assert any("-m runtime.lab.plain_loop" in c and "nproc_per_node=2" in c for c in commands)
     # ZB-V beside the naive loop and interleaved 1F1B, with the bubble formulas' bounds (2.0x for zbv).
     zero_bubble = {r["schedule"]: r for r in results["zero_bubble"]["table"]}  # (smoke: no --compile row)
     assert set(zero_bubble) == {"naive", "zbv", "interleaved-1f1b"} and zero_bubble["naive"]["speedup_vs_naive"] == 1.0

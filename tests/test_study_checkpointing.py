@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from runtime.commands.flags import parse_train_config
-from runtime.commands.study import plan
-from runtime.commands.study.checkpointing import checkpoint_specs, checkpoint_summary
+from runtime.lab.study import plan
+from runtime.lab.study.checkpointing import checkpoint_specs, checkpoint_summary
 
 
 def test_every_planned_run_is_a_valid_job():
@@ -22,7 +22,7 @@ def test_the_mesh_follows_the_world_and_only_checkpointing_flags_differ(world, m
     assert {s.meta["mode"] for s in pause} == {"none", "foreground", "background"} and len(pause) == 6
     for spec in specs:
         cfg = parse_train_config(spec.args, world_size=spec.nproc)
-        assert (cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp) == mesh
+        assert (cfg.plan.dp, cfg.plan.pp, cfg.plan.mp) == mesh
         assert (cfg.checkpoint.dir is None) == (spec.meta["mode"] == "none")
         assert cfg.checkpoint.async_write == (spec.meta["mode"] == "background")
         if cfg.checkpoint.dir:

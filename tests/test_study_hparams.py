@@ -2,7 +2,7 @@
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from runtime.commands.study import hparams
+from runtime.lab.study import hparams
 
 
 def _results() -> dict:

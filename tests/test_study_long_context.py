@@ -1,9 +1,9 @@
-"""The long-context study section (runtime/commands/study/long_context.py) without running it: which runs it
+"""The long-context study section (runtime/lab/study/long_context.py) without running it: which runs it
 plans, and how it reports the longest sequence each cp trains within the node's memory."""
 
 from __future__ import annotations
 
-from runtime.commands.study.long_context import (CP_DEGREES, RANKS, SELECTIVE, long_context_markdown,
+from runtime.lab.study.long_context import (CP_DEGREES, RANKS, SELECTIVE, long_context_markdown,
                                                  long_context_summary, long_context_specs, longest_sequence)
 
 

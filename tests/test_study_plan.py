@@ -3,7 +3,7 @@
 import dataclasses
 
 from runtime.commands.flags import parse_train_config
-from runtime.commands.study import plan
+from runtime.lab.study import plan
 
 
 def test_throughput_runs_cover_every_schedule_and_mesh_at_8_ranks():
@@ -25,7 +25,7 @@ def test_every_planned_run_has_valid_flags():
             if spec.meta.get("skipped"):
                 continue
             cfg = parse_train_config(spec.args, world_size=spec.nproc)  # raises on an invalid run
-            assert cfg.mesh.world_size == spec.nproc
+            assert cfg.plan.world == spec.nproc
 
 
 def test_quick_skips_what_its_model_cannot_split():
@@ -73,10 +73,10 @@ def test_pipelined_scaling_meshes_keep_the_throughput_micro_batching_and_share_i
     scaling = plan.scaling_specs(8, plan.FULL)
     for spec in scaling:
         cfg = parse_train_config(spec.args, world_size=spec.nproc)
-        if cfg.mesh.pp > 1:
-            assert cfg.pipeline.microbatches == plan.FULL.microbatches, spec.name
+        if cfg.plan.pp > 1:
+            assert cfg.plan.microbatches == plan.FULL.microbatches, spec.name
         else:  # no pipeline: micro-batches only accumulate, so the micro-batch stays large
-            assert cfg.pipeline.micro_batch_size == plan.FULL.micro_batch_size, spec.name
+            assert cfg.plan.micro_batch_size == plan.FULL.micro_batch_size, spec.name
     three_d = next(s for s in scaling if s.meta["kind"] == "3D")
     throughput_3d = next(s for s in plan.throughput_specs(8, plan.FULL)
                          if s.meta["group"] == "3D 2x2x2" and s.meta["label"] == "interleaved-1f1b v=2")

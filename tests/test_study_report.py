@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from runtime.commands.study import analysis, charts, report, sharding
+from runtime.lab.study import analysis, charts, report, sharding
 from runtime.observe.profiling import CATEGORIES
 
 
@@ -121,7 +121,7 @@ def test_v_split_expectation_pairs_each_ranks_stages_and_sets_its_target():
 
 
 def test_zero_bubble_targets_read_each_schedules_row():
-    from runtime.commands.study import zero_bubble
+    from runtime.lab.study import zero_bubble
 
     runs = [{"ok": True, "label": s, "round": 0,
              "summary": {"samples_per_sec": sps, "step_time_s": 32 / sps, "step_times": [32 / sps] * 4}}
@@ -259,7 +259,7 @@ def test_replicate_benchmark_pools_repetitions_and_sets_its_target():
 
 
 def test_the_experts_section_tabulates_ep_against_ep_1_and_the_load_by_step():
-    from runtime.commands.study import experts
+    from runtime.lab.study import experts
 
     def run(label, expert_params, step_time, peak, **extra):
         return {"label": label, "ok": True, "summary": {"local_expert_parameters_max": expert_params,

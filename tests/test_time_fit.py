@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from compiler.planner.auto import rank_plans
 from compiler.planner.cluster import EngineFactors, load_cluster
 from compiler.planner.fit import FACTORS, fit_factors
 from compiler.planner.search import price
@@ -16,8 +17,7 @@ from compiler.planner.shape import DecoderShape
 from compiler.planner.step import StepTerms
 from models import MODEL_NAMES, named_config
 from runtime.commands.flags import default_config, parse_train_config
-from runtime.commands.preflight import candidate_of
-from runtime.planning import rank_plans
+from runtime.config import plan_checker
 
 
 def _terms(rng: random.Random) -> StepTerms:
@@ -69,7 +69,7 @@ def test_step_time_is_the_calibrated_combination_of_its_terms():
     base = load_cluster("cpu-2core")
     cluster = base.with_factors(compute_scale=1.3, comm_scale=2.5, dp_comm_scale=3.5, action_overhead=0.003,
                                 step_overhead=0.05)
-    for e in rank_plans(default_config(named_config("tiny")), world=4, global_batch_size=16, cluster=cluster,
+    for e in rank_plans(named_config("tiny"), validate=plan_checker(default_config(named_config("tiny"))), world=4, global_batch_size=16, cluster=cluster,
                          precisions=("fp32", "bf16"))[:40]:
         if e.feasible:
             assert e.step_time == pytest.approx(e.terms.combine(cluster.factors), rel=1e-12)
@@ -77,8 +77,8 @@ def test_step_time_is_the_calibrated_combination_of_its_terms():
 
 
 def test_calibration_plans_are_valid_and_use_models_the_validation_does_not():
-    from runtime.commands.calibrate_engine import calibration_runs, predicted_terms
-    from runtime.commands.plan_validation import MODELS
+    from runtime.lab.calibrate_engine import calibration_runs, predicted_terms
+    from runtime.lab.validate import MODELS
 
     cluster = load_cluster("cpu-2core")
     runs = calibration_runs(4)
@@ -105,7 +105,7 @@ def test_calibration_plans_are_valid_and_use_models_the_validation_does_not():
 
 
 def test_refit_recovers_factors_from_recorded_runs_and_refuses_foreign_records():
-    from runtime.commands.calibrate_engine import calibration_runs, predicted_terms, refit_engine
+    from runtime.lab.calibrate_engine import calibration_runs, predicted_terms, refit_engine
 
     base = load_cluster("cpu-2core")
     truth = {"compute_scale": 1.4, "comm_scale": 2.2, "dp_comm_scale": 3.0, "action_overhead": 0.002,
@@ -131,7 +131,7 @@ def test_a_fit_at_a_second_world_is_kept_beside_the_first_and_prices_plans_near_
     """Ranks that share cores slow collectives more than kernels (this machine: TP / PP x1.8 at 4 ranks, x5.1
     at 8): calibrating at 8 ranks keeps the 4-rank fit, each plan is priced with the nearer world's factors,
     the table survives the file, and a refit recovers both worlds from their recorded runs."""
-    from runtime.commands.calibrate_engine import calibration_runs, predicted_terms, refit_engine, with_fitted_factors
+    from runtime.lab.calibrate_engine import calibration_runs, predicted_terms, refit_engine, with_fitted_factors
 
     base = dataclasses.replace(load_cluster("cpu-2core").with_factors(**dict.fromkeys(FACTORS, 1.0)), notes={},
                                source="kernels; engine factors fitted to 8 engine runs on 2 ranks (old); attention")
@@ -151,7 +151,7 @@ def test_a_fit_at_a_second_world_is_kept_beside_the_first_and_prices_plans_near_
     assert "8 engine runs on 8 ranks" in cluster.source and "2 ranks" not in cluster.source
     config = default_config(named_config("tiny"))
     for world in (4, 8):
-        plan = next(e for e in rank_plans(config, world=world, global_batch_size=16, cluster=cluster,
+        plan = next(e for e in rank_plans(config.model, validate=plan_checker(config), world=world, global_batch_size=16, cluster=cluster,
                                           precisions=("bf16",)) if e.feasible and e.candidate.mp > 1)
         assert plan.step_time == pytest.approx(_combine(plan.terms, truth[world]), rel=1e-9)
     path = tmp_path / "cluster.json"
@@ -184,19 +184,19 @@ def test_a_few_runs_fit_only_the_factors_they_determine_the_rest_stay():
 
 def test_measured_gpu_runs_refit_a_gpu_preset(tmp_path):
     """calibrate --measured: an engine summary (as tests/gpu_check.sh keeps it) refits the GPU preset's
-    compute_scale so that the planner predicts the measured step; plan --validate --measured compares."""
-    from runtime.commands.measured_runs import compare, fit_to_runs, read_runs
+    compute_scale so that the planner predicts the measured step; run.py validate --measured compares."""
+    from compiler.planner.measured import compare, fit_to_runs, read_runs
 
     cfg = parse_train_config(["--model", "llama3-1b", "--seq-len", "2048", "--micro-batch-size", "4",
                               "--microbatches", "2", "--precision", "bf16"], world_size=1)
     h100 = load_cluster("h100-80gb")
-    predicted = price(DecoderShape.from_config(cfg.model), candidate_of(cfg), cluster=h100).step_time
+    predicted = price(DecoderShape.from_config(cfg.model), cfg.plan, cluster=h100).step_time
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"engine1": {"config": cfg.to_dict(), "step_time_s": 1.3 * predicted,
                                                "peak_bytes": 50 * 2**30, "device": "NVIDIA H100 80GB HBM3"},
                                    "plain1": {"tokens_per_sec": 1.0}}))
     runs = read_runs(results)
-    assert [r.name for r in runs] == ["engine1"] and runs[0].plan == candidate_of(cfg)
+    assert [r.name for r in runs] == ["engine1"] and runs[0].plan == cfg.plan
     fitted = fit_to_runs(h100, runs)
     assert fitted.factors.compute_scale > 1.0 and fitted.notes["engine_fit"]["factors"] == ["compute_scale"]
     (row,) = compare(runs, fitted)
@@ -204,9 +204,9 @@ def test_measured_gpu_runs_refit_a_gpu_preset(tmp_path):
 
 
 def test_a_study_folder_is_read_run_by_run_with_tensor_peaks_on_the_cpu(tmp_path):
-    """plan --validate --measured DIR: every run folder's summary.json; a CPU run's peak is its --profile-memory
+    """run.py validate --measured DIR: every run folder's summary.json; a CPU run's peak is its --profile-memory
     tensor peak (its peak_bytes is the process's resident peak), a GPU run's max_memory_allocated."""
-    from runtime.commands.measured_runs import read_runs
+    from compiler.planner.measured import read_runs
 
     cfg = parse_train_config(["--model", "tiny", "--dp", "2", "--cp", "2"], world_size=4)
     runs = {"a_cpu": {"device": "AMD EPYC (2 cores)", "peak_bytes": 9e8, "peak_tensor_bytes": 1e8},
@@ -227,27 +227,26 @@ def test_a_study_folder_is_read_run_by_run_with_tensor_peaks_on_the_cpu(tmp_path
                                                                       "summary's (no 'model')"),
 ])
 def test_a_malformed_measured_file_is_one_error_naming_it(tmp_path, text, message):
-    from runtime.commands import plan as plan_command
-    from runtime.commands.measured_runs import read_runs
+    from compiler.planner.measured import read_runs
+    from runtime.lab import validate
 
     path = tmp_path / "results.json"
     path.write_text(text)
     with pytest.raises(ValueError, match=str(path)) as e:
         read_runs(path)
     assert message in str(e.value)
-    assert plan_command.main(["--validate", "--measured", str(path), "--cluster", "h100-80gb",
-                              "--out", str(tmp_path / "out.json")]) == 2
+    assert validate.main(["--measured", str(path), "--cluster", "h100-80gb", "--out", str(tmp_path / "out.json")]) == 2
 
 
 def test_validation_runs_plans_with_every_dimension_the_planner_prices():
-    """plan --validate on 4 ranks: dense plans with and without SP, a mixture of experts' plans with ep > 1 and
+    """run.py validate on 4 ranks: dense plans with and without SP, a mixture of experts' plans with ep > 1 and
     long sequences' plans with cp > 1, each the best of its mesh."""
-    from runtime.commands.plan_validation import MODELS
+    from runtime.lab.validate import MODELS
 
     cluster = load_cluster("cpu-2core")
     chosen = {}
     for group in MODELS:
-        plans = [e.candidate for e in rank_plans(default_config(group.model()), world=4, cluster=cluster,
+        plans = [e.candidate for e in rank_plans(group.model(), validate=plan_checker(default_config(group.model())), world=4, cluster=cluster,
                                                  global_batch_size=group.global_batch, max_cp=group.max_cp)
                  if e.feasible and group.keeps(e.candidate)]
         chosen[group.name] = plans
@@ -260,7 +259,7 @@ def test_validation_runs_plans_with_every_dimension_the_planner_prices():
 
 def test_a_validation_summary_of_one_or_no_measured_run_prints_without_a_rank_correlation():
     """On 2 ranks the mixture of experts has one ep plan: no Spearman, and the summary line still prints."""
-    from runtime.commands.plan_validation import summarize, summary_line
+    from runtime.lab.validate import summarize, summary_line
 
     one = summarize([{"plan": "2x1x1 ep=2", "predicted_s": 0.24, "measured_s": 0.19}])
     assert one["spearman"] is None and one["mdape"] == pytest.approx(0.05 / 0.19)
@@ -276,7 +275,7 @@ def _measure_tp_module(out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from runtime.commands.calibrate import own_process_mesh, tp_module_seconds
+    from runtime.lab.calibrate import own_process_mesh, tp_module_seconds
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

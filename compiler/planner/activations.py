@@ -60,10 +60,20 @@ from dataclasses import dataclass, replace
 
 from compiler.cost import LayerCost, head_loss_bytes
 from compiler.parallelize.cross_entropy import CPU_CHUNK_BYTES, SAVED_BYTES_PER_TOKEN
-from compiler.planner.shape import DENSE, MOE, DecoderShape, _block_matrices, attention_matrices, block_forward_flops, \
-    block_params, embedding_params, head_params, mlp_matrices, shared_width
+from compiler.planner.shape import (
+    DENSE,
+    MOE,
+    DecoderShape,
+    _block_matrices,
+    attention_matrices,
+    block_forward_flops,
+    block_params,
+    embedding_params,
+    head_params,
+    mlp_matrices,
+    shared_width,
+)
 from compiler.precisions import PRECISIONS
-
 
 
 @dataclass(frozen=True)

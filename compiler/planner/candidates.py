@@ -1,78 +1,14 @@
-"""A plan, and what a user fixes of it.
+"""The plan space's axes (meshes, DP modes) and what a user fixes of a plan.
 
-A plan (``Candidate``) is the mesh (dp x pp x mp x cp ranks; ep borrows its ranks from dp x cp x mp), the
-schedule and its stages per rank, the micro-batching, the precision, activation checkpointing (none,
-selective or full), how data parallelism holds the state (FSDP, ZeRO-3, replicate, HSDP), sequence
-parallelism and the chunked loss. ``Constraints`` are the parts a user gave (``run.py plan --dp ... --cp``):
-the search holds them and chooses the rest.
+A plan is a ``ParallelPlan`` (compiler/parallel_plan.py). ``Constraints`` are the parts a user gave
+(``run.py plan --dp ... --cp``): the search holds them and chooses the rest.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
-AC_MODES = ("none", "selective", "full")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    dp: int
-    pp: int
-    mp: int
-    schedule: str
-    stages_per_rank: int
-    microbatches: int
-    micro_batch_size: int
-    precision: str
-    activation_checkpointing: bool  # full: keep each block's input, recompute the block in backward
-    dp_shard: int | None = None  # ranks a parameter is sharded over (None: dp, FSDP; 1: replicate; else HSDP)
-    reshard_after_forward: bool = False  # ZeRO-3: gather parameters again for every micro-batch's backward
-    sequence_parallel: bool = False  # norms and residual stream on sequence shards (mp > 1)
-    cp: int = 1  # context parallelism: each sequence's tokens split over cp ranks
-    ep: int = 1  # expert parallelism: experts split over ep ranks borrowed from dp x cp x mp
-    selective_ac: bool = False  # keep matrix-product and attention outputs, recompute the rest
-    chunked_loss: bool = False  # the vocabulary-parallel loss a chunk of tokens at a time
-
-    @property
-    def shard(self) -> int:
-        return self.dp_shard or self.dp
-
-    @property
-    def world(self) -> int:
-        return self.dp * self.pp * self.mp * self.cp
-
-    @property
-    def ac(self) -> str:
-        return "full" if self.activation_checkpointing else "selective" if self.selective_ac else "none"
-
-    def flags(self) -> list[str]:
-        """run.py flags that train exactly this plan (model flags are added by the caller)."""
-        flags = ["--dp", str(self.dp), "--pp", str(self.pp), "--mp", str(self.mp), "--schedule", self.schedule,
-                 "--stages-per-rank", str(self.stages_per_rank), "--microbatches", str(self.microbatches),
-                 "--micro-batch-size", str(self.micro_batch_size), "--precision", self.precision]
-        flags += ["--cp", str(self.cp)] if self.cp > 1 else []
-        flags += ["--ep", str(self.ep)] if self.ep > 1 else []
-        flags += ["--dp-shard", str(self.dp_shard)] if self.dp_shard is not None else []
-        flags += ["--reshard-after-forward"] if self.reshard_after_forward else []
-        flags += ["--sequence-parallel"] if self.sequence_parallel else []
-        # The engine always computes the loss in chunks: no flag (runtime/config.py refuses plans without).
-        return flags + {"full": ["--activation-checkpointing"], "selective": ["--activation-checkpointing", "selective"],
-                        "none": []}[self.ac]
-
-    def describe(self) -> str:
-        ac = " +AC" if self.activation_checkpointing else " +SAC" if self.selective_ac else ""
-        dp_mode = ""
-        if self.dp > 1 and self.shard != self.dp:
-            dp_mode = " replicate" if self.shard == 1 else f" hsdp={self.shard}"
-        dp_mode += " zero3" if self.reshard_after_forward else ""
-        dp_mode += " +SP" if self.sequence_parallel else ""
-        dp_mode += " +chunked loss" if self.chunked_loss else ""
-        extra = (f" cp={self.cp}" if self.cp > 1 else "") + (f" ep={self.ep}" if self.ep > 1 else "")
-        return (f"{self.dp}x{self.pp}x{self.mp}{extra} {self.schedule} v={self.stages_per_rank} "
-                f"m={self.microbatches} mbs={self.micro_batch_size} {self.precision}{ac}{dp_mode}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from compiler.parallel_plan import ParallelPlan
 
 
 def meshes(world: int) -> list[tuple[int, int, int]]:
@@ -111,27 +47,6 @@ def mesh_misfit(sizes: dict[str, int], world: int) -> int | None:
     return product if ((product != world) if len(sizes) == 4 else (world % product)) else None
 
 
-def is_dp_mode(name: str) -> bool:
-    """Whether ``name`` is a DP mode ``dp_mode`` can return: none, fsdp, zero3, replicate or hsdp:N."""
-    return name in ("none", "fsdp", "zero3", "replicate") or (name.startswith("hsdp:") and name[5:].isdigit())
-
-
-def dp_mode(c: Candidate) -> str:
-    """The DP mode's name in plans and flags: none, fsdp, zero3, replicate or hsdp:N (cp ranks shard like dp
-    ranks: at dp 1 and cp > 1, fsdp or zero3)."""
-    return dp_mode_name(c.dp, c.cp, c.dp_shard, c.reshard_after_forward)
-
-
-def dp_mode_name(dp: int, cp: int, dp_shard: int | None, reshard_after_forward: bool) -> str:
-    """``dp_mode`` of a plan with these fields (``dp_modes`` gives the (dp_shard, reshard) pairs)."""
-    if dp == 1:
-        return ("zero3" if reshard_after_forward else "fsdp") if cp > 1 else "none"
-    shard = dp_shard or dp
-    if shard == dp:
-        return "zero3" if reshard_after_forward else "fsdp"
-    return "replicate" if shard == 1 else f"hsdp:{shard}"
-
-
 @dataclass(frozen=True)
 class Constraints:
     """What the user fixed (``run.py plan --dp --pp --mp --cp --ep ...``); None leaves it to the search.
@@ -159,13 +74,13 @@ class Constraints:
         """The schedules admitted (None: any)."""
         return (self.schedule,) if isinstance(self.schedule, str) else self.schedule
 
-    def admits(self, c: Candidate) -> bool:
+    def admits(self, c: ParallelPlan) -> bool:
         if self.schedule is not None and c.schedule not in self.schedules():
             return False
         return all(want is None or want == got for want, got in (
             (self.dp, c.dp), (self.pp, c.pp), (self.mp, c.mp), (self.cp, c.cp), (self.ep, c.ep),
             (self.micro_batch_size, c.micro_batch_size), (self.stages_per_rank, c.stages_per_rank),
-            (self.ac, c.ac), (self.dp_mode, dp_mode(c)), (self.sequence_parallel, c.sequence_parallel),
+            (self.ac, c.ac), (self.dp_mode, c.dp_mode), (self.sequence_parallel, c.sequence_parallel),
             (self.chunked_loss, c.chunked_loss), (self.precision, c.precision)))
 
     def fixes_layout(self) -> bool:

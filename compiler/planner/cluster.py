@@ -114,7 +114,7 @@ class Cluster:
                        source=f"{self.source}; {why}")
 
     def with_precision_rates(self, ratios: dict[str, float], line: str) -> "Cluster":
-        """A CPU cluster with each precision's block rate and matmul peak scaled (runtime/commands/precision_probe.py)."""
+        """A CPU cluster with each precision's block rate and matmul peak scaled (compiler/planner/precision_probe.py)."""
         d = self.device
         device = replace(d.with_rates(lambda p: ratios.get(p, 1.0)),
                          peak_flops={p: v * ratios.get(p, 1.0) for p, v in d.peak_flops.items()})

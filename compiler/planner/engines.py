@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 
 from compiler.planner.candidates import Constraints
 
-
 EP_DISPATCHES = ("all-to-all", "deepep")
 
 

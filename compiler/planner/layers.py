@@ -27,8 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from compiler.planner.cluster import Cluster
-from compiler.planner.collectives import (Link, all_gather_time, all_reduce_time, all_to_all_time,
-                                          deduplicated_dispatch_time)
+from compiler.planner.collectives import all_gather_time, all_reduce_time, all_to_all_time, deduplicated_dispatch_time
 from compiler.planner.devices import ComputeSeconds
 from compiler.planner.engines import EngineTraits
 from compiler.planner.shape import DENSE, MOE, DecoderShape

@@ -7,15 +7,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from compiler.parallel_plan import ParallelPlan
 from compiler.parallelize.cross_entropy import loss_chunk_bytes
 from compiler.planner.activations import Context, block_memory, embedding_memory, head_memory
-from compiler.planner.candidates import Candidate, dp_mode
 from compiler.planner.cluster import Cluster
 from compiler.planner.engines import THIS_ENGINE, EngineTraits
 from compiler.planner.layers import LayerTable, Setup, layer_table
 from compiler.planner.memory_model import DataParallelLayout, RankLoad, rank_memory
-from compiler.planner.shape import DENSE, MOE, DecoderShape, _block_matrices, block_params, embedding_params, \
-    hardware_flops_per_token, head_params, model_flops_per_token
+from compiler.planner.shape import (
+    DENSE,
+    MOE,
+    DecoderShape,
+    _block_matrices,
+    block_params,
+    embedding_params,
+    hardware_flops_per_token,
+    head_params,
+    model_flops_per_token,
+)
 from compiler.planner.split import Holding, blocks_per_stage, rank_holdings
 from compiler.planner.step import DataParallelGroups, StepBreakdown, StepTerms, step_time
 from compiler.planner.work import block_work, head_work
@@ -25,7 +34,7 @@ from compiler.schedules import SCHEDULES
 
 @dataclass(frozen=True)
 class Estimate:
-    candidate: Candidate
+    candidate: ParallelPlan
     feasible: bool
     reason: str | None
     step_time: float | None = None
@@ -50,7 +59,7 @@ class Estimate:
         return {"dp": c.dp, "pp": c.pp, "mp": c.mp, "cp": c.cp, "ep": c.ep, "schedule": c.schedule,
                 "stages_per_rank": c.stages_per_rank, "micro_batch_size": c.micro_batch_size,
                 "activation_checkpointing": c.ac, "sequence_parallel": c.sequence_parallel,
-                "chunked_loss": c.chunked_loss, "dp_mode": dp_mode(c), "precision": c.precision,
+                "chunked_loss": c.chunked_loss, "dp_mode": c.dp_mode, "precision": c.precision,
                 "step_time_s": self.step_time, "model_tflops_per_gpu": self.model_tflops_per_gpu,
                 "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
                 "memory_gib_per_gpu": (self.memory_per_rank or 0) / 2**30, "fits": self.fits,
@@ -102,17 +111,17 @@ class Pricer:
             self._tables[s] = layer_table(self.shape, self.cluster, self.traits, s)
         return self._tables[s]
 
-    def setup(self, c: Candidate) -> Setup:
+    def setup(self, c: ParallelPlan) -> Setup:
         return Setup(c.micro_batch_size, c.precision, c.mp, c.cp, c.ep, c.sequence_parallel, c.ac, c.dp, c.pp)
 
-    def _load(self, c: Candidate, h: Holding) -> RankLoad:
+    def _load(self, c: ParallelPlan, h: Holding) -> RankLoad:
         fsdp = DataParallelGroups.of(c).dense_shard > 1
         key = (h, c.micro_batch_size, c.precision, c.mp, c.cp, c.ep, c.sequence_parallel, c.ac, c.chunked_loss, fsdp)
         if key not in self._loads:
             self._loads[key] = self._rank_load(c, h, fsdp)
         return self._loads[key]
 
-    def _rank_load(self, c: Candidate, h: Holding, fsdp: bool) -> RankLoad:
+    def _rank_load(self, c: ParallelPlan, h: Holding, fsdp: bool) -> RankLoad:
         shape, dtype = self.shape, PRECISIONS[c.precision].autocast_dtype
         residual = dtype.itemsize if dtype and fsdp else 4
         ctx = Context(c.micro_batch_size, c.precision, c.mp, c.cp, c.sequence_parallel, c.ac,
@@ -149,7 +158,7 @@ class Pricer:
         return RankLoad(dense, experts, max(units), saved, recompute, transient, copies, h.blocks,
                         buffers * tokens * shape.d_model * 4, head_saved)
 
-    def memory(self, c: Candidate) -> tuple[float, ...]:
+    def memory(self, c: ParallelPlan) -> tuple[float, ...]:
         """Tensor bytes of each distinct pp rank (compiler/planner/memory_model.py)."""
         g = DataParallelGroups.of(c)
         dtype = PRECISIONS[c.precision].autocast_dtype
@@ -160,7 +169,7 @@ class Pricer:
                                  v=c.stages_per_rank, rank=r, dense=dense, experts=experts).total
                      for h, r in self.holdings(c.schedule, c.pp, c.stages_per_rank).items())
 
-    def rank_memories(self, c: Candidate) -> list[float]:
+    def rank_memories(self, c: ParallelPlan) -> list[float]:
         """Tensor bytes of every pp rank, in rank order."""
         g = DataParallelGroups.of(c)
         dtype = PRECISIONS[c.precision].autocast_dtype
@@ -172,7 +181,7 @@ class Pricer:
         return [rank_memory(self._load(c, h), schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank,
                             rank=r, dense=dense, experts=experts).total for r, h in enumerate(holdings)]
 
-    def memory_floor(self, c: Candidate) -> float:
+    def memory_floor(self, c: ParallelPlan) -> float:
         """A lower bound of ``memory(c)`` over every DP mode and loss: the state sharded over the whole
         data-parallel groups, activations with the chunked loss and FSDP's compute-dtype residual."""
         g = DataParallelGroups.of(c)
@@ -187,10 +196,10 @@ class Pricer:
             floor = max(floor, weights + activations + load.recompute_bytes + load.transient_bytes)
         return floor
 
-    def memory_limit(self, c: Candidate, headroom: float = 0.0) -> float:
+    def memory_limit(self, c: ParallelPlan, headroom: float = 0.0) -> float:
         return self.cluster.memory_per_rank(c.world) * (1 - headroom)
 
-    def price(self, c: Candidate, *, memory: tuple[float, ...] | None = None, headroom: float = 0.0) -> Estimate:
+    def price(self, c: ParallelPlan, *, memory: tuple[float, ...] | None = None, headroom: float = 0.0) -> Estimate:
         """One fully specified plan (fitting or not)."""
         shape, table = self.shape, self.table(self.setup(c))
         holdings = self.holdings(c.schedule, c.pp, c.stages_per_rank)
@@ -218,7 +227,7 @@ class Pricer:
                         max(memory), limit, step.breakdown, step.terms, sizes, model / 1e12, hardware / 1e12, memory)
 
 
-def price(shape: DecoderShape, candidate: Candidate, *, cluster: Cluster,
+def price(shape: DecoderShape, candidate: ParallelPlan, *, cluster: Cluster,
           traits: EngineTraits = THIS_ENGINE) -> Estimate:
     """One fully specified plan (fitting or not)."""
     return Pricer(shape, cluster, traits).price(candidate)

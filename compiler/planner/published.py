@@ -21,7 +21,8 @@ import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-from compiler.planner.candidates import AC_MODES, Constraints, is_dp_mode, mesh_misfit
+from compiler.parallel_plan import AC_MODES, is_dp_mode
+from compiler.planner.candidates import Constraints, mesh_misfit
 from compiler.planner.cluster import preset_names
 from compiler.planner.engines import ENGINES, EP_DISPATCHES, EngineTraits
 from compiler.planner.shape import DecoderShape

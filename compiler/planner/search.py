@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
-from compiler.planner.candidates import Candidate, Constraints, dp_mode_name, dp_modes, mesh_misfit, mesh_shapes
+from compiler.parallel_plan import AC, ParallelPlan, dp_mode_name
+from compiler.planner.candidates import Constraints, dp_modes, mesh_misfit, mesh_shapes
 from compiler.planner.cluster import Cluster
 from compiler.planner.engines import THIS_ENGINE, EngineTraits
 from compiler.planner.pricer import Estimate, Pricer, price
@@ -36,7 +37,7 @@ MAX_LOOPED_V = 8
 AC_ORDER = ("none", "selective", "full")
 
 # A plan -> the one-line error the engine would print for it, or None if it would run it.
-Validator = Callable[[Candidate], "str | None"]
+Validator = Callable[[ParallelPlan], "str | None"]
 
 
 def default_max_cp(shape: DecoderShape) -> int:
@@ -58,7 +59,7 @@ def schedule_choices(pp: int, stages: int) -> list[tuple[str, int]]:
     return out
 
 
-def structural_error(c: Candidate, shape: DecoderShape, extra_stages: int = 0) -> str | None:
+def structural_error(c: ParallelPlan, shape: DecoderShape, extra_stages: int = 0) -> str | None:
     """The engine's pipeline rules (runtime/config.py) and the shape's divisibility, from the plan alone."""
     spec = SCHEDULES[c.schedule]
     if c.pp * c.stages_per_rank > shape.layers + extra_stages:
@@ -107,11 +108,13 @@ def unmatched(constraints: Constraints, shape: DecoderShape, *, world: int, glob
 
 def _plans(dp: int, pp: int, mp: int, schedule: str, v: int, modes: list[tuple[int | None, bool]],
            chunks: tuple[bool, ...], *, m: int, mbs: int, precision: str, ac: str, sp: bool, cp: int,
-           ep: int) -> list[Candidate]:
+           ep: int) -> list[ParallelPlan]:
     """A group's plans of one schedule: one per DP mode and loss. Built only when the search prices that group
     (most are pruned by their bound; building millions of plans took most of a large search's time)."""
-    return [Candidate(dp, pp, mp, schedule, v, m, mbs, precision, ac == "full", shard, zero3, sp, cp, ep,
-                      ac == "selective", chunked) for shard, zero3 in modes for chunked in chunks]
+    ac = AC(ac)
+    return [ParallelPlan(dp=dp, pp=pp, mp=mp, cp=cp, ep=ep, schedule=schedule, stages_per_rank=v, microbatches=m,
+                         micro_batch_size=mbs, precision=precision, ac=ac, dp_shard=shard, reshard_after_forward=zero3,
+                         sequence_parallel=sp, chunked_loss=chunked) for shard, zero3 in modes for chunked in chunks]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compiler.planner.candidates import Candidate
+from compiler.parallel_plan import ParallelPlan
 from compiler.planner.cluster import Cluster, EngineFactors
 from compiler.planner.collectives import all_gather_time, all_reduce_time
 from compiler.planner.engines import EngineTraits
@@ -78,7 +78,7 @@ class StepTerms:
         return [self.compute, self.communication, self.fsdp, self.actions, 1.0]
 
 
-def bubble(c: Candidate) -> float:
+def bubble(c: ParallelPlan) -> float:
     """The idle fraction the model charges: the schedule's formula, or what it expects to reach where the
     formula is an ideal (compiler/schedules.py, ``planned_bubble``)."""
     if c.pp == 1:
@@ -96,7 +96,7 @@ class DataParallelGroups:
     experts_shard: int
 
     @staticmethod
-    def of(c: Candidate) -> "DataParallelGroups":
+    def of(c: ParallelPlan) -> "DataParallelGroups":
         dense = c.dp * c.cp
         shard = c.shard * c.cp if (c.shard > 1 or c.cp > 1) else 1
         experts = expert_data_parallel(dp=c.dp, cp=c.cp, mp=c.mp, ep=c.ep)
@@ -110,7 +110,7 @@ def expert_data_parallel(*, dp: int, cp: int, mp: int, ep: int) -> int:
     return max(1, dp * cp * mp // ep)
 
 
-def data_parallel_seconds(c: Candidate, cluster: Cluster, traits: EngineTraits, *, dense_params: float,
+def data_parallel_seconds(c: ParallelPlan, cluster: Cluster, traits: EngineTraits, *, dense_params: float,
                           expert_params: float, units: int, forward: float, backward: float,
                           strides: dict[str, int]) -> float:
     """Seconds of DP communication per step left visible after overlap (module docstring)."""
@@ -154,7 +154,7 @@ def data_parallel_seconds(c: Candidate, cluster: Cluster, traits: EngineTraits, 
     return first_unit + max(0.0, gather - forward) + max(0.0, scatter + replicas + allreduce - backward)
 
 
-def message_seconds(c: Candidate, cluster: Cluster, traits: EngineTraits, *, seq_len: int, d_model: int,
+def message_seconds(c: ParallelPlan, cluster: Cluster, traits: EngineTraits, *, seq_len: int, d_model: int,
                     strides: dict[str, int]) -> float:
     """One stage micro-batch's activation or gradient message between pipeline neighbours."""
     if c.pp == 1:
@@ -175,7 +175,7 @@ class Step:
         return self.breakdown.step
 
 
-def step_time(c: Candidate, cluster: Cluster, traits: EngineTraits, *, busiest: LayerSeconds, rank_params: float,
+def step_time(c: ParallelPlan, cluster: Cluster, traits: EngineTraits, *, busiest: LayerSeconds, rank_params: float,
               rank_dense_params: float, units: int, seq_len: int, d_model: int,
               strides: dict[str, int]) -> Step:
     """The step of plan ``c`` whose busiest rank runs ``busiest`` per micro-batch (module docstring)."""

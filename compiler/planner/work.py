@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from compiler.planner.devices import Gemm, LayerWork
 from compiler.planner.engines import EngineTraits
-from compiler.planner.shape import (DENSE, DecoderShape, attention_matrices, mlp_matrices, shared_width,
-                                    tensor_parallel_modules)
+from compiler.planner.shape import DENSE, DecoderShape, attention_matrices, mlp_matrices, shared_width, tensor_parallel_modules
 from compiler.precisions import PRECISIONS
 
 EMBEDDING, HEAD = "embedding", "head"

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.common.attention_core import CausalAttention
 from models.common.norm import RMSNorm
 from models.common.rope import Rope, apply_rotary, rotary_cos_sin
-from models.common.attention_core import CausalAttention
 from models.kv_cache import LayerCache
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from models.spec import divisors
+from models.spec import listed_divisors
 
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "seq_len", "vocab_size", "mlp_width", "tie_embeddings")
 
@@ -34,24 +34,24 @@ def check_attention(*, d_model: int, n_heads: int, n_kv_heads: int, head_dim: in
     if n_heads <= 0 or n_kv_heads <= 0:
         return f"--heads {n_heads} and --kv-heads {n_kv_heads} must be positive"
     if head_dim_derived and d_model % n_heads:
-        return f"--heads {n_heads} must divide --d-model {d_model}; valid --heads values: {divisors(d_model)}"
+        return f"--heads {n_heads} must divide --d-model {d_model}; valid --heads values: {listed_divisors(d_model)}"
     if n_heads % n_kv_heads:
         return (f"--kv-heads {n_kv_heads} must divide the head count (--heads {n_heads}); "
-                f"valid --kv-heads values: {divisors(n_heads)}")
+                f"valid --kv-heads values: {listed_divisors(n_heads)}")
     if head_dim % 2:
         return f"the head dimension (--d-model / --heads = {head_dim}) must be even for rotary embeddings"
     if n_kv_heads % mp:
         return (f"--mp {mp} must divide the key/value head count (--kv-heads {n_kv_heads}); "
-                f"valid --mp values: {divisors(n_kv_heads)}")
+                f"valid --mp values: {listed_divisors(n_kv_heads)}")
     if n_heads % mp:
-        return f"--mp {mp} must divide the head count (--heads {n_heads}); valid --mp values: {divisors(n_heads)}"
+        return f"--mp {mp} must divide the head count (--heads {n_heads}); valid --mp values: {listed_divisors(n_heads)}"
     return None
 
 
 def check_width(width: int, mp: int) -> str | None:
     """A column-parallel SwiGLU splits its hidden units: ``--mp`` must divide the width."""
     if width % mp:
-        return f"--mp {mp} must divide the MLP width (--mlp-width {width}); valid --mp values: {divisors(width)}"
+        return f"--mp {mp} must divide the MLP width (--mlp-width {width}); valid --mp values: {listed_divisors(width)}"
     return None
 
 

@@ -24,8 +24,8 @@ import torch
 
 from models.common import hf_layout
 from models.common.hf_config import rope_from_hf
-from models.spec import DENSE
 from models.llama3.config import DEFAULT_MULTIPLE_OF, MODEL_SIZES, LlamaConfig
+from models.spec import DENSE
 
 DEFAULT_TRAINING_SEQ_LEN = 8192  # Llama 3's pre-training context, before its long-context stage
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from models.common.attention import Attention
-from models.common.decoder import Block, Decoder, initial_value as decoder_initial_value
+from models.common.decoder import Block, Decoder
+from models.common.decoder import initial_value as decoder_initial_value
 from models.common.mlp import SwiGLU
 from models.common.rope import Rope
 from models.qwen3.config import Qwen3Config

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.common.decoder import Block, Decoder, initial_value as decoder_initial_value
+from models.common.decoder import Block, Decoder
+from models.common.decoder import initial_value as decoder_initial_value
 from models.common.mlp import SwiGLU
 from models.common.moe import MoE
 from models.qwen3.model import attention

@@ -29,7 +29,6 @@ error naming the file. It is *foreign* if it holds a different model: an error n
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import json
 import os
@@ -41,6 +40,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from compiler.parallel_plan import plan_of_run
 from models import config_from_dict, config_to_dict, parameter_shapes
 
 MANIFEST = "checkpoint.json"
@@ -271,29 +271,28 @@ def resolve_start(cfg, *, model, run_config: dict) -> StartPoint:
     return StartPoint(info, init_from, notes)
 
 
-def global_batch_size(config: dict) -> int:
-    return config["pipeline"]["micro_batch_size"] * config["pipeline"]["microbatches"] * config["mesh"]["dp"]
-
-
 def resume_notes(saved: dict, current: dict, *, path: Path, step: int) -> list[str]:
-    """What a resumed run should be told: resharding, and settings that make it a different run."""
+    """What a resumed run should be told: resharding, and settings that make it a different run. ``saved`` and
+    ``current`` are runs' configs (``TrainConfig.to_dict()``; a checkpoint of an older version keeps its layout in
+    separate mesh / pipeline fields, which ``plan_of_run`` reads too)."""
     notes = [f"resuming from {path} (step {step})"]
-    def mesh(c: dict) -> str:  # checkpoints written before cp and ep existed have neither
-        extra = "".join(f", {k} {c['mesh'][k]}" for k in ("cp", "ep") if c["mesh"].get(k, 1) > 1)
-        return f"({c['mesh']['dp']}, {c['mesh']['pp']}, {c['mesh']['mp']}){extra}"
-    if {**saved["mesh"], "cp": 1, "ep": 1, **saved["mesh"]} != {**current["mesh"], "cp": 1, "ep": 1, **current["mesh"]}:
-        notes.append(f"resharding: saved on (dp, pp, mp) = {mesh(saved)}, loading on {mesh(current)}")
-    if global_batch_size(saved) != global_batch_size(current):
-        notes.append(f"warning: the global batch size changed from {global_batch_size(saved)} to "
-                     f"{global_batch_size(current)}; batches from step {step + 1} on are drawn at the new size, "
+    was, now = plan_of_run(saved), plan_of_run(current)
+    def mesh(p) -> str:
+        return f"({p.dp}, {p.pp}, {p.mp})" + "".join(f", {k} {getattr(p, k)}" for k in ("cp", "ep") if getattr(p, k) > 1)
+    if mesh(was) != mesh(now):
+        notes.append(f"resharding: saved on (dp, pp, mp) = {mesh(was)}, loading on {mesh(now)}")
+    if was.global_batch_size != now.global_batch_size:
+        notes.append(f"warning: the global batch size changed from {was.global_batch_size} to "
+                     f"{now.global_batch_size}; batches from step {step + 1} on are drawn at the new size, "
                      f"so the run no longer continues the saved one exactly")
+    if was.precision != now.precision:
+        notes.append(f"warning: --precision changed from {was.precision} to {now.precision}")
     saved_tokenizer, tokenizer = saved.get("data", {}).get("tokenizer"), current["data"].get("tokenizer")
     if (saved_tokenizer is None) != (tokenizer is None):  # paths may differ for the same files; bytes vs ids may not
         notes.append(f"warning: the checkpoint's run tokenized text with {saved_tokenizer or 'bytes'}, this run with "
                      f"{tokenizer or 'bytes'} (--tokenizer; the checkpoint keeps a copy of its tokenizer in {path})")
-    for key, flag in (("precision", "--precision"), ("seed", "--seed")):
-        if saved[key] != current[key]:
-            notes.append(f"warning: {flag} changed from {saved[key]} to {current[key]}")
+    if saved["seed"] != current["seed"]:
+        notes.append(f"warning: --seed changed from {saved['seed']} to {current['seed']}")
     if saved["optim"]["steps"] != current["optim"]["steps"]:
         notes.append(f"warning: --steps changed from {saved['optim']['steps']} to {current['optim']['steps']}; "
                      f"the LR schedule continues from step {step} over the new length")

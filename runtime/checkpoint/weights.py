@@ -1,18 +1,20 @@
-"""Single-file weights: what ``run.py export`` writes and ``--init-from`` starts a run from.
-
-The file is a plain ``{name: full tensor}`` state dict that the model's ``load_state_dict``
-accepts, read from a DCP checkpoint in one process (no torchrun), model tensors only.
+"""Weights a run starts from: single-file exports (what ``run.py export`` writes: a plain ``{name: full tensor}``
+state dict that the model's ``load_state_dict`` accepts, read from a DCP checkpoint in one process, model tensors
+only), Hugging Face folders (runtime/checkpoint/hf_weights.py), or name-seeded values (``initial_values``).
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from models import spec_of
 from runtime.checkpoint.files import (
     MARKER,
     CheckpointError,
@@ -22,6 +24,8 @@ from runtime.checkpoint.files import (
     read_checkpoint,
     read_dcp_metadata,
 )
+from runtime.checkpoint.hf_weights import check_weights, read_hf_model
+from runtime.checkpoint.hf_weights import initial_values as hf_initial_values
 
 
 def resolve_checkpoint(path: Path) -> CheckpointInfo:
@@ -71,3 +75,25 @@ def _check_shapes(weights: dict, path: Path, model_cfg) -> None:
         if got != expected.get(name):
             raise CheckpointError(f"--init-from {path} does not fit this model: {name} has shape {got}, this model "
                                   f"needs {expected.get(name, 'no such parameter')}")
+
+
+def check_init_from(init_from: str | None, model_cfg) -> str | None:
+    """Headers and shapes of ``--init-from`` (a Hugging Face folder or an export) checked before any process
+    group; returns a note to print (tensors of a folder the model does not use), or None."""
+    if init_from and Path(init_from).is_dir():
+        return check_weights(read_hf_model(init_from)).note()
+    if init_from:
+        read_init_weights(Path(init_from), model_cfg)
+    return None
+
+
+def initial_values(init_from: str | None, model_cfg, *, seed: int) -> Callable[[str, tuple[int, ...]], torch.Tensor]:
+    """Each parameter's full initial value by name: from ``--init-from``'s Hugging Face folder (read lazily, only
+    the tensors of this rank's parameters) or export (memory-mapped: read as shards need it), else name-seeded.
+    Training and evaluation read weights through this one function."""
+    if init_from and Path(init_from).is_dir():
+        return hf_initial_values(check_weights(read_hf_model(init_from)))
+    if init_from:
+        weights = read_init_weights(Path(init_from), model_cfg)
+        return lambda name, shape: weights[name]
+    return functools.partial(spec_of(model_cfg).initial_value, seed=seed, cfg=model_cfg)

@@ -5,13 +5,17 @@
     python run.py eval --checkpoint ckpt --data held_out.txt                    # text, with the checkpoint's tokenizer
     torchrun --nproc_per_node=8 run.py eval --checkpoint ckpt --data val.bin --dp 2 --pp 2 --mp 2
 
+    python run.py eval --init-from ~/models/Qwen3-0.6B --data val.bin          # a Hugging Face folder, any family
+
 Every window of the data set is evaluated once (the format's validation split when it names one:
-llm.c ``*_val_*`` shards, nanoGPT ``val.bin``; else every file), forward only, through the same stages
-and schedule as training, on any mesh; the result is one JSON line: loss, perplexity, bits per byte
-for byte-level text, tokens and windows. The flags are training's groups that evaluation reads (mesh,
-model, micro-batching, precision, data; runtime/commands/flag_groups.py), nothing of optimisation,
-checkpointing or metrics; ``--precision`` defaults to fp32 here. A checkpoint brings its own model shape;
-``--seq-len`` evaluates it on windows of another length, up to the model's context.
+llm.c ``*_val_*`` shards, nanoGPT ``val.bin``; else every file), forward only, through the engine training
+builds (runtime/engine/build.py), on any mesh; the result is one JSON line: loss, perplexity, bits per byte
+for byte-level text, tokens and windows. The flags are training's groups that evaluation reads (mesh, DP mode,
+model, micro-batching, placement (SP, AC), precision, data; runtime/commands/flag_groups.py), so a training
+command's layout evaluates its checkpoint; nothing of optimisation, checkpointing or metrics. ``--precision``
+defaults to fp32 here. Weights come as training reads them (runtime/checkpoint/weights.py): a checkpoint (which
+brings its own model shape; ``--seq-len`` evaluates it on windows of another length, up to the model's
+context), a single-file export, or a Hugging Face folder.
 """
 
 from __future__ import annotations
@@ -25,35 +29,28 @@ from pathlib import Path
 
 import torch
 
-from compiler.parallelize.data_parallel import DataParallelOptions
-from compiler.parallelize.stages import StageMeshes, build_local_stages
-from compiler.precisions import PRECISIONS
-from compiler.schedules import SCHEDULES, build_schedule
-from compiler.stage_plan import plan_stages
-from models import config_from_dict, moe_layer_names, spec_of, with_window
+from models import config_from_dict, with_window
 from runtime.checkpoint.files import CheckpointError, CheckpointInfo
 from runtime.checkpoint.state import load_model_only
-from runtime.checkpoint.weights import read_init_weights, resolve_checkpoint
+from runtime.checkpoint.weights import check_init_from, initial_values, resolve_checkpoint
 from runtime.commands import flag_groups as groups
 from runtime.commands.flags import config_from_args
 from runtime.config import ConfigError, TrainConfig, validate
 from runtime.device import configure_cpu_threads, configure_fp32_matmuls, select_device
-from runtime.distributed.mesh import build_mesh, fsdp_mesh, grid_layout, moe_meshes
-from runtime.engine.data.inputs import ContextSlice, model_input_count
 from runtime.distributed.process_group import LaunchEnv, collective_timeout, init_distributed, shutdown_distributed
-from runtime.engine.data import DataError, evaluation_corpus, replica_rows
+from runtime.engine.build import build_engine
+from runtime.engine.data import DataError, evaluation_corpus
 from runtime.engine.data.corpus import Corpus
 from runtime.engine.evaluation import Evaluation, evaluate_windows, summed_cross_entropy
 from runtime.tokenizer import has_tokenizer
-from runtime.engine.step import StepContext
 
 InputError = (ConfigError, DataError, CheckpointError)
 
 
 # Training's flag groups that evaluation reads (forward only: no optimiser, checkpoint writing or metrics).
 EVAL_FLAG_GROUPS = (groups.add_mesh_flags, groups.add_data_parallel_flags, groups.add_model_flags,
-                    groups.add_pipeline_flags, groups.add_precision_flag, groups.add_run_flags, groups.add_init_flag,
-                    groups.add_data_flags)
+                    groups.add_pipeline_flags, groups.add_layout_flags, groups.add_precision_flag,
+                    groups.add_run_flags, groups.add_init_flag, groups.add_data_flags)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +71,6 @@ class EvalInputs:
     byte_level: bool
     description: str
     checkpoint: CheckpointInfo | None  # else the weights come from --init-from
-    weights: dict[str, torch.Tensor] | None
 
 
 def check_inputs(argv: list[str], env: LaunchEnv) -> EvalInputs:
@@ -83,7 +79,7 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> EvalInputs:
     if (args.checkpoint is None) == (args.init_from is None):
         raise ConfigError("run.py eval needs exactly one of --checkpoint DIR and --init-from FILE")
     cfg = config_from_args(groups.with_training_defaults(args), world_size=env.world_size)
-    checkpoint, weights = None, None
+    checkpoint = None
     if args.checkpoint:
         checkpoint = resolve_checkpoint(Path(args.checkpoint))
         model = config_from_dict(checkpoint.config["model"])  # the checkpoint's shape, at --seq-len if given
@@ -96,12 +92,12 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> EvalInputs:
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str(checkpoint.path)))
         validate(cfg, world_size=env.world_size)
     else:
-        weights = read_init_weights(Path(args.init_from), cfg.model)
+        check_init_from(args.init_from, cfg.model)  # headers and shapes, before any process group
     corpus, byte_level, description = evaluation_corpus(
         cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
         token_dtype=cfg.data.token_dtype, data_format=cfg.data.data_format, eod_token=cfg.data.eod_token,
         document_mask=cfg.data.document_mask, tokenizer=cfg.data.tokenizer)
-    return EvalInputs(cfg, corpus, byte_level, description, checkpoint, weights)
+    return EvalInputs(cfg, corpus, byte_level, description, checkpoint)
 
 
 def main(argv: list[str]) -> int:
@@ -115,7 +111,7 @@ def main(argv: list[str]) -> int:
             time.sleep(20)  # let rank 0 print before torchrun tears the job down (as training does)
         return 2
     device = select_device(env.local_rank, inputs.cfg.device, local_world_size=env.local_world_size)
-    configure_fp32_matmuls(device, inputs.cfg.precision)
+    configure_fp32_matmuls(device, inputs.cfg.plan.precision)
     if device.type == "cpu":
         configure_cpu_threads(env.local_world_size)
     init_distributed(env, device, timeout_s=inputs.cfg.collective_timeout_s)
@@ -131,7 +127,7 @@ def main(argv: list[str]) -> int:
                   "windows": result.windows, "data": inputs.description,
                   "weights": str(inputs.checkpoint.path) if inputs.checkpoint else inputs.cfg.checkpoint.init_from,
                   "step": inputs.checkpoint.step if inputs.checkpoint else None,
-                  "mesh": dataclasses.asdict(inputs.cfg.mesh)}
+                  "mesh": inputs.cfg.plan.mesh_text()}
         if result.bits_per_byte is not None:
             report["bits_per_byte"] = result.bits_per_byte
         print(json.dumps(report), flush=True)
@@ -140,47 +136,18 @@ def main(argv: list[str]) -> int:
 
 
 def evaluate(inputs: EvalInputs, *, env: LaunchEnv, device: torch.device) -> Evaluation:
-    """Build this rank's stages as training does (forward only), load the weights, run every window."""
+    """Build this rank's part of the run as training does, load the weights, run every window forward."""
     cfg = inputs.cfg
-    layout = grid_layout(cfg)
-    timeout = collective_timeout(cfg.collective_timeout_s)
-    mesh = build_mesh(device.type, layout, timeout=timeout)
-    dp_rank, pp_rank, _ = layout.coordinates(env.rank)
-    spec = SCHEDULES[cfg.pipeline.schedule]
-    v = cfg.pipeline.stages_per_rank
-    # The counted-FLOPs split: the same on every rank without a broadcast, and any split gives the same losses.
-    plan = plan_stages(cfg.model, n_stages=cfg.mesh.pp * v, micro_batch_size=cfg.pipeline.micro_batch_size,
-                       split=cfg.pipeline.split, precision=cfg.precision, mp=cfg.mesh.mp, layer_seconds=None,
-                       placement=spec.placement)
-    weights = inputs.weights
-    values = ((lambda name, shape: weights[name]) if weights is not None else
-              lambda name, shape: spec_of(cfg.model).initial_value(name, shape, seed=cfg.seed, cfg=cfg.model))
-    stages = build_local_stages(
-        cfg.model, blocks_per_stage=plan.blocks_per_stage,
-        stage_indices=spec.stage_indices(pp_rank, pp=cfg.mesh.pp, stages_per_rank=v),
-        micro_batch_size=cfg.pipeline.micro_batch_size, device=device, activation_checkpointing="none",
-        meshes=StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout),
-                           moe=(moe_meshes(mesh, layout, sequence_parallel=cfg.sequence_parallel, timeout=timeout)
-                                if moe_layer_names(cfg.model) else None)),
-        data_parallel=DataParallelOptions(zero3=cfg.data_parallel.reshard_after_forward,
-                                          param_dtype=PRECISIONS[cfg.precision].autocast_dtype, reduce_dtype=None),
-        initial_value=values, sequence_parallel=cfg.sequence_parallel,
-        model_inputs=model_input_count(document_mask=cfg.data.document_mask, cp=cfg.mesh.cp),
-        context_parallel=mesh["cp"] if cfg.mesh.cp > 1 else None)
+    # A checkpoint's weights are loaded after the build; the build starts from the name-seeded values then.
+    engine = build_engine(cfg, env=env, device=device, timeout=collective_timeout(cfg.collective_timeout_s),
+                          initial_value=initial_values(cfg.checkpoint.init_from, cfg.model, seed=cfg.seed),
+                          announce=False)
     if inputs.checkpoint is not None:
-        load_model_only(stages, inputs.checkpoint)
-    vocab_parallel = cfg.mesh.mp > 1
-    schedule = build_schedule(cfg.pipeline.schedule, stages.stages, n_microbatches=cfg.pipeline.microbatches,
-                              loss_fn=summed_cross_entropy(vocab_mesh=mesh["mp"] if vocab_parallel else None,
-                                                           vocab_size=cfg.model.vocab_size))
-    ctx = StepContext(schedule=schedule, schedule_name=cfg.pipeline.schedule, stages=stages, optimizer=None,
-                      lr_schedule=None, scaler=None, device=device,
-                      precision=cfg.precision, grad_clip=0.0, loss_copies=cfg.mesh.mp,
-                      plane_size=cfg.mesh.dp * cfg.mesh.cp * cfg.mesh.mp)
+        load_model_only(engine.stages, inputs.checkpoint)
+    pipeline = engine.pipeline(summed_cross_entropy(vocab_mesh=engine.vocab_mesh(), vocab_size=cfg.model.vocab_size))
     with torch.no_grad():
-        return evaluate_windows(ctx, inputs.corpus, global_batch_size=cfg.global_batch_size,
-                                replica_rows=replica_rows(cfg.global_batch_size, dp_rank, cfg.mesh.dp),
-                                loss_copies=cfg.mesh.mp, byte_level=inputs.byte_level,
-                                document_mask=cfg.data.document_mask,
+        return evaluate_windows(pipeline, inputs.corpus, global_batch_size=cfg.global_batch_size,
+                                replica_rows=engine.replica_rows(), sum_copies=engine.layout.sum_copies,
+                                byte_level=inputs.byte_level, document_mask=cfg.data.document_mask,
                                 eod_without_loss=cfg.data.eod_token if cfg.data.no_loss_across_documents else None,
-                                context=ContextSlice(layout.cp_index(env.rank), cfg.mesh.cp) if cfg.mesh.cp > 1 else None)
+                                context=engine.context_slice())

@@ -10,10 +10,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from compiler.parallelize.activation_checkpointing import AC_MODES
-from compiler.precisions import PRECISIONS
-from compiler.schedules import DEFAULT_SCHEDULE, SCHEDULES
 from models import FAMILIES, MODEL_NAMES
+from runtime.commands.flag_table import add_plan_flags
 from runtime.config import ConfigError
 from runtime.device import DEVICE_CHOICES
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
@@ -49,16 +47,7 @@ def command_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def add_mesh_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("mesh (dp x pp x cp x mp must equal the number of processes)")
-    g.add_argument("--dp", type=int, default=1, help="data-parallel degree (FSDP replicas)")
-    g.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree (ranks per pipeline)")
-    g.add_argument("--mp", type=int, default=1, help="model (tensor) parallel degree")
-    g.add_argument("--cp", type=int, default=1,
-                   help="context-parallel degree: each sequence is split over N ranks (2N load-balanced chunks, rank c "
-                        "keeping chunks c and 2N-1-c; attention all-gathers keys and values); dp x pp x cp x mp ranks")
-    g.add_argument("--ep", type=int, default=1,
-                   help="expert-parallel degree for mixture-of-experts models, borrowed from --dp: groups of N replicas "
-                        "each hold 1/N of every MoE layer's experts and exchange tokens all-to-all (N divides --dp and "
-                        "the expert count)")
+    add_plan_flags(g, ("dp", "pp", "mp", "cp", "ep"))
     g.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
                    help="where the ranks compute: cuda (one GPU per rank, NCCL), cpu (gloo, also on a GPU machine), "
                         "auto = the accelerator when there is one, else the CPU")
@@ -66,14 +55,7 @@ def add_mesh_flags(p: argparse.ArgumentParser) -> None:
 
 def add_data_parallel_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data parallelism")
-    g.add_argument("--dp-shard", type=int,
-                   help="ranks a parameter is sharded over, a divisor of --dp (default --dp: FSDP); 1 = replicate "
-                        "(every rank holds the whole stage, gradients all-reduced, like DDP); between: HSDP, "
-                        "sharded within groups of N replicas and replicated across them; with --cp each group "
-                        "spans its cp ranks too (at --dp 1 the cp ranks shard)")
-    g.add_argument("--reshard-after-forward", action="store_true",
-                   help="free gathered parameters after each forward and gather them again for backward (ZeRO-3 "
-                        "memory, one more all-gather per micro-batch); default: keep them gathered for the step")
+    add_plan_flags(g, ("dp_shard", "reshard_after_forward", "reduce_dtype"))
 
 
 def add_auto_flag(p: argparse.ArgumentParser) -> None:
@@ -82,12 +64,9 @@ def add_auto_flag(p: argparse.ArgumentParser) -> None:
                         "precision unless --precision is given) for this world size; see `run.py plan`")
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("model")
-    g.add_argument("--model", choices=tuple(MODEL_NAMES), metavar="NAME",
-                   help=f"named size of a model family (default: {DEFAULT_MODEL}; with --init-from FOLDER, the folder's "
-                        "model): " + "; ".join(s.description for s in FAMILIES.values()))
-    g.add_argument("--layers", type=int, help="override the number of transformer blocks")
+def add_model_shape_flags(g: argparse._ActionsContainer) -> None:
+    """The shape flags that override a named size's (train, eval, plan); the family's rules fill in the rest."""
+    g.add_argument("--layers", type=int, help="transformer blocks (overrides the size's)")
     g.add_argument("--d-model", type=int, help="override the hidden width")
     g.add_argument("--heads", type=int, help="override the number of attention heads")
     g.add_argument("--kv-heads", type=int,
@@ -101,6 +80,14 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mlp-width", type=int,
                    help="override the MLP hidden width (default: the family's rule, 4 x d-model for GPT-2, "
                         "Llama's SwiGLU rule)")
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", choices=tuple(MODEL_NAMES), metavar="NAME",
+                   help=f"named size of a model family (default: {DEFAULT_MODEL}; with --init-from FOLDER, the folder's "
+                        "model): " + "; ".join(s.description for s in FAMILIES.values()))
+    add_model_shape_flags(g)
     g.add_argument("--untie-embeddings", action="store_true",
                    help="give the LM head its own weight instead of reusing the token embedding (GPT-2 ties them)")
     g.add_argument("--expert-bias-rate", type=float, default=0.0, metavar="GAMMA",
@@ -111,19 +98,15 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("pipeline and batch")
-    g.add_argument("--schedule", choices=tuple(SCHEDULES), default=DEFAULT_SCHEDULE,
-                   help="pipeline schedule; naive = stop-and-wait, one micro-batch at a time")
-    g.add_argument("--stages-per-rank", type=int,
-                   help="virtual stages v per pp rank (default: the schedule's, e.g. 2 for interleaved-1f1b, when "
-                        "pp > 1; else 1)")
-    g.add_argument("--microbatches", type=int,
-                   help="micro-batches per step per dp replica (default: global batch / (micro-batch size x dp), or 2 x pp)")
-    g.add_argument("--micro-batch-size", type=int, default=4, help="samples per micro-batch")
+    add_plan_flags(g, ("schedule", "stages_per_rank", "microbatches", "micro_batch_size"))
     g.add_argument("--global-batch-size", type=int,
                    help="samples per optimizer step over all replicas; must equal micro-batch size x microbatches x dp")
-    g.add_argument("--split", default="auto",
-                   help="stage split: auto (balance estimated per-layer cost), uniform (equal blocks per stage), "
-                        "or manual:N0,N1,... (blocks per stage)")
+    add_plan_flags(g, ("split",))
+
+
+def add_layout_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("activation memory and sequence parallelism")
+    add_plan_flags(g, ("ac", "sequence_parallel"))
 
 
 def add_placement_flags(p: argparse.ArgumentParser) -> None:
@@ -144,24 +127,13 @@ def add_placement_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--skip-memory-check", action="store_true",
                    help="start even when the planner's memory model predicts the node's RAM (CPU) or a GPU's memory "
                         "would overflow (by default such a run stops before building anything, naming flags that fit)")
-    g.add_argument("--activation-checkpointing", nargs="?", const="full", default="none", choices=AC_MODES,
-                   help="recompute in the backward pass to save activation memory: full (also the flag alone) keeps "
-                        "only each transformer block's input; selective keeps its matrix products' and attention's "
-                        "outputs and recomputes the rest (norms, activations, RoPE: little compute)")
-    g.add_argument("--sequence-parallel", action="store_true",
-                   help="with --mp > 1: run the norms and keep the residual stream on sequence shards (T/mp per "
-                        "rank; Korthikanti et al. 2022), all-gathering before and reduce-scattering after each "
-                        "tensor-parallel region instead of all-reducing")
     g.add_argument("--compile", action="store_true",
                    help="torch.compile each transformer block (after TP and activation checkpointing, before FSDP); "
                         "not with the split-backward schedules (zero-bubble, zbv, dualpipev)")
 
 
 def add_precision_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--precision", choices=tuple(PRECISIONS),
-                   help="; ".join(f"{p.name} = {p.description}" for p in PRECISIONS.values()) + ". Default: bf16 "
-                        "where the device computes it fast (CUDA compute capability >= 8.0, a CPU with AVX-512 BF16 "
-                        "or AMX), else fp32. fp32 on CUDA computes matrix products in TF32 (runtime/device.py)")
+    add_plan_flags(p, ("precision",))
 
 
 def add_optim_flags(p: argparse.ArgumentParser) -> None:
@@ -171,9 +143,6 @@ def add_optim_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup-steps", type=int, default=10, help="linear warm-up steps, then cosine decay to lr/10")
     g.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay on matrices")
     g.add_argument("--grad-clip", type=float, default=1.0, help="global gradient-norm clip (0 disables)")
-    g.add_argument("--reduce-dtype", choices=tuple(PRECISIONS), default="fp32",
-                   help="precision in which data-parallel gradients are communicated (FSDP MixedPrecisionPolicy); "
-                        "parameters and optimizer state stay fp32")
     g.add_argument("--stop-at-step", type=int,
                    help="end this run after step N (saving a checkpoint if --checkpoint-dir is set), e.g. to fit a "
                         "job's time limit; the LR schedule still spans --steps and --resume continues")
@@ -280,7 +249,7 @@ FlagGroup = Callable[[argparse.ArgumentParser], None]
 
 # Training reads every group; subcommands that build the engine name theirs (runtime/commands/eval.py).
 TRAINING_FLAG_GROUPS: tuple[FlagGroup, ...] = (
-    add_mesh_flags, add_data_parallel_flags, add_auto_flag, add_model_flags, add_pipeline_flags, add_placement_flags,
+    add_mesh_flags, add_data_parallel_flags, add_auto_flag, add_model_flags, add_pipeline_flags, add_layout_flags, add_placement_flags,
     add_precision_flag, add_optim_flags, add_run_flags, add_init_flag, add_checkpoint_flags, add_data_flags,
     add_validation_flags, add_metrics_flags)
 

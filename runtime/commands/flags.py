@@ -10,6 +10,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+from compiler.parallel_plan import ParallelPlan
 from compiler.precisions import default_precision
 from models import named_config, spec_of
 from runtime.checkpoint.hf_weights import read_hf_model, run_model_config, run_name
@@ -20,16 +21,15 @@ from runtime.commands.flag_groups import (  # noqa: F401 (re-exported: the comma
     command_parser,
     with_training_defaults,
 )
+from runtime.commands.flag_table import AUTO_CHOSEN_FIELDS, FLAG_OF
 from runtime.config import (
     CheckpointConfig,
     ConfigError,
     DataConfig,
-    DataParallelConfig,
     GuardConfig,
-    MeshShape,
     MetricsConfig,
     OptimConfig,
-    PipelineConfig,
+    PlacementConfig,
     TrainConfig,
     check_world,
     default_stages_per_rank,
@@ -39,8 +39,7 @@ from runtime.device import has_fast_bf16, resolve_device_type
 from runtime.tokenizer import has_tokenizer
 
 # The flags --auto chooses (the planner's plan): giving one with --auto is an error.
-AUTO_CHOSEN = ("--dp", "--pp", "--mp", "--dp-shard", "--reshard-after-forward", "--schedule", "--stages-per-rank",
-               "--microbatches", "--micro-batch-size", "--activation-checkpointing")
+AUTO_CHOSEN = tuple(FLAG_OF[f] for f in AUTO_CHOSEN_FIELDS)
 
 
 def explicit_flags(argv: list[str]) -> set[str]:
@@ -48,7 +47,8 @@ def explicit_flags(argv: list[str]) -> set[str]:
     parser = build_parser()
     for action in parser._actions:
         action.default = argparse.SUPPRESS
-    return {"--" + dest.replace("_", "-") for dest in vars(parser.parse_args(argv))}
+    flags = {action.dest: action.option_strings[0] for action in parser._actions if action.option_strings}
+    return {flags[dest] for dest in vars(parser.parse_args(argv))}
 
 
 def _positive(name: str, value: int | float | None) -> None:
@@ -72,17 +72,15 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
     if args.stop_at_step is not None and args.stop_at_step > args.steps:
         raise ConfigError(f"--stop-at-step {args.stop_at_step} must be at most --steps {args.steps}")
 
-    mesh = MeshShape(args.dp, args.pp, args.mp, cp=args.cp, ep=args.ep)
     device = resolve_device_type(args.device)
+    plan = plan_from_args(args, precision=args.precision or default_precision(fast_bf16=has_fast_bf16(device)))
     if world_size is not None:
-        check_world(mesh, world_size)
+        check_world(plan, world_size)
     cfg = TrainConfig(
         model_name=args.model or (run_name(args.init_from) if _init_folder(args) else DEFAULT_MODEL),
         model=model_config(args),
-        mesh=mesh,
-        data_parallel=DataParallelConfig(args.dp_shard or args.dp, args.reshard_after_forward, args.reduce_dtype),
-        pipeline=_pipeline_config(args, mesh),
-        precision=args.precision or default_precision(fast_bf16=has_fast_bf16(device)),
+        plan=plan,
+        placement=PlacementConfig(args.split_cost, args.bind_cores, args.compact_cpu_memory),
         optim=OptimConfig(args.steps, args.lr, args.warmup_steps, args.weight_decay, args.grad_clip,
                           args.stop_at_step),
         data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches, val_source=args.val_data,
@@ -91,11 +89,9 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
                         no_loss_across_documents=getattr(args, "no_loss_across_documents", False)),
         metrics=MetricsConfig(args.logdir or "", args.log_every, args.peak_tflops, args.profile, args.profile_memory),
         seed=args.seed,
-        activation_checkpointing=args.activation_checkpointing,
         checkpoint=_checkpoint_config(args),
         guard=GuardConfig(args.max_bad_steps, args.min_loss_scale),
         compile_blocks=args.compile,
-        sequence_parallel=args.sequence_parallel,
         collective_timeout_s=args.collective_timeout,
         startup_timeout_s=args.startup_timeout,
         checkpoint_timeout_s=args.checkpoint_timeout,
@@ -114,9 +110,9 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
 
 def with_default_logdir(cfg: TrainConfig, *, now: float | None = None) -> TrainConfig:
     timestamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    m = cfg.mesh
-    logdir = (f"tensorboard_logs/{cfg.model_name}_dp{m.dp}_pp{m.pp}_mp{m.mp}_{cfg.pipeline.schedule}_"
-              f"{cfg.precision}_{timestamp}")
+    m = cfg.plan
+    logdir = (f"tensorboard_logs/{cfg.model_name}_dp{m.dp}_pp{m.pp}_mp{m.mp}_{cfg.plan.schedule}_"
+              f"{cfg.plan.precision}_{timestamp}")
     return dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, logdir=logdir))
 
 
@@ -214,22 +210,27 @@ def _checkpoint_config(args: argparse.Namespace) -> CheckpointConfig:
                             async_write=args.async_checkpoint)
 
 
-def _pipeline_config(args: argparse.Namespace, mesh: MeshShape) -> PipelineConfig:
-    v = args.stages_per_rank or default_stages_per_rank(args.schedule, mesh.pp)
+def plan_from_args(args: argparse.Namespace, *, precision: str) -> ParallelPlan:
+    """The plan the layout flags give (flag_table.py): v defaults to the schedule's, the micro-batch count to
+    global batch / (micro-batch size x dp), else 2 x pp."""
+    v = args.stages_per_rank or default_stages_per_rank(args.schedule, args.pp)
     mbs, m, gbs = args.micro_batch_size, args.microbatches, args.global_batch_size
     if m is None and gbs is not None:
-        if gbs % (mbs * mesh.dp):
+        if gbs % (mbs * args.dp):
             raise ConfigError(
-                f"--global-batch-size {gbs} must be a multiple of --micro-batch-size {mbs} x --dp {mesh.dp} "
-                f"= {mbs * mesh.dp}"
+                f"--global-batch-size {gbs} must be a multiple of --micro-batch-size {mbs} x --dp {args.dp} "
+                f"= {mbs * args.dp}"
             )
-        m = gbs // (mbs * mesh.dp)
+        m = gbs // (mbs * args.dp)
     elif m is None:
-        m = 2 * mesh.pp
-    if gbs is not None and gbs != mbs * m * mesh.dp:
+        m = 2 * args.pp
+    if gbs is not None and gbs != mbs * m * args.dp:
         raise ConfigError(
             f"--global-batch-size {gbs} must equal --micro-batch-size {mbs} x --microbatches {m} x --dp "
-            f"{mesh.dp} = {mbs * m * mesh.dp}"
+            f"{args.dp} = {mbs * m * args.dp}"
         )
-    return PipelineConfig(args.schedule, v, m, mbs, args.split, args.split_cost, args.bind_cores,
-                          args.compact_cpu_memory)
+    return ParallelPlan(dp=args.dp, pp=args.pp, mp=args.mp, cp=args.cp, ep=args.ep, schedule=args.schedule,
+                        stages_per_rank=v, microbatches=m, micro_batch_size=mbs, precision=precision, ac=args.ac,
+                        dp_shard=None if args.dp_shard in (None, args.dp) else args.dp_shard,
+                        reshard_after_forward=args.reshard_after_forward, reduce_dtype=args.reduce_dtype,
+                        sequence_parallel=args.sequence_parallel, split=args.split)

@@ -56,24 +56,24 @@ class RunSpec:
     name: str  # unique; the run's folder under the study directory
     nproc: int
     args: list[str]  # run.py (or plain-loop) flags, without --logdir
-    kind: str = "engine"  # "engine": torchrun run.py; "plain": python -m runtime.commands.study.plain_loop
+    kind: str = "engine"  # "engine": torchrun run.py; "plain": python -m runtime.lab.plain_loop
     meta: dict = field(default_factory=dict)  # what the report needs to know: mesh, schedule, p, m, v, ...
 
     def argv(self, logdir: Path) -> list[str]:
         if self.kind == "plain" and self.nproc == 1:
-            return [sys.executable, "-m", "runtime.commands.study.plain_loop", *self.args]
+            return [sys.executable, "-m", "runtime.lab.plain_loop", *self.args]
         if self.kind == "plain":  # DistributedDataParallel under torchrun
             return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}",
-                    "-m", "runtime.commands.study.plain_loop", *self.args]
+                    "-m", "runtime.lab.plain_loop", *self.args]
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.nproc}",
                 str(ROOT / "run.py"), *self.args, "--logdir", str(logdir)]
 
     def display(self, logdir: Path) -> str:
         """The command as a user would type it (torchrun is ``python -m torch.distributed.run``)."""
         if self.kind == "plain" and self.nproc == 1:
-            return "python -m runtime.commands.study.plain_loop " + shlex.join(self.args)
+            return "python -m runtime.lab.plain_loop " + shlex.join(self.args)
         if self.kind == "plain":
-            return (f"torchrun --standalone --nproc_per_node={self.nproc} -m runtime.commands.study.plain_loop "
+            return (f"torchrun --standalone --nproc_per_node={self.nproc} -m runtime.lab.plain_loop "
                     + shlex.join(self.args))
         return (f"torchrun --standalone --nproc_per_node={self.nproc} run.py " + shlex.join(self.args)
                 + f" --logdir {shlex.quote(str(logdir))}")

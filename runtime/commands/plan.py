@@ -11,28 +11,25 @@ import sys
 import time
 
 from compiler.planner.advice import MEMORY_BINDS_BELOW, binding_constraint, cheapest_fit, why_slower
+from compiler.planner.auto import DEFAULT_GLOBAL_BATCH, ENGINE_RUNS
 from compiler.planner.candidates import Constraints
 from compiler.planner.cluster import CALIBRATED, LOCAL_PRESET, Cluster, preset_names, resolve_cluster
 from compiler.planner.engines import THIS_ENGINE
+from compiler.planner.precision_probe import check_calibration
 from compiler.planner.search import Estimate, SearchResult, search
-from compiler.precisions import PRECISIONS
 from compiler.planner.shape import DecoderShape
+from compiler.precisions import PRECISIONS
 from models import MODEL_NAMES, named_config, spec_of
-from runtime.commands import plan_reproduce
-from runtime.commands.flags import AUTO_CHOSEN, HelpFormatter, build_config, default_config, explicit_flags, \
-    named_model, with_default_logdir
-from runtime.commands.plan_flags import add_flags, constraints_from_args, describe_estimate, describe_shape, \
-    shape_from_args
-from runtime.commands.plan_validation import validate, validate_measured
-from runtime.commands.precision_probe import check_calibration
-from runtime.commands.speed_probe import probe
-from runtime.config import ConfigError, TrainConfig, apply_plan, plan_error
-from runtime.config import validate as validate_config
+from runtime.commands.flags import (
+    HelpFormatter,
+    default_config,
+    named_model,
+)
+from runtime.commands.plan_flags import add_flags, constraints_from_args, describe_estimate, describe_shape, shape_from_args
+from runtime.commands.plan_reproduce import print_reproduction
+from runtime.config import ConfigError, plan_checker
 from runtime.device import has_accelerator
 from runtime.observe.alignment import head_aligned, padded_vocabulary
-from runtime.planning import ENGINE_RUNS, best_plan
-
-DEFAULT_GLOBAL_BATCH = 32
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -50,19 +47,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", help=f"cluster JSON or preset ({', '.join(preset_names())}); default: on a CUDA "
                                      f"machine its GPU's preset, else the file `run.py calibrate` wrote ({CALIBRATED}) "
                                      f"if any, else {LOCAL_PRESET}")
-    p.add_argument("--speed-probe", action="store_true",
-                   help="planning for this machine, first re-run two of calibration's recorded engine runs "
-                        "(~30 s) and rescale the calibration by their speed now (runtime/commands/speed_probe.py)")
     p.add_argument("--precisions", help="comma-separated precisions to consider (default: fp32,bf16,fp16 on CPU, "
                                         "bf16 on GPU clusters)")
     p.add_argument("--top", type=int, help="plans to list (default 15 on CPU, 5 on GPU clusters)")
     p.add_argument("--out", default="plan.json", help="CPU: where to write every plan with its estimate")
-    p.add_argument("--validate", action="store_true",
-                   help="run the best plan of every feasible mesh of the tiny and small models on this machine and "
-                        "compare predicted with measured step times")
-    p.add_argument("--measured", metavar="FILE", help="with --validate: compare with recorded engine runs of any device "
-                   "(summary.json, a results file, e.g. compiler/clusters/measured/h100-engine-runs.json, or a study's "
-                   "folder) instead of running plans here")
     p.add_argument("--reproduce", metavar="FILE", nargs="*",
                    help="price published runs at their layouts (compiler/published/*.json; no FILE: all of them)")
     p.add_argument("--fit", action="store_true", help="with --reproduce: refit the GEMM efficiency constant to the "
@@ -75,18 +63,12 @@ def main(argv: list[str]) -> int:
     args = build_arg_parser().parse_args(argv)
     try:
         if args.reproduce is not None:
-            return plan_reproduce.main(args)
-        if args.validate and args.measured:
-            pass
-        elif args.world is None or args.world < 1 or args.global_batch_size < 1:
+            return print_reproduction(args)
+        if args.world is None or args.world < 1 or args.global_batch_size < 1:
             raise ConfigError("--world and --global-batch-size must be positive (--world is required)")
-        if args.validate and args.measured:
-            return validate_measured(args.measured, cluster=resolve_cluster(args.cluster), out=args.out)
         cluster = resolve_cluster(args.cluster)
         if not cluster.is_gpu:
             cluster = this_machine(args, cluster)
-        if args.validate:
-            return validate(world=args.world, cluster=cluster, precisions=precisions_of(args, cluster), out=args.out)
         return plan(args, cluster)
     except (ValueError, OSError) as e:  # ConfigError is a ValueError
         print(f"error: {e}", file=sys.stderr)
@@ -103,21 +85,11 @@ def precisions_of(args: argparse.Namespace, cluster: Cluster) -> tuple[str, ...]
 
 
 def this_machine(args: argparse.Namespace, cluster: Cluster) -> Cluster:
-    """Planning for this CPU: re-timed on another CPU generation, rescaled by --speed-probe."""
-    here = args.validate or args.cluster in (None, LOCAL_PRESET, str(CALIBRATED))
-    if here and not has_accelerator():
-        cluster, note = check_calibration(cluster, precisions_of(args, cluster))  # another CPU: re-measured
+    """Planning for this CPU: re-timed on another CPU generation (compiler/planner/precision_probe.py)."""
+    if args.cluster in (None, LOCAL_PRESET, str(CALIBRATED)) and not has_accelerator():
+        cluster, note = check_calibration(cluster, precisions_of(args, cluster))
         if note:
             print(note, flush=True)
-    if args.speed_probe and here and not has_accelerator():
-        print("probing this machine's speed against its calibration ...", flush=True)
-        measured = probe(cluster)
-        if measured is None:
-            print("speed probe: skipped (the cluster records no calibration points, or the probe failed)")
-        else:
-            ratio, line = measured
-            print(line)
-            cluster = cluster.rescaled(ratio, line)
     return cluster
 
 
@@ -136,7 +108,7 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
     else:  # this machine: the engine's model, and what the engine runs here as it would run it
         base = default_config(cpu_model(args))
         shape = DecoderShape.from_config(base.model)
-        validate_plan = lambda candidate: plan_error(base, candidate)  # noqa: E731
+        validate_plan = plan_checker(base)
         limits = dataclasses.replace(ENGINE_RUNS, headroom=given.headroom, max_mp=given.max_mp)
 
     def run(constraints: Constraints, ranks: int, model: DecoderShape | None = None, **kw) -> SearchResult:
@@ -231,48 +203,3 @@ def cpu_model(args: argparse.Namespace):
                             mlp_width=args.mlp_width)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-
-
-def auto_config(args: argparse.Namespace, argv: list[str], *, world: int) -> tuple[TrainConfig, Estimate, list[str]]:
-    """``--auto``: the run ``args`` describe, trained with the planner's best plan for ``world`` ranks on this
-    machine (pure computation, the same on every rank), and lines to print.
-
-    Mesh, schedule, virtual stages, micro-batching and activation checkpointing are chosen; the precision too
-    unless --precision is given. The global batch is --global-batch-size, else 32. One planner for every
-    device: on a CUDA machine the plan is priced on its GPU's preset, on CPU with this machine's calibration
-    (in fp32 only when the calibration is of another CPU, runtime/commands/precision_probe.py).
-    """
-    given = explicit_flags(argv)
-    clashes = [flag for flag in AUTO_CHOSEN if flag in given]
-    if clashes:
-        raise ConfigError(f"--auto chooses {', '.join(AUTO_CHOSEN)}; drop {', '.join(clashes)} or drop --auto")
-    gbs = args.global_batch_size or DEFAULT_GLOBAL_BATCH
-    # The batch flags are the plan's to choose; the rest of the run is as given.
-    base = build_config(argparse.Namespace(**{**vars(args), "global_batch_size": None}))
-    precisions = (args.precision,) if "--precision" in given else tuple(PRECISIONS)
-    notes = []
-    try:
-        cluster = resolve_cluster(None)
-    except ValueError as e:
-        raise ConfigError(f"--auto: {e}") from None
-    if cluster.is_gpu:
-        if cluster.world_error(world):
-            raise ConfigError(f"--auto: {cluster.world_error(world)}")
-        precisions = tuple(p for p in precisions if p in cluster.device.peak_flops)
-    else:
-        cluster, note = check_calibration(cluster, precisions, probe=False)
-        if note and "--precision" not in given:
-            precisions = ("fp32",)
-            note += "; planning in fp32 only (give --precision, or run `python run.py calibrate` here)"
-        notes += [note] if note else []
-    # What the user gave beside --auto is held: sequence parallelism, context and expert parallelism.
-    held = {"sequence_parallel": True} if "--sequence-parallel" in given else {}
-    held.update({dim: getattr(args, dim) for dim in ("cp", "ep") if f"--{dim}" in given})
-    best = best_plan(base, world=world, global_batch_size=gbs, cluster=cluster, precisions=precisions, held=held)
-    notes.append(f"auto plan priced on {cluster.name}" + (f", holding {', '.join(f'{k}={v}' for k, v in held.items())}"
-                                                          if held else ""))
-    cfg = apply_plan(base, best.candidate)
-    if not args.logdir:
-        cfg = with_default_logdir(cfg)
-    validate_config(cfg, world_size=world)
-    return cfg, best, notes

@@ -6,11 +6,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from compiler.planner.candidates import AC_MODES, Constraints, is_dp_mode
+from compiler.parallel_plan import is_dp_mode
+from compiler.planner.candidates import Constraints
 from compiler.planner.search import Estimate
 from compiler.planner.shape import DecoderShape, activated_parameter_count, default_mlp_width, parameter_count
-from compiler.schedules import SCHEDULES
 from models.spec import Experts
+from runtime.commands.flag_groups import add_model_shape_flags
+from runtime.commands.flag_table import add_plan_flags
 from runtime.commands.flags import named_model
 from runtime.config import ConfigError
 
@@ -21,37 +23,21 @@ POSITIVE = ("dp", "pp", "mp", "cp", "ep", "micro_batch_size", "stages_per_rank",
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model shape (priced in closed form, never built; default: --model's)")
-    g.add_argument("--layers", type=int, help="transformer blocks")
-    g.add_argument("--d-model", type=int, help="hidden width")
-    g.add_argument("--heads", type=int, help="attention (query) heads")
-    g.add_argument("--kv-heads", type=int, help="key/value heads (grouped-query attention; default --heads)")
-    g.add_argument("--mlp-width", type=int, help="MLP hidden width (default 4 d for gelu, Llama's 8d/3 rule for swiglu)")
+    add_model_shape_flags(g)
     g.add_argument("--mlp", choices=("gelu", "swiglu"), help="MLP kind: gelu (GPT-2: LayerNorm, biases, learned "
                    "positions) or swiglu (Llama: RMSNorm, no biases, RoPE, untied head)")
-    g.add_argument("--seq-len", type=int, help="sequence length")
-    g.add_argument("--vocab-size", type=int, help="vocabulary size")
     g.add_argument("--experts", type=int, help="a mixture of experts: routed experts per block")
     g.add_argument("--top-k", type=int, help="experts each token is routed to (with --experts)")
     g.add_argument("--expert-width", type=int, help="one expert's hidden width (default --mlp-width)")
     g.add_argument("--shared-experts", type=int, default=0, help="experts every token passes through")
     g.add_argument("--first-dense-layers", type=int, default=0, help="the first K blocks keep the dense MLP")
     g = p.add_argument_group("a plan to price (what is left open is searched and printed)")
-    g.add_argument("--dp", type=int)
-    g.add_argument("--pp", type=int)
-    g.add_argument("--mp", type=int)
-    g.add_argument("--cp", type=int, help="context parallelism: ranks sharing each sequence")
-    g.add_argument("--ep", type=int, help="expert parallelism: ranks (of dp x cp x mp) the experts are split over")
-    g.add_argument("--micro-batch-size", type=int)
-    g.add_argument("--schedule", choices=tuple(SCHEDULES))
-    g.add_argument("--stages-per-rank", type=int)
-    g.add_argument("--activation-checkpointing", choices=AC_MODES, nargs="?", const="full", default=None,
-                   help="none, selective (keep matmul and attention outputs) or full (bare flag: full)")
-    g.add_argument("--no-activation-checkpointing", dest="activation_checkpointing", action="store_const",
-                   const="none")
+    add_plan_flags(g, ("dp", "pp", "mp", "cp", "ep", "micro_batch_size", "schedule", "stages_per_rank", "ac",
+                       "sequence_parallel"), searched=True)
+    g.add_argument("--no-activation-checkpointing", dest="ac", action="store_const", const="none",
+                   help="hold activation checkpointing off")
     g.add_argument("--dp-mode", help="none, fsdp, zero3, replicate or hsdp:N (FSDP runs over dp x cp: at --dp 1 "
                                      "with --cp > 1, fsdp or zero3)")
-    g.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
-                   help="hold sequence parallelism on or off (default: searched where mp > 1)")
     g.add_argument("--chunked-loss", action=argparse.BooleanOptionalAction, default=None,
                    help="hold the chunked vocabulary-parallel loss on or off (default: searched)")
     g = p.add_argument_group("search bounds")
@@ -59,8 +45,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-cp", type=int, help="largest context-parallel degree (default: T / 8192, at most 16)")
     g.add_argument("--max-ep", type=int, help="largest expert-parallel degree (default: any)")
     g.add_argument("--headroom", type=float, default=0.0, help="fraction of device memory to leave free")
-    g.add_argument("--reduce-dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
-                   help="precision of data-parallel gradient communication")
+    add_plan_flags(g, ("reduce_dtype",))
     p.add_argument("--json", metavar="FILE", help='write {"best": PLAN, "priced": PLAN or null, "considered": N, ...}')
 
 
@@ -120,7 +105,7 @@ def constraints_from_args(args: argparse.Namespace, world: int) -> Constraints:
         raise ConfigError(f"--dp-mode must be none, fsdp, zero3, replicate or hsdp:N, got {mode}")
     return Constraints(dp=args.dp, pp=args.pp, mp=args.mp, cp=args.cp, ep=args.ep,
                        micro_batch_size=args.micro_batch_size, schedule=args.schedule,
-                       stages_per_rank=args.stages_per_rank, ac=args.activation_checkpointing, dp_mode=mode,
+                       stages_per_rank=args.stages_per_rank, ac=args.ac, dp_mode=mode,
                        sequence_parallel=args.sequence_parallel, chunked_loss=args.chunked_loss,
                        max_mp=args.max_mp, max_cp=args.max_cp, max_ep=args.max_ep, headroom=args.headroom)
 

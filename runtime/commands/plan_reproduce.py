@@ -38,7 +38,7 @@ def print_summary(name: str, results: list[RowResult]) -> dict:
     return s
 
 
-def main(args: argparse.Namespace) -> int:
+def print_reproduction(args: argparse.Namespace) -> int:
     files = args.reproduce or [str(p) for p in published_files()]
     tables = [load_table(f) for f in files]
     if args.fit:

@@ -26,15 +26,14 @@ from pathlib import Path
 
 import torch
 
-from compiler.planner.candidates import Candidate
 from compiler.planner.cluster import LOCAL_PRESET, load_cluster
 from compiler.planner.devices import GpuDevice
-from compiler.planner.search import Pricer
+from compiler.planner.pricer import Pricer
 from compiler.planner.shape import DecoderShape
-from runtime.config import ConfigError, TrainConfig, plan_error
+from runtime.commands.flag_table import plan_flags
+from runtime.config import ConfigError, TrainConfig, plan_checker, plan_error
 from runtime.device import device_index
 from runtime.distributed.mesh import grid_layout
-from runtime.planning import rank_plans
 
 GIB = 2**30
 CPU_RANK_OVERHEAD = 0.40 * GIB  # resident bytes per rank beyond its tensors (module docstring)
@@ -85,27 +84,15 @@ def node_ranks(*, rank: int, local_world_size: int) -> list[int]:
     return list(range(first, first + local_world_size))
 
 
-def candidate_of(cfg: TrainConfig) -> Candidate:
-    """The run's configuration as a plan the memory model prices."""
-    shard = None if cfg.data_parallel.shard == cfg.mesh.dp else cfg.data_parallel.shard
-    p = cfg.pipeline
-    return Candidate(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, p.schedule, p.stages_per_rank, p.microbatches,
-                     p.micro_batch_size, cfg.precision, cfg.activation_checkpointing == "full", dp_shard=shard,
-                     reshard_after_forward=cfg.data_parallel.reshard_after_forward,
-                     sequence_parallel=cfg.sequence_parallel and cfg.mesh.mp > 1,
-                     selective_ac=cfg.activation_checkpointing == "selective", cp=cfg.mesh.cp, ep=cfg.mesh.ep,
-                     chunked_loss=True)
-
-
 def predicted_tensor_bytes(cfg: TrainConfig) -> float:
     """The memory model's peak tensor bytes of the fullest rank: what ``max_memory_allocated`` measures on a
     GPU (summary.json's ``peak_bytes``) and ``--profile-memory`` on the CPU (``peak_tensor_bytes``)."""
-    return max(_pricer(cfg).rank_memories(candidate_of(cfg)))
+    return max(_pricer(cfg).rank_memories(cfg.plan))
 
 
 def predicted_bytes(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory) -> float:
     """CPU: the node's ranks' tensors and runtime together; GPU: the fullest rank's tensors and reserve."""
-    c = candidate_of(cfg)
+    c = cfg.plan
     peaks = _pricer(cfg).rank_memories(c)
     if memory.per_device:
         return max(peaks) + GPU_RESERVED
@@ -119,18 +106,17 @@ def _budget(memory: NodeMemory) -> float:
 def _fix(cfg: TrainConfig, *, node_ranks: list[int], memory: NodeMemory) -> tuple[str, float] | None:
     """The cheapest memory flags that make ``cfg`` fit: (flags, predicted bytes), or None."""
     options = [("--activation-checkpointing",)]
-    if grid_layout(cfg).sharded:
+    if grid_layout(cfg.plan).sharded:
         options += [("--reshard-after-forward",), ("--reshard-after-forward", "--activation-checkpointing")]
     for flags in options:
-        trial = dataclasses.replace(
-            cfg, activation_checkpointing="full" if "--activation-checkpointing" in flags else cfg.activation_checkpointing,
-            data_parallel=dataclasses.replace(cfg.data_parallel, reshard_after_forward=(
-                cfg.data_parallel.reshard_after_forward or "--reshard-after-forward" in flags)))
+        trial = dataclasses.replace(cfg, plan=dataclasses.replace(
+            cfg.plan, ac="full" if "--activation-checkpointing" in flags else cfg.plan.ac,
+            reshard_after_forward=cfg.plan.reshard_after_forward or "--reshard-after-forward" in flags))
         if trial == cfg:
             continue
         bytes_ = predicted_bytes(trial, node_ranks=node_ranks, memory=memory)
         if bytes_ <= _budget(memory):
-            extra = () if memory.per_device or cfg.pipeline.compact_cpu_memory else ("--compact-cpu-memory",)
+            extra = () if memory.per_device or cfg.placement.compact_cpu_memory else ("--compact-cpu-memory",)
             return " ".join(flags + extra), bytes_
     return None
 
@@ -143,16 +129,20 @@ def _fitting_plan(cfg: TrainConfig, *, world: int, node_ranks: list[int], memory
     device = dataclasses.replace(base.device, memory_per_node=max(0.0, _budget(memory) - len(node_ranks) * CPU_RANK_OVERHEAD))
     cluster = dataclasses.replace(base, device=device,
                                   topology=dataclasses.replace(base.topology, devices_per_node=len(node_ranks)))
-    plans = rank_plans(cfg, world=world, global_batch_size=cfg.global_batch_size, cluster=cluster,
-                       precisions=(cfg.precision,))
+    # The search runs only on this refusal path: a run that fits never loads it (the training command imports
+    # the planner's search only for --auto).
+    from compiler.planner.auto import rank_plans
+
+    plans = rank_plans(cfg.model, world=world, global_batch_size=cfg.global_batch_size, cluster=cluster,
+                       validate=plan_checker(cfg), precisions=(cfg.plan.precision,))
     best = next((e for e in plans if e.feasible), None)
-    return " ".join(best.candidate.flags()) if best else None
+    return " ".join(plan_flags(best.candidate)) if best else None
 
 
 def check_memory(cfg: TrainConfig, *, world: int, node_ranks: list[int], memory: NodeMemory | None) -> str | None:
     """Raise ConfigError when ``cfg`` is predicted to overflow the node's memory, naming what fits; return
     a warning line when it fits the budget but not what is free now; None otherwise."""
-    if memory is None or plan_error(cfg, candidate_of(cfg)):
+    if memory is None or plan_error(cfg, cfg.plan):
         return None  # unknown memory, or a configuration the validation rejects anyway
     need = predicted_bytes(cfg, node_ranks=node_ranks, memory=memory)
     budget = _budget(memory)

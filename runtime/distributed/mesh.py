@@ -54,6 +54,18 @@ class GridLayout:
         return self.dp * self.cp > 1 and not self.replicated
 
     @property
+    def plane_size(self) -> int:
+        """Ranks sharing one pipeline stage (dp x cp x mp); each reports the mean loss of an equal share of the
+        batch, so the global mean is their sum over this many."""
+        return self.dp * self.cp * self.mp
+
+    @property
+    def sum_copies(self) -> int:
+        """Ranks reporting the same summed loss: a replica's mp tensor-parallel peers (dp replicas and cp ranks sum
+        different tokens)."""
+        return self.mp
+
+    @property
     def dims(self) -> tuple[str, ...]:
         """The mesh's dimension names, outermost first: (dp, pp, mp), or (dp, pp, cp, mp) with cp > 1."""
         return ("dp", "pp", "cp", "mp") if self.cp > 1 else MESH_DIMS
@@ -120,9 +132,9 @@ class GridLayout:
         return "\n".join(lines)
 
 
-def grid_layout(cfg) -> GridLayout:
-    """The layout of a run's config (runtime/config.py TrainConfig)."""
-    return GridLayout(cfg.mesh.dp, cfg.mesh.pp, cfg.mesh.mp, cfg.data_parallel.shard, cp=cfg.mesh.cp, ep=cfg.mesh.ep)
+def grid_layout(plan) -> GridLayout:
+    """The rank layout of a plan (compiler/parallel_plan.py ParallelPlan)."""
+    return GridLayout(plan.dp, plan.pp, plan.mp, plan.shard, cp=plan.cp, ep=plan.ep)
 
 
 def build_mesh(device_type: str, layout: GridLayout, *, timeout: datetime.timedelta) -> DeviceMesh:

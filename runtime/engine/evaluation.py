@@ -23,7 +23,7 @@ from runtime.engine.data.batches import WindowColumns
 from runtime.engine.data.corpus import Corpus, restart_at_window
 from runtime.engine.data.inputs import (ContextSlice, Inputs, chunked_model_batch, model_batch,
                                         without_loss_across_documents)
-from runtime.engine.step import StepContext, run_schedule
+from runtime.engine.step import PipelineContext, run_schedule
 
 
 def language_model_metrics(loss: float, *, byte_level: bool) -> dict[str, float]:
@@ -66,11 +66,11 @@ def window_batch(corpus: Corpus, windows: list[int], *, document_mask: bool,
     return model_batch(rows, positions, context=context)
 
 
-def evaluate_windows(ctx: StepContext, corpus: Corpus, *, global_batch_size: int, replica_rows: tuple[int, int],
-                     loss_copies: int, byte_level: bool, document_mask: bool = False,
+def evaluate_windows(ctx: PipelineContext, corpus: Corpus, *, global_batch_size: int, replica_rows: tuple[int, int],
+                     sum_copies: int, byte_level: bool, document_mask: bool = False,
                      context: ContextSlice | None = None, eod_without_loss: int | None = None) -> Evaluation:
     """Every window of ``corpus`` once, in file order; this replica reads rows ``replica_rows`` of each batch.
-    ``loss_copies``: ranks reporting the same replica's sum (its mp last-stage ranks; context-parallel ranks sum
+    ``sum_copies``: ranks reporting the same replica's sum (its mp last-stage ranks; context-parallel ranks sum
     other tokens). ``document_mask``: the model also takes each token's position in its document and its
     document's id (counted from the window as in training); ``context``: this rank's chunks of each window;
     ``eod_without_loss``: no loss on the token after this id (--no-loss-across-documents), counted as zero."""
@@ -90,6 +90,6 @@ def evaluate_windows(ctx: StepContext, corpus: Corpus, *, global_batch_size: int
     if dist.is_initialized():
         dist.all_reduce(total)
     tokens = n * corpus.seq_len
-    loss = float(total) / loss_copies / tokens
+    loss = float(total) / sum_copies / tokens
     metrics = language_model_metrics(loss, byte_level=byte_level)
     return Evaluation(loss, metrics["perplexity"], metrics.get("bits_per_byte"), tokens, n)

@@ -45,28 +45,44 @@ class StepStats:
 
 
 @dataclass(frozen=True)
-class StepContext:
-    """What a step needs besides its data; built once."""
+class PipelineContext:
+    """What a pass through this rank's stages needs, training or evaluating: the schedule over the stages (its loss
+    function decides what a micro-batch reports), and the gradient bookkeeping a training pass does after it."""
 
     schedule: object
     schedule_name: str  # its --schedule name (compiler/schedules.py), for the evaluation pass
     stages: LocalStages
+    device: torch.device
+    precision: str
+    tied: TiedWeights | None = None  # the tied embedding / head copies this rank holds
+    replicated: ReplicatedGradients | None = None  # replicated data parallelism: averages gradients over dp
+    recorder: StepRecorder | None = None  # set when profiling: times the gradient and optimizer phases
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a training step needs besides its data; built once."""
+
+    pipeline: PipelineContext
     optimizer: torch.optim.Optimizer
     lr_schedule: torch.optim.lr_scheduler.LRScheduler
     scaler: ShardedGradScaler
-    device: torch.device
-    precision: str
     grad_clip: float
-    loss_copies: int  # ranks reporting the same loss: dp x mp last-stage ranks, each replica mp times
-    plane_size: int  # dp x mp: ranks sharing one pipeline stage
-    tied: TiedWeights | None = None  # the tied embedding / head copies this rank holds
-    replicated: ReplicatedGradients | None = None  # replicated data parallelism: averages gradients over dp
-    recorder: StepRecorder | None = None  # set when profiling: times the optimizer phase
-    experts: ExpertBalance | None = None  # a mixture-of-experts model's per-step bookkeeping (runtime/engine/experts.py)
+    loss_replicas: int  # ranks each reporting the mean loss of an equal share of the batch: dp x cp x mp
+    plane_size: int  # dp x cp x mp: ranks sharing one pipeline stage
     microbatches: int = 1  # m per replica and step
+    experts: ExpertBalance | None = None  # a mixture-of-experts model's per-step bookkeeping (runtime/engine/experts.py)
+
+    @property
+    def device(self) -> torch.device:
+        return self.pipeline.device
+
+    @property
+    def stages(self) -> LocalStages:
+        return self.pipeline.stages
 
 
-def run_schedule(ctx: StepContext, inputs: torch.Tensor | tuple[torch.Tensor, ...], targets: torch.Tensor, *,
+def run_schedule(ctx: PipelineContext, inputs: torch.Tensor | tuple[torch.Tensor, ...], targets: torch.Tensor, *,
                  train: bool) -> list[torch.Tensor]:
     """Run one pass of the schedule over this replica's batch (training: forward and backward of every
     micro-batch, tied copies' gradients summed, replicas' gradients averaged where nothing is sharded);
@@ -109,9 +125,10 @@ def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *,
     lr = ctx.optimizer.param_groups[0]["lr"]
     if ctx.experts is not None:
         ctx.experts.before_step(loss_scale=scale, microbatches=ctx.microbatches)
-    losses = run_schedule(ctx, inputs, targets, train=True)  # forward and backward of every micro-batch
+    losses = run_schedule(ctx.pipeline, inputs, targets, train=True)  # forward and backward of every micro-batch
 
-    with ctx.recorder.span("optimizer", "optimizer") if ctx.recorder else contextlib.nullcontext():
+    recorder = ctx.pipeline.recorder
+    with recorder.span("optimizer", "optimizer") if recorder else contextlib.nullcontext():
         stats = _optimizer_step(ctx, losses, scale=scale, lr=lr, flags=(stop_requested, writing))
     return stats
 
@@ -122,7 +139,8 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
     ctx.scaler.unscale_(ctx.optimizer)  # all-reduces found_inf over the world
     params = ctx.stages.parameters()
     # A tied weight's second copy holds the same gradient: the norm counts the weight once.
-    distinct = [p for p in params if id(p) not in ctx.tied.duplicates] if ctx.tied else params
+    tied = ctx.pipeline.tied
+    distinct = [p for p in params if id(p) not in tied.duplicates] if tied else params
     local_loss = loss_value(losses, scale=scale) if losses else torch.zeros((), dtype=torch.float64)
     # (stop requested, still writing): summed, so > 0 means "on some rank"
     flag_values = torch.tensor([float(f) for f in flags], dtype=torch.float64, device=ctx.device)
@@ -131,7 +149,7 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
     if dist.is_initialized():
         dist.all_reduce(packed)
     grad_norm = float(packed[0].sqrt())
-    loss = float(packed[1]) / ctx.loss_copies
+    loss = float(packed[1]) / ctx.loss_replicas
     stop_anywhere, writing_anywhere = bool(packed[2] > 0), bool(packed[3] > 0)
     clip_grads_(params, max_norm=ctx.grad_clip, total_norm=grad_norm)
 
@@ -161,12 +179,12 @@ def evaluate(ctx: StepContext, batches: list[tuple[torch.Tensor, torch.Tensor]])
     scale = ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
     for inputs, targets in batches:
-        losses = run_schedule(ctx, inputs, targets, train=False)
+        losses = run_schedule(ctx.pipeline, inputs, targets, train=False)
         if losses:
             total += loss_value(losses, scale=scale).to(ctx.device)
     if dist.is_initialized():
         dist.all_reduce(total)
-    return float(total) / (ctx.loss_copies * len(batches))
+    return float(total) / (ctx.loss_replicas * len(batches))
 
 
 def timed(fn: Callable[[], StepStats], device: torch.device) -> tuple[StepStats, float]:

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from compiler.planner.candidates import Candidate
+from compiler.parallel_plan import ParallelPlan, plan_of_run
 from compiler.planner.cluster import Cluster
 from compiler.planner.fit import fit_factors
 from compiler.planner.search import Estimate, price
@@ -28,22 +28,10 @@ from models import config_from_dict
 class MeasuredRun:
     name: str
     shape: DecoderShape
-    plan: Candidate
+    plan: ParallelPlan
     step_time_s: float
     peak_bytes: float | None
     device: str
-
-
-def _plan(config: dict) -> Candidate:
-    mesh, pipe, dp = config["mesh"], config["pipeline"], config["data_parallel"]
-    shard = None if dp["shard"] == mesh["dp"] else dp["shard"]
-    ac = config["activation_checkpointing"]  # a bool in runs recorded before selective checkpointing
-    ac = "full" if ac is True else "none" if ac is False else ac
-    return Candidate(mesh["dp"], mesh["pp"], mesh["mp"], pipe["schedule"], pipe["stages_per_rank"], pipe["microbatches"],
-                     pipe["micro_batch_size"], config["precision"], ac == "full", shard,
-                     dp["reshard_after_forward"], config.get("sequence_parallel", False) and mesh["mp"] > 1,
-                     cp=mesh.get("cp", 1), ep=mesh.get("ep", 1), selective_ac=ac == "selective",
-                     chunked_loss=config.get("chunked_loss", False))  # runs before the chunked loss held fp32 logits
 
 
 def read_runs(path: str | Path) -> list[MeasuredRun]:
@@ -69,7 +57,7 @@ def read_runs(path: str | Path) -> list[MeasuredRun]:
             continue  # a plain-loop result, or a summary written without its config
         try:
             model = config_from_dict(s["config"]["model"])
-            runs.append(MeasuredRun(name, DecoderShape.from_config(model), _plan(s["config"]),
+            runs.append(MeasuredRun(name, DecoderShape.from_config(model), plan_of_run(s["config"]),
                                     float(s["step_time_s"]), _peak_tensor_bytes(s), str(s.get("device", ""))))
         except (KeyError, TypeError, ValueError) as e:
             what = f"no {e}" if isinstance(e, KeyError) else str(e)

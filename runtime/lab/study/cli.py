@@ -21,7 +21,8 @@ import torch
 
 from runtime.commands.flags import HelpFormatter
 from runtime.commands.launch import RunResult, RunSpec, execute
-from runtime.commands.study import (
+from runtime.device import device_description, has_accelerator, select_device
+from runtime.lab.study import (
     analysis,
     charts,
     checkpointing,
@@ -33,8 +34,7 @@ from runtime.commands.study import (
     sharding,
     zero_bubble,
 )
-from runtime.commands.study.memory_search import search_max_batch
-from runtime.device import device_description, has_accelerator, select_device
+from runtime.lab.study.memory_search import search_max_batch
 from runtime.observe.layer_timing import measure_layer_times
 
 SECTIONS = ("throughput", "memory", "scaling", "overhead", "split", "sharding", "replicate", "zero_bubble",

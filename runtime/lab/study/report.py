@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.commands.study import charts, checkpointing, experts, long_context, sharding, zero_bubble
+from runtime.lab.study import charts, checkpointing, experts, long_context, sharding, zero_bubble
 from runtime.observe.profiling import CATEGORIES
 
 TARGETS = (

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from compiler.precisions import PRECISIONS as PRECISION_REGISTRY
 from models import named_config
 from runtime.commands.flags import model_flags
 from runtime.commands.launch import RunSpec
-from runtime.commands.study.checkpointing import CheckpointBench
+from runtime.lab.study.checkpointing import CheckpointBench
 
 # Schedules of the throughput section: (label, --schedule, virtual stages v).
 THROUGHPUT_SCHEDULES = (
@@ -37,7 +36,7 @@ class ModelShape:
         return model_flags(self.config())
 
     def plain_flags(self) -> list[str]:
-        """The same model for the plain PyTorch / DDP loop (runtime/commands/study/plain_loop.py)."""
+        """The same model for the plain PyTorch / DDP loop (runtime/lab/plain_loop.py)."""
         return ["--layers", str(self.layers), "--d-model", str(self.d_model), "--heads", str(self.heads),
                 "--seq-len", str(self.seq_len), "--vocab-size", str(self.vocab_size)]
 

@@ -7,9 +7,9 @@ the same micro-batch gradient accumulation and synthetic tokens as the engine's 
 takes its rows of the global batch). Rank 0 prints one JSON line with its median step time and
 throughput, measured the way the engine measures them.
 
-    python -m runtime.commands.study.plain_loop --layers 16 --d-model 384 --heads 8 --seq-len 128 \
+    python -m runtime.lab.plain_loop --layers 16 --d-model 384 --heads 8 --seq-len 128 \
         --micro-batch-size 4 --microbatches 8 --steps 6 --precision fp32
-    torchrun --nproc_per_node=2 -m runtime.commands.study.plain_loop --layers 8 --d-model 256 ...   # DDP
+    torchrun --nproc_per_node=2 -m runtime.lab.plain_loop --layers 8 --d-model 256 ...   # DDP
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A calibration (``run.py calibrate``) measures one machine; machines of "the same
 generation, and with it by the vector instructions each precision's matrix products use: with AVX-512
 BF16 bf16 ran 2.1x faster than fp32 here, without it (AMD family 25 with AVX2 only, 2026-11-25) 35x
 slower. So a calibration records the identity of its CPU, and the planner compares it with the CPU it
-runs on before pricing with it (runtime/commands/precision_probe.py).
+runs on before pricing with it (compiler/planner/precision_probe.py).
 """
 
 from __future__ import annotations

@@ -20,12 +20,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from compiler.planner.candidates import Candidate
+from compiler.parallel_plan import ParallelPlan
 from compiler.planner.cluster import Cluster, EngineFactors
 from compiler.planner.fit import fit_factors
 from compiler.planner.search import price
 from compiler.planner.shape import DecoderShape
 from models import named_config
+from runtime.commands.flag_table import plan_flags
 from runtime.commands.flags import default_config, model_flags
 from runtime.commands.launch import RunSpec, execute
 from runtime.config import plan_error
@@ -34,20 +35,20 @@ LIGHT = named_config("tiny", n_layers=4, d_model=128, n_heads=4, seq_len=64, voc
 HEAVY = named_config("tiny", n_layers=6, d_model=384, n_heads=6, seq_len=128, vocab_size=8192)
 # (model flags, plan) on 4 ranks: dp, pp, mp, schedule, v, m, micro-batch, precision, activation checkpointing.
 RUNS_4 = (
-    (LIGHT, Candidate(4, 1, 1, "1f1b", 1, 1, 4, "bf16", False, chunked_loss=True)),
-    (LIGHT, Candidate(1, 4, 1, "1f1b", 1, 4, 2, "bf16", False, chunked_loss=True)),
-    (LIGHT, Candidate(1, 1, 4, "1f1b", 1, 1, 8, "bf16", False, chunked_loss=True)),
-    (LIGHT, Candidate(2, 2, 1, "interleaved-1f1b", 2, 2, 2, "bf16", False, chunked_loss=True)),
-    (HEAVY, Candidate(4, 1, 1, "1f1b", 1, 1, 2, "bf16", False, chunked_loss=True)),
-    (HEAVY, Candidate(1, 4, 1, "gpipe", 1, 4, 2, "bf16", False, chunked_loss=True)),
-    (HEAVY, Candidate(1, 2, 2, "1f1b", 1, 2, 2, "bf16", False, chunked_loss=True)),
-    (HEAVY, Candidate(2, 1, 2, "1f1b", 1, 1, 2, "fp32", False, chunked_loss=True)),
+    (LIGHT, ParallelPlan(dp=4, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=4, precision="bf16")),
+    (LIGHT, ParallelPlan(dp=1, pp=4, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=2, precision="bf16")),
+    (LIGHT, ParallelPlan(dp=1, pp=1, mp=4, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=8, precision="bf16")),
+    (LIGHT, ParallelPlan(dp=2, pp=2, mp=1, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=2, micro_batch_size=2, precision="bf16")),
+    (HEAVY, ParallelPlan(dp=4, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=2, precision="bf16")),
+    (HEAVY, ParallelPlan(dp=1, pp=4, mp=1, schedule="gpipe", stages_per_rank=1, microbatches=4, micro_batch_size=2, precision="bf16")),
+    (HEAVY, ParallelPlan(dp=1, pp=2, mp=2, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=2, precision="bf16")),
+    (HEAVY, ParallelPlan(dp=2, pp=1, mp=2, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=2, precision="fp32")),
 )
 RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-every", "0", "--eval-batches", "1",
              "--peak-tflops", "1"]
 
 
-def calibration_runs(world: int) -> list[tuple[object, Candidate]]:
+def calibration_runs(world: int) -> list[tuple[object, ParallelPlan]]:
     """The plans to run on ``world`` ranks: the 4-rank set with dp scaled to the world size; on 2 ranks each
     4-rank plan with one of its dimensions halved (dp first, then pp, then mp), so that every mesh kind and
     schedule still appears with 2 ranks on 2 cores, where no rank time-shares a core."""
@@ -58,14 +59,14 @@ def calibration_runs(world: int) -> list[tuple[object, Candidate]]:
     return [(model, dataclasses.replace(c, dp=c.dp * world // 4)) for model, c in RUNS_4]
 
 
-def _halved(plan: Candidate) -> Candidate:
+def _halved(plan: ParallelPlan) -> ParallelPlan:
     for dim in ("dp", "pp", "mp"):
         if getattr(plan, dim) > 1:
             return dataclasses.replace(plan, **{dim: getattr(plan, dim) // 2})
     raise ValueError(f"{plan.describe()} runs on one rank")
 
 
-def predicted_terms(model, plan: Candidate, cluster: Cluster):
+def predicted_terms(model, plan: ParallelPlan, cluster: Cluster):
     error = plan_error(default_config(model), plan)
     e = price(DecoderShape.from_config(model), plan, cluster=cluster)
     if error or not e.feasible:
@@ -79,7 +80,7 @@ def calibrate_engine(cluster: Cluster, *, world: int, timeout: float = 900) -> C
     terms, measured, rows = [], [], []
     with tempfile.TemporaryDirectory() as work:
         for i, (model, plan) in enumerate(runs, 1):
-            spec = RunSpec(f"calibration_{i}", world, [*model_flags(model), *plan.flags(), *RUN_FLAGS])
+            spec = RunSpec(f"calibration_{i}", world, [*model_flags(model), *plan_flags(plan), *RUN_FLAGS])
             result = execute(spec, Path(work), timeout=timeout)
             if not result.ok:
                 raise RuntimeError(f"calibration run failed: {result.command}: {result.error}")

@@ -17,16 +17,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from compiler.planner.candidates import Candidate
+from compiler.parallel_plan import ParallelPlan
 from compiler.planner.cluster import load_cluster
 from compiler.planner.search import Pricer
 from compiler.planner.shape import DecoderShape
 from models import named_config
+from runtime.commands.flag_table import plan_flags
 from runtime.commands.flags import default_config, model_flags, named_model
 from runtime.commands.launch import RunSpec
-from runtime.commands.study.analysis import pooled_samples_per_sec
-from runtime.commands.study.plan import ModelShape
 from runtime.config import plan_error
+from runtime.lab.study.analysis import pooled_samples_per_sec
+from runtime.lab.study.plan import ModelShape
 from runtime.observe.svg import bar_chart
 
 
@@ -44,12 +45,13 @@ class MemoryRow:
     sequence_parallel: bool = False
     microbatches: int | None = None  # None: 2 per pp rank
 
-    def candidate(self) -> Candidate:
+    def plan(self) -> ParallelPlan:
         schedule, v = ("interleaved-1f1b", 2) if self.pp > 1 else ("1f1b", 1)
-        m = self.microbatches or 2 * self.pp
-        return Candidate(self.dp, self.pp, self.mp, schedule, v, m, self.micro_batch_size, self.precision,
-                         self.activation_checkpointing, dp_shard=self.dp_shard, reshard_after_forward=self.zero3,
-                         sequence_parallel=self.sequence_parallel, chunked_loss=True)
+        return ParallelPlan(dp=self.dp, pp=self.pp, mp=self.mp, schedule=schedule, stages_per_rank=v,
+                            microbatches=self.microbatches or 2 * self.pp, micro_batch_size=self.micro_batch_size,
+                            precision=self.precision, ac="full" if self.activation_checkpointing else "none",
+                            dp_shard=self.dp_shard, reshard_after_forward=self.zero3,
+                            sequence_parallel=self.sequence_parallel)
 
 
 REPLICATION = "replicate (DDP layout)"
@@ -131,30 +133,30 @@ def memory_specs(world: int, model, *, large: bool, other_shapes: bool = False, 
     minute or more each here)."""
     specs = []
     for row in memory_rows(world, smoke=smoke):
-        c = row.candidate()
+        c = row.plan()
         name = f"sharding_{c.describe()}".replace(" ", "_").replace("=", "")
         meta = {"section": "sharding", **dataclasses.asdict(row)}
-        specs.append(RunSpec(name, c.dp * c.pp * c.mp, [*model_flags(model), *c.flags(), *_common(3)], meta=meta))
+        specs.append(RunSpec(name, c.dp * c.pp * c.mp, [*model_flags(model), *plan_flags(c), *_common(3)], meta=meta))
     if large and world >= 8:
-        c = LARGE.candidate()
+        c = LARGE.plan()
         # GPT-2 Large's Adam state and copies fill most of 24 GiB: large tensors are returned to the kernel.
         # No --profile-memory: its event buffers would add to a peak that is already near the machine's memory.
-        args = [*model_flags(LARGE_MODEL), *c.flags(), "--compact-cpu-memory", *_common(3, profile_memory=False)]
+        args = [*model_flags(LARGE_MODEL), *plan_flags(c), "--compact-cpu-memory", *_common(3, profile_memory=False)]
         specs.append(RunSpec("sharding_gpt2_large", 8, args, meta={"section": "sharding", **dataclasses.asdict(LARGE),
                                                                     "model": "large"}))
     if other_shapes and world >= 8 and not smoke:
         for key, rows in (("llama", LLAMA_ROWS), ("long", LONG_ROWS)):
             shape = OTHER_MODELS[key][0]
             for row in rows:
-                c = row.candidate()
+                c = row.plan()
                 name = f"sharding_{key}_{c.describe()}".replace(" ", "_").replace("=", "")
-                specs.append(RunSpec(name, c.dp * c.pp * c.mp, [*model_flags(shape), *c.flags(), *_common(3)],
+                specs.append(RunSpec(name, c.dp * c.pp * c.mp, [*model_flags(shape), *plan_flags(c), *_common(3)],
                                      meta={"section": "sharding", **dataclasses.asdict(row), "model": key}))
     return specs
 
 
 def predicted_bytes(row: MemoryRow, model) -> float | None:
-    c = row.candidate()
+    c = row.plan()
     if plan_error(default_config(model), c):
         return None
     return max(Pricer(DecoderShape.from_config(model), load_cluster("cpu-2core")).rank_memories(c))

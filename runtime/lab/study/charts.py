@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from runtime.commands.study import sharding
+from runtime.lab.study import sharding
 from runtime.observe.profiling import CATEGORIES
 from runtime.observe.svg import bar_chart, line_chart, stacked_bar_chart
 

@@ -1,7 +1,7 @@
 """Is this the CPU the planner's calibration was measured on? If not, re-measure each precision.
 
 A CPU cluster file records the identity of the CPU ``run.py calibrate`` measured
-(``notes.cpu_identity``, runtime/observe/cpu_identity.py). ``check_calibration`` compares it with
+(``notes.cpu_identity``, compiler/planner/cpu_identity.py). ``check_calibration`` compares it with
 this machine's. The same CPU: the calibration stands. Another CPU: each precision's speed may differ
 by any factor (2026-11-25: bf16 plans of the tiny model ran 3-5x slower than a calibration from a CPU
 with AVX-512 BF16 predicted), so ``plan`` re-times calibration's compute-bound block benchmark in each
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from compiler.planner.block_benchmark import SHAPES, block_seconds
 from compiler.planner.cluster import Cluster
-from runtime.commands.calibrate import SHAPES, block_seconds
-from runtime.observe.cpu_identity import cpu_identity, describe, identity_difference
+from compiler.planner.cpu_identity import cpu_identity, describe, identity_difference
 
 
 def calibration_mismatch(cluster: Cluster, current: dict | None = None) -> str | None:

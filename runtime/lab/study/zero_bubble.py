@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from compiler.schedules import ideal_speedup_over_naive
 from runtime.commands.launch import RunSpec
-from runtime.commands.study.analysis import pooled_samples_per_sec, ratio_by_round
+from runtime.lab.study.analysis import pooled_samples_per_sec, ratio_by_round
 
 # (label, --schedule, v, extra flags)
 CONTENDERS = (("naive", "naive", 1, ()), ("zbv", "zbv", 2, ()), ("interleaved-1f1b v=2", "interleaved-1f1b", 2, ()))

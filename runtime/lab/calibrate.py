@@ -33,53 +33,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 
-from compiler.cost import layer_costs
 from compiler.parallelize.tensor_parallel import apply_tp
+from compiler.planner.block_benchmark import MOE_BLOCK, SHAPES, block_seconds, forward_backward_seconds
 from compiler.planner.cluster import CALIBRATED, Cluster, EngineFactors, load_cluster, preset_for_device
 from compiler.planner.collectives import Link, Topology
+from compiler.planner.cpu_identity import cpu_identity
 from compiler.planner.devices import CpuDevice
+from compiler.planner.measured import fit_to_runs, read_runs
 from compiler.planner.shape import DENSE, DecoderShape, tensor_parallel_modules
 from compiler.precisions import PRECISIONS
 from models import named_config, spec_of
-from runtime.commands.calibrate_engine import calibrate_engine, calibration_runs, refit_engine
-from runtime.commands.measured_runs import fit_to_runs, read_runs
 from runtime.device import device_description, has_accelerator
 from runtime.distributed.spawn import SpawnError, spawn_ranks
 from runtime.engine.optim import build_optimizer
-from runtime.observe.cpu_identity import cpu_identity
+from runtime.lab.calibrate_engine import calibrate_engine, calibration_runs, refit_engine
 from runtime.observe.peak_flops import best_matmul_flops
-
-SHAPES = ((1, 32, 64, 4), (4, 128, 256, 4))  # (batch, seq, d_model, heads): overhead-bound, compute-bound
-# A mixture-of-experts block (Mixtral's: 8 SwiGLU experts of width d, top 2) at the same two shapes: its router,
-# top-k, token sort and per-expert products cost far more per counted FLOP than a dense block at small sizes
-# (here: 16-24 ms against 13-17 ms forward + backward at the same FLOPs, batch 4, T 128, d 128).
-MOE_BLOCK = dict(model="mixtral-debug", n_kv_heads=2)
-
-
-def block_seconds(batch: int, seq: int, d: int, heads: int, precision: str, repeats: int = 3, *,
-                  model: str = "tiny", **overrides) -> tuple[float, float]:
-    """(median seconds, counted FLOPs) of one block's forward + backward (``model``: the named size whose block,
-    resized to d_model ``d`` (and MLP or expert width d for a mixture of experts), is timed)."""
-    if model != "tiny":
-        overrides.setdefault("mlp_width", d)
-    cfg = named_config(model, n_layers=1, d_model=d, n_heads=heads, seq_len=seq, vocab_size=256, **overrides)
-    flops = layer_costs(cfg, micro_batch_size=batch, precision=precision)[1].flops
-    block = spec_of(cfg).build(cfg).layers["0"]
-    x = torch.randn(batch, seq, d, requires_grad=True)
-    return statistics.median(_forward_backward_seconds(block, x, precision, repeats)), flops
-
-
-def _forward_backward_seconds(block: torch.nn.Module, x: torch.Tensor, precision: str, repeats: int) -> list[float]:
-    """Seconds of ``repeats`` forward + backward passes of ``block`` on ``x`` (after one warm-up)."""
-    times = []
-    for i in range(repeats + 1):
-        start = time.perf_counter()
-        with PRECISIONS[precision].autocast("cpu"):
-            out = block(x)
-        out.float().sum().backward()
-        if i:
-            times.append(time.perf_counter() - start)
-    return times
 
 
 def own_process_mesh() -> DeviceMesh:
@@ -103,8 +71,8 @@ def tp_module_seconds(mesh: DeviceMesh, precision: str, rounds: int = 5) -> floa
     x = torch.randn(batch, seq, d, requires_grad=True)
     differences = []
     for _ in range(rounds):
-        base = statistics.median(_forward_backward_seconds(plain.layers["0"], x, precision, 3))
-        differences.append(statistics.median(_forward_backward_seconds(sharded.layers["0"], x, precision, 3)) - base)
+        base = statistics.median(forward_backward_seconds(plain.layers["0"], x, precision, 3))
+        differences.append(statistics.median(forward_backward_seconds(sharded.layers["0"], x, precision, 3)) - base)
     return max(0.0, statistics.median(differences) / modules)
 
 

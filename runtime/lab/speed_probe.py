@@ -2,7 +2,7 @@
 
 A shared machine's speed drifts (other tenants, frequency scaling), and so does the engine between
 calibrations: plans priced with a calibration taken on another day all come out off by about the same
-factor. ``probe`` re-runs two of the engine runs calibration recorded (runtime/commands/calibrate_engine.py,
+factor. ``probe`` re-runs two of the engine runs calibration recorded (runtime/lab/calibrate_engine.py,
 the cluster's ``notes.engine_fit.runs``): the same models, plans and flags on the same number of ranks.
 It returns the geometric mean of measured-now / measured-then; compiler/planner/cluster.py's
 ``Cluster.rescaled`` applies it to every time-like rate of the cluster. Takes about half a minute.
@@ -24,9 +24,10 @@ import tempfile
 from pathlib import Path
 
 from compiler.planner.cluster import Cluster
-from runtime.commands.calibrate_engine import RUN_FLAGS, calibration_runs
+from runtime.commands.flag_table import plan_flags
 from runtime.commands.flags import model_flags
 from runtime.commands.launch import RunSpec, execute
+from runtime.lab.calibrate_engine import RUN_FLAGS, calibration_runs
 
 # Indices into calibration_runs(): a light pipeline run (fixed costs dominate: actions, point-to-point,
 # step overhead) and a heavy PP x TP run (compute and collectives dominate).
@@ -50,7 +51,7 @@ def probe(cluster: Cluster, *, timeout: float = 300) -> tuple[float, str] | None
     with tempfile.TemporaryDirectory() as work:
         for i in PROBE_RUNS:
             model, plan = runs[i]
-            spec = RunSpec(f"probe_{i}", fit["world"], [*model_flags(model), *plan.flags(), *RUN_FLAGS])
+            spec = RunSpec(f"probe_{i}", fit["world"], [*model_flags(model), *plan_flags(plan), *RUN_FLAGS])
             result = execute(spec, Path(work), timeout=timeout)
             if not result.ok:
                 return None

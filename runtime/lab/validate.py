@@ -1,4 +1,4 @@
-"""``python run.py plan --validate``: predicted against measured step time, on any device.
+"""``python run.py validate``: predicted against measured step time, on any device.
 
 On this machine: for the tiny and the small model, the planner's best plan on every feasible mesh of the
 world size (and, where mp > 1, its best plan with sequence parallelism too), for a mixture of experts its best
@@ -11,18 +11,29 @@ lent GPU) nothing is run: the planner prices each recorded run on ``--cluster`` 
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from compiler.planner.cluster import Cluster
-from runtime.commands.flags import build_parser, default_config, model_config, model_flags
+from compiler.planner.auto import rank_plans
+from compiler.planner.cluster import CALIBRATED, LOCAL_PRESET, Cluster, resolve_cluster
+from compiler.planner.measured import compare, read_runs
+from compiler.planner.precision_probe import check_calibration
+from compiler.planner.validation import summarize, summary_line
+from compiler.precisions import PRECISIONS
+from runtime.commands.flag_groups import command_parser
+from runtime.commands.flag_table import plan_flags
+from runtime.commands.flags import build_parser as training_parser
+from runtime.commands.flags import default_config, model_config, model_flags
 from runtime.commands.launch import RunSpec, execute
-from runtime.commands.measured_runs import compare, read_runs
-from runtime.commands.study import experts, long_context
-from runtime.planning import rank_plans
+from runtime.config import ConfigError, plan_checker
+from runtime.device import has_accelerator
+from runtime.lab.speed_probe import probe
+from runtime.lab.study import experts, long_context
 
 
 @dataclass(frozen=True)
@@ -36,7 +47,7 @@ class ValidationModel:
     max_cp: int = 1
 
     def model(self):
-        return model_config(build_parser().parse_args(list(self.flags)))
+        return model_config(training_parser().parse_args(list(self.flags)))
 
     def keeps(self, candidate) -> bool:
         return self.only is None or getattr(candidate, self.only) > 1
@@ -54,51 +65,15 @@ RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-
              "--eval-batches", "1", "--peak-tflops", "1"]
 
 
-def spearman(x: list[float], y: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties)."""
-    def ranks(v):
-        order = sorted(range(len(v)), key=v.__getitem__)
-        r = [0.0] * len(v)
-        i = 0
-        while i < len(v):
-            j = i
-            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                r[order[k]] = (i + j) / 2
-            i = j + 1
-        return r
-
-    rx, ry = ranks(x), ranks(y)
-    mx, my = statistics.mean(rx), statistics.mean(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    norm = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
-    return cov / norm if norm else 0.0
-
-
-def summarize(rows: list[dict]) -> dict:
-    ok = [r for r in rows if r["measured_s"]]
-    ape = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in ok]
-    best_predicted = min(ok, key=lambda r: r["predicted_s"], default=None)
-    best_measured = min(ok, key=lambda r: r["measured_s"], default=None)
-    return {
-        "runs": len(rows), "measured": len(ok),
-        "mdape": statistics.median(ape) if ape else None,
-        "spearman": spearman([r["predicted_s"] for r in ok], [r["measured_s"] for r in ok]) if len(ok) > 1 else None,
-        "predicted_best": best_predicted and best_predicted["plan"],
-        "measured_best": best_measured and best_measured["plan"],
-        "predicted_best_within_10pct": bool(ok) and best_predicted["measured_s"] <= 1.10 * best_measured["measured_s"],
-    }
-
-
 def validate(*, world: int, cluster: Cluster, precisions: tuple[str, ...], out: str) -> int:
     report: dict = {"world": world, "cluster": cluster.name, "models": {}}
     all_rows = []
     with tempfile.TemporaryDirectory() as work:
         for group in MODELS:
             shape, model = group.model(), group.name
-            estimates = rank_plans(default_config(shape), world=world, global_batch_size=group.global_batch,
-                                   cluster=cluster, precisions=precisions, max_cp=group.max_cp)
+            estimates = rank_plans(shape, world=world, global_batch_size=group.global_batch, cluster=cluster,
+                                   validate=plan_checker(default_config(shape)), precisions=precisions,
+                                   max_cp=group.max_cp)
             best_per_mesh = {}
             for e in estimates:  # the best of every mesh (cp and ep included), and with sequence parallelism
                 c = e.candidate
@@ -108,7 +83,7 @@ def validate(*, world: int, cluster: Cluster, precisions: tuple[str, ...], out: 
             rows = []
             for (dp, pp, mp, cp, ep, sp), e in best_per_mesh.items():
                 name = f"{model}_{dp}x{pp}x{mp}" + (f"_cp{cp}" if cp > 1 else "") + (f"_ep{ep}" if ep > 1 else "")
-                spec = RunSpec(name + ("_sp" if sp else ""), world, [*model_flags(shape), *e.candidate.flags(), *RUN_FLAGS])
+                spec = RunSpec(name + ("_sp" if sp else ""), world, [*model_flags(shape), *plan_flags(e.candidate), *RUN_FLAGS])
                 result = execute(spec, Path(work), timeout=900)
                 measured = result.summary["step_time_s"] if result.ok else None
                 rows.append({"model": model, "plan": e.candidate.describe(), "predicted_s": e.step_time,
@@ -125,15 +100,6 @@ def validate(*, world: int, cluster: Cluster, precisions: tuple[str, ...], out: 
     return 0
 
 
-def summary_line(name: str, r: dict) -> str:
-    """One model's (or all models') figures; a rank correlation needs two measured runs, an error one (a small
-    world can leave a model one plan, e.g. one ep plan on 2 ranks)."""
-    mdape = "n/a" if r["mdape"] is None else f"{100 * r['mdape']:.1f}%"
-    rho = "n/a" if r["spearman"] is None else f"{r['spearman']:.3f}"
-    return (f"{name}: MdAPE {mdape}, Spearman {rho}, predicted best within 10% of measured best: "
-            f"{r['predicted_best_within_10pct']} ({r['measured']} of {r['runs']} runs measured)")
-
-
 def validate_measured(path: str, *, cluster: Cluster, out: str) -> int:
     """Predicted against measured step time and peak memory of recorded engine runs (no runs launched)."""
     rows = compare(read_runs(path), cluster)
@@ -148,3 +114,54 @@ def validate_measured(path: str, *, cluster: Cluster, out: str) -> int:
     Path(out).write_text(json.dumps({"cluster": cluster.name, "measured": path, "rows": rows, **summary}, indent=2))
     print(f"wrote {out}")
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = command_parser("run.py validate", "The planner against measured step times: the best plan of every "
+                       "feasible mesh of a few models trained here for a few steps (real torchrun jobs), or recorded "
+                       "engine runs of any device (--measured), each priced and compared.")
+    p.add_argument("--world", type=int, default=4, help="ranks of the runs launched here")
+    p.add_argument("--cluster", help=f"cluster JSON or preset; default: the file `run.py calibrate` wrote ({CALIBRATED}) "
+                                     f"if any, else {LOCAL_PRESET}")
+    p.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated precisions the plans may use")
+    p.add_argument("--measured", metavar="FILE", help="compare with recorded engine runs of any device (summary.json, a "
+                   "results file, e.g. compiler/clusters/measured/h100-engine-runs.json, or a study's folder) "
+                   "instead of running plans here")
+    p.add_argument("--speed-probe", action="store_true",
+                   help="first re-run two of calibration's recorded engine runs (~30 s) and rescale the calibration "
+                        "by their speed now (runtime/lab/speed_probe.py)")
+    p.add_argument("--out", default="validation.json", help="where to write every row and the summary")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        cluster = resolve_cluster(args.cluster)
+        if args.measured:
+            return validate_measured(args.measured, cluster=cluster, out=args.out)
+        precisions = tuple(x for x in args.precisions.split(",") if x)
+        if args.world < 1 or not precisions or any(x not in PRECISIONS for x in precisions):
+            raise ConfigError(f"--world must be positive and --precisions a subset of {','.join(PRECISIONS)}")
+        if not has_accelerator():
+            cluster, note = check_calibration(cluster, precisions)
+            if note:
+                print(note, flush=True)
+        if args.speed_probe:
+            cluster = probed(cluster)
+        return validate(world=args.world, cluster=cluster, precisions=precisions, out=args.out)
+    except (ValueError, OSError) as e:  # ConfigError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def probed(cluster: Cluster) -> Cluster:
+    """``cluster`` rescaled by this machine's speed now against its calibration (runtime/lab/speed_probe.py)."""
+    print("probing this machine's speed against its calibration ...", flush=True)
+    measured = probe(cluster)
+    if measured is None:
+        print("speed probe: skipped (the cluster records no calibration points, or the probe failed)")
+        return cluster
+    ratio, line = measured
+    print(line)
+    return cluster.rescaled(ratio, line)
