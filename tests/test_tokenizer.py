@@ -1,4 +1,4 @@
-"""The tokenizer read from tokenizer.json against Hugging Face's own output: the four reference folders of
+"""The tokenizer read from tokenizer.json against Hugging Face's own output: the five reference folders of
 tests/fixtures/tokenizers (made by tokenizers 0.23.3), every case's ids with and without special tokens and
 both decodings, exactly; and the folder's bos / eos from tokenizer_config.json."""
 
@@ -12,7 +12,7 @@ import pytest
 from runtime.tokenizer import load_tokenizer, special_ids
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tokenizers"
-STYLES = ("gpt2-style", "llama3-style", "qwen2-style", "sentencepiece-style")
+STYLES = ("gpt2-style", "llama3-style", "qwen2-style", "sentencepiece-style", "o200k-style")
 
 
 def _cases(style: str) -> list[dict]:
@@ -44,7 +44,8 @@ def test_the_token_strings_are_hugging_faces(style):
 
 @pytest.mark.parametrize("name, bos, eos, vocab", [
     ("gpt2-style", "<|endoftext|>", "<|endoftext|>", 2000), ("llama3-style", "<|begin_of_text|>", "<|end_of_text|>", 2048),
-    ("qwen2-style", None, "<|endoftext|>", 2051), ("sentencepiece-style", "<s>", "</s>", 2000)])
+    ("qwen2-style", None, "<|endoftext|>", 2051), ("sentencepiece-style", "<s>", "</s>", 2000),
+    ("o200k-style", "<|startoftext|>", "<|return|>", 2057)])
 def test_bos_and_eos_come_from_tokenizer_config(name, bos, eos, vocab):
     tokenizer = load_tokenizer(FIXTURES / name)
     ids = special_ids(FIXTURES / name, tokenizer)

@@ -19,7 +19,7 @@ from runtime.tokenizer.segments import cut_pattern, segments
 from runtime.tokenizer.tokenizer import Tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures" / "tokenizers"
-BYTE_LEVEL = ("gpt2-style", "llama3-style", "qwen2-style")
+BYTE_LEVEL = ("gpt2-style", "llama3-style", "qwen2-style", "o200k-style")
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def test_every_letter_and_every_digit_is_one_word(tokenizers):
     categories = list(map(unicodedata.category, every))
     letters = "".join(c for c, cat in zip(every, categories) if cat[0] == "L")
     digits = "".join(c for c, cat in zip(every, categories) if cat[0] == "N")
-    gpt2, llama3, qwen2 = (tokenizers[n] for n in BYTE_LEVEL)
+    gpt2, llama3, qwen2 = (tokenizers[n] for n in ("gpt2-style", "llama3-style", "qwen2-style"))
     assert gpt2.words(" " + letters, 2) == [" " + letters] and llama3.words(" " + letters, 2) == [" " + letters]
     assert gpt2.words(digits, 2) == [digits]
     assert llama3.words(digits, 2) == [digits[i: i + 3] for i in range(0, len(digits), 3)]
@@ -257,6 +257,10 @@ def test_no_cut_when_an_added_token_holds_a_line_break():
     (lambda s: s.update(pre_tokenizer={"type": "Split", "pattern": {"Regex": "\\p{Han}+"}, "behavior": "Isolated",
                                        "invert": False}), 'pre_tokenizer.pattern regex "\\p{Han}+": \\p{Han}: only general'),
     (lambda s: s.update(version="2.0"), "version '2.0' is not a known tokenizer.json version"),
+    (lambda s: s.update(pre_tokenizer={"type": "Split", "pattern": {"String": "-"}, "behavior": "Merged", "invert": True}),
+     "pre_tokenizer.behavior 'Merged' is not one of Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous"),
+    (lambda s: s.update(pre_tokenizer={"type": "Split", "pattern": {"String": "-"}, "behavior": "Removed", "invert": "yes"}),
+     "pre_tokenizer.invert must be true or false, got 'yes'"),
 ])
 def test_an_unsupported_or_malformed_structure_is_one_line_naming_the_field(tmp_path, edit, words):
     spec = _spec("gpt2-style")

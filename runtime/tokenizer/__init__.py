@@ -1,6 +1,6 @@
 """Tokenizers read from a Hugging Face folder's tokenizer.json, with the standard library only: byte-level
-BPE (GPT-2, Llama 3, Qwen2/Qwen3) and SentencePiece-style BPE (Llama 2, Mistral, Mixtral), giving the ids and
-texts Hugging Face's tokenizers gives.
+BPE (GPT-2, Llama 3, Qwen2/Qwen3, gpt-oss's o200k) and SentencePiece-style BPE (Llama 2, Mistral, Mixtral),
+giving the ids and texts Hugging Face's tokenizers gives.
 
     unicode_classes.py  \\p{L}, \\p{N}, Oniguruma's \\s ... as code-point ranges from unicodedata
     regex.py            Oniguruma patterns -> Python re

@@ -8,7 +8,9 @@ and a split there makes its first part an ordinary piece. Supported, with tokeni
     ByteLevel   a space in front (add_prefix_space, unless the piece starts with one), GPT-2's split
                 regex (use_regex), then each byte as one alphabet character (byte_level.py)
     Split       an Oniguruma regex or a string; behavior Isolated, Removed, MergedWithPrevious,
-                MergedWithNext or Contiguous; invert
+                MergedWithNext or Contiguous; invert (tokenizers' ``Invert``: the matches and the text
+                between them swap roles before the behavior applies, so gpt-oss's ``Removed`` + invert
+                keeps the matches as words and drops what lies between them)
     Metaspace   spaces -> "▁", "▁" in front (prepend_scheme always / first / never), split before "▁"
     Digits      numbers (\p{N}) apart (individual_digits) or in runs
     Sequence    each in order, every step on every piece the previous made
@@ -27,7 +29,7 @@ from typing import Callable
 from runtime.tokenizer import byte_level
 from runtime.tokenizer.json_fields import Node
 from runtime.tokenizer.normalizers import compile_replace_pattern
-from runtime.tokenizer.regex import compile_pattern
+from runtime.tokenizer.regex import compile_pattern, find_spans
 
 START, MIDDLE, CONTINUED = 2, 1, 0
 Piece = tuple[str, int]  # (text, where: START, MIDDLE or CONTINUED)
@@ -46,7 +48,7 @@ def gpt2_regex() -> re.Pattern:
 class PreTokenizer:
     steps: tuple[Step, ...]
     byte_level_words: bool  # the last step is ByteLevel: words still need byte_level.to_byte_chars
-    isolated_regex: re.Pattern | None  # the whole pre-tokenizer is one regex split, matches kept as words
+    words_regex: re.Pattern | None  # the whole pre-tokenizer is one regex split whose matches are the words
 
     def words(self, text: str, where: int) -> list[str]:
         pieces = [(text, where)]
@@ -61,7 +63,7 @@ def build_pre_tokenizer(node: Node) -> PreTokenizer:
     flat = _flatten(node)
     last_byte_level = bool(flat) and flat[-1].value.get("type") == "ByteLevel"
     steps = tuple(_step(n, defer_bytes=last_byte_level and i == len(flat) - 1) for i, n in enumerate(flat))
-    return PreTokenizer(steps, last_byte_level, _single_isolated_regex(flat))
+    return PreTokenizer(steps, last_byte_level, _words_regex(flat))
 
 
 def _flatten(node: Node) -> list[Node]:
@@ -70,9 +72,11 @@ def _flatten(node: Node) -> list[Node]:
     return [node]
 
 
-def _single_isolated_regex(flat: list[Node]) -> re.Pattern | None:
-    """The regex when the pre-tokenizer only splits by it, keeping matches and gaps as words: GPT-2's
-    ByteLevel, or Llama 3 / Qwen2's Split + ByteLevel without regex (the fast path of tokenizer.py)."""
+def _words_regex(flat: list[Node]) -> re.Pattern | None:
+    """The regex when the pre-tokenizer only splits by it and its matches are the words wherever they cover
+    the text and none is empty (tokenizer.py's fast path checks both on each piece): GPT-2's ByteLevel,
+    Llama 3 / Qwen2's Split ``Isolated`` (matches and gaps kept) or gpt-oss's Split ``Removed`` with invert
+    (matches kept, gaps dropped), then ByteLevel without regex."""
     *first, last = flat if flat else [None]
     if last is None or last.value.get("type") != "ByteLevel" or last.value.get("add_prefix_space"):
         return None
@@ -80,7 +84,8 @@ def _single_isolated_regex(flat: list[Node]) -> re.Pattern | None:
         return gpt2_regex() if last.value.get("use_regex", True) else None
     if len(first) == 1 and not last.value.get("use_regex", True):
         split = first[0].value
-        if split.get("type") == "Split" and split.get("behavior") == "Isolated" and not split.get("invert"):
+        keeps_matches = (split.get("behavior"), bool(split.get("invert"))) in (("Isolated", False), ("Removed", True))
+        if split.get("type") == "Split" and keeps_matches:
             return _split_pattern(first[0])
     return None
 
@@ -123,8 +128,7 @@ def find_matches(pattern: re.Pattern, text: str) -> list[tuple[int, int, bool]]:
     if not text:
         return [(0, 0, False)]
     spans, previous = [], 0
-    for m in pattern.finditer(text):
-        start, end = m.span()
+    for start, end in find_spans(pattern, text):
         if previous != start:
             spans.append((previous, start, False))
         spans.append((start, end, True))
@@ -135,7 +139,15 @@ def find_matches(pattern: re.Pattern, text: str) -> list[tuple[int, int, bool]]:
 
 
 def split(piece: Piece, pattern: re.Pattern, behavior: str, *, invert: bool) -> list[Piece]:
-    """tokenizers' ``NormalizedString::split`` with a SplitDelimiterBehavior (normalizer.rs)."""
+    """tokenizers' ``NormalizedString::split`` with a SplitDelimiterBehavior (normalizer.rs); ``invert`` flips
+    every span's is_match first (pattern.rs ``Invert``). "the-final--countdown" split on "-" (normalizer.rs):
+
+        Removed             the  final  countdown
+        Isolated            the  -  final  -  -  countdown
+        MergedWithPrevious  the-  final-  -  countdown
+        MergedWithNext      the  -final  -  -countdown
+        Contiguous          the  -  final  --  countdown
+    """
     text, where = piece
     spans = [(s, e, m != invert) for s, e, m in find_matches(pattern, text)]
     kept: list[list] = []  # [start, end, removed]

@@ -11,6 +11,9 @@ The translation keeps the pattern's structure and rewrites what ``re`` reads dif
   Ruby's ``m`` option is Python's ``s`` (dot matches newline); ``^`` and ``$`` are line anchors;
 - possessive quantifiers and atomic groups stay (Python 3.11 has them).
 
+Matches are iterated as tokenizers iterates them (``find_spans``: the Rust ``onig`` crate's ``find_iter``),
+which differs from ``re.finditer`` after a match where the pattern can also match empty.
+
 Anything else (backreferences, subexpression calls, word boundaries, scripts such as ``\\p{Han}``, raw
 ``\\xHH`` bytes above 0x7F) raises ``UnsupportedPattern`` naming the construct.
 """
@@ -45,6 +48,28 @@ def compile_pattern(pattern: str) -> re.Pattern:
         return re.compile(translated)
     except re.error as e:
         raise UnsupportedPattern(f"the pattern does not compile as a Python regex ({e})") from None
+
+
+def find_spans(pattern: re.Pattern, text: str) -> list[tuple[int, int]]:
+    """(start, end) of every match, as rust-onig's ``FindMatches::next`` (onig/src/find.rs, onig >= 6.1, which
+    tokenizers uses) yields them: an empty match ending where the last match ended is skipped and the search
+    resumes one character later. ``re.finditer`` reports that empty match and then looks for a non-empty one
+    at the same place; without empty matches the two iterate alike, so ``finditer`` answers unless it finds one."""
+    spans = [m.span() for m in pattern.finditer(text)]
+    if all(start != end for start, end in spans):
+        return spans
+    spans, at, last_end = [], 0, None
+    while at <= len(text):
+        m = pattern.search(text, at)
+        if m is None:
+            break
+        start, end = m.span()
+        if start == end == last_end:
+            at = end + 1
+            continue
+        spans.append((start, end))
+        at = last_end = end
+    return spans
 
 
 class _Translator:

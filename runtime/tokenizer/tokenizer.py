@@ -6,13 +6,14 @@
     decode: ids -> token strings (added tokens first, special ones dropped on request) -> decoder chain
 
 Speed: a word's ids are cached (``WordCache``: a dict whose misses run BPE), so a word seen before costs
-one dict lookup; when the pre-tokenizer is one regex split (GPT-2, Llama 3, Qwen2) a piece's words are one
-``findall`` and the ids one ``chain(map(cache.__getitem__, words))``, both in C. Above that, when the
-tokenizer passes segments.py's probes, a piece is cut before every space between two non-spaces
-(``str.split``, no regex) and each " word," chunk's ids are cached too: most chunks of English text are
-then one lookup, and the regex runs only on chunks not seen before (twice the speed). A SentencePiece-style
-model without a pre-tokenizer runs BPE over whole pieces; when no vocabulary token has "▁" after another
-character, a piece is cut before each such "▁" first (no merge can cross there), so its words cache too.
+one dict lookup; when the pre-tokenizer is one regex split whose matches are the words (GPT-2, Llama 3,
+Qwen2, gpt-oss) a piece's words are one ``findall`` and the ids one ``chain(map(cache.__getitem__, words))``,
+both in C. Above that, when the tokenizer passes segments.py's probes, a piece is cut before every space
+between two non-spaces (``str.split``, no regex) and each " word," chunk's ids are cached too: most chunks
+of English text are then one lookup, and the regex runs only on chunks not seen before (twice the speed).
+A SentencePiece-style model without a pre-tokenizer runs BPE over whole pieces; when no vocabulary token has
+"▁" after another character, a piece is cut before each such "▁" first (no merge can cross there), so its
+words cache too.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from typing import Callable
 from runtime.tokenizer import byte_level
 from runtime.tokenizer.added_tokens import AddedVocabulary
 from runtime.tokenizer.bpe import BPE
+from runtime.tokenizer.decoders import build_decoder
 from runtime.tokenizer.json_fields import Node
 from runtime.tokenizer.normalizers import Normalizer, build_normalizer
 from runtime.tokenizer.post_processors import PostProcessor, build_post_processor
 from runtime.tokenizer.pre_tokenizers import CONTINUED, MIDDLE, START, PreTokenizer, build_pre_tokenizer
-from runtime.tokenizer.decoders import build_decoder
 from runtime.tokenizer.segments import space_chunks, space_cuts_are_exact
 
 MODELS = ("BPE",)
@@ -68,7 +69,7 @@ class Tokenizer:
         byte_words = self.pre_tokenizer.byte_level_words
         compute = (lambda w: self.model.tokenize(byte_level.to_byte_chars(w))) if byte_words else self.model.tokenize
         self.cache = WordCache(compute)
-        self._fast_regex = self.pre_tokenizer.isolated_regex
+        self._fast_regex = self.pre_tokenizer.words_regex
         self._metaspace_words = (not byte_words and METASPACE in self.model.vocab
                                  and not self.model.continuing_subword_prefix and not self.model.end_of_word_suffix
                                  and not any(re.search(f"[^{METASPACE}]{METASPACE}", t) for t in self.model.vocab))
@@ -105,7 +106,9 @@ class Tokenizer:
         """The pre-tokenized words of one normalized piece (before any byte-level mapping)."""
         if self._fast_regex is not None:
             words = self._fast_regex.findall(piece)
-            if sum(map(len, words)) == len(piece):  # the matches cover the piece: no gaps between them
+            # The matches cover the piece (no gaps to keep or drop) and none is empty (regex.find_spans: then
+            # re iterates as Oniguruma does); else the exact split below.
+            if sum(map(len, words)) == len(piece) and "" not in words:
                 return words
         words = self.pre_tokenizer.words(piece, where)
         if self._metaspace_words:
