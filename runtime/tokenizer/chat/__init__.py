@@ -3,6 +3,7 @@ transformers' ``apply_chat_template`` renders it (sandboxed, trim_blocks and lst
 standard library only.
 
     lexer.py        source -> tokens (whitespace control, trim_blocks, lstrip_blocks, raw, comments)
+    stream.py       the parser's view of the tokens
     expressions.py  tokens -> expression nodes (Jinja2's grammar and precedence)
     parser.py       tokens -> statement nodes (if, for, set, macro, filter, break/continue, generation)
     nodes.py        the node classes

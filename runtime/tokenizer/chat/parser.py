@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from runtime.tokenizer.chat import nodes as n
 from runtime.tokenizer.chat.errors import ChatTemplateError
-from runtime.tokenizer.chat.expressions import ExpressionParser, TokenStream, describe
+from runtime.tokenizer.chat.expressions import ExpressionParser
 from runtime.tokenizer.chat.lexer import tokenize
+from runtime.tokenizer.chat.stream import TokenStream, describe
 
 _END_TAGS = {"endif", "endfor", "endset", "endmacro", "endfilter", "endgeneration", "elif", "else"}
 
