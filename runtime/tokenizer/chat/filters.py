@@ -62,6 +62,8 @@ def do_default(value, default_value="", boolean=False):
 
 def do_attr(value, name):
     """Only the attribute, never the item (unlike ``value.name``)."""
+    if isinstance(value, Undefined):
+        value.fail()
     if isinstance(value, Namespace):
         return get_attribute(value, str(name))
     try:

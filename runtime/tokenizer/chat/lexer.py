@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import re
+import warnings
 from typing import NamedTuple
 
 from runtime.tokenizer.chat.errors import ChatTemplateError
@@ -160,6 +161,8 @@ class _Lexer:
     def _unescape(self, body: str, pos: int) -> str:
         """Python's unicode-escape rules, as Jinja2 applies them (non-ASCII characters kept as they are)."""
         try:
-            return body.encode("ascii", "backslashreplace").decode("unicode-escape")
+            with warnings.catch_warnings():  # an unknown escape such as \d stays as it is, as in Jinja2, without a warning
+                warnings.simplefilter("ignore", DeprecationWarning)
+                return body.encode("ascii", "backslashreplace").decode("unicode-escape")
         except UnicodeDecodeError as e:
             raise self.fail(f"bad escape in string literal ({e.reason})", pos) from None

@@ -27,8 +27,6 @@ _MUTATING = ((abc.MutableSet, frozenset({"add", "clear", "difference_update", "d
              (abc.MutableMapping, frozenset({"clear", "pop", "popitem", "setdefault", "update"})),
              (abc.MutableSequence, frozenset({"append", "clear", "pop", "reverse", "insert", "sort", "extend",
                                               "remove"})))
-
-
 _DICT_ATTRIBUTES = frozenset(dir(dict))
 
 

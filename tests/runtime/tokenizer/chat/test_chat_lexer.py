@@ -77,6 +77,7 @@ def test_a_block_on_its_own_line_leaves_no_blank_line():
     (r"{{ 'caf\u00e9' }}", "café"),
     ("{{ 'café 你好' }}", "café 你好"),
     (r"{{ 'back\\slash' }}", "back\\slash"),
+    (r"{{ '\d+' }}", "\\d+"),  # an unknown escape is kept
 ])
 def test_string_literals_use_python_escapes(source, expected):
     assert render(source) == expected

@@ -71,6 +71,16 @@ def test_chat_template_jinja_wins_over_the_config(tmp_path):
     assert ChatTemplate.from_folder(tmp_path).render([{"role": "user", "content": "hi"}]) == "hi;"
 
 
+def test_a_named_template_file_is_read_by_name(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "plain"}))
+    (tmp_path / "additional_chat_templates").mkdir()
+    (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_text("with tools")
+    assert ChatTemplate.from_folder(tmp_path).render([]) == "plain"
+    assert ChatTemplate.from_folder(tmp_path, name="tool_use").render([]) == "with tools"
+    with pytest.raises(ChatTemplateError, match="chat_template is a single template, there is none named 'rag'"):
+        ChatTemplate.from_folder(tmp_path, name="rag")
+
+
 def test_a_list_of_named_templates_picks_default_or_the_asked_name(tmp_path):
     templates = [{"name": "default", "template": "plain"}, {"name": "tool_use", "template": "tools: {{ tools|length }}"}]
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": templates}))
