@@ -124,12 +124,7 @@ def _call(node: n.Call) -> Evaluate:
 def compile_filter(node: n.Filter) -> Callable[[Scope, Any], Any]:
     """``f(scope, x)``: the filter chain applied to ``x`` where its innermost value is missing (block filters)."""
     apply, arguments = FILTERS[node.name], compile_arguments(node.arguments)
-    if node.value is None:
-        inner = None
-    elif isinstance(node.value, n.Filter):
-        inner = compile_filter(node.value)
-    else:
-        raise ChatTemplateError("a block filter applies to the block's text only", line=node.line)
+    inner = compile_filter(node.value) if node.value is not None else None  # the parser chains only filters here
 
     def evaluate(scope: Scope, value: Any) -> Any:
         args, kwargs = arguments(scope)

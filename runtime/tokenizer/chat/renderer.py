@@ -116,6 +116,8 @@ def _for(node: n.For) -> Run:
             inner = scope.child({"loop": loop})
             try:
                 assign(inner, item)
+            except _PASS_THROUGH:
+                raise
             except Exception as e:
                 raise with_line(e, line) from e
             try:
