@@ -10,6 +10,8 @@ giving the ids and texts Hugging Face's tokenizers gives.
     tokenizer.py        the stages assembled: encode / decode, the word cache
     segments.py         long texts cut where the ids cannot change
     folder.py           a folder: tokenizer.json, bos / eos, generation_config.json, copying the files
+    token_spans.py      character spans -> token spans (an SFT loss's assistant tokens)
+    chat/               chat templates (Jinja2's subset, rendered as transformers renders them)
 """
 
 from runtime.tokenizer.folder import (
@@ -23,7 +25,9 @@ from runtime.tokenizer.folder import (
     tokenizer_files,
 )
 from runtime.tokenizer.json_fields import TokenizerError
+from runtime.tokenizer.token_spans import char_spans_to_token_spans
 from runtime.tokenizer.tokenizer import Tokenizer
 
-__all__ = ["TOKENIZER_FILES", "SpecialIds", "Tokenizer", "TokenizerError", "copy_tokenizer_files",
-           "generation_eos_ids", "has_tokenizer", "load_tokenizer", "special_ids", "tokenizer_files"]
+__all__ = ["TOKENIZER_FILES", "SpecialIds", "Tokenizer", "TokenizerError", "char_spans_to_token_spans",
+           "copy_tokenizer_files", "generation_eos_ids", "has_tokenizer", "load_tokenizer", "special_ids",
+           "tokenizer_files"]
