@@ -42,6 +42,7 @@ from pathlib import Path
 
 from compiler.parallel_plan import plan_of_run
 from models import config_from_dict, config_to_dict, parameter_shapes
+from runtime.atomic import write_text
 
 MANIFEST = "checkpoint.json"
 MARKER = "latest"
@@ -320,7 +321,7 @@ def write_manifest(folder: Path, *, step: int, config: dict, files: dict[str, di
     manifest = {"format": FORMAT, "step": step, "config": config, "files": files}
     if index is not None:
         manifest["dcp_index"] = index
-    _write_durably(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+    write_text(folder / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True), durable=True)
 
 
 def publish(tmp: Path, directory: Path, step: int) -> Path:
@@ -338,8 +339,7 @@ def publish(tmp: Path, directory: Path, step: int) -> Path:
         shutil.rmtree(stale, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    _fsync_dir(directory)
-    _write_durably(directory / MARKER, final.name + "\n")
+    write_text(directory / MARKER, final.name + "\n", durable=True)  # durable: syncs the folder's renames too
     return final
 
 
@@ -358,22 +358,3 @@ def prune(directory: Path, *, keep: int, protect: Path) -> threading.Thread:
                               name="checkpoint-prune", daemon=True)
     thread.start()
     return thread
-
-
-def _write_durably(path: Path, text: str) -> None:
-    """Write via a temporary file, fsync, and rename over ``path``: never a half-written file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

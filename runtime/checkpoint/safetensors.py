@@ -23,7 +23,6 @@ import math
 import mmap
 import os
 import re
-import secrets
 import struct
 import sys
 from collections.abc import Iterator, Mapping
@@ -34,6 +33,7 @@ from typing import BinaryIO
 
 import torch
 
+from runtime.atomic import AtomicWriteError, atomic_file
 from runtime.checkpoint.files import CheckpointError
 
 HEADER_LIMIT = 100_000_000  # bytes; the reference reader refuses larger headers (MAX_HEADER_SIZE)
@@ -355,40 +355,16 @@ def write_json(path: Path, value: object) -> None:
 
 
 def write_bytes(path: Path, data: bytes) -> None:
-    """``data`` as the file ``path``, atomically (written beside it, then renamed over it)."""
+    """``data`` as the file ``path``, atomically (runtime/atomic.py)."""
     with _atomic_file(path) as f:
         f.write(data)
 
 
 @contextmanager
 def _atomic_file(path: Path) -> Iterator[BinaryIO]:
-    """A binary file opened beside ``path`` that becomes ``path`` when the block ends (fsync, then a rename
-    over it, so a reader sees the old file or the whole new one, never a part); on any error, an interrupt
-    included, it is removed and ``path`` left as it was. An OSError is a TensorFileError naming ``path``."""
-    fd, tmp = _create_temporary(path)
+    """runtime/atomic.py's ``atomic_file``, its error a TensorFileError (an ``error:`` line, exit 2)."""
     try:
-        with os.fdopen(fd, "wb") as f:
+        with atomic_file(path) as f:
             yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise TensorFileError(f"{path}: cannot be written ({e.strerror or e})") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _create_temporary(path: Path) -> tuple[int, Path]:
-    """A new file beside ``path`` to rename over it; unlike mkstemp's 0600 it gets the umask's mode,
-    as the file it replaces would."""
-    for _ in range(100):
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
-        except FileExistsError:
-            continue
-        except OSError as e:
-            raise TensorFileError(f"{path}: cannot be written ({e.strerror or e})") from None
-    raise TensorFileError(f"{path}: cannot be written (no free temporary name beside it)")
+    except AtomicWriteError as e:
+        raise TensorFileError(str(e)) from None

@@ -22,8 +22,6 @@ folder's: tokenizer.json, tokenizer_config.json, special_tokens_map.json), so it
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -31,6 +29,7 @@ from pathlib import Path
 import torch
 
 from models import config_from_dict, spec_of
+from runtime.atomic import atomic_file, write_json
 from runtime.checkpoint.files import CheckpointError, verify_files
 from runtime.checkpoint.hf_folder import write_hf_folder
 from runtime.checkpoint.hf_weights import carried_from
@@ -118,9 +117,8 @@ def main(argv: list[str]) -> int:
 
 
 def _save_atomically(obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # never leave a half-written export under the real name
+    with atomic_file(path) as f:  # never a half-written export under the real name
+        torch.save(obj, f)
 
 
 def _write_hf_folder(folder: Path, state: dict, config: dict, files: dict[str, bytes]) -> None:
@@ -128,6 +126,4 @@ def _write_hf_folder(folder: Path, state: dict, config: dict, files: dict[str, b
     _save_atomically(state, folder / "pytorch_model.bin")
     for name, data in files.items():
         write_bytes(folder / name, data)
-    tmp = folder / ".config.json.tmp"
-    tmp.write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(tmp, folder / "config.json")
+    write_json(folder / "config.json", config, indent=2)

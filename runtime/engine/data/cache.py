@@ -12,9 +12,10 @@ import contextlib
 import fcntl
 import hashlib
 import os
-import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
+
+from runtime.atomic import atomic_file
 
 
 def default_cache_dir() -> Path:
@@ -52,12 +53,5 @@ def exclusive(lock: Path) -> Iterator[None]:
 
 def write_atomically(path: Path, write: Callable[[object], None]) -> None:
     """Call ``write(binary file)`` on a private file, then publish it under ``path`` with one rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            write(out)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path) as out:
+        write(out)

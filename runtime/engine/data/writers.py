@@ -24,6 +24,7 @@ from array import array
 from itertools import accumulate
 from pathlib import Path
 
+from runtime.atomic import publish, temporary_beside
 from runtime.engine.data import llmc, megatron
 
 FORMATS = ("nanogpt", "llmc", "megatron")
@@ -50,13 +51,13 @@ class _Files:
         missing = [p for p in (final.parent, *final.parent.parents) if not p.exists()]
         final.parent.mkdir(parents=True, exist_ok=True)
         self.created.extend(missing)
-        tmp = final.with_name(f".{final.name}.tmp")
+        fd, tmp = temporary_beside(final)
         self.pending.append((tmp, final))
-        return open(tmp, "w+b")
+        return os.fdopen(fd, "w+b")
 
     def publish(self) -> list[Path]:
         for tmp, final in self.pending:
-            os.replace(tmp, final)
+            publish(tmp, final)
         return [final for _, final in self.pending]
 
     def discard(self) -> None:

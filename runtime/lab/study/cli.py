@@ -8,7 +8,6 @@ hyperparameters and figures in TensorBoard's HParams tab (DIR/hparams).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from runtime.atomic import write_json
 from runtime.commands.flags import HelpFormatter
 from runtime.commands.launch import RunResult, RunSpec, execute
 from runtime.device import device_description, has_accelerator, select_device
@@ -343,6 +343,4 @@ def _machine() -> dict:
 
 
 def _save(out: Path, results: dict) -> None:
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(results, indent=2, default=str))
-    os.replace(tmp, out / "results.json")
+    write_json(out / "results.json", results, indent=2, default=str)
