@@ -82,7 +82,9 @@ def block_scales(w: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
 
 def encode(w: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """float8_e4m3fn codes [R, C] = w / scale_inv of its block, rounded to the nearest e4m3 (ties to even) in
-    float32. Values beyond +-448 * scale saturate to +-448 (torch's cast would make some of them NaN)."""
+    float32. Values beyond +-448 * scale saturate to +-448, clamped here rather than left to the cast (the OCP
+    8-bit FP spec leaves overflow to the conversion: a cast that does not saturate gives NaN, e4m3fn's only
+    value past 448)."""
     b0, b1 = check_block(block)
     w = _float32_matrix(w)
     rows, cols = w.shape

@@ -4,8 +4,6 @@ released-layout fixture deepseek-v3-fp8, made from deepseek-v3's weights by the 
 
 from __future__ import annotations
 
-import math
-import struct
 from pathlib import Path
 
 import pytest
@@ -13,51 +11,10 @@ import torch
 
 from runtime.checkpoint.quantized import fp8_blocks
 from runtime.checkpoint.safetensors import load_file
+from tests.runtime.checkpoint.quantized.reference import fp8_reference_dequantize, fp8_reference_quantize
 from tests.runtime.checkpoint.quantized.spy import Spy, row_slice
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "hf-models"
-
-
-def f32(x: float) -> float:
-    return struct.unpack("<f", struct.pack("<f", x))[0]
-
-
-def e4m3_value(byte: int) -> float:
-    """S.EEEE.MMM, exponent bias 7; exponent 0 is subnormal (M/8 * 2^-6); S.1111.111 is NaN; no infinities."""
-    sign, exponent, mantissa = byte >> 7, (byte >> 3) & 15, byte & 7
-    if exponent == 15 and mantissa == 7:
-        return math.nan
-    magnitude = mantissa / 8 * 2.0 ** -6 if exponent == 0 else (1 + mantissa / 8) * 2.0 ** (exponent - 7)
-    return -magnitude if sign else magnitude
-
-
-E4M3 = sorted((e4m3_value(b), b) for b in range(128) if not math.isnan(e4m3_value(b)))  # (value, byte), >= 0
-
-
-def e4m3_nearest(v: float) -> int:
-    """The byte of the e4m3 value nearest v; a tie to the even code (mantissa bit 0 clear); beyond 448: 448."""
-    magnitude = min(abs(v), 448.0)
-    best = min(E4M3, key=lambda vb: (abs(vb[0] - magnitude), vb[1] & 1))[1]
-    return best | (0x80 if math.copysign(1, v) < 0 else 0)
-
-
-def reference_dequantize(codes: list[list[int]], scales: list[list[float]], block) -> list[list[float]]:
-    return [[f32(e4m3_value(b) * scales[r // block[0]][c // block[1]]) for c, b in enumerate(row)]
-            for r, row in enumerate(codes)]
-
-
-def reference_quantize(w: list[list[float]], block) -> tuple[list[list[int]], list[list[float]]]:
-    rows, cols = len(w), len(w[0])
-    grid = (-(-rows // block[0]), -(-cols // block[1]))
-    scales = [[0.0] * grid[1] for _ in range(grid[0])]
-    for i in range(grid[0]):
-        for j in range(grid[1]):
-            amax = max(abs(w[r][c]) for r in range(i * block[0], min(rows, (i + 1) * block[0]))
-                       for c in range(j * block[1], min(cols, (j + 1) * block[1])))
-            scales[i][j] = f32(amax / 448) if amax > 0 else 1.0
-    codes = [[e4m3_nearest(f32(w[r][c] / scales[r // block[0]][c // block[1]])) for c in range(cols)]
-             for r in range(rows)]
-    return codes, scales
 
 
 def random_codes(shape, seed: int) -> torch.Tensor:
@@ -73,7 +30,7 @@ def test_dequantize_matches_the_elementwise_definition_with_partial_blocks(shape
     grid = fp8_blocks.grid_shape(shape, block)
     scales = torch.rand(grid, generator=torch.Generator().manual_seed(2)) * 1e-2 + 1e-4
     got = fp8_blocks.dequantize(codes, scales, block)
-    expected = reference_dequantize(codes.view(torch.uint8).tolist(), scales.tolist(), block)
+    expected = fp8_reference_dequantize(codes.view(torch.uint8).tolist(), scales.tolist(), block)
     assert got.dtype == torch.float32 and got.tolist() == expected
 
 
@@ -82,7 +39,7 @@ def test_quantize_matches_the_elementwise_definition(shape, block):
     w = torch.randn(shape, generator=torch.Generator().manual_seed(3)) * 0.3
     w[0, :5] = torch.tensor([1e-9, -1e-9, 0.0, -0.0, 1e-3])  # subnormal codes, signed zeros
     codes, scales = fp8_blocks.quantize(w, block)
-    ref_codes, ref_scales = reference_quantize(w.tolist(), block)
+    ref_codes, ref_scales = fp8_reference_quantize(w.tolist(), block)
     assert scales.dtype == torch.float32 and scales.tolist() == ref_scales
     assert codes.dtype == torch.float8_e4m3fn and codes.view(torch.uint8).tolist() == ref_codes
 

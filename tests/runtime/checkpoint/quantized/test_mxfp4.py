@@ -11,55 +11,16 @@ import torch
 
 from runtime.checkpoint.quantized import mxfp4
 from runtime.checkpoint.safetensors import load_file
+from tests.runtime.checkpoint.quantized.reference import (
+    MAGNITUDES,
+    e2m1_value,
+    e8m0_value,
+    mx_reference_dequantize,
+    mx_reference_quantize,
+)
 from tests.runtime.checkpoint.quantized.spy import Spy, row_slice
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "hf-models"
-
-
-def e2m1_value(code: int) -> float:
-    """S.EE.M, exponent bias 1; exponent 0 is subnormal (M * 0.5); no inf or NaN."""
-    sign, exponent, mantissa = code >> 3, (code >> 1) & 3, code & 1
-    magnitude = mantissa * 0.5 if exponent == 0 else (1 + mantissa / 2) * 2.0 ** (exponent - 1)
-    return -magnitude if sign else magnitude
-
-
-MAGNITUDES = [e2m1_value(c) for c in range(8)]
-
-
-def e8m0_value(s: int) -> float:
-    return float("nan") if s == 255 else 2.0 ** (s - 127)
-
-
-def reference_dequantize(blocks: list, scales: list) -> list:
-    """One row: blocks [n, 16] bytes, scales [n] -> 32 n values."""
-    out = []
-    for block, s in zip(blocks, scales):
-        for byte in block:
-            out += [e2m1_value(byte & 15) * e8m0_value(s), e2m1_value(byte >> 4) * e8m0_value(s)]
-    return out
-
-
-def nearest_code(v: float) -> int:
-    """Nearest magnitude (beyond 6: 6), a tie to the smaller one; the sign bit only on a non-zero magnitude."""
-    index = min(range(8), key=lambda i: (abs(abs(v) - MAGNITUDES[i]), i))
-    return index | (8 if v < 0 and index > 0 else 0)
-
-
-def reference_quantize(row: list) -> tuple[list, list]:
-    """One row of 32 n floats -> (blocks [n, 16], scales [n])."""
-    blocks, scales = [], []
-    for b in range(0, len(row), 32):
-        values = row[b:b + 32]
-        amax, e = max(abs(v) for v in values), -127
-        while amax > 6 * 2.0 ** e and e < 127:
-            e += 1  # the smallest e with amax <= 6 * 2^e: ceil(log2(amax / 6)), -127 for zeros
-        exact_above = all(abs(v / 2.0 ** (e + 1)) in MAGNITUDES for v in values)
-        if amax == 6 * 2.0 ** e and exact_above and e < 127:
-            e += 1  # the same values with largest code 3 (the module's exact-block rule)
-        codes = [nearest_code(v / 2.0 ** e) for v in values]
-        blocks.append([codes[2 * j] | codes[2 * j + 1] << 4 for j in range(16)])
-        scales.append(e + 127)
-    return blocks, scales
 
 
 def test_the_code_values_follow_the_e2m1_bits():
@@ -75,7 +36,7 @@ def test_dequantize_matches_the_elementwise_definition():
     assert got.shape == (2, 3, 128) and got.dtype == torch.float32
     for i in range(2):
         for j in range(3):
-            expected = reference_dequantize(blocks[i, j].tolist(), scales[i, j].tolist())
+            expected = mx_reference_dequantize(blocks[i, j].tolist(), scales[i, j].tolist())
             assert [float(v) for v in got[i, j].tolist()] == [float(torch.tensor(v)) for v in expected]
 
 
@@ -93,7 +54,7 @@ def test_quantize_matches_the_elementwise_definition():
     x[2, 32:64] *= 1e-40  # tiny: the exponent clamps at -127
     blocks, scales = mxfp4.quantize(x)
     for row in range(3):
-        ref_blocks, ref_scales = reference_quantize(x[row].tolist())
+        ref_blocks, ref_scales = mx_reference_quantize(x[row].tolist())
         assert blocks[row].tolist() == ref_blocks and scales[row].tolist() == ref_scales
     assert scales[0, 0] == 0 and (blocks[0, 0] == 0).all()  # zeros: the smallest scale, code +0
     assert mxfp4.dequantize(blocks[1:2, :1], scales[1:2, :1])[0, :11].tolist() == [
