@@ -14,8 +14,9 @@ Quantizing. Sec. 6.3 converts with X = 2^(floor(log2(amax)) - 2) and saturates e
 checkpoints' generator instead takes the smallest X = 2^e with amax / X <= 6, e = ceil(log2(amax / 6)), so
 nothing saturates (clamped to E8M0's exponents, -127..127), then each element to its nearest code, a tie going
 to the smaller magnitude, and a value that rounds to 0 to +0 (code 0, never -0). An all-zero block takes
-e = -127 (byte 0): the formula's limit as amax -> 0, and what triton_kernels' ``downcast_to_mxfp`` (gpt-oss's
-quantizer) writes for it; its codes are 0 at any scale.
+e = -127 (byte 0): the formula's limit as amax -> 0 (triton_kernels' round-up of amax / 6 to a power of two,
+done on the float32 bits, gives the same byte for 0); its codes are 0 at any scale, so it reads back as zeros
+and quantizes again to the same bytes.
 
 One choice beyond that formula: the same values can have two encodings. A block whose values are exactly
 c * 2^e with every |c| <= 3 is also exactly 2c * 2^(e - 1); the formula picks e - 1 (largest code 6), yet
