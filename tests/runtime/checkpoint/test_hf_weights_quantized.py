@@ -6,8 +6,6 @@ headers-only check dequantizes nothing; rows reads (stacked experts, and a param
 from __future__ import annotations
 
 import dataclasses
-import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -39,7 +37,6 @@ def folders(tmp_path_factory) -> tuple[Path, Path]:
     values = {name: fp8_blocks.dequantize(*fp8_blocks.quantize(t, BLOCK), BLOCK) if selected(name) else t
               for name, t in tensors.items()}
     write_hf_folder(root / "plain", values, source.config)
-    shutil.copy(FIXTURE / "generation_config.json", root / "fp8")
     return root / "fp8", root / "plain"
 
 
@@ -50,7 +47,6 @@ def test_the_headers_check_sees_the_logical_tensors_and_dequantizes_nothing(fold
     weights = check_weights(read_hf_model(folders[0]))
     plain = check_weights(read_hf_model(folders[1]))
     assert weights.names == plain.names and weights.unused == ()
-    assert json.loads((folders[0] / "config.json").read_text())["quantization_config"]["weight_block_size"] == [16, 16]
 
 
 def test_the_model_reads_the_same_values_as_from_the_unquantized_folder(folders):
