@@ -30,6 +30,7 @@ tests/fixtures/hf-models/gpt-oss-mxfp4).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 BLOCK = 32  # elements per scale (MX spec: k = 32)
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # code bits 0-2 -> magnitude
@@ -39,6 +40,12 @@ MIN_EXPONENT, MAX_EXPONENT = -127, 127  # the finite E8M0 scales: bytes 0..254
 # Halfway between consecutive magnitudes: a magnitude's code is how many of these lie strictly below it, so an
 # exact tie goes to the smaller one and everything above 5 to 6 (saturation).
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+_SIGNED = E2M1_VALUES + tuple(-v for v in E2M1_VALUES)  # code 0..15 -> value
+# byte -> (value of its low nibble, value of its high nibble): elements 2j and 2j + 1 of a block.
+_BYTE_PAIRS = tuple((_SIGNED[b & 0x0F], _SIGNED[b >> 4]) for b in range(256))
+# quantize works through this many elements at a time: its float64 temporaries stay near 100 MB per chunk
+# whatever the tensor (gpt-oss-120b's experts are 2.1 G elements per layer and tensor).
+_CHUNK_ELEMENTS = 1 << 21
 
 
 def e8m0_to_float32(scales: torch.Tensor) -> torch.Tensor:
@@ -53,9 +60,9 @@ def e8m0_to_float32(scales: torch.Tensor) -> torch.Tensor:
 def dequantize(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """float32 [..., n_blocks * 32] from packed codes [..., n_blocks, 16] and E8M0 scales [..., n_blocks]."""
     _check_pair(blocks, scales)
-    signed = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float32)  # code -> value
-    codes = torch.stack((blocks & 0x0F, blocks >> 4), dim=-1).long()  # [..., n_blocks, 16, 2]: element 2j, 2j + 1
-    values = signed[codes].flatten(-2)  # [..., n_blocks, 32]
+    # A table lookup per byte, indexed by int32 (an int64 index per element would take twice the output's memory).
+    pairs = F.embedding(blocks.int(), torch.tensor(_BYTE_PAIRS, dtype=torch.float32))  # [..., n_blocks, 16, 2]
+    values = pairs.flatten(-2)  # [..., n_blocks, 32]
     values *= e8m0_to_float32(scales).unsqueeze(-1)  # exact: at most 2 significant bits times a power of two
     return values.flatten(-2)
 
@@ -64,17 +71,7 @@ def block_scales(x: torch.Tensor) -> torch.Tensor:
     """E8M0 bytes [..., K / 32] for x [..., K]: e = ceil(log2(amax / 6)) per block, computed exactly (the smallest
     e with amax <= 6 * 2^e), clamped to -127..127 (-127 for an all-zero block), plus the exact-block rule of the
     module docstring; stored as e + 127."""
-    blocked = _blocked(x)  # [..., n_blocks, 32] float64
-    amax = blocked.abs().amax(dim=-1)
-    mantissa, exponent = torch.frexp(amax / E2M1_MAX)  # amax / 6 = m * 2^k, m in [0.5, 1)
-    # ceil(log2(amax / 6)) up to the rounding of amax / 6 (beyond E8M0's range the answer is clamped anyway) ...
-    e = (exponent.long() - (mantissa == 0.5).long()).clamp(MIN_EXPONENT - 1, MAX_EXPONENT + 1)
-    e = e + (amax > E2M1_MAX * _pow2(e)).long()  # ... then exactly the smallest e with amax <= 6 * 2^e
-    e = e - (amax <= E2M1_MAX * _pow2(e - 1)).long()
-    e = torch.where(amax > 0, e, MIN_EXPONENT).clamp(MIN_EXPONENT, MAX_EXPONENT)
-    up = (e + 1).clamp(max=MAX_EXPONENT)
-    exact_above = (amax == E2M1_MAX * _pow2(e)) & (_decode(_codes(blocked, up), up) == blocked).all(-1)
-    return (torch.where(exact_above, up, e) + E8M0_BIAS).to(torch.uint8)
+    return (_exponents(_blocked(x)) + E8M0_BIAS).to(torch.uint8)
 
 
 def encode(x: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -86,14 +83,20 @@ def encode(x: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
                          f"{scales.dtype} {list(scales.shape)}")
     if bool((scales == E8M0_NAN).any()):
         raise ValueError("scales hold the E8M0 NaN (255): no finite value is encoded at that scale")
-    codes = _codes(blocked, scales.long() - E8M0_BIAS)  # [..., n_blocks, 32]
-    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)  # [..., n_blocks, 16]
+    return _packed(_codes(blocked, scales.long() - E8M0_BIAS))
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(blocks uint8 [..., K / 32, 16], scales uint8 [..., K / 32]) of a float x [..., K], K a multiple of 32."""
-    scales = block_scales(x)
-    return encode(x, scales), scales
+    """(blocks uint8 [..., K / 32, 16], scales uint8 [..., K / 32]) of a float x [..., K], K a multiple of 32;
+    a chunk of dim 0 at a time."""
+    step = max(1, _CHUNK_ELEMENTS // max(1, x[0].numel())) if x.dim() > 1 else 1
+    blocks, scales = [], []
+    for chunk in x.split(step) if x.dim() > 1 else (x,):
+        blocked = _blocked(chunk)  # [..., n_blocks, 32] float64
+        e = _exponents(blocked)
+        blocks.append(_packed(_codes(blocked, e)))
+        scales.append((e + E8M0_BIAS).to(torch.uint8))
+    return torch.cat(blocks), torch.cat(scales)
 
 
 # --- gpt-oss's experts --------------------------------------------------------------------------------------
@@ -130,6 +133,29 @@ def _blocked(x: torch.Tensor) -> torch.Tensor:
     return x.double().contiguous().unflatten(-1, (x.shape[-1] // BLOCK, BLOCK))
 
 
+def _exponents(blocked: torch.Tensor) -> torch.Tensor:
+    """Block exponents e (int64) [..., n_blocks] of float64 blocks [..., n_blocks, 32] (block_scales' rule)."""
+    amax = blocked.abs().amax(dim=-1)
+    mantissa, exponent = torch.frexp(amax / E2M1_MAX)  # amax / 6 = m * 2^k, m in [0.5, 1)
+    # ceil(log2(amax / 6)) up to the rounding of amax / 6 (beyond E8M0's range the answer is clamped anyway) ...
+    e = (exponent.long() - (mantissa == 0.5).long()).clamp(MIN_EXPONENT - 1, MAX_EXPONENT + 1)
+    e = e + (amax > E2M1_MAX * _pow2(e)).long()  # ... then exactly the smallest e with amax <= 6 * 2^e
+    e = e - (amax <= E2M1_MAX * _pow2(e - 1)).long()
+    e = torch.where(amax > 0, e, MIN_EXPONENT).clamp(MIN_EXPONENT, MAX_EXPONENT)
+    # The exact-block rule, checked only where amax is exactly 6 * 2^e (rare in weights not already on the grid).
+    candidates = (amax == E2M1_MAX * _pow2(e)) & (e < MAX_EXPONENT)
+    if bool(candidates.any()):
+        up, values = e[candidates] + 1, blocked[candidates]  # [n], [n, 32]
+        exact = (_decode(_codes(values, up), up) == values).all(-1)
+        e[candidates] = torch.where(exact, up, e[candidates])
+    return e
+
+
+def _packed(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [..., n_blocks, 32] -> bytes [..., n_blocks, 16]: element 2j in the low nibble of byte j."""
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+
+
 def _pow2(e: torch.Tensor) -> torch.Tensor:
     """2^e as float64, exactly, for integer e in -1022..1023: the float64 whose exponent field is e + 1023."""
     return ((e.clamp(-1022, 1023) + 1023) << 52).view(torch.float64)
@@ -144,8 +170,7 @@ def _codes(blocked: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
 
 
 def _decode(codes: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    signed = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), dtype=torch.float64)
-    return signed[codes] * _pow2(e).unsqueeze(-1)
+    return torch.tensor(_SIGNED, dtype=torch.float64)[codes] * _pow2(e).unsqueeze(-1)
 
 
 def _check_pair(blocks: torch.Tensor, scales: torch.Tensor) -> None:

@@ -162,3 +162,12 @@ def test_the_released_fixture_is_gpt_oss_quantized_by_this_recipe():
         again = mxfp4.pack_experts(back)  # the read values quantize to the stored bytes again
         assert torch.equal(again[0], stored[name + "_blocks"]) and torch.equal(again[1], stored[name + "_scales"])
     assert 0.1 < worst <= 0.125  # the fixture README: the weights move by up to 0.125
+
+
+def test_quantizing_in_chunks_of_dim_0_gives_the_same_bytes(monkeypatch):
+    x = torch.randn(5, 3, 64, generator=torch.Generator().manual_seed(7))
+    whole = mxfp4.quantize(x)
+    monkeypatch.setattr(mxfp4, "_CHUNK_ELEMENTS", 2 * 3 * 64)  # chunks of 2, 2 and 1 rows of dim 0
+    chunked = mxfp4.quantize(x)
+    assert torch.equal(chunked[0], whole[0]) and torch.equal(chunked[1], whole[1])
+    assert chunked[0].shape == (5, 3, 2, 16) and torch.equal(chunked[1][4], mxfp4.quantize(x[4])[1])
