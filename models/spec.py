@@ -129,6 +129,9 @@ class HFAdapter:
     # stacked(name): our parameter is its Hugging Face tensors stacked on dim 0, row e the e-th name from_hf gives
     # (a mixture's experts), so a reader holding rows a..b-1 reads those tensors alone
     stacked: Callable[[str], bool] = lambda name: False
+    # row_wise(name): our parameter's row e comes from row e of each Hugging Face tensor alone (combine works row by
+    # row on dim 0: gpt-oss's fused experts [E, ...]), so a reader holding rows a..b-1 reads just those rows of each
+    row_wise: Callable[[str], bool] = lambda name: False
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,11 @@ REFERENCE_FORWARDS: dict[str, Callable[[dict, dict, torch.Tensor], torch.Tensor]
 # fixtures/README.md: logits reach about 7; transformers' own sdpa and eager attention differ by up to 6e-6.
 ATOL, RTOL = 1e-5, 1e-5
 
-PRESENT = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.json").is_file())
+# Folders copied before their family exists here, for tests that read them as files (runtime/checkpoint/quantized/:
+# its codecs and reader against the released layouts): a family's arrival moves its folders from here to FAMILY_OF.
+AWAITING_FAMILY = {"deepseek-v3", "deepseek-v3-fp8", "gpt-oss", "gpt-oss-mxfp4"}
+
+PRESENT = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.json").is_file() and p.name not in AWAITING_FAMILY)
 
 
 def _expected(name: str) -> dict:
@@ -61,6 +65,7 @@ def _engine_model(name: str):
 def test_every_fixture_folder_has_a_family_and_every_family_its_folder():
     assert set(PRESENT) == set(FAMILY_OF), ("add a FAMILY_OF row for each folder of tests/fixtures/hf-models/ (and "
                                             "copy the folder of each row)")
+    assert not AWAITING_FAMILY & set(FAMILY_OF), "a folder with a FAMILY_OF row no longer awaits its family"
 
 
 @pytest.mark.parametrize("name", PRESENT)

@@ -156,6 +156,15 @@ class HFFolder:
         tensor, so copy before writing to it."""
         return self._file(name).read(name)
 
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of dim 0, a view of the file's pages (those of other rows are not read). The same
+        call as a quantized folder's (runtime/checkpoint/quantized/folder.py), where it saves dequantizing."""
+        tensor = self.read(name)
+        if tensor.dim() == 0 or not 0 <= start <= stop <= tensor.shape[0]:
+            raise TensorFileError(f"{self.file_of(name)}: tensor {name!r} of shape {list(tensor.shape)} has no rows "
+                                  f"[{start}, {stop})")
+        return tensor[start:stop]
+
     def _file(self, name: str) -> _BinFile | _SafetensorsFile:
         if name not in self._files:
             raise TensorFileError(f"{self.weights}: no tensor {name!r} (the folder's weights hold "

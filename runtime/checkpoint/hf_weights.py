@@ -14,6 +14,10 @@ from the base model (``GPT2Model``, ``LlamaModel``: names without ``transformer.
 tensors the model does not use (GPT-2's old ``attn.bias`` masks, a tied model's saved ``lm_head``) are
 passed over with a note.
 
+A folder whose config.json has a ``quantization_config`` (DeepSeek-V3's block FP8, gpt-oss's MXFP4) is opened
+through runtime/checkpoint/quantized/folder.py: it shows the names, shapes and float32 values of the unquantized
+folder (dequantized as each tensor is read), so the checks and the families' ``from_hf`` are the same for both.
+
 ``initial_values`` is the engine's source of starting values: for one of our parameters it reads the
 Hugging Face tensors ``from_hf`` names (memory-mapped: only pages touched are read) and combines them
 (transposes, q/k/v regrouping); materialising a shard then copies just that shard, in fp32. So a rank
@@ -31,6 +35,7 @@ import torch
 
 from models import FAMILIES, ModelSpec, named_config, parameter_shapes, with_window
 from runtime.checkpoint.hf_folder import CONFIG_FILE, HFFolder, read_config
+from runtime.checkpoint.quantized.folder import QuantizedFolder, open_folder
 from runtime.checkpoint.safetensors import TensorFileError
 from runtime.config import ConfigError
 
@@ -131,7 +136,7 @@ class HFWeights:
     needs (``to_hf``'s) to the folder's own name for it."""
 
     model: HFModel
-    folder: HFFolder
+    folder: HFFolder | QuantizedFolder  # a quantized folder shows its logical float32 tensors
     names: dict[str, str]
     unused: tuple[str, ...]  # tensors of the folder no parameter is made of
 
@@ -145,7 +150,7 @@ class HFWeights:
 def check_weights(hf: HFModel) -> HFWeights:
     """Open the folder (headers only) and check every tensor the model needs: present, of the shape
     ``to_hf`` gives for our parameter shapes, floating point. TensorFileError naming the file and tensor."""
-    folder = HFFolder.open(hf.path)
+    folder = open_folder(hf.path)
     meta = {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(hf.config).items()}
     expected = {name: tuple(t.shape) for name, t in hf.spec.hf.to_hf(meta, hf.config).items()}
     names = {}
@@ -167,7 +172,7 @@ def check_weights(hf: HFModel) -> HFWeights:
     return HFWeights(model=hf, folder=folder, names=names, unused=tuple(n for n in folder.names() if n not in used))
 
 
-def _find(folder: HFFolder, name: str) -> str | None:
+def _find(folder: HFFolder | QuantizedFolder, name: str) -> str | None:
     """``name`` in the folder, or without its first component: a folder saved from the base model
     (transformers' ``base_model_prefix``, e.g. ``wte.weight`` for ``transformer.wte.weight``)."""
     if name in folder:
@@ -195,8 +200,13 @@ class FolderValues:
     def rows(self, name: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) of dim 0 of ``name``'s value."""
         spec = self.weights.model.spec
+        if spec.hf.row_wise(name):  # rows of each tensor: a quantized folder dequantizes only those
+            hf_names, combine = spec.hf.from_hf(name, self.weights.model.config)
+            return combine(*(self.weights.folder.read_rows(self.weights.names[n], start, stop) for n in hf_names))
         if not spec.hf.stacked(name):
-            return self(name, shape)[start:stop]  # memory-mapped: the pages of other rows are not read
+            # memory-mapped: the pages of other rows are not read (a quantized tensor is dequantized whole here:
+            # what the family marks row_wise is read by rows above)
+            return self(name, shape)[start:stop]
         hf_names, _ = spec.hf.from_hf(name, self.weights.model.config)
         if len(hf_names) != shape[0]:
             raise TensorFileError(f"{name}: the folder gives {len(hf_names)} stacked tensors, the model needs {shape[0]}")
