@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Engine runs on one lent GPU for the planner (issue 38): step times and peak memory of a few models and plans,
 # each summary kept with its config, so that `run.py calibrate --measured` can refit the GPU preset's engine
-# factors and `run.py plan --validate --measured` can compare predictions with them. From the repository root:
+# factors and `run.py validate --measured` can compare predictions with them. From the repository root:
 #   OUT=results bash tests/gpu_planner_runs.sh        # 195 s on an H100 (2026-11-26); writes $OUT/results.json
 # then: python run.py calibrate --measured results/results.json --out my-gpu.json
 # RUNS="gpt2-small gpt2-small-v50304" runs only those (results.json is rewritten after every run). The -v50304 runs

@@ -22,7 +22,7 @@ def test_memory_binds_when_a_faster_plan_does_not_fit():
     unconstrained = search(LLAMA_70B, require_fit=False, **args).best
     assert unconstrained.step_time < best.step_time  # a faster plan exists; it needs more memory than a GPU has
     line = binding_constraint(best, unconstrained)
-    assert line.startswith("memory:") and unconstrained.candidate.describe() in line
+    assert line.startswith("memory:") and unconstrained.plan.describe() in line
     assert not binding_constraint(best, best).startswith("memory")  # else: the largest part beside compute
 
 

@@ -19,17 +19,17 @@ def test_auto_runs_the_planners_pick_on_4_ranks(tmp_path):
 
     result = torchrun(["--auto", *argv], nproc=4, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"auto plan: {best.candidate.describe()}" in result.stdout
+    assert f"auto plan: {best.plan.describe()}" in result.stdout
     config = json.loads((tmp_path / "summary.json").read_text())["config"]
     assert config["mesh"] == expected.to_dict()["mesh"]
-    assert config["pipeline"]["schedule"] == best.candidate.schedule
-    assert config["pipeline"]["micro_batch_size"] == best.candidate.micro_batch_size
-    assert config["activation_checkpointing"] == best.candidate.ac
+    assert config["pipeline"]["schedule"] == best.plan.schedule
+    assert config["pipeline"]["micro_batch_size"] == best.plan.micro_batch_size
+    assert config["activation_checkpointing"] == best.plan.ac
 
 
 def test_auto_keeps_what_the_user_gave_beside_it():
     """--auto --sequence-parallel plans with SP (so tensor parallelism), --cp with that context parallelism."""
     argv = ["--auto", "--model", "tiny", "--precision", "fp32", "--sequence-parallel", "--cp", "2"]
     cfg, best, notes = auto_config(build_parser().parse_args(argv), argv, world=4)
-    assert cfg.plan.sequence_parallel and best.candidate.sequence_parallel and cfg.plan.mp > 1 and cfg.plan.cp == 2
+    assert cfg.plan.sequence_parallel and best.plan.sequence_parallel and cfg.plan.mp > 1 and cfg.plan.cp == 2
     assert any("holding sequence_parallel=True, cp=2" in n for n in notes)

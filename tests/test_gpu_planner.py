@@ -130,9 +130,9 @@ def test_the_search_holds_exactly_the_plans_the_constraints_admit(fixed):
     only the plans of the groups it prices): the plans held are those of the whole space that ``admits`` keeps."""
     held = search(MOE, constraints=fixed, **_EVERY_PLAN)
     everything = _every_moe_plan()
-    key = lambda e: dataclasses.astuple(e.candidate)  # noqa: E731
+    key = lambda e: dataclasses.astuple(e.plan)  # noqa: E731
     assert held.every and held.considered == len(held.every)
-    assert Counter(map(key, held.every)) == Counter(key(e) for e in everything.every if fixed.admits(e.candidate))
+    assert Counter(map(key, held.every)) == Counter(key(e) for e in everything.every if fixed.admits(e.plan))
 
 
 def test_a_search_for_plans_faster_than_a_step_finds_the_fastest_or_none():
@@ -151,17 +151,17 @@ def test_a_16384_gpu_search_for_a_405b_gqa_swiglu_shape_is_fast():
     result = search(LLAMA_405B, world=16384, global_batch_size=2048, cluster=load_cluster("h100-80gb"))
     seconds = time.process_time() - start
     assert result.best is not None and result.best.fits and result.considered > 10_000
-    assert result.best.candidate.mp <= 8 and result.best.memory_per_rank <= 77 * 2**30
+    assert result.best.plan.mp <= 8 and result.best.memory_per_rank <= 77 * 2**30
     assert seconds < 60, f"{seconds:.1f} s"
 
 
 def test_a_moe_search_considers_expert_parallelism_and_ep_trades_memory_for_all_to_alls():
     cluster = load_cluster("h100-80gb")
     result = search(MOE, world=64, global_batch_size=256, cluster=cluster, keep=200)
-    assert {e.candidate.ep for e in result.top} > {1}
+    assert {e.plan.ep for e in result.top} > {1}
     one = search(MOE, world=64, global_batch_size=256, cluster=cluster,
                  constraints=Constraints(ep=1, dp=64, micro_batch_size=4, ac="none", dp_mode="fsdp")).best
-    eight = Pricer(MOE, cluster).price(dataclasses.replace(one.candidate, ep=8))
+    eight = Pricer(MOE, cluster).price(dataclasses.replace(one.plan, ep=8))
     assert eight.memory_per_rank < one.memory_per_rank and eight.breakdown.ep > 0 == one.breakdown.ep
 
 
@@ -244,7 +244,7 @@ def test_the_loss_chunks_priced_are_the_ones_the_engine_upcasts_on_that_device(m
     shape = DecoderShape.from_flags(layers=4, d_model=512, heads=8, seq_len=1024, vocab_size=50257)
     cluster = load_cluster(preset)
     c = search(shape, world=1, global_batch_size=8, cluster=cluster,
-               constraints=Constraints(dp=1, pp=1, mp=1, micro_batch_size=8, chunked_loss=True)).best.candidate
+               constraints=Constraints(dp=1, pp=1, mp=1, micro_batch_size=8, chunked_loss=True)).best.plan
     contexts.clear()
     Pricer(shape, cluster).rank_memories(c)
     assert contexts and {x.loss_chunk_bytes for x in contexts} == {chunk_bytes}

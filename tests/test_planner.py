@@ -45,7 +45,7 @@ def test_every_feasible_plan_is_accepted_by_the_engine_and_fits(tiny_plans, cpu)
     feasible = [e for e in tiny_plans if e.feasible]
     assert feasible
     for e in feasible:
-        c = e.candidate
+        c = e.plan
         assert c.dp * c.pp * c.mp == 4 and c.cp == 1 and c.ep == 1
         assert plan_error(TINY, c) is None
         assert e.memory_per_rank <= cpu.memory_per_rank(4)
@@ -58,16 +58,16 @@ def test_context_parallel_ranks_shard_the_parameters_at_dp_1_with_or_without_res
     llama = default_config(named_config("llama3-debug", seq_len=256))
     plans = search(DecoderShape.from_config(llama.model), world=2, global_batch_size=2, cluster=cpu,
                    constraints=Constraints(dp=1, cp=2, pp=1, mp=1), keep=8, collect=True).every
-    zero3 = [e.candidate for e in plans if e.candidate.reshard_after_forward]
+    zero3 = [e.plan for e in plans if e.plan.reshard_after_forward]
     assert zero3 and all(c.dp_mode == "zero3" for c in zero3)
-    assert {e.candidate.dp_mode for e in plans} == {"fsdp", "zero3"}
+    assert {e.plan.dp_mode for e in plans} == {"fsdp", "zero3"}
     assert plan_error(llama, dataclasses.replace(zero3[0], chunked_loss=True)) is None
 
 
 def test_infeasible_plans_say_why(tiny_plans):
     infeasible = [e for e in tiny_plans if not e.feasible]
     assert infeasible and all(e.reason for e in infeasible)
-    short = [e for e in infeasible if e.candidate.schedule == "dualpipev" and e.candidate.microbatches < 4]
+    short = [e for e in infeasible if e.plan.schedule == "dualpipev" and e.plan.microbatches < 4]
     assert short and all("micro-batches" in e.reason for e in short)  # DualPipeV needs m >= 2p
 
 
@@ -79,8 +79,8 @@ def test_ranking_is_fastest_first_and_feasible_first(tiny_plans):
 
 
 def test_sequence_parallel_plans_are_proposed_and_accepted(tiny_plans):
-    sp = [e for e in tiny_plans if e.feasible and e.candidate.sequence_parallel]
-    assert sp and all(e.candidate.mp > 1 for e in sp)
+    sp = [e for e in tiny_plans if e.feasible and e.plan.sequence_parallel]
+    assert sp and all(e.plan.mp > 1 for e in sp)
 
 
 def test_a_small_memory_budget_makes_plans_infeasible(cpu):
@@ -129,12 +129,12 @@ def test_rescaled_cluster_scales_every_predicted_step_time(cpu):
     """The speed probe's correction: a machine measured twice as slow predicts every plan twice as slow."""
     slow = cpu.rescaled(2.0, "test")
     fast = rank_plans(TINY.model, validate=plan_checker(TINY), world=4, global_batch_size=16, cluster=cpu, precisions=("fp32",))
-    slower = {e.candidate: e.step_time for e in rank_plans(TINY.model, validate=plan_checker(TINY), world=4, global_batch_size=16, cluster=slow,
+    slower = {e.plan: e.step_time for e in rank_plans(TINY.model, validate=plan_checker(TINY), world=4, global_batch_size=16, cluster=slow,
                                                              precisions=("fp32",)) if e.feasible}
     feasible = [e for e in fast if e.feasible]
     assert feasible and len(slower) == len(feasible)
     for e in feasible:
-        assert slower[e.candidate] == pytest.approx(2 * e.step_time, rel=1e-9)
+        assert slower[e.plan] == pytest.approx(2 * e.step_time, rel=1e-9)
 
 
 def test_weight_memory_by_data_parallel_mode():
@@ -154,9 +154,9 @@ def test_weight_memory_by_data_parallel_mode():
 
 def test_dp_modes_are_planned_and_accepted():
     assert set(dp_modes(4)) == {(None, False), (None, True), (1, False), (2, False)}
-    modes = {(e.candidate.dp_shard, e.candidate.reshard_after_forward)
+    modes = {(e.plan.dp_shard, e.plan.reshard_after_forward)
              for e in rank_plans(TINY.model, validate=plan_checker(TINY), world=4, global_batch_size=16, cluster=load_cluster("cpu-2core"),
-                                 precisions=("fp32",)) if e.feasible and e.candidate.dp == 4}
+                                 precisions=("fp32",)) if e.feasible and e.plan.dp == 4}
     assert modes == set(dp_modes(4))
 
 
@@ -225,7 +225,7 @@ def test_a_priced_layout_holds_what_the_user_gave(cpu):
     given = Constraints(dp=2, pp=2, mp=1, micro_batch_size=2, schedule="1f1b", ac="full", dp_mode="replicate",
                         cp=1, ep=1, chunked_loss=False)
     best = search(shape, world=4, global_batch_size=16, cluster=cpu, precisions=("fp32",), constraints=given).best
-    c = best.candidate
+    c = best.plan
     assert (c.dp, c.pp, c.mp, c.micro_batch_size, c.schedule, c.ac, c.dp_shard) == (2, 2, 1, 2, "1f1b", "full", 1)
     assert c.microbatches == 16 // 2 // 2
 

@@ -41,7 +41,7 @@ def test_table1_in_sample_rows_at_their_published_layouts():
     table = load_table(TABLE1)
     results = reproduce(table)
     for r in results:
-        c = r.priced.candidate
+        c = r.priced.plan
         assert r.priced.fits and (c.mp, c.pp, c.dp, c.ac) == (r.run.layout.mp, r.run.layout.pp, r.run.layout.dp, "full")
         assert not c.sequence_parallel  # Megatron-LM 2021 had no sequence parallelism
     s = summary(results)
@@ -83,7 +83,7 @@ def test_llama3_405b_at_its_published_layout_fits_without_zero3_and_is_not_price
     table = load_table(LLAMA3)
     run = table.runs[0]
     e = price_run(table, run, load_cluster(table.cluster))
-    assert e.fits and not e.candidate.reshard_after_forward and e.candidate.sequence_parallel
+    assert e.fits and not e.plan.reshard_after_forward and e.plan.sequence_parallel
     assert e.breakdown.dp_exposed < 0.05 * e.step_time
     assert 0.35 < e.mfu < 0.55
 
@@ -100,7 +100,7 @@ def test_torchtitan_pipeline_rows_run_its_default_micro_batches_and_stages_per_r
     for run in piped:
         local_batch = run.global_batch // run.layout.dp  # sequences per pipeline per step
         assert local_batch == run.layout.pp * run.layout.micro_batch_size, run.label
-        c = price_run(table, run, cluster).candidate
+        c = price_run(table, run, cluster).plan
         assert c.microbatches == run.layout.pp and c.micro_batch_size == run.layout.micro_batch_size, run.label
         assert c.stages_per_rank == (2 if c.schedule == "interleaved-1f1b" else 1), run.label
 
@@ -135,7 +135,7 @@ def test_the_priced_plans_hold_each_expert_on_the_ranks_the_source_states():
     stated = [row["layout"]["expert_dp"] for row in data["rows"]]
     assert stated == [1, 32, 1, 4]
     cluster = load_cluster(qwen.cluster)
-    priced = [DataParallelGroups.of(price_run(qwen, run, cluster).candidate).experts for run in qwen.runs]
+    priced = [DataParallelGroups.of(price_run(qwen, run, cluster).plan).experts for run in qwen.runs]
     assert priced == stated
 
 
@@ -220,5 +220,5 @@ def test_torchtitans_selective_rows_peak_within_10_percent_of_their_published_me
     assert len(eager) == 2
     for run in eager:
         e = price_run(table, run, load_cluster(table.cluster))
-        assert e.candidate.ac == "selective"
+        assert e.plan.ac == "selective"
         assert abs(e.memory_per_rank / 2**30 / run.memory_gib - 1) < 0.10, run.label

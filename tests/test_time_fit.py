@@ -152,7 +152,7 @@ def test_a_fit_at_a_second_world_is_kept_beside_the_first_and_prices_plans_near_
     config = default_config(named_config("tiny"))
     for world in (4, 8):
         plan = next(e for e in rank_plans(config.model, validate=plan_checker(config), world=world, global_batch_size=16, cluster=cluster,
-                                          precisions=("bf16",)) if e.feasible and e.candidate.mp > 1)
+                                          precisions=("bf16",)) if e.feasible and e.plan.mp > 1)
         assert plan.step_time == pytest.approx(_combine(plan.terms, truth[world]), rel=1e-9)
     path = tmp_path / "cluster.json"
     path.write_text(cluster.to_json())
@@ -246,9 +246,9 @@ def test_validation_runs_plans_with_every_dimension_the_planner_prices():
     cluster = load_cluster("cpu-2core")
     chosen = {}
     for group in MODELS:
-        plans = [e.candidate for e in rank_plans(group.model(), validate=plan_checker(default_config(group.model())), world=4, cluster=cluster,
+        plans = [e.plan for e in rank_plans(group.model(), validate=plan_checker(default_config(group.model())), world=4, cluster=cluster,
                                                  global_batch_size=group.global_batch, max_cp=group.max_cp)
-                 if e.feasible and group.keeps(e.candidate)]
+                 if e.feasible and group.keeps(e.plan)]
         chosen[group.name] = plans
         assert plans and all(c.dp * c.pp * c.mp * c.cp == 4 for c in plans)
     assert any(c.sequence_parallel for c in chosen["tiny"]) and any(c.mp > 1 and not c.sequence_parallel

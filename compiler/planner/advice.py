@@ -31,7 +31,7 @@ def binding_constraint(best: Estimate, unconstrained: Estimate | None) -> str:
     """One line naming what limits ``best`` (``unconstrained``: the fastest plan with memory ignored, or None
     when none is faster than ``MEMORY_BINDS_BELOW`` x its step)."""
     if unconstrained is not None and unconstrained.step_time < best.step_time * MEMORY_BINDS_BELOW:
-        return (f"memory: {unconstrained.candidate.describe()} would be {best.step_time / unconstrained.step_time:.2f}x "
+        return (f"memory: {unconstrained.plan.describe()} would be {best.step_time / unconstrained.step_time:.2f}x "
                 f"as fast but needs {unconstrained.memory_per_rank / 2**30:.1f} GiB of "
                 f"{unconstrained.memory_limit / 2**30:.1f} per rank")
     b = best.breakdown.to_dict()

@@ -4,7 +4,7 @@ A run is an engine ``summary.json`` (its ``config``: model and plan; ``step_time
 run folders (a study's), or a results file of several keyed by name (``tests/gpu_check.sh`` writes one: ``OUT=dir bash tests/gpu_check.sh``
 then ``dir/results.json``). ``run.py calibrate --measured FILE`` fits a cluster's engine factors to them (on a
 lent GPU: one or two runs fit ``compute_scale`` alone, three or more ``step_overhead`` too);
-``run.py plan --validate --measured FILE`` compares the planner's predictions with them.
+``run.py validate --measured FILE`` compares the planner's predictions with them.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from compiler.schedules import SCHEDULES
 
 @dataclass(frozen=True)
 class Estimate:
-    candidate: ParallelPlan
+    plan: ParallelPlan
     feasible: bool
     reason: str | None
     step_time: float | None = None
@@ -55,7 +55,7 @@ class Estimate:
 
     def to_json(self) -> dict:
         """The PLAN object of ``run.py plan --json``."""
-        c = self.candidate
+        c = self.plan
         return {"dp": c.dp, "pp": c.pp, "mp": c.mp, "cp": c.cp, "ep": c.ep, "schedule": c.schedule,
                 "stages_per_rank": c.stages_per_rank, "micro_batch_size": c.micro_batch_size,
                 "activation_checkpointing": c.ac, "sequence_parallel": c.sequence_parallel,
@@ -66,7 +66,7 @@ class Estimate:
                 "breakdown": self.breakdown.to_dict() if self.breakdown else None}
 
     def to_dict(self) -> dict:
-        return {"plan": self.candidate.to_dict(), "describe": self.candidate.describe(), "feasible": self.feasible,
+        return {"plan": self.plan.to_dict(), "describe": self.plan.describe(), "feasible": self.feasible,
                 "reason": self.reason, "step_time_s": self.step_time, "tokens_per_sec": self.tokens_per_sec,
                 "mfu": self.mfu, "memory_per_rank_bytes": self.memory_per_rank,
                 "blocks_per_stage": list(self.blocks_per_stage or []),

@@ -62,7 +62,7 @@ def metric_value(metric: str, e: Estimate, run: PublishedRun) -> float:
     if metric == "megatron_tflops_per_gpu":
         return megatron_model_flops_per_token(run.shape) * tokens / run.gpus / 1e12
     if metric == "hardware_tflops_per_gpu":
-        full = e.candidate.ac == "full"
+        full = e.plan.ac == "full"
         return hardware_flops_per_token(run.shape, activation_checkpointing=full) * tokens / run.gpus / 1e12
     raise ValueError(f"unknown metric {metric}")
 

@@ -1,4 +1,4 @@
-"""Launch processes from the commands (study, plan --validate, calibrate) and the tests: a command in its
+"""Launch processes from the commands (study, validate, calibrate) and the tests: a command in its
 own process group with a timeout, and one study run (a real torchrun job, or the plain loop) with its figures.
 """
 

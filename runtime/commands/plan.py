@@ -149,7 +149,7 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
     if stuck:
         fix = cheapest_fit(lambda c, ranks: run(c, ranks), given if priced else limits, world,
                            has_experts=shape.experts is not None)
-        report["advice"] = (f"{fix.what}: {fix.result.candidate.describe()}, {fix.result.step_time:.3f} s/step, "
+        report["advice"] = (f"{fix.what}: {fix.result.plan.describe()}, {fix.result.step_time:.3f} s/step, "
                             f"{fix.result.memory_per_rank / 2**30:.1f} GiB" if fix else "no change tried fits")
         print(f"cheapest change that fits: {report['advice']}")
     if cluster.is_gpu and result.best is not None:
@@ -174,7 +174,7 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
 def padded_vocabulary_line(shape: DecoderShape, best: Estimate, search_padded) -> str | None:
     """Where the best plan's LM head runs on unaligned GPU kernels (runtime/observe/alignment.py): the best plan
     with the vocabulary padded to a multiple of 64 x mp, searched again (``search_padded(shape)``)."""
-    c = best.candidate
+    c = best.plan
     if head_aligned(shape.vocab_size, mp=c.mp, itemsize=PRECISIONS[c.precision].dtype.itemsize):
         return None
     padded = padded_vocabulary(shape.vocab_size, c.mp)
@@ -182,7 +182,7 @@ def padded_vocabulary_line(shape: DecoderShape, best: Estimate, search_padded) -
     if faster is None:
         return None
     return (f"padded vocabulary (a model trained from scratch: the head's rows of {shape.vocab_size:,} words are "
-            f"not 16-byte aligned): --vocab-size {padded}: {faster.candidate.describe()}, {faster.step_time:.3f} "
+            f"not 16-byte aligned): --vocab-size {padded}: {faster.plan.describe()}, {faster.step_time:.3f} "
             f"s/step, {best.step_time / faster.step_time:.2f}x as fast")
 
 

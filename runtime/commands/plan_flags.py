@@ -126,6 +126,6 @@ def describe_estimate(e: Estimate) -> str:
     parts = ", ".join(f"{name} {getattr(b, key):.3f}" for name, key in (
         ("bubble", "bubble"), ("TP", "tp"), ("CP", "cp"), ("EP", "ep"), ("PP", "pp"), ("DP exposed", "dp_exposed"),
         ("optimizer", "optimizer"), ("fixed", "fixed")) if getattr(b, key) or key in ("bubble", "dp_exposed"))
-    return (f"{e.candidate.describe()}: {e.step_time:.3f} s/step, {e.model_tflops_per_gpu:.1f} model TFLOP/s per "
+    return (f"{e.plan.describe()}: {e.step_time:.3f} s/step, {e.model_tflops_per_gpu:.1f} model TFLOP/s per "
             f"device (MFU {100 * e.mfu:.1f}%), {e.memory_per_rank / 2**30:.2f} GiB per rank{fits}\n"
             f"      compute {b.compute:.3f} s, {parts}")

@@ -21,7 +21,7 @@ def row_line(r: RowResult) -> str:
     memory = ""
     if r.memory_error is not None:
         memory = f", memory {e.memory_per_rank / 2**30:.1f} vs {run.memory_gib} GiB ({100 * r.memory_error:+.0f}%)"
-    plan = e.candidate.describe() + ("" if e.fits else " (does not fit)") if e else f"no plan: {r.why_unpriced}"
+    plan = e.plan.describe() + ("" if e.fits else " (does not fit)") if e else f"no plan: {r.why_unpriced}"
     unmodelled = f"  [not modelled: {', '.join(run.unmodelled)}]" if run.unmodelled else ""
     return (f"| {run.label} | {run.reported:,.1f} | {predicted} | {error}{memory} | "
             f"{'in' if r.table.fitted else 'out of'} sample | {plan}{unmodelled} |")

@@ -136,7 +136,7 @@ def _fitting_plan(cfg: TrainConfig, *, world: int, node_ranks: list[int], memory
     plans = rank_plans(cfg.model, world=world, global_batch_size=cfg.global_batch_size, cluster=cluster,
                        validate=plan_checker(cfg), precisions=(cfg.plan.precision,))
     best = next((e for e in plans if e.feasible), None)
-    return " ".join(plan_flags(best.candidate)) if best else None
+    return " ".join(plan_flags(best.plan)) if best else None
 
 
 def check_memory(cfg: TrainConfig, *, world: int, node_ranks: list[int], memory: NodeMemory | None) -> str | None:

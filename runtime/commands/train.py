@@ -142,7 +142,7 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
         if env.rank == 0:
             for note in notes:
                 print(note, flush=True)
-            print(f"auto plan: {best.candidate.describe()} (predicted {best.step_time:.3f} s/step, "
+            print(f"auto plan: {best.plan.describe()} (predicted {best.step_time:.3f} s/step, "
                   f"{best.memory_per_rank / 2**30:.2f} GiB/rank)", flush=True)
     else:
         cfg = config_from_args(args, world_size=env.world_size)

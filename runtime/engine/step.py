@@ -125,12 +125,18 @@ def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *,
     lr = ctx.optimizer.param_groups[0]["lr"]
     if ctx.experts is not None:
         ctx.experts.before_step(loss_scale=scale, microbatches=ctx.microbatches)
-    losses = run_schedule(ctx.pipeline, inputs, targets, train=True)  # forward and backward of every micro-batch
+    losses = forward_backward(ctx, inputs, targets)
 
     recorder = ctx.pipeline.recorder
     with recorder.span("optimizer", "optimizer") if recorder else contextlib.nullcontext():
         stats = _optimizer_step(ctx, losses, scale=scale, lr=lr, flags=(stop_requested, writing))
     return stats
+
+
+def forward_backward(ctx: StepContext, inputs: torch.Tensor | tuple[torch.Tensor, ...],
+                     targets: torch.Tensor) -> list[torch.Tensor]:
+    """The step's forward and backward of every micro-batch (tests reach into a step after it: tests/step_hook.py)."""
+    return run_schedule(ctx.pipeline, inputs, targets, train=True)
 
 
 def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: float, lr: float,

@@ -5,7 +5,7 @@ engine itself runs a few plans for a few steps on ``world`` ranks, and compiler/
 compute_scale, comm_scale, dp_comm_scale, action_overhead and step_overhead to the measured median
 step times.
 
-The calibration models are deliberately neither `tiny` nor `small` (the models `plan --validate`
+The calibration models are deliberately neither `tiny` nor `small` (the models `validate`
 checks), so validation measures how the fitted model predicts plans and models it has not seen: one
 light model whose steps are dominated by fixed costs, and one whose steps are dominated by compute.
 Every mesh kind (DP, PP, TP, mixed) and the schedules with different action counts appear.

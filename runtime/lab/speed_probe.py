@@ -9,9 +9,9 @@ It returns the geometric mean of measured-now / measured-then; compiler/planner/
 
 Why whole runs and not kernels: a first probe re-timed calibration's isolated block benchmark and
 made the planner worse (2026-11-24: blocks 1.18x slower than calibrated while whole runs were 1.27x
-faster than predicted; ``plan --validate`` erred 27.3% with it, 9.8% without). What drifts is what the
+faster than predicted; ``validate`` erred 27.3% with it, 9.8% without). What drifts is what the
 engine factors were fitted to, so the probe measures that. This probe, the same day:
-``plan --validate --world 4 --cluster cpu-2core --speed-probe`` measured 0.82x and erred 16.0% (median
+``validate --world 4 --cluster cpu-2core --speed-probe`` measured 0.82x and erred 16.0% (median
 over 12 plans; 11.0% without it, the calibration being a day old). Opt-in: it costs half a minute and
 helps when the machine's load differs from calibration day's.
 """

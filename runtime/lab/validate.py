@@ -76,19 +76,19 @@ def validate(*, world: int, cluster: Cluster, precisions: tuple[str, ...], out: 
                                    max_cp=group.max_cp)
             best_per_mesh = {}
             for e in estimates:  # the best of every mesh (cp and ep included), and with sequence parallelism
-                c = e.candidate
+                c = e.plan
                 mesh = (c.dp, c.pp, c.mp, c.cp, c.ep, c.sequence_parallel)
                 if e.feasible and group.keeps(c) and mesh not in best_per_mesh:
                     best_per_mesh[mesh] = e
             rows = []
             for (dp, pp, mp, cp, ep, sp), e in best_per_mesh.items():
                 name = f"{model}_{dp}x{pp}x{mp}" + (f"_cp{cp}" if cp > 1 else "") + (f"_ep{ep}" if ep > 1 else "")
-                spec = RunSpec(name + ("_sp" if sp else ""), world, [*model_flags(shape), *plan_flags(e.candidate), *RUN_FLAGS])
+                spec = RunSpec(name + ("_sp" if sp else ""), world, [*model_flags(shape), *plan_flags(e.plan), *RUN_FLAGS])
                 result = execute(spec, Path(work), timeout=900)
                 measured = result.summary["step_time_s"] if result.ok else None
-                rows.append({"model": model, "plan": e.candidate.describe(), "predicted_s": e.step_time,
+                rows.append({"model": model, "plan": e.plan.describe(), "predicted_s": e.step_time,
                              "measured_s": measured, "command": result.command, "error": result.error})
-                print(f"{model:>5} {e.candidate.describe():<58} predicted {e.step_time:7.3f}s  measured "
+                print(f"{model:>5} {e.plan.describe():<58} predicted {e.step_time:7.3f}s  measured "
                       f"{measured if measured is None else f'{measured:7.3f}s'}", flush=True)
             report["models"][model] = {"rows": rows, **summarize(rows)}
             all_rows += rows
