@@ -261,7 +261,7 @@ def set_group_timeout(group: dist.ProcessGroup, timeout: datetime.timedelta) -> 
     updates its contexts, whose timeout bounds every send, receive and collective when it starts; NCCL copies
     the group's timeout into each work as it creates it (``work->opTimeout_ = options_->timeout``), which its
     watchdog checks; a work already in flight keeps the bound it started with. Timeouts are local: each rank
-    sets its own. Checked on torch 2.11.0+cu130 (an H100, 2026-11-26): an NCCL subgroup's all-reduce posted after
+    sets its own. Checked on torch 2.11.0+cu130 on an H100: an NCCL subgroup's all-reduce posted after
     the switch carried the new timeout (``ProcessGroupNCCL._verify_work_timeout``), and a gloo all-reduce gave up
     at the new bound. Gloo's sends and receives do not follow it: ``bounded_p2p_works``."""
     _c10d._set_pg_timeout(timeout, group)

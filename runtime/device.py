@@ -166,12 +166,10 @@ def retain_cpu_heap() -> bool:
 
     glibc returns the top of its heap to the kernel once more than its trim threshold is free there (twice
     the largest block freed so far: a few MiB for a small model), and a pipeline's activations in flight
-    grow and shrink the heap by tens of MiB within every step. Measured on 8 blocks of d 256 at pp=2
-    (8 x 4, fp32): 5,900 page faults per step under zbv and 4,500 under interleaved 1F1B (1,400 under the
-    naive loop, which holds one micro-batch), at ~3.2 us each on this VM; with these thresholds 770 and 630,
-    and every schedule's samples/s 1.5-3% higher (two alternated studies each way, 2026-11-26). The peak
-    resident memory is unchanged (within 1% on those runs); it just stays there between steps (up to 256 MiB
-    more per rank than glibc keeps). Returns False where there is no glibc."""
+    grow and shrink the heap by tens of MiB within every step: thousands of page faults per step under the
+    overlapping schedules, which these thresholds cut several-fold (runtime/README.md records the study). The
+    peak resident memory is unchanged; it just stays there between steps (up to 256 MiB more per rank than
+    glibc keeps). Returns False where there is no glibc."""
     return _mallopt({M_MMAP_THRESHOLD: RETAIN_MMAP_THRESHOLD, M_TRIM_THRESHOLD: RETAIN_TRIM_THRESHOLD})
 
 

@@ -40,10 +40,8 @@ IGNORE_INDEX = -100  # F.cross_entropy's default
 # and two bool masks (the target is in this shard; it is not ignored).
 SAVED_BYTES_PER_TOKEN = 4 + 8 + 1 + 1
 # fp32 bytes of one chunk of rows: the loss's working memory is two of these. The CPU's are small (its memory is
-# shared by every rank of the node). On an accelerator larger chunks run faster: on an H200 (torch 2.11) the loss
-# of one micro-batch of 8192 x 50,257 bf16 logits, forward + backward, took 10.9 ms at 64 MiB chunks, 8.6 ms at
-# 256 MiB, 7.9 ms at 4 GiB (F.cross_entropy on fp32 logits: 5.4 ms holding 4.6 GiB more); at Llama 3's 128,256
-# words 26.5 / 21.2 / 19.8 ms (tests/gpu_loss_chunks.py, 2026-11-27).
+# shared by every rank of the node). On an accelerator larger chunks run faster, with diminishing returns past a
+# few hundred MiB (tests/gpu_loss_chunks.py measures it; compiler/README.md records the figures).
 CPU_CHUNK_BYTES = 64 * 2**20
 ACCELERATOR_CHUNK_BYTES = 256 * 2**20
 
@@ -149,7 +147,7 @@ def _row_statistics(logits: torch.Tensor, local: torch.Tensor, rows: int) -> tup
 def _scale_into(p: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
     """out = p * weight, cast to ``out``'s dtype: [c, V] fp32 times [c, 1]. On an accelerator one kernel casts as
     it writes (6 bytes per element for bf16 instead of 14); the CPU's mixed-dtype ``out=`` kernel is not
-    vectorised (1.4x slower than multiplying in place and copying, one core, 2026-11-27), so it copies."""
+    vectorised (slower than multiplying in place and copying), so it copies."""
     if out.device.type == "cpu" and out.dtype != p.dtype:
         out.copy_(p.mul_(weight))
     else:

@@ -124,10 +124,8 @@ class GpuDevice:
     dp_overlap: bool = True  # collectives run on their own streams beside compute
     tp_buffers_per_block: int = 0  # DTensor's extra [B, T, d] fp32 buffers were measured on CPU only
     # A product whose matrices' rows are not a multiple of 16 bytes (GPT-2's 50,257-word head in bf16) runs on
-    # cuBLAS's unaligned kernels (a Turing-era cutlass_75 align1 kernel on Hopper). Measured on an H200, torch
-    # 2.11 + CUDA 13, 2026-11-28: [8192, 768] x [768, V] bf16 forward + backward 15.59 ms at V 50,257 against
-    # 2.61 ms at 50,264 and 2.57 at 50,304; GPT-2 small's step 90.8 -> 64.3 ms (the engine), 82.4 -> 57.2 ms (a
-    # plain PyTorch loop). Measured in bf16 only; the alignment rule is cuBLAS's, in bytes, for every dtype.
+    # cuBLAS's unaligned kernels (a Turing-era cutlass_75 align1 kernel on Hopper). The factor below is measured on an
+    # H200 in bf16 (README results: GPT-2's unaligned head); the alignment rule is cuBLAS's, in bytes, for every dtype.
     unaligned_slowdown: float = 15.59 / 2.61
     # Transformer Engine's attention on Hopper+ is cuDNN's fused kernel (TE prefers it to FlashAttention-2 there,
     # dot_product_attention/utils.py ``get_attention_backend``): (forward, backward) speed over FlashAttention-2 on

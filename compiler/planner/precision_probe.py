@@ -3,8 +3,8 @@
 A CPU cluster file records the identity of the CPU ``run.py calibrate`` measured
 (``notes.cpu_identity``, compiler/planner/cpu_identity.py). ``check_calibration`` compares it with
 this machine's. The same CPU: the calibration stands. Another CPU: each precision's speed may differ
-by any factor (2026-11-25: bf16 plans of the tiny model ran 3-5x slower than a calibration from a CPU
-with AVX-512 BF16 predicted), so ``plan`` re-times calibration's compute-bound block benchmark in each
+by any factor (bf16 plans run several times slower on a CPU without AVX-512 BF16 than a calibration from one
+with it predicts), so ``plan`` re-times calibration's compute-bound block benchmark in each
 precision it plans for (one process, one thread, as calibration ran it: seconds in fp32, about 10 s
 per precision without native support) and scales that precision's rate by now / calibrated. A file
 without the benchmark's points cannot be rescaled: the planner then says it cannot predict here.

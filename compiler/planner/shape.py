@@ -19,7 +19,7 @@ Saved activations (the bytes autograd keeps) live in compiler/planner/activation
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 from models import spec_of
@@ -81,9 +81,6 @@ class DecoderShape:
                             vocab_size=vocab_size, tied=(not llama) if tied is None else tied, biases=not llama,
                             norm="rmsnorm" if llama else "layernorm", positions="rope" if llama else "learned",
                             fused_qkv=not llama, qk_norm=qk_norm, experts=experts)
-
-    def with_seq_len(self, seq_len: int) -> "DecoderShape":
-        return replace(self, seq_len=seq_len)
 
     @property
     def q_width(self) -> int:

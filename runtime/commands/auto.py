@@ -58,7 +58,9 @@ def auto_config(args: argparse.Namespace, argv: list[str], *, world: int) -> tup
         raise ConfigError(str(e)) from None
     notes.append(f"auto plan priced on {cluster.name}" + (f", holding {', '.join(f'{k}={v}' for k, v in held.items())}"
                                                           if held else ""))
-    cfg = dataclasses.replace(base, plan=best.plan)
+    # The planner chooses the layout; what it does not price (a manual split, the gradients' dtype) stays the user's.
+    cfg = dataclasses.replace(base, plan=dataclasses.replace(best.plan, split=base.plan.split,
+                                                             reduce_dtype=base.plan.reduce_dtype))
     if not args.logdir:
         cfg = with_default_logdir(cfg)
     validate_config(cfg, world_size=world)

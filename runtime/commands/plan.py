@@ -196,7 +196,8 @@ def cpu_model(args: argparse.Namespace):
                           f"--model of the family you mean (gelu: GPT-2 sizes, swiglu: llama3-*), or plan for a GPU "
                           f"cluster (--cluster {' or '.join(n for n in preset_names() if n != LOCAL_PRESET)})")
     if args.experts:
-        raise ConfigError("--experts: no registered family on this machine has experts yet; plan for a GPU cluster")
+        raise ConfigError("--experts describes a hypothetical mixture for a GPU cluster's planner; on this machine "
+                          "plan a mixture-of-experts --model (qwen3-moe-*, mixtral-*) with its shape flags")
     try:
         return named_config(args.model, n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
                             n_kv_heads=args.kv_heads, seq_len=args.seq_len, vocab_size=args.vocab_size,

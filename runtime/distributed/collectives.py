@@ -32,11 +32,6 @@ def gather_lists(items: list) -> list:
     return [x for part in all_gather_objects(items) for x in part]
 
 
-def gather_dicts(items: dict) -> dict:
-    """The union of every rank's dict."""
-    return {k: v for part in all_gather_objects(items) for k, v in part.items()}
-
-
 def broadcast_object(obj, src: int = 0):
     """``src``'s ``obj`` on every rank."""
     if not dist.is_initialized():

@@ -1,6 +1,6 @@
 """Calibrate the time model's engine factors from short real training runs (``run.py calibrate``).
 
-The micro-benchmarks of runtime/calibrate.py price kernels and collectives in isolation. Here the
+The micro-benchmarks of runtime/lab/calibrate.py price kernels and collectives in isolation. Here the
 engine itself runs a few plans for a few steps on ``world`` ranks, and compiler/planner/fit.py fits
 compute_scale, comm_scale, dp_comm_scale, action_overhead and step_overhead to the measured median
 step times.

@@ -7,13 +7,10 @@ the cluster's ``notes.engine_fit.runs``): the same models, plans and flags on th
 It returns the geometric mean of measured-now / measured-then; compiler/planner/cluster.py's
 ``Cluster.rescaled`` applies it to every time-like rate of the cluster. Takes about half a minute.
 
-Why whole runs and not kernels: a first probe re-timed calibration's isolated block benchmark and
-made the planner worse (2026-11-24: blocks 1.18x slower than calibrated while whole runs were 1.27x
-faster than predicted; ``validate`` erred 27.3% with it, 9.8% without). What drifts is what the
-engine factors were fitted to, so the probe measures that. This probe, the same day:
-``validate --world 4 --cluster cpu-2core --speed-probe`` measured 0.82x and erred 16.0% (median
-over 12 plans; 11.0% without it, the calibration being a day old). Opt-in: it costs half a minute and
-helps when the machine's load differs from calibration day's.
+Why whole runs and not kernels: a probe that re-timed calibration's isolated block benchmark made the
+planner worse (blocks and whole runs drifted in opposite directions on the same day). What drifts is what
+the engine factors were fitted to, so the probe measures that. Opt-in (``run.py validate --speed-probe``):
+it costs half a minute and helps when the machine's load differs from calibration day's.
 """
 
 from __future__ import annotations

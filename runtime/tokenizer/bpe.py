@@ -154,12 +154,6 @@ class BPE:
                 heapq.heappush(heap, (found[0], at, found[1]))
         return [ids[i] for i in range(n) if alive[i]]
 
-    def no_token_crosses(self, left: str, right: str) -> bool:
-        """True when no vocabulary token holds ``left`` directly followed by ``right``: a word can then be cut
-        between such characters and its halves tokenized apart, with the same ids (no merge can join them)."""
-        pair = left + right
-        return not any(pair in token for token in self.vocab)
-
 
 def _merge_parts(merge, node: Node, rank: int) -> tuple[str, str]:
     if isinstance(merge, str):

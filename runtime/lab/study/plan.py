@@ -125,8 +125,8 @@ QUICK = StudySettings(
     split_model=ModelShape(8, 128, 4, 64, 16384), timeout_s=300, overhead_pairs=2,
     # The schedules the targets and timelines name, throughput and scaling up to 4 ranks (8 ranks on 2 cores
     # spend most of a short run starting up), the sharding section's 4-rank rows (every DP mode and a 3D
-    # mesh against replication) and no inductor row: on 2026-11-25 the 8-rank sharding rows with the Llama
-    # shape (6.4 min), the 3D throughput group (1.8 min) and the compiled row had grown it to 16.6 min.
+    # mesh against replication) and no inductor row: the 8-rank sharding rows with the Llama shape, the 3D
+    # throughput group and the compiled row had made it the longest section.
     throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2", "zbv"), scaling_worlds=(1, 2, 4),
     throughput_world=4, zero_bubble_compiled=False, zero_bubble_1f1b=False, sharding_world=4,
     replicate_model=ModelShape(4, 128, 4, 64), replicate_rounds=2,

@@ -95,8 +95,8 @@ LLAMA_MODEL = named_config("llama3-debug", n_layers=12, d_model=768, n_heads=12,
 LLAMA_ROWS = (MemoryRow("Llama 3 shape 2x2x2", 2, 2, 2), MemoryRow("Llama 3 shape 2x2x2 + SP", 2, 2, 2, sequence_parallel=True))
 # Sequence parallelism where activations set the step's peak: GPT-2 small at T 1024, one micro-batch of 4, fp32.
 # At T 128 (the rows above) the peak is set by a phase SP does not touch and the two rows differ by noise; at
-# T 1024 with two micro-batches of 2 as well (1.49 / 1.51 GiB either way, 2026-11-25), while the model alone
-# (forward, loss, backward, AdamW) saved 90 MiB there.
+# T 1024 with two micro-batches of 2 as well, while the model alone (forward, loss, backward, AdamW) saved memory
+# there.
 LONG_MODEL = named_config("small", seq_len=1024)
 LONG_ROWS = tuple(MemoryRow("TP + SP" if sp else "TP", 1, 1, 4, precision="fp32", micro_batch_size=4, microbatches=1,
                             sequence_parallel=sp) for sp in (False, True))
