@@ -8,7 +8,8 @@ backward quantizes from the saved high-precision x and W, as torchao does (torch
 weight's FP8 copy is not kept from the forward (with FSDP it would be the unsharded weight).
 
 Output dtype: the autocast dtype where autocast is on (the product a ``nn.Linear`` under autocast runs in), else
-x's dtype. Gradients come out in that dtype and are cast to x's, W's and b's dtypes, as autocast's casts would.
+x's dtype. dx and dW come out in that dtype and are cast to x's and W's, as autocast's casts would; the bias's
+gradient is summed in float32.
 
 Shards. When a rank holds a shard of x, W or dy (``Shards``: the dimension of its 2-D layout, x and dy
 (tokens, features), W (out, in), and a MAX over the ranks holding the other shards), each quantization applies
@@ -108,7 +109,7 @@ class _Fp8Linear(torch.autograd.Function):
         with autocast_off(grad.device.type):
             dx, dw = backward_products(grad.contiguous(), x, weight, ctx.recipe, ctx.out_dtype, needs=needs[:2],
                                        shards=ctx.shards, guard=ctx.guard)
-            db = grad.sum(0).to(ctx.bias_dtype) if needs[2] else None
+            db = grad.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if needs[2] else None
         dx = None if dx is None else dx.to(x.dtype)
         dw = None if dw is None else dw.to(weight.dtype)
         return dx, dw, db, None, None, None, None
