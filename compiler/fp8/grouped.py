@@ -53,11 +53,11 @@ class _Fp8GroupedMM(torch.autograd.Function):
             return out
         with autocast_off(x.device.type):
             groups = expert_rows(offsets)
-            fast = scaled_grouped_forward(x, w, offsets, groups, recipe, out_dtype, guard=guard)
+            fast = scaled_grouped_forward(x, w, offsets, groups=groups, recipe=recipe, out_dtype=out_dtype, guard=guard)
             if fast is not None:
                 return fast
             for e, start, end in groups:
-                out[start:end] = forward_product(x[start:end], w[e], recipe, out_dtype, guard=guard)
+                out[start:end] = forward_product(x[start:end], w[e], recipe, out_dtype=out_dtype, guard=guard)
         return out
 
     @staticmethod
@@ -70,8 +70,8 @@ class _Fp8GroupedMM(torch.autograd.Function):
             grad = grad.contiguous()
             with autocast_off(x.device.type):
                 for e, start, end in expert_rows(offsets):
-                    dx_e, dw_e = backward_products(grad[start:end], x[start:end], w[e], ctx.recipe, ctx.out_dtype,
-                                                   needs=needs, guard=ctx.guard)
+                    dx_e, dw_e = backward_products(grad[start:end], x[start:end], w[e], recipe=ctx.recipe,
+                                                   out_dtype=ctx.out_dtype, needs=needs, guard=ctx.guard)
                     if dx_e is not None:
                         dx[start:end] = dx_e
                     if dw_e is not None:

@@ -23,8 +23,8 @@ GROUP_ALIGNMENT = 16
 _PROBED: dict[str, bool] = {}
 
 
-def scaled_grouped_forward(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, groups: list[tuple[int, int, int]],
-                           recipe: Recipe, out_dtype: torch.dtype, *, guard: AmaxGuard | None = None) -> torch.Tensor | None:
+def scaled_grouped_forward(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor, *, groups: list[tuple[int, int, int]],
+                           recipe: Recipe, out_dtype: torch.dtype, guard: AmaxGuard | None = None) -> torch.Tensor | None:
     """x (M, K), w (E, N, K), offsets (E,) int32, ``groups`` (expert, start, end) -> (M, N), or None."""
     if not (x.is_cuda and recipe.kernel == "rowwise" and out_dtype == torch.bfloat16 and torch_compat.has_scaled_grouped_mm()
             and x.shape[1] % 16 == 0 and w.shape[1] % 16 == 0

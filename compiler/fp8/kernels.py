@@ -26,16 +26,16 @@ _PROBED: dict[tuple, bool] = {}
 PROBE_SHAPE = (32, 256, 256)  # M, K, N: whole 128-blocks and multiples of 16, as every kernel needs
 
 
-def scaled_product(a: Fp8Tensor, b: Fp8Tensor, kind: str, out_dtype: torch.dtype) -> torch.Tensor | None:
+def scaled_product(a: Fp8Tensor, b: Fp8Tensor, kind: str, *, out_dtype: torch.dtype) -> torch.Tensor | None:
     """a (M, K) x b (K, N) -> (M, N) ``out_dtype`` on torch's kernel for scaling ``kind``, or None."""
-    if not _operands_fit(a, b, kind) or not kernel_runs(a.data.device, kind, a.data.dtype, b.data.dtype, out_dtype,
-                                                          right_block=_right_block(b)):
+    if not _operands_fit(a, b, kind) or not kernel_runs(a.data.device, kind, a_dtype=a.data.dtype, b_dtype=b.data.dtype,
+                                                          out_dtype=out_dtype, right_block=_right_block(b)):
         return None
     return _call(a, b, kind, out_dtype)
 
 
-def kernel_runs(device: torch.device, kind: str, a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: torch.dtype,
-                *, right_block: str = "weight") -> bool:
+def kernel_runs(device: torch.device, kind: str, *, a_dtype: torch.dtype, b_dtype: torch.dtype, out_dtype: torch.dtype,
+                right_block: str = "weight") -> bool:
     """Whether this device runs ``kind`` for these formats correctly (probed once per process and key)."""
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):

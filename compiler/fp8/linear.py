@@ -47,7 +47,7 @@ class LinearShards:
     grad_output: tuple[Shards, ...] = ()
 
 
-def quantize_operand(recipe: Recipe, t: torch.Tensor, role: Role, shards: tuple[Shards, ...] = (), *,
+def quantize_operand(recipe: Recipe, t: torch.Tensor, role: Role, *, shards: tuple[Shards, ...] = (),
                      guard: AmaxGuard | None = None) -> Fp8Tensor:
     """``recipe.quantize`` with the MAX over each sharded dimension whose scales span it (composed, for a tensor
     sharded along both dimensions); ValueError where a shard would split fixed-size blocks."""
@@ -66,28 +66,28 @@ def quantize_operand(recipe: Recipe, t: torch.Tensor, role: Role, shards: tuple[
     return recipe.quantize(t, role, amax_reduce=reduce_all if reduces else None, guard=guard)
 
 
-def forward_product(x: torch.Tensor, weight: torch.Tensor, recipe: Recipe, out_dtype: torch.dtype, *,
+def forward_product(x: torch.Tensor, weight: torch.Tensor, recipe: Recipe, *, out_dtype: torch.dtype,
                     shards: LinearShards = LinearShards(), guard: AmaxGuard | None = None) -> torch.Tensor:
     """x (M, K), W (N, K) -> x W^T (M, N)."""
-    x_q = quantize_operand(recipe, x, INPUT_FORWARD, shards.input, guard=guard)
-    w_q = quantize_operand(recipe, weight, WEIGHT_FORWARD, shards.weight, guard=guard)
+    x_q = quantize_operand(recipe, x, INPUT_FORWARD, shards=shards.input, guard=guard)
+    w_q = quantize_operand(recipe, weight, WEIGHT_FORWARD, shards=shards.weight, guard=guard)
     return recipe.matmul(x_q, w_q.t(), out_dtype)
 
 
-def backward_products(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, recipe: Recipe, out_dtype: torch.dtype,
-                      *, needs: tuple[bool, bool], shards: LinearShards = LinearShards(),
+def backward_products(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, *, recipe: Recipe,
+                      out_dtype: torch.dtype, needs: tuple[bool, bool], shards: LinearShards = LinearShards(),
                       guard: AmaxGuard | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """dy (M, N), x (M, K), W (N, K) -> (dx = dy W (M, K), dW = dy^T x (N, K)), each only where ``needs`` says."""
-    grad_dgrad = quantize_operand(recipe, grad, GRAD_DGRAD, shards.grad_output, guard=guard)
+    grad_dgrad = quantize_operand(recipe, grad, GRAD_DGRAD, shards=shards.grad_output, guard=guard)
     dx = dw = None
     if needs[0]:
-        w_q = quantize_operand(recipe, weight, WEIGHT_DGRAD, shards.weight, guard=guard)
+        w_q = quantize_operand(recipe, weight, WEIGHT_DGRAD, shards=shards.weight, guard=guard)
         dx = recipe.matmul(grad_dgrad, w_q, out_dtype)
     if needs[1]:
         same_layout = recipe.blocks[GRAD_WGRAD] == recipe.blocks[GRAD_DGRAD]  # tensorwise: one quantization of dy
-        grad_wgrad = grad_dgrad if same_layout else quantize_operand(recipe, grad, GRAD_WGRAD, shards.grad_output,
+        grad_wgrad = grad_dgrad if same_layout else quantize_operand(recipe, grad, GRAD_WGRAD, shards=shards.grad_output,
                                                                      guard=guard)
-        x_q = quantize_operand(recipe, x, INPUT_WGRAD, shards.input, guard=guard)
+        x_q = quantize_operand(recipe, x, INPUT_WGRAD, shards=shards.input, guard=guard)
         dw = recipe.matmul(grad_wgrad.t(), x_q, out_dtype)
     return dx, dw
 
@@ -99,7 +99,7 @@ class _Fp8Linear(torch.autograd.Function):
         ctx.recipe, ctx.shards, ctx.guard, ctx.out_dtype = recipe, shards, guard, out_dtype
         ctx.bias_dtype = None if bias is None else bias.dtype
         with autocast_off(x.device.type):
-            y = forward_product(x, weight, recipe, out_dtype, shards=shards, guard=guard)
+            y = forward_product(x, weight, recipe, out_dtype=out_dtype, shards=shards, guard=guard)
             return y if bias is None else y + bias.to(out_dtype)
 
     @staticmethod
@@ -107,8 +107,8 @@ class _Fp8Linear(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         with autocast_off(grad.device.type):
-            dx, dw = backward_products(grad.contiguous(), x, weight, ctx.recipe, ctx.out_dtype, needs=needs[:2],
-                                       shards=ctx.shards, guard=ctx.guard)
+            dx, dw = backward_products(grad.contiguous(), x, weight, recipe=ctx.recipe, out_dtype=ctx.out_dtype,
+                                       needs=needs[:2], shards=ctx.shards, guard=ctx.guard)
             db = grad.sum(0, dtype=torch.float32).to(ctx.bias_dtype) if needs[2] else None
         dx = None if dx is None else dx.to(x.dtype)
         dw = None if dw is None else dw.to(weight.dtype)

@@ -76,7 +76,7 @@ class Recipe:
 
     def matmul(self, a: Fp8Tensor, b: Fp8Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """(M, K) x (K, N) -> (M, N) in ``out_dtype`` (module docstring)."""
-        out = scaled_product(a, b, self.kernel, out_dtype)
+        out = scaled_product(a, b, self.kernel, out_dtype=out_dtype)
         return emulated_matmul(a, b, out_dtype) if out is None else out
 
 

@@ -50,7 +50,7 @@ def operands(recipe, m: int, k: int, n: int, *, seed: int):
 def test_scaled_mm_agrees_with_the_emulation_within_accumulation_order(name, out_dtype):
     recipe = RECIPES[name]
     for a, b in operands(recipe, 24, 520, 72, seed=0):
-        out = kernels.scaled_product(a, b, recipe.kernel, out_dtype)
+        out = kernels.scaled_product(a, b, recipe.kernel, out_dtype=out_dtype)
         assert out is not None, f"{name}: torch._scaled_mm should run on this CPU build"
         expected = emulated_matmul(a, b, out_dtype)
         assert out.dtype == out_dtype
@@ -63,8 +63,9 @@ def test_blockwise_runs_as_the_emulation_where_the_kernel_refuses_its_scales():
     configuration" for 1x128 / 128x128 grids); the recipe then is its emulation, exactly."""
     recipe = RECIPES["blockwise"]
     a, b = operands(recipe, 8, 300, 140, seed=1)[0]
-    assert not kernels.kernel_runs(torch.device("cpu"), "blockwise", a.data.dtype, b.data.dtype, torch.float32)
-    assert kernels.scaled_product(a, b, "blockwise", torch.float32) is None
+    assert not kernels.kernel_runs(torch.device("cpu"), "blockwise", a_dtype=a.data.dtype, b_dtype=b.data.dtype,
+                               out_dtype=torch.float32)
+    assert kernels.scaled_product(a, b, "blockwise", out_dtype=torch.float32) is None
     assert torch.equal(recipe.matmul(a, b, torch.float32), a.dequantize() @ b.dequantize())
 
 
@@ -77,8 +78,9 @@ def test_a_kernel_that_misreads_the_scales_is_not_used(monkeypatch):
                         lambda a, b, sa, sb, *, out_dtype: real(a, b, sa, torch.ones_like(sb), out_dtype=out_dtype))
     recipe = RECIPES["rowwise"]
     a, b = operands(recipe, 16, 64, 32, seed=2)[0]
-    assert not kernels.kernel_runs(torch.device("cpu"), "rowwise", a.data.dtype, b.data.dtype, torch.float32)
-    assert kernels.scaled_product(a, b, "rowwise", torch.float32) is None
+    assert not kernels.kernel_runs(torch.device("cpu"), "rowwise", a_dtype=a.data.dtype, b_dtype=b.data.dtype,
+                                   out_dtype=torch.float32)
+    assert kernels.scaled_product(a, b, "rowwise", out_dtype=torch.float32) is None
     assert torch.allclose(recipe.matmul(a, b, torch.float32), emulated_matmul(a, b, torch.float32))
 
 
@@ -87,7 +89,8 @@ def test_the_probe_leaves_the_global_random_stream_alone(monkeypatch):
     torch.manual_seed(5)
     expected = torch.rand(3)
     torch.manual_seed(5)
-    kernels.kernel_runs(torch.device("cpu"), "tensorwise", torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float32)
+    kernels.kernel_runs(torch.device("cpu"), "tensorwise", a_dtype=torch.float8_e4m3fn, b_dtype=torch.float8_e4m3fn,
+                        out_dtype=torch.float32)
     assert torch.equal(torch.rand(3), expected)
 
 
@@ -113,7 +116,8 @@ def test_a_probe_under_fake_tensors_runs_on_real_data(monkeypatch):
     tensors (``torch_compat.real_tensors``), not cache a failure from fake ones."""
     monkeypatch.setattr(kernels, "_PROBED", {})
     with torch_compat.FakeTensorMode():
-        assert kernels.kernel_runs(torch.device("cpu"), "rowwise", torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float32)
+        assert kernels.kernel_runs(torch.device("cpu"), "rowwise", a_dtype=torch.float8_e4m3fn, b_dtype=torch.float8_e4m3fn,
+                                   out_dtype=torch.float32)
 
 
 def test_the_grouped_kernel_is_cuda_only_and_the_experts_loop_elsewhere():
@@ -127,4 +131,5 @@ def test_the_grouped_kernel_is_cuda_only_and_the_experts_loop_elsewhere():
                                        out_dtype=torch.bfloat16)
     x, w = torch.randn(16, 32), torch.randn(2, 16, 32)
     offsets = torch.tensor([8, 16], dtype=torch.int32)
-    assert scaled_grouped_forward(x, w, offsets, [(0, 0, 8), (1, 8, 16)], RECIPES["rowwise"], torch.bfloat16) is None
+    assert scaled_grouped_forward(x, w, offsets, groups=[(0, 0, 8), (1, 8, 16)], recipe=RECIPES["rowwise"],
+                                  out_dtype=torch.bfloat16) is None

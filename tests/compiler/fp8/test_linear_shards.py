@@ -52,9 +52,9 @@ def quantize_as_shards(recipe, role, t: torch.Tensor, dim: int, *, reduce: bool)
     pieces = t.chunk(2, dim)
     group = SimulatedMax()
     for piece in pieces:
-        quantize_operand(recipe, piece, role, (Shards(dim, group.hook()),))
+        quantize_operand(recipe, piece, role, shards=(Shards(dim, group.hook()),))
     group.replaying = reduce
-    return [quantize_operand(recipe, piece, role, (Shards(dim, group.hook() if reduce else lambda a: a),))
+    return [quantize_operand(recipe, piece, role, shards=(Shards(dim, group.hook() if reduce else lambda a: a),))
             for piece in pieces]
 
 
@@ -94,7 +94,7 @@ def test_the_recipes_say_which_dimensions_share_scales():
 
 def test_a_shard_that_splits_blocks_is_refused():
     with pytest.raises(ValueError, match="multiples of 128"):
-        quantize_operand(RECIPES["blockwise"], torch.ones(8, 200), ROLES[0], (Shards(1, lambda a: a),))
+        quantize_operand(RECIPES["blockwise"], torch.ones(8, 200), ROLES[0], shards=(Shards(1, lambda a: a),))
 
 
 def column_parallel(recipe, x, w, b, dy, *, reduce: bool):
