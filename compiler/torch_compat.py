@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as _funcol
 import torch.distributed.distributed_c10d as _c10d
 from torch._C._distributed_c10d import Backend as _C10dBackend
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
@@ -136,6 +136,34 @@ def use_grouped_gemm_on_cuda() -> None:
 
 
 use_grouped_gemm_on_cuda()
+
+
+# --- FP8 products (compiler/fp8/kernels.py probes what the device runs) ---------------------------------
+
+def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor, *,
+              out_dtype: torch.dtype) -> torch.Tensor:
+    """``torch._scaled_mm``: (M, K) x (K, N) FP8 with float32 dequantization scales -> (M, N) ``out_dtype``. The
+    same schema in 2.11 and 2.13 (since pytorch PR 128683, 2.5: self, mat2, scale_a, scale_b, bias, scale_result,
+    out_dtype, use_fast_accum; no amax output). Which scalings run depends on the build and device (2.13's CPU:
+    tensorwise and rowwise; CUDA SM90: also 1x128 / 128x128 blocks from CUDA 12.9), so callers probe."""
+    return torch._scaled_mm(a, b, scale_a, scale_b, out_dtype=out_dtype)
+
+
+def scaled_grouped_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                      offsets: torch.Tensor, *, out_dtype: torch.dtype) -> torch.Tensor:
+    """``torch._scaled_grouped_mm`` (2.11 and 2.13: self, mat2, scale_a, scale_b, offs, bias, scale_result,
+    out_dtype, use_fast_accum): (M, K) x (E, K, N) with int32 cumulative row ``offsets`` -> (M, N). CUDA only (no
+    CPU kernel in 2.13), rowwise scales (M,) and (E, N), bf16 output."""
+    return torch._scaled_grouped_mm(a, b, scale_a, scale_b, offs=offsets, out_dtype=out_dtype)
+
+
+def has_scaled_grouped_mm() -> bool:
+    return hasattr(torch, "_scaled_grouped_mm")
+
+
+def real_tensors():
+    """A context in which new tensors are real even inside ``FakeTensorMode`` (a kernel probe must run on data)."""
+    return unset_fake_temporarily()
 
 
 # --- what the profiler wraps (runtime/observe/profiling.py) ----------------------------------------------
