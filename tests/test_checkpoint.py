@@ -262,7 +262,7 @@ def test_resume_passes_over_a_partial_checkpoint_and_allows_a_new_global_batch(r
                              str(directory), "--resume", "--stop-at-step", "11")
     assert f"ignoring checkpoint {partial} is partial" in output
     assert "warning: the global batch size changed from 16 to 8" in output
-    assert summary["start_step"] == 10 and summary["config"]["pipeline"]["microbatches"] == 4
+    assert summary["start_step"] == 10 and summary["config"]["plan"]["microbatches"] == 4
     assert (directory / "latest").read_text().strip() == "step-000011"
 
 
