@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models import gpt2, llama3, mixtral, qwen3, qwen3_moe
+from models import deepseek_v3, gpt2, llama3, mixtral, qwen3, qwen3_moe
 from models.common.attention_core import CausalAttention, any_length_kernels, document_runs
 from models.common.grouped_mm import GROUPED_MM_FLOPS, GROUPED_MM_OPS, grouped_mm_by_expert, weight_grad_by_expert
 from models.common.load_balance import update_expert_bias
@@ -22,7 +22,7 @@ from models.kv_cache import KVCache
 from models.spec import MOE, ModelSpec
 
 FAMILIES: dict[str, ModelSpec] = {spec.family: spec for spec in (gpt2.SPEC, llama3.SPEC, qwen3.SPEC, qwen3_moe.SPEC,
-                                                                  mixtral.SPEC)}
+                                                                  mixtral.SPEC, deepseek_v3.SPEC)}
 
 # Every named size of every family: the ``--model`` choices.
 MODEL_NAMES: dict[str, tuple[ModelSpec, Any]] = {

@@ -34,7 +34,8 @@ from tests.test_llama3 import llama_forward
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf-models"
 
 # Fixture folder -> the engine family that must read it.
-FAMILY_OF = {"gpt2": "gpt2", "llama3": "llama3", "qwen3": "qwen3", "qwen3-moe": "qwen3_moe", "mixtral": "mixtral"}
+FAMILY_OF = {"gpt2": "gpt2", "llama3": "llama3", "qwen3": "qwen3", "qwen3-moe": "qwen3_moe", "mixtral": "mixtral",
+             "deepseek-v3": "deepseek_v3", "deepseek-v3-yarn": "deepseek_v3", "deepseek-v3-yarn-mscale": "deepseek_v3"}
 
 # Hand-written forwards of a folder's tensors (Hugging Face names) and config.json, where a family has one.
 REFERENCE_FORWARDS: dict[str, Callable[[dict, dict, torch.Tensor], torch.Tensor]] = {
