@@ -1,9 +1,9 @@
-"""Qwen3, Qwen3-MoE, Mixtral and DeepSeek-V3 (plain RoPE and two YaRNs) against their transformers folders, beyond what tests/test_hf_fixtures.py checks
-for every family's folder (reader, loss and logits within 1e-5, greedy ids with and without the cache, run.py
-generate, tensors written back): the cache fed in chunks gives one forward's logits (the MoE routes each chunk's
-tokens on their own), config.json written back with the folder's fields in transformers 5.x spelling, and through the
-engine (trace, stages, schedule): a training step from the folder, ``run.py eval`` of its checkpoint, ``export
---format hf`` of it (the folder's bytes and config), ``generate`` from it (transformers' ids).
+"""Qwen3, Qwen3-MoE, Mixtral and DeepSeek-V3 (plain RoPE and two YaRNs) against their transformers folders, beyond what
+tests/test_hf_fixtures.py checks for every family's folder (reader, loss and logits within 1e-5, greedy ids with and
+without the cache, run.py generate, tensors written back): the cache fed in chunks gives one forward's logits (the
+MoE routes each chunk's tokens on their own), config.json written back with the folder's fields in transformers 5.x
+spelling, and through the engine (trace, stages, schedule): a training step from the folder, ``run.py eval`` of its
+checkpoint, ``export --format hf`` of it (the folder's bytes and config), ``generate`` from it (transformers' ids).
 """
 
 from __future__ import annotations

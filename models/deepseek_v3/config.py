@@ -114,7 +114,7 @@ MODEL_SIZES: dict[str, DeepseekV3Config] = {
     "deepseek-v3-debug": DeepseekV3Config(
         n_layers=3, d_model=64, n_heads=4, seq_len=64, vocab_size=256, mlp_width=128, q_lora_rank=32, kv_lora_rank=16,
         qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, n_experts=8, top_k=2, expert_width=32, first_k_dense=1,
-        n_group=4, topk_group=2, routed_scaling_factor=1.5, max_position_embeddings=256, router_init_std=0.5,
+        n_group=4, topk_group=2, routed_scaling_factor=1.5, max_position_embeddings=64, router_init_std=0.5,
         rope_yarn=YaRN(factor=4.0, original_context=64, mscale=1.0, mscale_all_dim=1.0)),
     "deepseek-v3-16b": DeepseekV3Config(
         n_layers=27, d_model=2048, n_heads=16, vocab_size=102400, mlp_width=10944, q_lora_rank=0, n_experts=64,
