@@ -105,6 +105,11 @@ def parameter_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
         return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
+def mixture_of_experts_families() -> list[str]:
+    """The families whose models have mixture-of-experts blocks (as their debug sizes do), for messages."""
+    return [family for family, spec in FAMILIES.items() if MOE in spec.block_kinds(spec.sizes[spec.debug_size])]
+
+
 def moe_layer_names(cfg: Any) -> list[str]:
     """The model's mixture-of-experts modules ("layers.3.moe"), in order; none in a dense model."""
     return [f"layers.{i}.moe" for i, kind in enumerate(spec_of(cfg).block_kinds(cfg)) if kind == MOE]
@@ -116,5 +121,6 @@ def flops_per_token(cfg: Any) -> float:
 
 __all__ = ["CausalAttention", "FAMILIES", "GROUPED_MM_FLOPS", "GROUPED_MM_OPS", "KVCache", "MODEL_NAMES", "MoE", "ModelSpec",
            "activated_parameter_count", "build_model", "config_from_dict", "config_to_dict", "document_runs", "experts_swiglu",
-           "flops_per_token", "generate", "grouped_mm_by_expert", "init_weights", "moe_layer_names", "named_config", "parameter_count",
+           "flops_per_token", "generate", "grouped_mm_by_expert", "init_weights", "mixture_of_experts_families",
+           "moe_layer_names", "named_config", "parameter_count",
            "parameter_shapes", "spec_of", "update_expert_bias", "weight_grad_by_expert", "with_window"]
