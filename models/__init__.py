@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from models import gpt2, llama3, mixtral, qwen3, qwen3_moe
+from models import deepseek_v3, gpt2, llama3, mixtral, qwen3, qwen3_moe
 from models.common.attention_core import CausalAttention, any_length_kernels, document_runs
 from models.common.grouped_mm import GROUPED_MM_FLOPS, GROUPED_MM_OPS, grouped_mm_by_expert, weight_grad_by_expert
 from models.common.load_balance import update_expert_bias
@@ -22,7 +22,7 @@ from models.kv_cache import KVCache
 from models.spec import MOE, ModelSpec
 
 FAMILIES: dict[str, ModelSpec] = {spec.family: spec for spec in (gpt2.SPEC, llama3.SPEC, qwen3.SPEC, qwen3_moe.SPEC,
-                                                                  mixtral.SPEC)}
+                                                                  mixtral.SPEC, deepseek_v3.SPEC)}
 
 # Every named size of every family: the ``--model`` choices.
 MODEL_NAMES: dict[str, tuple[ModelSpec, Any]] = {
@@ -105,6 +105,11 @@ def parameter_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
         return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
+def mixture_of_experts_families() -> list[str]:
+    """The families whose models have mixture-of-experts blocks (as their debug sizes do), for messages."""
+    return [family for family, spec in FAMILIES.items() if MOE in spec.block_kinds(spec.sizes[spec.debug_size])]
+
+
 def moe_layer_names(cfg: Any) -> list[str]:
     """The model's mixture-of-experts modules ("layers.3.moe"), in order; none in a dense model."""
     return [f"layers.{i}.moe" for i, kind in enumerate(spec_of(cfg).block_kinds(cfg)) if kind == MOE]
@@ -116,5 +121,6 @@ def flops_per_token(cfg: Any) -> float:
 
 __all__ = ["CausalAttention", "FAMILIES", "GROUPED_MM_FLOPS", "GROUPED_MM_OPS", "KVCache", "MODEL_NAMES", "MoE", "ModelSpec",
            "activated_parameter_count", "build_model", "config_from_dict", "config_to_dict", "document_runs", "experts_swiglu",
-           "flops_per_token", "generate", "grouped_mm_by_expert", "init_weights", "moe_layer_names", "named_config", "parameter_count",
+           "flops_per_token", "generate", "grouped_mm_by_expert", "init_weights", "mixture_of_experts_families",
+           "moe_layer_names", "named_config", "parameter_count",
            "parameter_shapes", "spec_of", "update_expert_bias", "weight_grad_by_expert", "with_window"]

@@ -4,7 +4,10 @@
 every attention layer appends its new keys and values to the cache and attends to all of them, and the model
 then advances the cache by t. Keys are cached after RoPE (each rotated at its own position, so they never
 change later) and before grouped-query attention repeats them (n_kv_heads heads, not n_heads), as Hugging
-Face's and Meta's caches do. Buffers are allocated once, for ``capacity`` positions, on the first update.
+Face's and Meta's caches do. Multi-head latent attention (models/common/latent_attention.py) caches what its keys
+and values are made of instead: per token the normalised latent and the rotated RoPE key every head shares
+(``update_latent``: kv_lora_rank + rope values, not per head), as DeepSeek-V2 (sec. 2.1.1) caches them. Buffers
+are allocated once, for ``capacity`` positions, on the first update.
 
 Nothing here is traced: the engine traces ``forward(tokens)`` (cache None), which never reaches this code.
 """
@@ -18,8 +21,8 @@ class KVCache:
     def __init__(self, n_layers: int, capacity: int):
         self.capacity = capacity  # positions the buffers hold: prompt + new tokens
         self.length = 0  # positions cached so far (the position of the next token)
-        self._keys: list[torch.Tensor | None] = [None] * n_layers  # each (B, Hkv, capacity, hd)
-        self._values: list[torch.Tensor | None] = [None] * n_layers
+        # per layer: (keys, values) each (B, Hkv, capacity, hd), or (latents, rope keys) (B, capacity, width)
+        self._buffers: list[tuple[torch.Tensor, ...] | None] = [None] * n_layers
 
     def positions(self, tokens: torch.Tensor) -> torch.Tensor:
         """(B, t) absolute positions of the new tokens (B, t): length .. length + t - 1."""
@@ -35,16 +38,15 @@ class KVCache:
         """After every layer has stored the t new positions (the model calls this once per forward)."""
         self.length += t
 
-    def _update(self, index: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._keys[index] is None:
-            batch, heads, _, head_dim = k.shape
-            self._keys[index] = k.new_empty(batch, heads, self.capacity, head_dim)
-            self._values[index] = v.new_empty(batch, heads, self.capacity, head_dim)
-        end = self.length + k.shape[2]
-        keys, values = self._keys[index], self._values[index]
-        keys[:, :, self.length:end] = k
-        values[:, :, self.length:end] = v
-        return keys[:, :, :end], values[:, :, :end]
+    def _append(self, index: int, new: tuple[torch.Tensor, ...], *, time_dim: int) -> tuple[torch.Tensor, ...]:
+        """Store layer ``index``'s tensors of the new positions (along ``time_dim``); every position's so far."""
+        if self._buffers[index] is None:
+            self._buffers[index] = tuple(
+                t.new_empty(*t.shape[:time_dim], self.capacity, *t.shape[time_dim + 1:]) for t in new)
+        t = new[0].shape[time_dim]
+        for buffer, values in zip(self._buffers[index], new):
+            buffer.narrow(time_dim, self.length, t).copy_(values)
+        return tuple(buffer.narrow(time_dim, 0, self.length + t) for buffer in self._buffers[index])
 
 
 class LayerCache:
@@ -56,7 +58,12 @@ class LayerCache:
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """New keys and values (B, Hkv, t, hd) -> every position's so far (B, Hkv, length + t, hd)."""
-        return self.cache._update(self.index, k, v)
+        return self.cache._append(self.index, (k, v), time_dim=2)
+
+    def update_latent(self, latent: torch.Tensor, rope_key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Multi-head latent attention's new latents (B, t, kv_lora_rank) and rotated RoPE keys (B, t, rope) ->
+        every position's so far (B, length + t, ...)."""
+        return self.cache._append(self.index, (latent, rope_key), time_dim=1)
 
     def causal_arguments(self, t: int, device: torch.device) -> dict:
         """``scaled_dot_product_attention``'s causality for t new queries over length + t keys: query i (position

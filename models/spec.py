@@ -19,8 +19,8 @@ facts and functions, read by everyone:
 - FLOPs per token (MFU's numerator: a mixture's activated parameters) and, through ``build``, the per-layer
   costs the partitioner counts; each block's kind (dense or mixture of experts: ``block_kinds``);
   its ``Architecture`` (MLP kind, norm, positions, biases) and, for a mixture of experts, its ``Experts``
-  (``experts(cfg)``: counts and widths, shared experts, the dense layers), the planner's description of it:
-  data only, so a new family is priced at any scale without planner code;
+  (``experts(cfg)``: counts and widths, shared experts, the dense layers), for latent attention its ``LatentSizes``,
+  the planner's description of it: data only, so a new family is priced at any scale without planner code;
 - its Hugging Face adapter (names, transposes or permutations, ``config.json`` both ways).
 
 The module a family builds follows one naming contract, so that splitting, tying and vocabulary
@@ -53,6 +53,12 @@ VOCAB_HEAD_FROM_SEQUENCE = "vocab_head_from_sequence"  # VOCAB_HEAD whose input 
 # A norm applied per head (Qwen3's q/k norms) to a tensor whose heads are sharded over mp: its weight is shared by
 # every head, so its gradient is summed over the mp ranks' heads.
 HEAD_NORM = "head_norm"
+# A parameter-free module whose input, the same on every mp rank, feeds every head (multi-head latent attention's
+# RoPE key): forward unchanged; its gradient, each rank's heads' part, summed over mp (Megatron's "f").
+HEAD_SHARED = "head_shared"
+# A linear layer replicated on every mp rank that takes the sequence-parallel gather (a Replicate DTensor) as input
+# (multi-head latent attention's down projections under --sequence-parallel): weight Replicate, output local.
+REPLICATED = "replicated"
 
 # Block kinds (``ModelSpec.block_kinds``): a block's feed-forward part is a dense MLP (``mlp``) or a mixture of
 # experts (``moe``, models/common/moe.py). Costs differ by kind (compiler/cost.py profiles one block of each).
@@ -111,6 +117,43 @@ def no_experts(cfg: Any) -> Experts | None:
 
 
 @dataclass(frozen=True)
+class LatentSizes:
+    """Multi-head latent attention's sizes (DeepSeek-V2 sec. 2.1; models/common/latent_attention.py), as the
+    planner prices it (data only): queries through a ``q_lora_rank`` latent (0: one projection), keys and values
+    from a ``kv_lora_rank`` latent plus one RoPE key of ``rope_dim`` every head shares; per head, q and k have
+    ``nope_dim + rope_dim`` features, v ``v_dim``."""
+
+    n_heads: int  # num_attention_heads
+    q_lora_rank: int  # q_lora_rank; 0: one q projection (DeepSeek-V2-Lite)
+    kv_lora_rank: int
+    nope_dim: int  # qk_nope_head_dim
+    rope_dim: int  # qk_rope_head_dim
+    v_dim: int  # v_head_dim
+
+    @property
+    def qk_dim(self) -> int:
+        return self.nope_dim + self.rope_dim  # qk_head_dim
+
+    def matrices(self, d_model: int) -> dict[str, tuple[int, int]]:
+        """(input, output) features of each attention linear of a block, by module name (whole: tensor parallelism
+        splits the heads of ``q``, ``kv_b`` and ``o`` and replicates ``q_a`` and ``kv_a``)."""
+        h = self.n_heads
+        q = {"q_a": (d_model, self.q_lora_rank), "q": (self.q_lora_rank, h * self.qk_dim)} if self.q_lora_rank \
+            else {"q": (d_model, h * self.qk_dim)}
+        return {**q, "kv_a": (d_model, self.kv_lora_rank + self.rope_dim),
+                "kv_b": (self.kv_lora_rank, h * (self.nope_dim + self.v_dim)), "o": (h * self.v_dim, d_model)}
+
+    def norm_params(self) -> int:
+        """The latents' RMSNorm weights (q_a_norm, kv_a_norm)."""
+        return self.q_lora_rank + self.kv_lora_rank
+
+
+def no_latent_attention(cfg: Any) -> LatentSizes | None:
+    """A family without multi-head latent attention."""
+    return None
+
+
+@dataclass(frozen=True)
 class HFAdapter:
     """A family's Hugging Face layout: ``config.json`` and the tensors of ``*ForCausalLM``, both ways.
 
@@ -155,6 +198,8 @@ class ModelSpec:
     config_from_dict: Callable[[dict], Any] | None = None  # default: config_type(**d)
     block_kinds: Callable[[Any], tuple[str, ...]] = lambda cfg: (DENSE,) * cfg.n_layers  # each block's kind
     experts: Callable[[Any], Experts | None] = no_experts  # experts(cfg): the MoE MLP of a size, or None
+    # latent_attention(cfg): multi-head latent attention's sizes, or None (grouped-query attention)
+    latent_attention: Callable[[Any], LatentSizes | None] = no_latent_attention
 
     def block_plan(self, *, sequence_parallel: bool) -> dict[str, str]:
         return {**self.block_tp_plan, **(self.sequence_parallel_plan if sequence_parallel else {})}

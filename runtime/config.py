@@ -20,7 +20,7 @@ from compiler.partition import parse_split
 from compiler.planner.candidates import meshes
 from compiler.schedules import SCHEDULES
 from compiler.torch_compat import stages_receive_integer_tensors
-from models import spec_of
+from models import mixture_of_experts_families, spec_of
 from models.spec import MOE, listed_divisors
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 from runtime.distributed.timeouts import DEFAULT_CHECKPOINT_TIMEOUT_S, DEFAULT_STARTUP_TIMEOUT_S, Timeouts
@@ -254,7 +254,8 @@ def _check_expert_parallel(mesh: ParallelPlan, model: Any) -> None:
         return
     if MOE not in spec_of(model).block_kinds(model):
         raise ConfigError(f"--ep {mesh.ep}: {model.family} has no mixture-of-experts layers to split over expert-parallel "
-                          f"ranks; drop --ep (expert parallelism needs a mixture-of-experts model: qwen3_moe, mixtral)")
+                          f"ranks; drop --ep (expert parallelism needs a mixture-of-experts model: "
+                          f"{', '.join(mixture_of_experts_families())})")
     if mesh.dp % mesh.ep:
         raise ConfigError(f"--ep {mesh.ep} borrows its ranks from data parallelism and must divide --dp {mesh.dp}; "
                           f"valid --ep values: {listed_divisors(mesh.dp)}")

@@ -73,11 +73,12 @@ def test_documents_attend_causally_within_each_on_kernels_that_take_any_length()
     assert len(cudnn_allowed) == 4 and not any(cudnn_allowed)
 
 
+@pytest.mark.parametrize("v_dim", [8, 6])  # 6: latent attention's values, narrower than q and k
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
-def test_prefix_and_diagonal_merge_equals_one_lower_right_causal_call(dtype):
+def test_prefix_and_diagonal_merge_equals_one_lower_right_causal_call(dtype, v_dim):
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 6, 8, generator=gen, dtype=torch.float64)
-    k, v = (torch.randn(2, 2, 10, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(2, 2, 10, width, generator=gen, dtype=torch.float64) for width in (8, v_dim))
     mask = torch.ones(6, 10, dtype=torch.bool).tril(4)  # query i at position 4 + i
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     inputs = [t.to(dtype).requires_grad_() for t in (q, k, v)]

@@ -1,9 +1,9 @@
-"""Qwen3, Qwen3-MoE and Mixtral against their transformers folders, beyond what tests/test_hf_fixtures.py checks
-for every family's folder (reader, loss and logits within 1e-5, greedy ids with and without the cache, run.py
-generate, tensors written back): the cache fed in chunks gives one forward's logits (the MoE routes each chunk's
-tokens on their own), config.json written back with the folder's fields in transformers 5.x spelling, and through the
-engine (trace, stages, schedule): a training step from the folder, ``run.py eval`` of its checkpoint, ``export
---format hf`` of it (the folder's bytes and config), ``generate`` from it (transformers' ids).
+"""Qwen3, Qwen3-MoE, Mixtral and DeepSeek-V3 (plain RoPE and two YaRNs) against their transformers folders, beyond what
+tests/test_hf_fixtures.py checks for every family's folder (reader, loss and logits within 1e-5, greedy ids with and
+without the cache, run.py generate, tensors written back): the cache fed in chunks gives one forward's logits (the
+MoE routes each chunk's tokens on their own), config.json written back with the folder's fields in transformers 5.x
+spelling, and through the engine (trace, stages, schedule): a training step from the folder, ``run.py eval`` of its
+checkpoint, ``export --format hf`` of it (the folder's bytes and config), ``generate`` from it (transformers' ids).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from tests.hf_reference import parse_safetensors
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hf-models"
 
 # Fixture folder -> the engine family that must read it (rows of tests/test_hf_fixtures.py's table too).
-FAMILY_OF = {"qwen3": "qwen3", "qwen3-moe": "qwen3_moe", "mixtral": "mixtral"}
+FAMILY_OF = {"qwen3": "qwen3", "qwen3-moe": "qwen3_moe", "mixtral": "mixtral", "deepseek-v3": "deepseek_v3",
+             "deepseek-v3-yarn": "deepseek_v3", "deepseek-v3-yarn-mscale": "deepseek_v3"}
 
 # fixtures/README.md: logits reach about 7; transformers' own sdpa and eager attention differ by up to 6e-6.
 ATOL, RTOL = 1e-5, 1e-5
@@ -142,10 +143,10 @@ def _experts(name: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["qwen3-moe", "mixtral"])
+@pytest.mark.parametrize("name", ["qwen3-moe", "mixtral", "deepseek-v3"])
 def test_each_rank_reads_only_its_experts_tensors(engine_runs, name):
-    """2 ranks: Mixtral's 6 experts with ep 2 (3 per rank), Qwen3-MoE's 5 FSDP-sharded over dp 2 (rows 0-2 and
-    3-4): each rank reads from the folder only the tensors of the experts it holds (each expert is its own tensor
+    """2 ranks: Mixtral's and DeepSeek-V3's 6 experts with ep 2 (3 per rank), Qwen3-MoE's 5 FSDP-sharded over dp 2
+    (rows 0-2 and 3-4): each rank reads from the folder only the tensors of the experts it holds (each expert is its own tensor
     in the files), and both read the dense ones. The export test below checks that they read the folder's values."""
     index = list(FAMILY_OF).index(name)
     for rank in range(2):

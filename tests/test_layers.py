@@ -219,7 +219,8 @@ def test_each_tensor_parallel_module_of_a_block_costs_the_cpu_its_dtensor_dispat
     assert cluster.rescaled(2.0, "slower").device.tp_module_overhead == {"bf16": pytest.approx(0.002)}
 
 
-@pytest.mark.parametrize("name", ["tiny", "llama3-debug", "qwen3-debug", "qwen3-moe-debug", "mixtral-debug"])
+@pytest.mark.parametrize("name", ["tiny", "llama3-debug", "qwen3-debug", "qwen3-moe-debug", "mixtral-debug",
+                                  "deepseek-v3-debug"])
 def test_a_blocks_tensor_parallel_modules_are_those_the_engines_plan_shards(name):
     from models import named_config, spec_of
 

@@ -27,7 +27,9 @@ from models.spec import (
     HEAD_NORM,
     MOE,
     GATHER_SEQUENCE,
+    HEAD_SHARED,
     LM_HEAD,
+    REPLICATED,
     ROWWISE,
     ROWWISE_SCATTER,
     SEQUENCE_NORM,
@@ -37,7 +39,7 @@ from models.spec import (
 )
 
 SPECS = list(FAMILIES.values())
-LINEAR_STYLES = {COLWISE, ROWWISE, ROWWISE_SCATTER}
+LINEAR_STYLES = {COLWISE, ROWWISE, ROWWISE_SCATTER, REPLICATED}
 
 
 def _debug(spec, **overrides):
@@ -80,6 +82,8 @@ def test_every_plan_key_names_a_module_of_the_right_kind(spec):
                 assert isinstance(module, nn.Linear), f"layers.{block_name}.{key} is {type(module).__name__}"
             elif style in (SEQUENCE_NORM, HEAD_NORM):
                 assert not list(module.children()) and any(True for _ in module.parameters()), f"{key}: a norm"
+            elif style == HEAD_SHARED:  # a tensor's way from the replicated part to the heads: nothing to shard
+                assert not list(module.children()) and not list(module.parameters()), f"{key}: no parameters"
             else:
                 assert style == GATHER_SEQUENCE and list(module.children()), f"{key}: a module with children"
     kinds_of_blocks = set(spec.block_kinds(cfg))
@@ -90,9 +94,10 @@ def test_every_plan_key_names_a_module_of_the_right_kind(spec):
     kinds = {VOCAB_EMBEDDING: nn.Embedding, VOCAB_HEAD: nn.Linear}
     for key, style in spec.model_tp_plan.items():
         assert isinstance(model.get_submodule(key), kinds[style]), key
-    # The plain plan is Megatron's: every column-parallel matrix feeds a row-parallel one in the same module.
+    # The plain plan is Megatron's: every column-parallel matrix feeds a row-parallel one in the same module (what the
+    # heads of a rank share sums its gradient over the ranks).
     styles = set(spec.block_tp_plan.values())
-    assert styles - {HEAD_NORM} == {COLWISE, ROWWISE}
+    assert styles - {HEAD_NORM, HEAD_SHARED} == {COLWISE, ROWWISE}
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)

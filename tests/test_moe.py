@@ -318,8 +318,8 @@ def test_the_bias_update_moves_each_expert_against_its_load():
 
 # ---- DeepSeek-V3's router, from its transformers fixture ---------------------------------------------------------
 
-# config.json and model.safetensors of shared/fixtures/hf-models/deepseek-v3 (its MLA attention is not a model here).
-DEEPSEEK = Path(__file__).resolve().parent / "fixtures" / "deepseek-v3-router"
+# transformers' DeepseekV3ForCausalLM folder (tests/fixtures/README.md); its whole model: tests/test_hf_fixtures.py.
+DEEPSEEK = Path(__file__).resolve().parent / "fixtures" / "hf-models" / "deepseek-v3"
 
 
 def test_deepseek_v3s_router_weights_route_as_its_config_says():

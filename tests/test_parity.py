@@ -34,6 +34,9 @@ DOCUMENTS = ["--document-mask", "--eod-token", "10"]
 QWEN3 = ["--model", "qwen3-debug"]
 QWEN3_MOE = ["--model", "qwen3-moe-debug", "--layers", "4"]  # 8 experts, top 2, auxiliary loss 0.001
 MIXTRAL = ["--model", "mixtral-debug", "--layers", "4"]  # 8 experts, top 2, auxiliary loss 0.02
+# 1 dense and 2 MoE blocks (8 experts in 4 groups, top 2, a shared expert, selection bias), latent attention with a q
+# LoRA rank and YaRN
+DEEPSEEK = ["--model", "deepseek-v3-debug"]
 
 # (dp, pp, mp, schedule, extra flags): every mesh of the issue, every schedule, activation checkpointing (full
 # and selective).
@@ -98,6 +101,12 @@ CASES = [
     (1, 2, 2, "interleaved-1f1b", ["--cp", "2", *DOCUMENTS]),
     (2, 1, 2, "1f1b", [*LLAMA, "--cp", "2", "--sequence-parallel", *DOCUMENTS, "--no-loss-across-documents"]),
     (2, 1, 1, "1f1b", [*QWEN3_MOE, "--cp", "2", "--ep", "2"]),
+    # DeepSeek-V3's latent attention: TP (the shared RoPE key's gradient summed over mp), with SP (the replicated
+    # down projections on the gathered sequence), under PP with EP, and with CP (values narrower than q and k).
+    (1, 1, 2, "1f1b", DEEPSEEK),
+    (1, 1, 2, "1f1b", [*DEEPSEEK, "--sequence-parallel"]),
+    (1, 1, 1, "1f1b", [*DEEPSEEK, "--cp", "2"]),
+    (2, 2, 2, "interleaved-1f1b", [*DEEPSEEK, "--layers", "4", "--ep", "2", "--sequence-parallel"]),
     # Validation through the V placements (a forward-only action list: torch's V schedules cannot eval()).
     (1, 2, 1, "zbv", ["--eval-every", "2"]),
     (1, 2, 1, "dualpipev", ["--eval-every", "2"]),

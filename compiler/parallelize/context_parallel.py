@@ -107,12 +107,18 @@ class _PrefixAndDiagonal(torch.autograd.Function):
 
 
 def causal_run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, prefix: int) -> torch.Tensor:
-    """Queries q (B, H, Lq, hd) at the last Lq of the keys' positions: k, v (B, Hkv, prefix + Lq, hd). Query i
-    attends to every prefix key and to diagonal keys j <= i (grouped heads shared, as enable_gqa)."""
+    """Queries q (B, H, Lq, hd) at the last Lq of the keys' positions: k (B, Hkv, prefix + Lq, hd), v (B, Hkv,
+    prefix + Lq, hd_v), hd_v <= hd. Query i attends to every prefix key and to diagonal keys j <= i (grouped heads
+    shared, as enable_gqa)."""
     if prefix == 0:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     if q.device.type == "cpu":
-        return _PrefixAndDiagonal.apply(q, k[:, :, :prefix], v[:, :, :prefix], k[:, :, prefix:], v[:, :, prefix:])
+        # The CPU flash kernel wants values as wide as q and k; latent attention's are narrower (DeepSeek-V3: 128 of
+        # 192): zero columns pad them, and the output's matching columns (zeros) are dropped.
+        width = v.shape[-1]
+        v = F.pad(v, (0, q.shape[-1] - width)) if width < q.shape[-1] else v
+        out = _PrefixAndDiagonal.apply(q, k[:, :, :prefix], v[:, :, :prefix], k[:, :, prefix:], v[:, :, prefix:])
+        return out[..., :width]
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1) if group > 1 else t for t in (k, v))  # the kernels want equal heads
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]))

@@ -16,13 +16,16 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
+from compiler.parallelize.replicated_modules import ReplicatedLinear, SumGradientOverHeads
 from compiler.parallelize.sequence_parallel import GatherSequence, shard_stage_boundaries
 from compiler.parallelize.vocab_parallel import VocabParallelEmbedding
 from models.spec import (
     COLWISE,
     GATHER_SEQUENCE,
     HEAD_NORM,
+    HEAD_SHARED,
     LM_HEAD,
+    REPLICATED,
     ROWWISE,
     ROWWISE_SCATTER,
     SEQUENCE_NORM,
@@ -46,6 +49,10 @@ _STYLES = {
     # A norm over each head's features, its input (B, T, H/mp, hd) sharded by heads: DTensor's SequenceParallel
     # on the heads' dimension keeps the weight Replicate and sums its gradient over the ranks' heads.
     HEAD_NORM: lambda: SequenceParallel(sequence_dim=2, use_local_output=True),
+    # Multi-head latent attention's replicated parts (compiler/parallelize/replicated_modules.py): the RoPE key every
+    # head shares sums its gradient over mp; its down projections take the gathered sequence under SP.
+    HEAD_SHARED: SumGradientOverHeads,
+    REPLICATED: ReplicatedLinear,
     # The head after a sequence-parallel final norm: all-gather the sequence (backward: reduce-scatter).
     VOCAB_HEAD_FROM_SEQUENCE: lambda: ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1)),
 }

@@ -7,6 +7,11 @@ dense (GELU: up, down; SwiGLU: gate, up, down) or a mixture of experts (a router
 routed experts and ``shared`` experts, each an MLP of the family's kind); ``Experts.dense_layers`` keeps
 the dense MLP in the blocks it lists (first-k-dense).
 
+Multi-head latent attention (DeepSeek-V3; the spec's ``LatentSizes``) is priced by its own matrices: the replicated
+down projections ``q_a`` and ``kv_a``, the column-parallel ``q`` and ``kv_b`` and the row-parallel ``o``, and the two
+latent norms; its QK^T and AV take ``head_dim`` (q/k width + v width) / 2, which counts both products' FLOPs. Its
+activations are priced as grouped-query attention's of that head dimension (no latent cache of its own yet).
+
 FLOPs (the FlopCounterMode convention, what compiler/cost.py counts on the engine's model): a matrix
 product [M, K] x [K, N] is 2MNK forward and 4MNK backward; attention's QK^T and AV are 4 T^2 (H hd) per
 sequence forward without a causal discount, and torch counts their backward as 2.5x forward. Per TP
@@ -23,7 +28,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from models import spec_of
-from models.spec import Experts
+from models.spec import Experts, LatentSizes
 
 DENSE, MOE = "dense", "moe"  # the two kinds of block
 
@@ -47,6 +52,7 @@ class DecoderShape:
     qk_norm: bool = False  # a norm over each head's q and k (Qwen3)
     experts: Experts | None = None  # a mixture-of-experts MLP (models/spec.py), None: dense
     context: int | None = None  # positions the model takes (a learned table's rows); None: seq_len
+    latent: LatentSizes | None = None  # multi-head latent attention (models/spec.py), None: grouped-query attention
 
     @property
     def position_rows(self) -> int:
@@ -57,13 +63,14 @@ class DecoderShape:
     def from_config(cfg) -> "DecoderShape":
         """From any registered family's config: its sizes, its ``Architecture`` and its ``Experts``."""
         spec = spec_of(cfg)
-        arch = spec.architecture
+        arch, latent = spec.architecture, spec.latent_attention(cfg)
+        head_dim = cfg.head_dim if latent is None else (latent.qk_dim + latent.v_dim) // 2
         return DecoderShape(
             layers=cfg.n_layers, d_model=cfg.d_model, heads=cfg.n_heads, kv_heads=cfg.n_kv_heads,
-            head_dim=cfg.head_dim, mlp_width=cfg.mlp_width, mlp=arch.mlp, seq_len=cfg.seq_len,
+            head_dim=head_dim, mlp_width=cfg.mlp_width, mlp=arch.mlp, seq_len=cfg.seq_len,
             vocab_size=cfg.vocab_size, tied=cfg.tie_embeddings, biases=arch.biases, norm=arch.norm,
             positions=arch.positions, fused_qkv=arch.fused_qkv, qk_norm=arch.qk_norm, experts=spec.experts(cfg),
-            context=cfg.context)
+            context=cfg.context, latent=latent)
 
     @staticmethod
     def from_flags(*, layers: int, d_model: int, heads: int, seq_len: int, vocab_size: int, kv_heads: int | None = None,
@@ -135,6 +142,11 @@ def _norm_params(shape: DecoderShape) -> int:
 def attention_matrices(shape: DecoderShape, mp: int) -> dict[str, tuple[int, int]]:
     """(input, output) features of each attention linear of a block on one TP shard (Megatron layout)."""
     d, t = shape.d_model, mp
+    if shape.latent is not None:  # q and kv_b split their heads' outputs, o its inputs; q_a and kv_a replicated
+        whole = shape.latent.matrices(d)
+        split = {"q": (whole["q"][0], whole["q"][1] // t), "kv_b": (whole["kv_b"][0], whole["kv_b"][1] // t),
+                 "o": (whole["o"][0] // t, d)}
+        return {**whole, **split}
     if shape.fused_qkv:
         mats = {"qkv": (d, (shape.q_width + 2 * shape.kv_width) // t)}
     else:
@@ -156,12 +168,17 @@ def tensor_parallel_modules(shape: DecoderShape, kind: str, *, sequence_parallel
     """Modules of one block that the tensor-parallel plan turns into DTensor modules (models/common/tp_plan.py,
     models/gpt2/tp_plan.py): each attention and dense-MLP linear, Qwen3's two per-head norms and, with SP, the
     two sequence-sharded norms and the sequence gathers before attention and a dense MLP. A mixture-of-experts
-    MLP is not tensor-parallel. Each costs DTensor's dispatch at its boundaries (devices.py ``CpuDevice``)."""
+    MLP is not tensor-parallel. Each costs DTensor's dispatch at its boundaries (devices.py ``CpuDevice``). Latent
+    attention: q, kv_b, o and the shared RoPE key's gradient sum, and with SP its down projections q_a and kv_a."""
     modules = len(attention_matrices(shape, 1)) + (2 if shape.qk_norm else 0)
+    replicated = 0
+    if shape.latent is not None:
+        replicated = modules - 3  # q_a, kv_a: DTensors under SP only
+        modules = 4
     if kind == DENSE:
         modules += len(mlp_matrices(shape, shape.mlp_width))
     if sequence_parallel:
-        modules += 4 if kind == DENSE else 3
+        modules += (4 if kind == DENSE else 3) + replicated
     return modules
 
 
@@ -192,7 +209,8 @@ class BlockParams:
 def block_params(shape: DecoderShape, mp: int = 1, *, kind: str = DENSE, ep: int = 1) -> BlockParams:
     """Parameters of one block held by one rank; row-parallel biases, the norms, the router and (with
     expert tensor parallelism 1) the experts are not split by TP."""
-    norms = 2 * _norm_params(shape) + (2 * shape.head_dim if shape.qk_norm else 0)
+    norms = 2 * _norm_params(shape) + (2 * shape.head_dim if shape.qk_norm else 0) + (
+        shape.latent.norm_params() if shape.latent is not None else 0)
     attention = _weights(attention_matrices(shape, mp), shape.biases)
     if kind == DENSE:
         return BlockParams(attention + _weights(mlp_matrices(shape, shape.mlp_width, mp), shape.biases) + norms, 0)

@@ -1,10 +1,12 @@
 """Building blocks the decoder families share (not a family: nothing is registered here).
 
-Llama 3, Qwen3, Qwen3-MoE and Mixtral are one decoder (``decoder.py``: pre-norm blocks of grouped-query
-attention and a feed-forward part, the naming contract of models/spec.py) assembled from these parts:
+Llama 3, Qwen3, Qwen3-MoE, Mixtral and DeepSeek-V3 are one decoder (``decoder.py``: pre-norm blocks of an attention
+and a feed-forward part, the naming contract of models/spec.py) assembled from these parts:
 
-- ``norm.py`` RMSNorm; ``rope.py`` rotary positions (plain or Llama 3 scaled); ``attention.py`` grouped-query
-  attention with optional per-head q/k norms (Qwen3); ``mlp.py`` the SwiGLU MLP;
+- ``norm.py`` RMSNorm; ``rope.py`` rotary positions (plain, Llama 3 scaled or YaRN); ``attention.py`` grouped-query
+  attention with optional per-head q/k norms (Qwen3); ``latent_attention.py`` multi-head latent attention
+  (DeepSeek-V3); ``attention_core.py`` the causal core both call (documents, context parallelism); ``mlp.py`` the
+  SwiGLU MLP;
 - ``moe.py`` the mixture-of-experts block (router ``router.py``, stacked experts computed by the grouped
   matrix product of ``grouped_mm.py``, load balancing ``load_balance.py``);
 - ``hf_layout.py`` the Hugging Face tensor names of such a decoder, ``hf_config.py`` the config.json keys

@@ -1,5 +1,6 @@
-"""The decoder Llama 3, Qwen3, Qwen3-MoE and Mixtral share: pre-norm blocks of grouped-query attention and a
-feed-forward part, RMSNorms, an untied or tied LM head. Families build it from their configs (their model.py).
+"""The decoder Llama 3, Qwen3, Qwen3-MoE, Mixtral and DeepSeek-V3 share: pre-norm blocks of an attention (grouped-query,
+or multi-head latent: latent_attention.py) and a feed-forward part, RMSNorms, an untied or tied LM head. Families build
+it from their configs (their model.py).
 
 It follows the naming contract of models/spec.py (``tok_emb``, ``layers.<i>``, ``norm``, ``head``; ``embed``,
 ``logits``; heads as -1 in every reshape) and the tracing rules the engine needs: forward creates no tensor
@@ -21,7 +22,6 @@ import math
 import torch
 from torch import nn
 
-from models.common.attention import Attention
 from models.common.moe import MoE
 from models.common.norm import RMSNorm
 from models.kv_cache import KVCache, LayerCache
@@ -33,7 +33,7 @@ NON_TRAINABLE = ("router.expert_bias",)  # start at zero, moved by the bias upda
 
 
 class Block(nn.Module):
-    def __init__(self, *, attn: Attention, feed_forward: nn.Module, d_model: int, norm_eps: float):
+    def __init__(self, *, attn: nn.Module, feed_forward: nn.Module, d_model: int, norm_eps: float):
         super().__init__()
         self.attn_norm = RMSNorm(d_model, norm_eps)
         self.attn = attn

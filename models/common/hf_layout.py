@@ -1,10 +1,11 @@
 """The Hugging Face tensor names of the shared decoder (decoder.py), for the families' adapters.
 
-``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM``, ``MixtralForCausalLM`` (and
-``DeepseekV3ForCausalLM``'s feed-forward parts) store ``model.embed_tokens``, ``model.layers.N.{input_layernorm,
-self_attn.{q,k,v,o}_proj, post_attention_layernorm}`` (Qwen3 adds ``self_attn.{q,k}_norm``), ``model.norm`` and
-``lm_head`` (absent when tied). Both sides keep ``nn.Linear`` weights [out, in] and rotate-half RoPE, so the map
-is names only: no transposes, no permutations.
+``LlamaForCausalLM``, ``Qwen3ForCausalLM``, ``Qwen3MoeForCausalLM``, ``MixtralForCausalLM`` and
+``DeepseekV3ForCausalLM`` store ``model.embed_tokens``, ``model.layers.N.{input_layernorm, self_attn.*,
+post_attention_layernorm}``, ``model.norm`` and ``lm_head`` (absent when tied); the attention is
+``self_attn.{q,k,v,o}_proj`` (Qwen3 adds ``self_attn.{q,k}_norm``) unless a family names its own (DeepSeek-V3's
+latent attention: models/deepseek_v3/hf.py). Both sides keep ``nn.Linear`` weights [out, in], so the map is names
+only: no transposes, no permutations.
 
 Feed-forward parts: a dense block's ``mlp.{gate,up,down}_proj``; a mixture's router ``<moe>.gate`` (DeepSeek-V3's
 selection bias ``<moe>.gate.e_score_correction_bias``), its shared experts ``<moe>.shared_experts.{gate,up,down}_proj``
@@ -25,8 +26,8 @@ import torch
 
 from models.spec import DENSE, MOE
 
-_BLOCK = {"attn_norm": "input_layernorm", "attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj",
-          "attn.v": "self_attn.v_proj", "attn.o": "self_attn.o_proj", "mlp_norm": "post_attention_layernorm"}
+GQA_ATTENTION = {"attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj", "attn.v": "self_attn.v_proj",
+                 "attn.o": "self_attn.o_proj"}
 _QK_NORMS = {"attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
 _DENSE_MLP = {"mlp.gate": "mlp.gate_proj", "mlp.up": "mlp.up_proj", "mlp.down": "mlp.down_proj"}
 _SHARED = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
@@ -47,13 +48,16 @@ MIXTRAL = MoELayout(prefix="block_sparse_moe", experts=("w1", "w3", "w2"))
 
 
 def hf_names(*, kinds: tuple[str, ...], tie_embeddings: bool, qk_norm: bool = False, moe: MoELayout | None = None,
-             n_experts: int = 0, shared_experts: bool = False, expert_bias: bool = False) -> dict[str, tuple[str, ...]]:
+             n_experts: int = 0, shared_experts: bool = False, expert_bias: bool = False,
+             attention: Mapping[str, str] = GQA_ATTENTION) -> dict[str, tuple[str, ...]]:
     """Our parameter name -> the Hugging Face tensors it is made of (one; or E, stacked), the head included (the
-    embedding's name when tied). ``kinds``: each block's kind (moe.py ``block_kinds``)."""
+    embedding's name when tied). ``kinds``: each block's kind (moe.py ``block_kinds``); ``attention``: our attention
+    module names (block-relative) -> theirs, each a weight."""
     names = {TOKEN_EMBEDDING: ("model.embed_tokens.weight",), "norm.weight": ("model.norm.weight",)}
     for i, kind in enumerate(kinds):
         ours, theirs = f"layers.{i}", f"model.layers.{i}"
-        block = {**_BLOCK, **(_QK_NORMS if qk_norm else {}), **(_DENSE_MLP if kind == DENSE else {})}
+        block = {"attn_norm": "input_layernorm", **attention, "mlp_norm": "post_attention_layernorm",
+                 **(_QK_NORMS if qk_norm else {}), **(_DENSE_MLP if kind == DENSE else {})}
         names.update({f"{ours}.{o}.weight": (f"{theirs}.{h}.weight",) for o, h in block.items()})
         if kind != MOE:
             continue

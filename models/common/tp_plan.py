@@ -19,9 +19,17 @@ Sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2): the RMSNorms run on 
 attention and a dense MLP all-gather the sequence before their column-parallel matrices and reduce-scatter it
 after their row-parallel one. An MoE block's ``mlp_norm`` runs on shards too, and the layer routes each rank's own
 T/mp tokens (compiler/parallelize/expert_parallel.py).
+
+Multi-head latent attention (models/common/latent_attention.py; Megatron-Core's and torchtitan's DeepSeek-V3 layout):
+``q`` (q_b_proj, or q_proj) and ``kv_b`` are column-parallel by heads (their outputs are head-major), ``o``
+row-parallel; the down projections ``q_a`` and ``kv_a`` and their norms are replicated. The RoPE key every head
+shares leaves the replicated region without a linear layer: ``rope_key`` sums its gradient over the heads' ranks
+(``HEAD_SHARED``), as the column-parallel layers sum their inputs' gradients. Under sequence parallelism the
+attention's input is the gathered sequence (a Replicate DTensor), which the replicated down projections take as
+DTensors of their own (``REPLICATED``).
 """
 
-from models.spec import COLWISE, GATHER_SEQUENCE, HEAD_NORM, ROWWISE, ROWWISE_SCATTER, SEQUENCE_NORM
+from models.spec import COLWISE, GATHER_SEQUENCE, HEAD_NORM, HEAD_SHARED, REPLICATED, ROWWISE, ROWWISE_SCATTER, SEQUENCE_NORM
 
 ATTENTION_TP_PLAN: dict[str, str] = {"attn.q": COLWISE, "attn.k": COLWISE, "attn.v": COLWISE, "attn.o": ROWWISE}
 DENSE_BLOCK_TP_PLAN: dict[str, str] = {**ATTENTION_TP_PLAN, "mlp.gate": COLWISE, "mlp.up": COLWISE,
@@ -34,3 +42,8 @@ _ATTENTION_SEQUENCE_PARALLEL = {"attn_norm": SEQUENCE_NORM, "attn": GATHER_SEQUE
                                 "mlp_norm": SEQUENCE_NORM}
 DENSE_SEQUENCE_PARALLEL_PLAN: dict[str, str] = {**_ATTENTION_SEQUENCE_PARALLEL, "mlp": GATHER_SEQUENCE,
                                                 "mlp.down": ROWWISE_SCATTER}
+
+LATENT_BLOCK_TP_PLAN: dict[str, str] = {"attn.q": COLWISE, "attn.kv_b": COLWISE, "attn.rope_key": HEAD_SHARED,
+                                        "attn.o": ROWWISE, "mlp.gate": COLWISE, "mlp.up": COLWISE, "mlp.down": ROWWISE}
+LATENT_SEQUENCE_PARALLEL_PLAN: dict[str, str] = {**DENSE_SEQUENCE_PARALLEL_PLAN, "attn.q_a": REPLICATED,
+                                                 "attn.kv_a": REPLICATED}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from compiler.parallel_plan import ParallelPlan
 from compiler.precisions import default_precision
-from models import named_config, spec_of
+from models import mixture_of_experts_families, named_config, spec_of
 from runtime.checkpoint.hf_weights import read_hf_model, run_model_config, run_name
 from runtime.commands.flag_groups import (  # noqa: F401 (re-exported: the commands' parsers)
     DEFAULT_MODEL,
@@ -150,7 +150,7 @@ def _with_expert_bias(cfg, rate: float):
         return cfg
     if not hasattr(cfg, "expert_bias"):
         raise ConfigError(f"--expert-bias-rate {rate}: {cfg.family} has no mixture-of-experts routers to balance; "
-                          f"drop it (mixture-of-experts families: qwen3_moe, mixtral)")
+                          f"drop it (mixture-of-experts families: {', '.join(mixture_of_experts_families())})")
     return dataclasses.replace(cfg, expert_bias=True)
 
 

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", metavar="DIR",
                         help="a checkpoint folder (DIR/step-N) or a checkpoint directory (its latest complete one)")
-    source.add_argument("--init-from", metavar="FOLDER", help="a Hugging Face model folder (GPT-2 or Llama)")
+    source.add_argument("--init-from", metavar="FOLDER", help="a Hugging Face model folder (its config.json names the family)")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", metavar="TEXT",
                         help="text: encoded by the tokenizer (with its bos), or as UTF-8 bytes for byte-level models")

@@ -88,8 +88,9 @@ def shape_from_args(args: argparse.Namespace) -> DecoderShape:
         raise ConfigError(f"--kv-heads {kv} must divide --heads {heads}")
     width = args.mlp_width or (default_mlp_width(kind, d) if args.d_model else base.mlp_width)
     layers = args.layers or base.layers
-    return dataclasses.replace(base, layers=layers, d_model=d, heads=heads, kv_heads=kv,
-                               head_dim=d // heads if (args.d_model or args.heads) else base.head_dim,
+    latent = base.latent and dataclasses.replace(base.latent, n_heads=heads)  # its head dimensions are its own
+    return dataclasses.replace(base, layers=layers, d_model=d, heads=heads, kv_heads=kv, latent=latent,
+                               head_dim=d // heads if (args.d_model or args.heads) and not latent else base.head_dim,
                                mlp_width=width, seq_len=args.seq_len or base.seq_len,
                                vocab_size=args.vocab_size or base.vocab_size,
                                experts=_experts(args, base, width, layers))

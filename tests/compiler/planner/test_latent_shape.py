@@ -1,0 +1,50 @@
+"""The planner's shape of a multi-head latent attention family (compiler/planner/shape.py reading the spec's
+``LatentSizes``): DeepSeek-V3's parameters, activated parameters and FLOPs are the model's, its attention matrices
+split over TP as the engine's plan splits them, and ``run.py plan`` prices it."""
+
+from __future__ import annotations
+
+import pytest
+
+from compiler.planner.shape import (
+    DecoderShape,
+    activated_parameter_count,
+    attention_matrices,
+    block_params,
+    model_flops_per_token,
+    parameter_count,
+)
+from models import activated_parameter_count as model_activated
+from models import flops_per_token, named_config
+from models import parameter_count as model_parameters
+
+
+@pytest.mark.parametrize("size", ["deepseek-v3-debug", "deepseek-v3-16b", "deepseek-v3"])
+def test_the_shape_counts_the_models_parameters_and_flops(size):
+    cfg = named_config(size)
+    shape = DecoderShape.from_config(cfg)
+    assert shape.latent == cfg.latent() and shape.kv_heads == shape.heads
+    assert parameter_count(shape) == model_parameters(cfg)
+    assert activated_parameter_count(shape) == model_activated(cfg)
+    assert model_flops_per_token(shape) == flops_per_token(cfg)
+
+
+@pytest.mark.parametrize("size", ["deepseek-v3", "deepseek-v3-16b"])
+def test_tensor_parallelism_splits_the_heads_matrices_and_replicates_the_down_projections(size):
+    shape = DecoderShape.from_config(named_config(size))
+    s, d = shape.latent, shape.d_model
+    mats = attention_matrices(shape, 8)
+    assert mats["q"][1] == s.n_heads * s.qk_dim // 8 and mats["kv_b"] == (s.kv_lora_rank, s.n_heads * 256 // 8)
+    assert mats["o"] == (s.n_heads * s.v_dim // 8, d) and mats["kv_a"] == (d, s.kv_lora_rank + s.rope_dim)
+    assert ("q_a" in mats) == bool(s.q_lora_rank) and mats.get("q_a", (d, s.q_lora_rank)) == (d, s.q_lora_rank)
+    whole, split = block_params(shape, 1), block_params(shape, 8)
+    replicated = sum(i * o for name, (i, o) in mats.items() if name in ("q_a", "kv_a")) + s.norm_params() + 2 * d
+    assert whole.total - split.total == pytest.approx((whole.total - replicated) * 7 / 8)  # a dense block
+
+
+def test_run_py_plan_prices_deepseek_v3(capsys):
+    from runtime.commands import plan
+
+    assert plan.main(["--model", "deepseek-v3", "--world", "2048", "--cluster", "h100-80gb", "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "671.03B parameters, 37.55B activated" in out and "s/step" in out

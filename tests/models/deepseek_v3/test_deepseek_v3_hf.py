@@ -1,0 +1,105 @@
+"""DeepSeek-V3's Hugging Face adapter (models/deepseek_v3/hf.py) beyond its transformers fixtures
+(tests/test_hf_fixtures.py): both config.json generations, a q LoRA rank of null, folders of DeepseekV3ForCausalLM
+under another model_type (Kimi K2's), the configs refused with the key named, and multi-token-prediction tensors
+passed over."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from models import named_config, parameter_shapes, spec_of
+from runtime.checkpoint.hf_weights import check_weights, family_of, read_hf_model
+from tests.hf_reference import pack, parse_safetensors, write_safetensors
+
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "hf-models" / "deepseek-v3"
+HF = spec_of(named_config("deepseek-v3-debug")).hf
+
+
+def _config_4x(written: dict) -> dict:
+    """config.json as transformers 4.x wrote DeepSeek-V3's (the hub's): rope_theta and a rope_scaling whose kind is
+    ``type``, torch_dtype."""
+    scaling = written["rope_scaling"] and {("type" if k == "rope_type" else k): v
+                                           for k, v in written["rope_scaling"].items()}
+    dropped = ("rope_parameters", "dtype", "rope_scaling")
+    return {**{k: v for k, v in written.items() if k not in dropped}, "rope_scaling": scaling, "torch_dtype": "bfloat16"}
+
+
+def _config_5x(written: dict) -> dict:
+    return {k: v for k, v in written.items() if k not in ("rope_theta", "rope_scaling", "torch_dtype")}
+
+
+@pytest.mark.parametrize("size", ["deepseek-v3-debug", "deepseek-v3-16b", "deepseek-v3"])
+def test_both_config_json_generations_read_to_the_same_config(size):
+    cfg = named_config(size)
+    fresh = dict(router_init_std=0.02)  # the debug size's wide router is the engine's initialisation
+    written = HF.config_to_hf(cfg)
+    assert written["rope_parameters"]["rope_type"] == "yarn" and written["q_lora_rank"] == (cfg.q_lora_rank or None)
+    for config in (written, _config_4x(written), _config_5x(written)):
+        assert HF.config_from_hf(config) == cfg.__class__(**{**_fields(cfg), **fresh}), size
+
+
+def _fields(cfg) -> dict:
+    return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k != "family"}
+
+
+def test_without_a_q_lora_rank_the_query_is_one_q_proj():
+    cfg = named_config("deepseek-v3-16b", n_layers=2)
+    meta = {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(cfg).items()}
+    names = HF.to_hf(meta, cfg)
+    assert names["model.layers.0.self_attn.q_proj.weight"].shape == (16 * 192, 2048)
+    assert not [n for n in names if "q_a_proj" in n or "q_b_proj" in n]
+    assert names["model.layers.1.mlp.shared_experts.up_proj.weight"].shape == (2 * 1408, 2048)  # two shared experts
+    assert HF.config_from_hf({**HF.config_to_hf(cfg), "q_lora_rank": None}).q_lora_rank == 0
+
+
+def test_kimi_k2s_folder_is_a_deepseek_v3_by_its_architecture():
+    """Kimi K2's config.json (moonshotai/Kimi-K2-Instruct): DeepseekV3ForCausalLM under model_type kimi_k2, with the
+    remote code's router keys and a YaRN of beta_fast 1; shapes shrunk."""
+    config = {**HF.config_to_hf(named_config("deepseek-v3-debug")), "model_type": "kimi_k2", "scoring_func": "sigmoid",
+              "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1, "routed_scaling_factor": 2.827,
+              "moe_layer_freq": 1, "rope_parameters": None, "rope_theta": 50000.0,
+              "rope_scaling": {"type": "yarn", "factor": 32.0, "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0,
+                               "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}}
+    assert family_of(config, Path("config.json")).family == "deepseek_v3"
+    cfg = HF.config_from_hf(config)
+    assert (cfg.n_group, cfg.rope_theta, cfg.rope_yarn.factor, cfg.rope_yarn.beta_fast) == (1, 50000.0, 32.0, 1.0)
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"scoring_func": "softmax"}, "scoring_func"),
+    ({"topk_method": "greedy"}, "topk_method"),
+    ({"moe_layer_freq": 2}, "moe_layer_freq"),
+    ({"rope_parameters": {"rope_theta": 1e4, "rope_type": "llama3", "factor": 8.0}}, "rope_parameters"),
+    ({"kv_lora_rank": None}, "kv_lora_rank"),
+])
+def test_configs_this_model_would_compute_differently_are_refused_naming_the_key(change, key):
+    config = {k: v for k, v in {**HF.config_to_hf(named_config("deepseek-v3-debug")), **change}.items() if v is not None}
+    with pytest.raises(ValueError, match=key):
+        HF.config_from_hf(config)
+
+
+def test_multi_token_prediction_tensors_are_passed_over(tmp_path):
+    """num_nextn_predict_layers 1 is kept; DeepSeek's release stores the MTP module as layer num_hidden_layers
+    (transformers saves none, as the fixture): its tensors are no part of this model."""
+    folder = tmp_path / "with-mtp"
+    folder.mkdir()
+    shutil.copy(FIXTURE / "config.json", folder / "config.json")
+    _, _, tensors = parse_safetensors(FIXTURE / "model.safetensors")
+    mtp = {f"model.layers.3.{name}": ("F32", shape, pack("F32", [0.5] * math.prod(shape)))
+           for name, shape in (("enorm.weight", [48]), ("hnorm.weight", [48]), ("eh_proj.weight", [48, 96]),
+                               ("shared_head.norm.weight", [48]))}
+    write_safetensors(folder / "model.safetensors", {**tensors, **mtp})
+    hf = read_hf_model(folder)
+    assert json.loads((FIXTURE / "config.json").read_text())["num_nextn_predict_layers"] == 1
+    assert hf.config.num_nextn_predict_layers == 1 and hf.config.n_layers == 3
+    weights = check_weights(hf)
+    assert sorted(weights.unused) == sorted(mtp) and "passing over 4 tensors" in weights.note()
+    assert HF.config_to_hf(hf.config)["num_nextn_predict_layers"] == 1
