@@ -105,8 +105,10 @@ def test_the_engine_and_the_plain_loop_train_the_same_model():
 
 
 def test_the_plain_loop_refuses_a_model_it_cannot_build():
-    tiny = named_config("tiny", n_layers=2, d_model=32, n_heads=2, seq_len=32)
-    assert plain_loop.plain_flags(tiny)[:2] == ["--layers", "2"]
+    tiny = named_config("tiny", n_layers=2, d_model=32, n_heads=2, seq_len=48, vocab_size=512)
+    flags = plain_loop.plain_flags(tiny)
+    assert flags == ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "48", "--vocab-size", "512"]
+    assert plain_loop.model_config(plain_loop.build_parser().parse_args(flags)) == tiny
     for other in (named_config("tiny", n_layers=2, d_model=32, n_heads=2, seq_len=32, mlp_width=64),
                   named_config("llama3-debug")):
         with pytest.raises(ValueError, match="plain loop"):
