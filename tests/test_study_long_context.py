@@ -3,8 +3,15 @@ plans, and how it reports the longest sequence each cp trains within the node's 
 
 from __future__ import annotations
 
-from runtime.lab.study.long_context import (CP_DEGREES, RANKS, SELECTIVE, long_context_markdown,
-                                                 long_context_summary, long_context_specs, longest_sequence)
+from runtime.lab.study.long_context import (
+    CP_DEGREES,
+    RANKS,
+    SELECTIVE,
+    long_context_markdown,
+    long_context_specs,
+    long_context_summary,
+    longest_sequence,
+)
 
 
 def test_each_cp_group_checks_the_predicted_longest_sequence_up_to_the_cap():

@@ -2,8 +2,12 @@
 
 import dataclasses
 
+import pytest
+
+from models import named_config
 from runtime.commands.flags import parse_train_config
-from runtime.lab.study import plan
+from runtime.lab import plain_loop
+from runtime.lab.study import plan, sharding
 
 
 def test_throughput_runs_cover_every_schedule_and_mesh_at_8_ranks():
@@ -81,3 +85,31 @@ def test_pipelined_scaling_meshes_keep_the_throughput_micro_batching_and_share_i
     throughput_3d = next(s for s in plan.throughput_specs(8, plan.FULL)
                          if s.meta["group"] == "3D 2x2x2" and s.meta["label"] == "interleaved-1f1b v=2")
     assert plan.run_key(three_d) == plan.run_key(throughput_3d)
+
+
+def test_results_print_a_models_family_and_sizes():
+    assert plan.model_summary(plan.FULL.split_model) == {
+        "family": "gpt2", "layers": 8, "d_model": 256, "heads": 4, "kv_heads": 4, "seq_len": 128, "vocab_size": 28672}
+
+
+def test_the_engine_and_the_plain_loop_train_the_same_model():
+    for settings in (plan.FULL, plan.QUICK, plan.SMOKE):
+        specs = plan.overhead_specs(settings) + sharding.replicate_specs(
+            1, settings.replicate_model, micro_batch_size=4, microbatches=4, steps=3)
+        engine = [s for s in specs if s.kind == "engine"]
+        plain = [s for s in specs if s.kind == "plain"]
+        assert engine and plain
+        built = {plain_loop.model_config(plain_loop.build_parser().parse_args(s.args)) for s in plain}
+        assert built == {parse_train_config(s.args, world_size=s.nproc).model for s in engine}
+        assert built == {settings.model, settings.replicate_model}
+
+
+def test_the_plain_loop_refuses_a_model_it_cannot_build():
+    tiny = named_config("tiny", n_layers=2, d_model=32, n_heads=2, seq_len=48, vocab_size=512)
+    flags = plain_loop.plain_flags(tiny)
+    assert flags == ["--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "48", "--vocab-size", "512"]
+    assert plain_loop.model_config(plain_loop.build_parser().parse_args(flags)) == tiny
+    for other in (named_config("tiny", n_layers=2, d_model=32, n_heads=2, seq_len=32, mlp_width=64),
+                  named_config("llama3-debug")):
+        with pytest.raises(ValueError, match="plain loop"):
+            plain_loop.plain_flags(other)

@@ -41,15 +41,40 @@ from runtime.engine.data import SyntheticBatches, inputs_and_targets, replica_ro
 from runtime.engine.optim import build_lr_schedule, build_optimizer
 from runtime.observe.metrics import Throughput
 
+# The model's config fields and their flags: a GPT-2 of the tiny size's rules (MLP width, tied embeddings) with
+# this shape, what the study's engine runs build from the same config (runtime/commands/flags.py model_flags).
+SHAPE_FLAGS = {"n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "seq_len": "--seq-len",
+               "vocab_size": "--vocab-size"}
 
-def main(argv: list[str] | None = None) -> dict:
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for flag, default in (("layers", 16), ("d-model", 384), ("heads", 8), ("seq-len", 128), ("vocab-size", 256),
                           ("micro-batch-size", 4), ("microbatches", 8), ("steps", 6), ("seed", 1234)):
         p.add_argument(f"--{flag}", type=int, default=default)
     p.add_argument("--precision", choices=tuple(PRECISIONS), default="fp32")
     p.add_argument("--lr", type=float, default=1e-3)
-    args = p.parse_args(argv)
+    return p
+
+
+def model_config(args: argparse.Namespace):
+    """The model the loop trains: the tiny GPT-2 size with the shape flags' values."""
+    return named_config("tiny", n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, seq_len=args.seq_len,
+                        vocab_size=args.vocab_size)
+
+
+def plain_flags(cfg) -> list[str]:
+    """The flags that make this loop train ``cfg``; ValueError for a model it cannot build (another family, or a
+    field its flags do not set, such as the MLP width or untied embeddings, away from the tiny size's rules)."""
+    flags = [text for field, flag in SHAPE_FLAGS.items() for text in (flag, str(getattr(cfg, field)))]
+    if model_config(build_parser().parse_args(flags)) != cfg:
+        raise ValueError(f"the plain loop builds GPT-2 by the tiny size's rules from {', '.join(SHAPE_FLAGS.values())} "
+                         f"only; it cannot train {cfg}")
+    return flags
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
 
     env = LaunchEnv.from_environ()
     device = select_device(env.local_rank, local_world_size=env.local_world_size)
@@ -60,8 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     distributed = env.world_size > 1
     if distributed:
         init_distributed(env, device)
-    cfg = named_config("tiny", n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, seq_len=args.seq_len,
-                       vocab_size=args.vocab_size)
+    cfg = model_config(args)
     model = build_model(cfg, seed=args.seed, device=device)
     optimizer = build_optimizer(list(model.parameters()), lr=args.lr, weight_decay=0.1)
     if distributed:

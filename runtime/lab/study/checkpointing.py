@@ -21,7 +21,9 @@ import shutil
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from runtime.commands.flags import model_flags
 from runtime.commands.launch import RunSpec
 
 METHOD = ("A save's pause is the time the training loop waited for it: the whole write, hashing and publishing in "
@@ -37,7 +39,7 @@ MESHES = {8: (2, 2, 2), 4: (1, 2, 2), 2: (1, 2, 1)}
 
 @dataclass(frozen=True)
 class CheckpointBench:
-    model_flags: tuple[str, ...]
+    model: Any  # the pause runs' model, a family config
     steps: int
     every: int
     rounds: int
@@ -65,7 +67,7 @@ def checkpoint_specs(world: int, bench: CheckpointBench, out: Path) -> list[RunS
                      "--keep-checkpoints", "1", *MODES[mode]]
         return RunSpec(name, nproc, args, meta={"section": "checkpointing", "mode": mode, "mesh": f"{dp}x{pp}x{mp}", **meta})
 
-    pause_flags = [*bench.model_flags, "--precision", "fp32", "--micro-batch-size", "1", "--microbatches", "4"]
+    pause_flags = [*model_flags(bench.model), "--precision", "fp32", "--micro-batch-size", "1", "--microbatches", "4"]
     for r in range(bench.rounds):
         for mode in bench.modes if r % 2 == 0 else bench.modes[::-1]:
             specs.append(spec(f"checkpoint_pause_{mode}_r{r}", mode, pause_flags, steps=bench.steps, every=bench.every,

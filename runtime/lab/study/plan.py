@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from compiler.precisions import PRECISIONS as PRECISION_REGISTRY
 from models import named_config
 from runtime.commands.flags import model_flags
 from runtime.commands.launch import RunSpec
+from runtime.lab.plain_loop import plain_flags
 from runtime.lab.study.checkpointing import CheckpointBench
 
 # Schedules of the throughput section: (label, --schedule, virtual stages v).
@@ -22,39 +24,24 @@ THROUGHPUT_MESHES = (("pp=2", 1, 2, 1), ("pp=4", 1, 4, 1), ("3D 2x2x2", 2, 2, 2)
 PRECISIONS = tuple(PRECISION_REGISTRY)  # fp32 first: the batch search compares against it
 
 
-@dataclass(frozen=True)
-class ModelShape:
-    layers: int
-    d_model: int
-    heads: int
-    seq_len: int
-    vocab_size: int = 256
-    base: str = "tiny"  # the --model size whose family and rules fill in the rest
-    kv_heads: int | None = None  # grouped-query attention (llama3 sizes)
-
-    def flags(self) -> list[str]:
-        return model_flags(self.config())
-
-    def plain_flags(self) -> list[str]:
-        """The same model for the plain PyTorch / DDP loop (runtime/lab/plain_loop.py)."""
-        return ["--layers", str(self.layers), "--d-model", str(self.d_model), "--heads", str(self.heads),
-                "--seq-len", str(self.seq_len), "--vocab-size", str(self.vocab_size)]
-
-    def config(self):
-        """The model run.py builds from ``flags()`` (no --mlp-width: the family's width rule)."""
-        return named_config(self.base, n_layers=self.layers, d_model=self.d_model, n_heads=self.heads,
-                            n_kv_heads=self.kv_heads, seq_len=self.seq_len, vocab_size=self.vocab_size)
+def model_summary(cfg) -> dict:
+    """What results.json and the report print of a model: its family and sizes."""
+    return {"family": cfg.family, "layers": cfg.n_layers, "d_model": cfg.d_model, "heads": cfg.n_heads,
+            "kv_heads": cfg.n_kv_heads, "seq_len": cfg.seq_len, "vocab_size": cfg.vocab_size}
 
 
 @dataclass(frozen=True)
 class StudySettings:
-    model: ModelShape  # throughput, time split, timelines, scaling, overhead
+    # The models are family configs (a --model size with overrides; runs get their flags from
+    # runtime/commands/flags.py model_flags). Those the plain PyTorch loop trains too (the throughput model,
+    # the replicate benchmark's) are GPT-2 by the tiny size's rules, what runtime/lab/plain_loop.py builds.
+    model: Any  # throughput, time split, timelines, scaling, overhead
     micro_batch_size: int
     microbatches: int
     steps: int
     rounds: int  # repetitions of the pp=2 throughput runs and of the overhead pair (noise)
-    memory_model: ModelShape
-    split_model: ModelShape  # an LM head as heavy as several blocks, for --split auto vs uniform
+    memory_model: Any
+    split_model: Any  # an LM head as heavy as several blocks, for --split auto vs uniform
     memory_budget_gb: float  # per rank, in peak tensor bytes
     memory_resolution: float  # bisection stops when (fail - fit) <= resolution * fit
     memory_start: int  # first micro-batch tried (then doubled)
@@ -71,14 +58,14 @@ class StudySettings:
     split_microbatches: int | None = None
     split_micro_batch_size: int | None = None
     # Memory per configuration (study/sharding.py) and the replicate-vs-DDP benchmark.
-    sharding_model: object = named_config("tiny")
+    sharding_model: Any = named_config("tiny")
     sharding_large: bool = False  # add GPT-2 Large at 2x2x2
     sharding_other_shapes: bool = False  # add the Llama 3 shape and GPT-2 small at T 1024, with and without SP
     sharding_world: int = 8  # the most ranks a row of the section uses (its rows: study/sharding.py)
-    replicate_model: ModelShape = ModelShape(2, 32, 2, 32)
+    replicate_model: Any = named_config("tiny", n_layers=2, d_model=32, n_heads=2, seq_len=32)
     replicate_rounds: int = 1
     # ZB-V against the naive loop at pp=2 (study/zero_bubble.py); 4 blocks at least (4 stages).
-    zero_bubble_model: ModelShape = ModelShape(4, 32, 2, 32)
+    zero_bubble_model: Any = named_config("tiny", n_layers=4, d_model=32, n_heads=2, seq_len=32)
     zero_bubble_rounds: int = 1
     zero_bubble_compiled: bool = True  # also interleaved v=2 with --compile (the smoke study skips inductor)
     zero_bubble_1f1b: bool = True  # also 1f1b (--quick and --smoke time it in the throughput section only)
@@ -95,53 +82,62 @@ class StudySettings:
     long_context_longest_cap: int = 0
     # Checkpoint pauses, foreground and background, and steady memory (study/checkpointing.py).
     checkpoint_bench: CheckpointBench = CheckpointBench(
-        model_flags=tuple(ModelShape(4, 32, 2, 32).flags()), steps=4, every=2, rounds=1,
+        model=named_config("tiny", n_layers=4, d_model=32, n_heads=2, seq_len=32), steps=4, every=2, rounds=1,
         modes=("foreground", "background"), steady_steps=None, max_world=2)
 
 
 FULL = StudySettings(
-    model=ModelShape(16, 384, 8, 128), micro_batch_size=4, microbatches=8, steps=5, rounds=2,
-    memory_model=ModelShape(8, 64, 4, 256), memory_budget_gb=0.4, memory_resolution=1 / 8, memory_start=16,
+    model=named_config("tiny", n_layers=16, d_model=384, n_heads=8, seq_len=128),
+    micro_batch_size=4, microbatches=8, steps=5, rounds=2,
+    memory_model=named_config("tiny", n_layers=8, d_model=64, n_heads=4, seq_len=256),
+    memory_budget_gb=0.4, memory_resolution=1 / 8, memory_start=16,
     # The split model's vocabulary (the issue's range is 16k-32k) sets how heavy the head is. At 32k the
     # head with its loss takes ~13 blocks' time on this CPU (its 32 MiB weight leaves the cache), and with
     # the head alone as the busiest stage no split can beat (2 blocks + head) / head = 1.15x at pp=4. At
     # 28k it takes ~9 blocks, close to the other 8 blocks together: the split where balance matters most,
     # on 2 cores (head | the rest) as with a core per rank.
-    split_model=ModelShape(8, 256, 4, 128, 28672), timeout_s=900, overhead_pairs=3,
-    split_microbatches=16, split_micro_batch_size=2,
+    split_model=named_config("tiny", n_layers=8, d_model=256, n_heads=4, seq_len=128, vocab_size=28672),
+    timeout_s=900, overhead_pairs=3, split_microbatches=16, split_micro_batch_size=2,
     sharding_model=named_config("small", seq_len=128), sharding_large=True, sharding_other_shapes=True,
-    replicate_model=ModelShape(8, 256, 4, 128), replicate_rounds=3,
-    zero_bubble_model=ModelShape(8, 256, 4, 128), zero_bubble_rounds=3,
+    replicate_model=named_config("tiny", n_layers=8, d_model=256, n_heads=4, seq_len=128), replicate_rounds=3,
+    zero_bubble_model=named_config("tiny", n_layers=8, d_model=256, n_heads=4, seq_len=128), zero_bubble_rounds=3,
     experts_rounds=2, experts_steps=8, experts_balance_steps=100, long_context_seq_len=8192,
     long_context_longest_cap=32768,
-    checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(8, 512, 8, 32, 8192).flags()), steps=16, every=4,
-                                     rounds=2, modes=("none", "foreground", "background"), steady_steps=300),
+    checkpoint_bench=CheckpointBench(
+        model=named_config("tiny", n_layers=8, d_model=512, n_heads=8, seq_len=32, vocab_size=8192), steps=16, every=4,
+        rounds=2, modes=("none", "foreground", "background"), steady_steps=300),
 )
 # A smaller model, one repetition, fewer schedules and a coarse memory search: every section in ~10 minutes.
 # Fixed per-action costs dominate this model, so its speed-ups are not the targets' numbers.
 QUICK = StudySettings(
-    model=ModelShape(8, 128, 8, 64), micro_batch_size=2, microbatches=8, steps=4, rounds=1,
-    memory_model=ModelShape(4, 64, 4, 128), memory_budget_gb=0.04, memory_resolution=1 / 4, memory_start=4,
-    split_model=ModelShape(8, 128, 4, 64, 16384), timeout_s=300, overhead_pairs=2,
+    model=named_config("tiny", n_layers=8, d_model=128, n_heads=8, seq_len=64),
+    micro_batch_size=2, microbatches=8, steps=4, rounds=1,
+    memory_model=named_config("tiny", n_layers=4, d_model=64, n_heads=4, seq_len=128),
+    memory_budget_gb=0.04, memory_resolution=1 / 4, memory_start=4,
+    split_model=named_config("tiny", n_layers=8, d_model=128, n_heads=4, seq_len=64, vocab_size=16384),
+    timeout_s=300, overhead_pairs=2,
     # The schedules the targets and timelines name, throughput and scaling up to 4 ranks (8 ranks on 2 cores
     # spend most of a short run starting up), the sharding section's 4-rank rows (every DP mode and a 3D
     # mesh against replication) and no inductor row: the 8-rank sharding rows with the Llama shape, the 3D
     # throughput group and the compiled row had made it the longest section.
     throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2", "zbv"), scaling_worlds=(1, 2, 4),
     throughput_world=4, zero_bubble_compiled=False, zero_bubble_1f1b=False, sharding_world=4,
-    replicate_model=ModelShape(4, 128, 4, 64), replicate_rounds=2,
-    zero_bubble_model=ModelShape(8, 128, 8, 64),
+    replicate_model=named_config("tiny", n_layers=4, d_model=128, n_heads=4, seq_len=64), replicate_rounds=2,
+    zero_bubble_model=named_config("tiny", n_layers=8, d_model=128, n_heads=8, seq_len=64),
     experts_rounds=1, experts_steps=5, experts_balance_steps=40, long_context_seq_len=2048,
-    checkpoint_bench=CheckpointBench(model_flags=tuple(ModelShape(4, 256, 4, 32, 4096).flags()), steps=8, every=4,
-                                     rounds=1, modes=("none", "foreground", "background"), steady_steps=None),
+    checkpoint_bench=CheckpointBench(
+        model=named_config("tiny", n_layers=4, d_model=256, n_heads=4, seq_len=32, vocab_size=4096), steps=8, every=4,
+        rounds=1, modes=("none", "foreground", "background"), steady_steps=None),
 )
 # The smallest study that still exercises every section and file (the test suite runs it): the
 # schedules the timelines need, pp=2 and pp=4, meshes up to 2 ranks for scaling, one overhead pair
 # and a two-trial memory search per precision. Its numbers mean nothing.
 SMOKE = StudySettings(
-    model=ModelShape(8, 128, 8, 64), micro_batch_size=4, microbatches=4, steps=3, rounds=1,
-    memory_model=ModelShape(2, 32, 2, 32), memory_budget_gb=0.002, memory_resolution=1.0, memory_start=8,
-    split_model=ModelShape(4, 64, 4, 32, 2048), timeout_s=300,
+    model=named_config("tiny", n_layers=8, d_model=128, n_heads=8, seq_len=64),
+    micro_batch_size=4, microbatches=4, steps=3, rounds=1,
+    memory_model=named_config("tiny", n_layers=2, d_model=32, n_heads=2, seq_len=32),
+    memory_budget_gb=0.002, memory_resolution=1.0, memory_start=8,
+    split_model=named_config("tiny", n_layers=4, d_model=64, n_heads=4, seq_len=32, vocab_size=2048), timeout_s=300,
     throughput_schedules=("naive", "1f1b", "interleaved-1f1b v=2"), scaling_worlds=(1, 2), overhead_pairs=1,
     split_pps=(2,), split_schedules=("1f1b",), zero_bubble_compiled=False, zero_bubble_1f1b=False,
 )
@@ -183,11 +179,11 @@ def throughput_specs(world: int, s: StudySettings) -> list[RunSpec]:
                     continue
                 meta = {"section": "throughput", "group": group, "label": label, "schedule": schedule,
                         "dp": dp, "pp": pp, "mp": mp, "v": v, "m": s.microbatches, "micro_batch_size": mbs, "round": r}
-                if s.model.layers < pp * v:
-                    meta["skipped"] = f"needs >= {pp * v} layers for pp={pp} x v={v}, model has {s.model.layers}"
+                if s.model.n_layers < pp * v:
+                    meta["skipped"] = f"needs >= {pp * v} layers for pp={pp} x v={v}, model has {s.model.n_layers}"
                 args = [*_mesh(dp, pp, mp), "--schedule", schedule, "--stages-per-rank", str(v),
                         "--micro-batch-size", str(mbs), "--microbatches", str(s.microbatches),
-                        *s.model.flags(), *_common(s, _steps(dp * pp * mp, s)), "--profile"]
+                        *model_flags(s.model), *_common(s, _steps(dp * pp * mp, s)), "--profile"]
                 name = f"throughput_{group.replace(' ', '_').replace('=', '')}_{label.replace(' ', '_').replace('=', '')}_r{r}"
                 specs.append(RunSpec(name, dp * pp * mp, args, meta=meta))
     return specs
@@ -222,10 +218,10 @@ def scaling_specs(world: int, s: StudySettings) -> list[RunSpec]:
     global_batch = s.micro_batch_size * s.microbatches
     for kind, dp, pp, mp in scaling_meshes(min(world, max(s.scaling_worlds))):
         mbs, m = _scaling_batching(global_batch, dp, pp, s)
-        v = 2 if pp > 1 and s.model.layers >= 2 * pp and m % pp == 0 else 1
+        v = 2 if pp > 1 and s.model.n_layers >= 2 * pp and m % pp == 0 else 1
         args = [*_mesh(dp, pp, mp), "--schedule", "interleaved-1f1b", "--stages-per-rank", str(v),
                 "--micro-batch-size", str(mbs), "--microbatches", str(m),
-                *s.model.flags(), *_common(s, _steps(dp * pp * mp, s)), "--profile"]
+                *model_flags(s.model), *_common(s, _steps(dp * pp * mp, s)), "--profile"]
         meta = {"section": "scaling", "kind": kind, "dp": dp, "pp": pp, "mp": mp, "world": dp * pp * mp, "v": v, "m": m}
         specs.append(RunSpec(f"scaling_{kind}_{dp}x{pp}x{mp}", dp * pp * mp, args, meta=meta))
     return specs
@@ -233,15 +229,14 @@ def scaling_specs(world: int, s: StudySettings) -> list[RunSpec]:
 
 def overhead_specs(s: StudySettings) -> list[RunSpec]:
     """The engine at 1x1x1 next to a plain PyTorch loop, alternated ``rounds`` times."""
-    shape = s.model
-    plain_args = [*shape.plain_flags(), "--micro-batch-size", str(s.micro_batch_size), "--microbatches", str(s.microbatches),
-                  "--steps", str(s.steps + 1), "--precision", "fp32"]
-    engine_args = [*_mesh(1, 1, 1), "--micro-batch-size", str(s.micro_batch_size), "--microbatches",
-                   str(s.microbatches), *shape.flags(), *_common(s, s.steps + 1)]
+    batching = ["--micro-batch-size", str(s.micro_batch_size), "--microbatches", str(s.microbatches)]
+    plain_args = [*plain_flags(s.model), *batching, "--steps", str(s.steps + 1), "--precision", "fp32"]
+    engine_args = [*_mesh(1, 1, 1), *batching, *model_flags(s.model), *_common(s, s.steps + 1)]
     specs = []
     for r in range(s.overhead_pairs):
         pair = [RunSpec(f"overhead_engine_r{r}", 1, engine_args, meta={"section": "overhead", "who": "engine", "round": r}),
-                RunSpec(f"overhead_plain_r{r}", 1, plain_args, kind="plain", meta={"section": "overhead", "who": "plain", "round": r})]
+                RunSpec(f"overhead_plain_r{r}", 1, plain_args, kind="plain",
+                        meta={"section": "overhead", "who": "plain", "round": r})]
         specs += pair if r % 2 == 0 else pair[::-1]
     return specs
 
@@ -249,7 +244,7 @@ def overhead_specs(s: StudySettings) -> list[RunSpec]:
 def memory_spec(s: StudySettings, *, precision: str, micro_batch_size: int) -> RunSpec:
     """One trial of the batch search: pp=2 on 2 ranks, 1F1B, 2 micro-batches, 2 steps (the second is measured)."""
     args = [*_mesh(1, 2, 1), "--schedule", "1f1b", "--micro-batch-size", str(micro_batch_size),
-            "--microbatches", "2", *s.memory_model.flags(), *_common(s, 2, precision), "--peak-tflops", "1",
+            "--microbatches", "2", *model_flags(s.memory_model), *_common(s, 2, precision), "--peak-tflops", "1",
             "--profile-memory"]
     meta = {"section": "memory", "precision": precision, "micro_batch_size": micro_batch_size}
     return RunSpec(f"memory_{precision}_mbs{micro_batch_size}", 2, args, meta=meta)
@@ -265,7 +260,7 @@ def split_specs(world: int, s: StudySettings) -> list[RunSpec]:
     for schedule in s.split_schedules:
         v = 2 if schedule == "zbv" else 1
         for pp in s.split_pps:
-            if pp > world or s.split_model.layers < pp * v:
+            if pp > world or s.split_model.n_layers < pp * v:
                 continue
             for r in range(s.rounds):
                 for split in (("auto", "uniform") if r % 2 == 0 else ("uniform", "auto")):
@@ -273,7 +268,7 @@ def split_specs(world: int, s: StudySettings) -> list[RunSpec]:
                     # otherwise time-shares the head stage's core with light stages (runtime/cpu_binding.py).
                     args = [*_mesh(1, pp, 1), "--schedule", schedule, "--stages-per-rank", str(v), "--split", split,
                             "--bind-cores", "cost", "--micro-batch-size", str(mbs), "--microbatches", str(m),
-                            *s.split_model.flags(), *_common(s)]
+                            *model_flags(s.split_model), *_common(s)]
                     meta = {"section": "split", "pp": pp, "schedule": schedule, "split": split, "round": r, "m": m,
                             "micro_batch_size": mbs}
                     specs.append(RunSpec(f"split_{schedule}_pp{pp}_{split}_r{r}", pp, args, meta=meta))

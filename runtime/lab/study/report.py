@@ -248,7 +248,8 @@ def _memory_section(results: dict) -> list[str]:
     if not mem:
         return []
     lines = ["## 2. Memory: largest micro-batch under a per-rank budget", "", mem["method"], "",
-             "| precision | max micro-batch | peak tensor GB at max | first failing | trials (micro-batch: tensor GB / resident GB) |",
+             "| precision | max micro-batch | peak tensor GB at max | first failing | "
+             "trials (micro-batch: tensor GB / resident GB) |",
              "| --- | --- | --- | --- | --- |"]
     for precision, r in mem["search"].items():
         trials = ", ".join(f"{t['micro_batch_size']}: {_fmt(t['peak_gb'], '.3f', 'fail')} / {_fmt(t['resident_gb'], '.2f', '-')}"
@@ -273,7 +274,8 @@ def _time_split_section(results: dict) -> list[str]:
              "| --- | --- | --- | --- |" + " --- |" * len(CATEGORIES) + " --- | --- |"]
     for r in rows:
         lines.append(f"| {r['group']} | {r['label']} | {r['rank']} | {r['step_time']:.3f} | "
-                     + " | ".join(_pct(r[k]) for k in CATEGORIES) + f" | {_pct(r['tracked_fraction'])} | {_pct(r['theoretical_bubble'])} |")
+                     + " | ".join(_pct(r[k]) for k in CATEGORIES)
+                     + f" | {_pct(r['tracked_fraction'])} | {_pct(r['theoretical_bubble'])} |")
     return lines + [""] + charts.markdown(results, "time_split")
 
 
@@ -298,14 +300,16 @@ def _scaling_section(results: dict) -> list[str]:
     lines = ["## 5. Scaling (same global batch on every mesh)", "",
              "speed-up = samples/s over the 1-rank run; efficiency = speed-up / ranks, and / min(ranks, cores); "
              "compute/comm = (forward + backward) / (p2p + TP + DP collectives) time, averaged over ranks.", "",
-             "| kind | ranks | mesh (dp x pp x mp) | samples/s | speed-up | efficiency | efficiency vs cores | compute/comm | idle |",
+             "| kind | ranks | mesh (dp x pp x mp) | samples/s | speed-up | efficiency | efficiency vs cores | "
+             "compute/comm | idle |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         if r.get("failed"):
             lines.append(f"| {r['kind']} | {r['world']} | {r['mesh']} | failed: {r['failed']} | | | | | |")
             continue
         lines.append(f"| {r['kind']} | {r['world']} | {r['mesh']} | {r['samples_per_sec']:.3f} | {_fmt(r['speedup'])}x |"
-                     f" {_pct(r['efficiency'])} | {_pct(r['efficiency_vs_cores'])} | {_fmt(r['compute_to_comm'], '.1f', 'no comm')} |"
+                     f" {_pct(r['efficiency'])} | {_pct(r['efficiency_vs_cores'])} | "
+                     f"{_fmt(r['compute_to_comm'], '.1f', 'no comm')} |"
                      f" {_pct(r['idle_fraction'])} |")
     return lines + [""] + charts.markdown(results, "scaling", "scaling_efficiency")
 
@@ -355,7 +359,8 @@ def _split_section(results: dict) -> list[str]:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in split["table"]:
         by_round = _ratios(r.get("auto_over_uniform_by_round") or []) or "n/a"
-        lines.append(f"| {r.get('schedule', '1f1b')} | {r['pp']} | {_fmt(r['auto_samples_per_sec'], '.3f')} | {r['auto_blocks_per_stage']} | "
+        lines.append(f"| {r.get('schedule', '1f1b')} | {r['pp']} | {_fmt(r['auto_samples_per_sec'], '.3f')} | "
+                     f"{r['auto_blocks_per_stage']} | "
                      f"{_fmt(r['uniform_samples_per_sec'], '.3f')} | {r['uniform_blocks_per_stage']} | "
                      f"{_fmt(r['auto_over_uniform'], '.3f')}x | {by_round} | "
                      f"{_fmt(r.get('expected_core_per_rank'), '.2f')}x | "

@@ -14,92 +14,101 @@ accumulation on 2 ranks, and FSDP (``--dp 2``) beside them, alternated ``rounds`
 
 from __future__ import annotations
 
-import dataclasses
+import inspect
 from dataclasses import dataclass
 
-from compiler.parallel_plan import ParallelPlan
+from compiler.parallel_plan import AC, ParallelPlan
 from compiler.planner.cluster import load_cluster
 from compiler.planner.search import Pricer
 from compiler.planner.shape import DecoderShape
 from models import named_config
 from runtime.commands.flag_table import plan_flags
-from runtime.commands.flags import default_config, model_flags, named_model
+from runtime.commands.flags import default_config, model_flags
 from runtime.commands.launch import RunSpec
 from runtime.config import plan_error
+from runtime.lab.plain_loop import plain_flags
 from runtime.lab.study.analysis import pooled_samples_per_sec
-from runtime.lab.study.plan import ModelShape
 from runtime.observe.svg import bar_chart
 
 
 @dataclass(frozen=True)
 class MemoryRow:
-    label: str
-    dp: int
-    pp: int
-    mp: int
-    dp_shard: int | None = None
-    zero3: bool = False
-    precision: str = "bf16"
-    activation_checkpointing: bool = False
-    micro_batch_size: int = 2
-    sequence_parallel: bool = False
-    microbatches: int | None = None  # None: 2 per pp rank
+    label: str  # the configuration's name in the table
+    plan: ParallelPlan
 
-    def plan(self) -> ParallelPlan:
-        schedule, v = ("interleaved-1f1b", 2) if self.pp > 1 else ("1f1b", 1)
-        return ParallelPlan(dp=self.dp, pp=self.pp, mp=self.mp, schedule=schedule, stages_per_rank=v,
-                            microbatches=self.microbatches or 2 * self.pp, micro_batch_size=self.micro_batch_size,
-                            precision=self.precision, ac="full" if self.activation_checkpointing else "none",
-                            dp_shard=self.dp_shard, reshard_after_forward=self.zero3,
-                            sequence_parallel=self.sequence_parallel)
+    def meta(self) -> dict:
+        """What a run record carries of the row, read back by ``memory_table``, the report and the HParams tab."""
+        p = self.plan
+        return {"label": self.label, "dp": p.dp, "pp": p.pp, "mp": p.mp, "dp_shard": p.dp_shard,
+                "zero3": p.reshard_after_forward, "precision": p.precision, "activation_checkpointing": p.ac != AC.NONE,
+                "micro_batch_size": p.micro_batch_size, "sequence_parallel": p.sequence_parallel,
+                "microbatches": p.microbatches}
+
+
+def memory_row(label: str, dp: int, pp: int, mp: int, *, dp_shard: int | None = None, zero3: bool = False,
+               precision: str = "bf16", activation_checkpointing: bool = False, micro_batch_size: int = 2,
+               sequence_parallel: bool = False, microbatches: int | None = None) -> MemoryRow:
+    """A row's plan: pipelines run interleaved 1F1B (v=2), the rest 1F1B; ``microbatches`` None: 2 per pp rank."""
+    schedule, v = ("interleaved-1f1b", 2) if pp > 1 else ("1f1b", 1)
+    return MemoryRow(label, ParallelPlan(
+        dp=dp, pp=pp, mp=mp, schedule=schedule, stages_per_rank=v, microbatches=microbatches or 2 * pp,
+        micro_batch_size=micro_batch_size, precision=precision, ac="full" if activation_checkpointing else "none",
+        dp_shard=dp_shard, reshard_after_forward=zero3, sequence_parallel=sequence_parallel))
+
+
+def row_of_run(record: dict) -> MemoryRow:
+    """The row a run record describes; a field the record lacks (written before it existed) takes its default."""
+    fields = inspect.signature(memory_row).parameters
+    return memory_row(**{k: record[k] for k in fields if k in record})
 
 
 REPLICATION = "replicate (DDP layout)"
 ROWS_8 = (
     # A replica's memory does not depend on how many there are; eight replicas of GPT-2 small (each ~2.5 GiB
     # with AdamW and its gradient buckets) do not fit this machine's 24 GiB, so the baseline runs on 2 ranks.
-    MemoryRow(REPLICATION, 2, 1, 1, dp_shard=1),
-    MemoryRow("FSDP", 8, 1, 1),
-    MemoryRow("HSDP (shard 4, replicate 2)", 8, 1, 1, dp_shard=4),
-    MemoryRow("ZeRO-3", 8, 1, 1, zero3=True),
-    MemoryRow("TP", 1, 1, 2),
-    MemoryRow("TP", 1, 1, 4),
-    MemoryRow("TP + SP", 1, 1, 4, sequence_parallel=True),
-    MemoryRow("DP x TP", 4, 1, 2),
-    MemoryRow("DP x PP", 4, 2, 1),
-    MemoryRow("2x2x2", 2, 2, 2),
-    MemoryRow("2x2x2 + AC", 2, 2, 2, activation_checkpointing=True),
-    MemoryRow("2x2x2", 2, 2, 2, precision="fp32"),
-    MemoryRow("2x2x2", 2, 2, 2, micro_batch_size=1),
+    memory_row(REPLICATION, 2, 1, 1, dp_shard=1),
+    memory_row("FSDP", 8, 1, 1),
+    memory_row("HSDP (shard 4, replicate 2)", 8, 1, 1, dp_shard=4),
+    memory_row("ZeRO-3", 8, 1, 1, zero3=True),
+    memory_row("TP", 1, 1, 2),
+    memory_row("TP", 1, 1, 4),
+    memory_row("TP + SP", 1, 1, 4, sequence_parallel=True),
+    memory_row("DP x TP", 4, 1, 2),
+    memory_row("DP x PP", 4, 2, 1),
+    memory_row("2x2x2", 2, 2, 2),
+    memory_row("2x2x2 + AC", 2, 2, 2, activation_checkpointing=True),
+    memory_row("2x2x2", 2, 2, 2, precision="fp32"),
+    memory_row("2x2x2", 2, 2, 2, micro_batch_size=1),
     # fp16 at micro-batch 1 only: this CPU has no fp16 arithmetic (~0.9 GFLOP/s), so at micro-batch 2 GPT-2
     # small's fp16 steps outlast the study's timeout; its memory compares with the bf16 row above.
-    MemoryRow("2x2x2", 2, 2, 2, precision="fp16", micro_batch_size=1),
-    MemoryRow("2x2x2", 2, 2, 2, micro_batch_size=4),
+    memory_row("2x2x2", 2, 2, 2, precision="fp16", micro_batch_size=1),
+    memory_row("2x2x2", 2, 2, 2, micro_batch_size=4),
 )
 # The smoke study's: the same kinds of row on 4 ranks.
 ROWS_4 = (
-    MemoryRow(REPLICATION, 4, 1, 1, dp_shard=1),
-    MemoryRow("FSDP", 4, 1, 1),
-    MemoryRow("HSDP (shard 2, replicate 2)", 4, 1, 1, dp_shard=2),
-    MemoryRow("ZeRO-3", 4, 1, 1, zero3=True),
-    MemoryRow("DP x TP x PP", 1, 2, 2),
+    memory_row(REPLICATION, 4, 1, 1, dp_shard=1),
+    memory_row("FSDP", 4, 1, 1),
+    memory_row("HSDP (shard 2, replicate 2)", 4, 1, 1, dp_shard=2),
+    memory_row("ZeRO-3", 4, 1, 1, zero3=True),
+    memory_row("DP x TP x PP", 1, 2, 2),
 )
 # The smoke study's: the baseline and one sharded row, on 2 ranks.
-ROWS_SMOKE = (MemoryRow(REPLICATION, 2, 1, 1, dp_shard=1), MemoryRow("ZeRO-3", 2, 1, 1, zero3=True))
-LARGE_MODEL = named_model("large", 256)
-LARGE = MemoryRow("GPT-2 Large 2x2x2, ZeRO-3 + AC", 2, 2, 2, zero3=True, activation_checkpointing=True,
-                  micro_batch_size=1)
+ROWS_SMOKE = (memory_row(REPLICATION, 2, 1, 1, dp_shard=1), memory_row("ZeRO-3", 2, 1, 1, zero3=True))
+LARGE_MODEL = named_config("large", seq_len=256)
+LARGE = memory_row("GPT-2 Large 2x2x2, ZeRO-3 + AC", 2, 2, 2, zero3=True, activation_checkpointing=True,
+                   micro_batch_size=1)
 # A Llama 3 shape of GPT-2 small's width and depth (GQA with 4 kv heads, SwiGLU by Meta's rule, RMSNorm, RoPE).
 LLAMA_MODEL = named_config("llama3-debug", n_layers=12, d_model=768, n_heads=12, n_kv_heads=4, seq_len=128,
                            vocab_size=32000)
-LLAMA_ROWS = (MemoryRow("Llama 3 shape 2x2x2", 2, 2, 2), MemoryRow("Llama 3 shape 2x2x2 + SP", 2, 2, 2, sequence_parallel=True))
+LLAMA_ROWS = (memory_row("Llama 3 shape 2x2x2", 2, 2, 2),
+              memory_row("Llama 3 shape 2x2x2 + SP", 2, 2, 2, sequence_parallel=True))
 # Sequence parallelism where activations set the step's peak: GPT-2 small at T 1024, one micro-batch of 4, fp32.
 # At T 128 (the rows above) the peak is set by a phase SP does not touch and the two rows differ by noise; at
 # T 1024 with two micro-batches of 2 as well, while the model alone (forward, loss, backward, AdamW) saved memory
 # there.
 LONG_MODEL = named_config("small", seq_len=1024)
-LONG_ROWS = tuple(MemoryRow("TP + SP" if sp else "TP", 1, 1, 4, precision="fp32", micro_batch_size=4, microbatches=1,
-                            sequence_parallel=sp) for sp in (False, True))
+LONG_ROWS = tuple(memory_row("TP + SP" if sp else "TP", 1, 1, 4, precision="fp32", micro_batch_size=4, microbatches=1,
+                             sequence_parallel=sp) for sp in (False, True))
 # Rows of other models than the section's: run meta "model" -> (config, name in the table).
 OTHER_MODELS = {"large": (LARGE_MODEL, "GPT-2 Large"), "llama": (LLAMA_MODEL, "Llama 3 shape, 12 x d 768, kv 4"),
                 "long": (LONG_MODEL, "GPT-2 small")}
@@ -133,45 +142,44 @@ def memory_specs(world: int, model, *, large: bool, other_shapes: bool = False, 
     minute or more each here)."""
     specs = []
     for row in memory_rows(world, smoke=smoke):
-        c = row.plan()
-        name = f"sharding_{c.describe()}".replace(" ", "_").replace("=", "")
-        meta = {"section": "sharding", **dataclasses.asdict(row)}
-        specs.append(RunSpec(name, c.dp * c.pp * c.mp, [*model_flags(model), *plan_flags(c), *_common(3)], meta=meta))
+        name = f"sharding_{row.plan.describe()}".replace(" ", "_").replace("=", "")
+        specs.append(_spec(name, row, [*model_flags(model), *plan_flags(row.plan), *_common(3)]))
     if large and world >= 8:
-        c = LARGE.plan()
         # GPT-2 Large's Adam state and copies fill most of 24 GiB: large tensors are returned to the kernel.
         # No --profile-memory: its event buffers would add to a peak that is already near the machine's memory.
-        args = [*model_flags(LARGE_MODEL), *plan_flags(c), "--compact-cpu-memory", *_common(3, profile_memory=False)]
-        specs.append(RunSpec("sharding_gpt2_large", 8, args, meta={"section": "sharding", **dataclasses.asdict(LARGE),
-                                                                    "model": "large"}))
+        args = [*model_flags(LARGE_MODEL), *plan_flags(LARGE.plan), "--compact-cpu-memory",
+                *_common(3, profile_memory=False)]
+        specs.append(_spec("sharding_gpt2_large", LARGE, args, model="large"))
     if other_shapes and world >= 8 and not smoke:
         for key, rows in (("llama", LLAMA_ROWS), ("long", LONG_ROWS)):
             shape = OTHER_MODELS[key][0]
             for row in rows:
-                c = row.plan()
-                name = f"sharding_{key}_{c.describe()}".replace(" ", "_").replace("=", "")
-                specs.append(RunSpec(name, c.dp * c.pp * c.mp, [*model_flags(shape), *plan_flags(c), *_common(3)],
-                                     meta={"section": "sharding", **dataclasses.asdict(row), "model": key}))
+                name = f"sharding_{key}_{row.plan.describe()}".replace(" ", "_").replace("=", "")
+                specs.append(_spec(name, row, [*model_flags(shape), *plan_flags(row.plan), *_common(3)], model=key))
     return specs
 
 
+def _spec(name: str, row: MemoryRow, args: list[str], *, model: str | None = None) -> RunSpec:
+    """A row's run; ``model``: the key of another model than the section's (OTHER_MODELS)."""
+    meta = {"section": "sharding", **row.meta(), **({"model": model} if model else {})}
+    return RunSpec(name, row.plan.world, args, meta=meta)
+
+
 def predicted_bytes(row: MemoryRow, model) -> float | None:
-    c = row.plan()
-    if plan_error(default_config(model), c):
+    if plan_error(default_config(model), row.plan):
         return None
-    return max(Pricer(DecoderShape.from_config(model), load_cluster("cpu-2core")).rank_memories(c))
+    return max(Pricer(DecoderShape.from_config(model), load_cluster("cpu-2core")).rank_memories(row.plan))
 
 
 def memory_table(runs: list[dict], model) -> list[dict]:
     """One row per run with the measured peak, the prediction and the reduction against replication."""
-    fields = {f.name for f in dataclasses.fields(MemoryRow)}
     baseline = next((r["summary"]["peak_tensor_bytes"] for r in runs
                      if r["ok"] and r["label"] == REPLICATION and r.get("model") is None), None)
     table = []
     for r in runs:
-        row = MemoryRow(**{k: r[k] for k in fields if k in r})  # results written before a field existed
+        row = row_of_run(r)
         shape, name = OTHER_MODELS.get(r.get("model"), (model, f"{model.n_layers} x d {model.d_model}"))
-        out = {**dataclasses.asdict(row), "model": f"{name}, T {shape.seq_len}", "ok": r["ok"], "error": r.get("error"),
+        out = {**row.meta(), "model": f"{name}, T {shape.seq_len}", "ok": r["ok"], "error": r.get("error"),
                "predicted_bytes": predicted_bytes(row, shape)}
         if r["ok"]:
             s = r["summary"]
@@ -200,17 +208,18 @@ def replicate_summary(runs: list[dict]) -> dict:
             "fsdp_over_ddp": fsdp / ddp if fsdp and ddp else None, "repetitions": len(by_round)}
 
 
-def replicate_specs(rounds: int, shape: ModelShape, *, micro_batch_size: int, microbatches: int,
-                    steps: int) -> list[RunSpec]:
-    """The replicate benchmark's alternated runs: engine replicate, plain DDP, engine FSDP."""
-    model_args = shape.plain_flags()  # run.py and the plain loop read these flags alike
+def replicate_specs(rounds: int, model, *, micro_batch_size: int, microbatches: int, steps: int) -> list[RunSpec]:
+    """The replicate benchmark's alternated runs of ``model`` (a family config the plain loop builds too): engine
+    replicate, plain DDP, engine FSDP."""
     batching = ["--micro-batch-size", str(micro_batch_size), "--microbatches", str(microbatches)]
-    engine = ["--dp", "2", *model_args, *batching, "--data", "synthetic", "--precision", "fp32", "--steps", str(steps),
-              "--log-every", str(steps), "--eval-every", "0", "--eval-batches", "1", "--seed", "1234", "--peak-tflops", "1"]
-    plain = [*model_args, *batching, "--steps", str(steps), "--precision", "fp32"]
+    engine = ["--dp", "2", *model_flags(model), *batching, "--data", "synthetic", "--precision", "fp32",
+              "--steps", str(steps), "--log-every", str(steps), "--eval-every", "0", "--eval-batches", "1",
+              "--seed", "1234", "--peak-tflops", "1"]
+    plain = [*plain_flags(model), *batching, "--steps", str(steps), "--precision", "fp32"]
     specs = []
     for r in range(rounds):
-        trio = [RunSpec(f"replicate_engine_r{r}", 2, [*engine, "--dp-shard", "1"], meta={"section": "replicate", "who": "replicate", "round": r}),
+        trio = [RunSpec(f"replicate_engine_r{r}", 2, [*engine, "--dp-shard", "1"],
+                        meta={"section": "replicate", "who": "replicate", "round": r}),
                 RunSpec(f"replicate_ddp_r{r}", 2, plain, kind="plain", meta={"section": "replicate", "who": "ddp", "round": r}),
                 RunSpec(f"replicate_fsdp_r{r}", 2, engine, meta={"section": "replicate", "who": "fsdp", "round": r})]
         specs += trio if r % 2 == 0 else trio[::-1]

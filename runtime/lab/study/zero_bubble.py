@@ -15,6 +15,7 @@ here rather than a target; the first step, which compiles, is excluded like ever
 from __future__ import annotations
 
 from compiler.schedules import ideal_speedup_over_naive
+from runtime.commands.flags import model_flags
 from runtime.commands.launch import RunSpec
 from runtime.lab.study.analysis import pooled_samples_per_sec, ratio_by_round
 
@@ -31,17 +32,18 @@ def contenders(compiled: bool, one_f_one_b: bool = True) -> tuple:
     return (*CONTENDERS, *[ONE_F_ONE_B] * one_f_one_b, *[COMPILED] * compiled)
 
 
-def zero_bubble_specs(rounds: int, model_flags: list[str], *, steps: int, compiled: bool = False,
+def zero_bubble_specs(rounds: int, model, *, steps: int, compiled: bool = False,
                       one_f_one_b: bool = True) -> list[RunSpec]:
-    common = ["--dp", "1", "--pp", str(PP), "--mp", "1", "--micro-batch-size", str(MICRO_BATCH_SIZE),
-              "--microbatches", str(MICROBATCHES), "--precision", "fp32", "--data", "synthetic", "--steps", str(steps),
-              "--log-every", str(steps), "--eval-every", "0", "--eval-batches", "1", "--seed", "1234"]
+    """The alternated runs of ``model`` (a family config) under each contender, ``rounds`` times."""
+    common = [*model_flags(model), "--dp", "1", "--pp", str(PP), "--mp", "1", "--micro-batch-size",
+              str(MICRO_BATCH_SIZE), "--microbatches", str(MICROBATCHES), "--precision", "fp32", "--data", "synthetic",
+              "--steps", str(steps), "--log-every", str(steps), "--eval-every", "0", "--eval-batches", "1", "--seed", "1234"]
     specs = []
     for r in range(rounds):
         order = contenders(compiled, one_f_one_b)
         for label, schedule, v, extra in order if r % 2 == 0 else order[::-1]:
             meta = {"section": "zero_bubble", "label": label, "schedule": schedule, "v": v, "round": r}
-            args = [*model_flags, *common, "--schedule", schedule, "--stages-per-rank", str(v), *extra]
+            args = [*common, "--schedule", schedule, "--stages-per-rank", str(v), *extra]
             name = f"zero_bubble_{schedule}{'_compiled' if extra else ''}_r{r}"
             specs.append(RunSpec(name, PP, args, meta=meta))
     return specs
