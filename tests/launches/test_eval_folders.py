@@ -1,7 +1,7 @@
 """``run.py eval --init-from FOLDER`` reads every family's Hugging Face folder as ``train --init-from`` does (one
 builder, one weight reader) and gives transformers' loss on the folder's fixed batch (expected.json ``loss``,
 written by transformers itself), on one process and on a 2x2x2 mesh (experts split over --ep 2 where their count
-allows), with training's layout flags (sequence parallelism) accepted.
+allows), with training's layout flags (activation checkpointing, ZeRO-3) accepted.
 
 Each of the batch's two rows is a token file of one window (T + 1 = 24 tokens); both rows predict 23 tokens, so
 transformers' mean over the batch is the mean of the two evaluations."""
@@ -63,7 +63,9 @@ def _mesh(folder: Path, world: int) -> list[str]:
         return []
     experts = _n_experts(folder)
     ep = ["--ep", "2"] if experts and experts % 2 == 0 else []  # an odd expert count: FSDP over them alone
-    return ["--dp", "2", "--pp", "2", "--mp", "2", "--schedule", "1f1b", "--sequence-parallel", *ep]
+    # Training's layout flags are accepted: selective recomputation (no-op forward only), ZeRO-3 resharding.
+    return ["--dp", "2", "--pp", "2", "--mp", "2", "--schedule", "1f1b", "--activation-checkpointing", "selective",
+            "--reshard-after-forward", *ep]
 
 
 @pytest.fixture(scope="module")
