@@ -56,7 +56,7 @@ def _train_with_a_late_rank(argv: list[str], out_dir: str, late_in: str) -> None
     from pathlib import Path
 
     import runtime.checkpoint.saving as saving
-    import runtime.commands.train as train_module
+    import runtime.engine.build as build_module
     import runtime.engine.loop as loop
     from runtime.commands.train import check_inputs, train
     from runtime.device import select_device
@@ -82,7 +82,7 @@ def _train_with_a_late_rank(argv: list[str], out_dir: str, late_in: str) -> None
         return wait_then_run
 
     if env.rank == 1:
-        owner, name, on_call = {"start-up": (train_module, "build_local_stages", 1), "steady": (loop, "train_step", 2),
+        owner, name, on_call = {"start-up": (build_module, "build_local_stages", 1), "steady": (loop, "train_step", 2),
                                 "checkpoint": (saving, "begin_save", 1)}[late_in]
         setattr(owner, name, late(getattr(owner, name), on_call=on_call))
     try:
