@@ -24,6 +24,7 @@ def _train_and_record_messages(out_dir: str) -> None:
     import torch.distributed as dist
 
     import runtime.commands.train as train_command
+    import runtime.engine.build as build_module
     from runtime.device import select_device
     from runtime.distributed.process_group import LaunchEnv, init_distributed, shutdown_distributed
 
@@ -39,12 +40,12 @@ def _train_and_record_messages(out_dir: str) -> None:
     env = LaunchEnv.from_environ()
     device = select_device(env.local_rank)
     init_distributed(env, device)
-    build = train_command.build_local_stages
+    build = build_module.build_local_stages
     for name, precision, fp32_messages in RUNS:
         messages.clear()
         # The behaviour before messages followed autocast: every stage output (messages and logits) in fp32.
         fp32 = {"message_dtype": torch.float32}
-        train_command.build_local_stages = (lambda *a, **k: build(*a, **{**k, **fp32})) if fp32_messages else build
+        build_module.build_local_stages = (lambda *a, **k: build(*a, **{**k, **fp32})) if fp32_messages else build
         argv = [*COMMON, "--precision", precision, "--logdir", f"{out_dir}/{name}"]
         cfg, data, start = train_command.check_inputs(argv, env)
         summary = train_command.train(cfg, data, start, env=env, device=device)
