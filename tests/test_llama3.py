@@ -16,9 +16,9 @@ import torch
 from compiler.parallelize.tensor_parallel import restore_linear_modules
 from compiler.trace import trace_pipeline
 from models import build_model, flops_per_token, init_weights, named_config, parameter_count, spec_of
-from models.llama3.config import ffn_width
 from models.common.norm import RMSNorm
 from models.common.rope import Rope, inverse_frequencies
+from models.llama3.config import ffn_width
 from models.spec import MP, ShapeProblem
 from runtime.commands.train import InputError, check_inputs
 from runtime.distributed.process_group import LaunchEnv
