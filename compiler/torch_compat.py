@@ -39,9 +39,9 @@ from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 from torch.distributed.fsdp.sharded_grad_scaler import _GeneralMultiDeviceReplicator
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules as _schedules
-from torch.distributed.pipelining.stage import _PipelineStage
 from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 from torch.distributed.pipelining.schedules import _Action, _ComputationType, _PipelineScheduleRuntime
+from torch.distributed.pipelining.stage import _PipelineStage
 from torch.distributed.tensor import _api as _dtensor_api
 from torch.distributed.tensor import _dispatch as _dtensor_dispatch
 from torch.distributed.tensor import _redistribute as _dtensor_redistribute
@@ -51,8 +51,6 @@ from torch.export.unflatten import InterpreterModule
 from torch.optim.optimizer import _get_scalar_dtype
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import _CachedTorchDispatchMode
-
-from models import GROUPED_MM_OPS, grouped_mm_by_expert, weight_grad_by_expert
 
 __all__ = [
     "Action", "ComputationType", "PipelineScheduleRuntime", "FakeTensorMode", "FSDPParamGroup", "StridedShard",
@@ -93,49 +91,6 @@ def run_generated_code(stage_module: torch.nn.Module) -> None:
     for module in stage_module.modules():
         if isinstance(module, InterpreterModule):
             module._run_with_interpreter = False
-
-
-# --- the grouped GEMM of a mixture's experts (models/common/grouped_mm.py) -------------------------------
-
-def grouped_gemm_applies(a: torch.Tensor, b: torch.Tensor, *leading_sizes: int) -> bool:
-    """``torch._grouped_mm`` (2.11 and 2.13: offsets int32 cumulative; 2-D x 3-D and 2-D x 2-D forms) has a fast
-    kernel for these operands: CUDA SM90+ (a loop over ``mm`` on SM80, none on CPU before 2.9), bf16 only, and
-    every matrix's leading stride a multiple of 16 bytes (``leading_sizes``: 8 bf16 elements each)."""
-    return (a.is_cuda and a.dtype == b.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
-            and torch.cuda.get_device_capability(a.device) >= (9, 0) and all(n % 8 == 0 for n in leading_sizes))
-
-
-def _grouped_mm_cuda(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """(M, K) x (E, N, K) -> (M, N)."""
-    if not grouped_gemm_applies(x, w, x.shape[1], w.shape[1]):
-        return grouped_mm_by_expert(x, w, offsets)
-    out = torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets)  # (M, K) x (E, K, N), w's strides as they are
-    # Rows past offsets[-1] (none in a mixture's dispatch) are left unwritten (seen on an H100, 2.11): zeros, as the
-    # loop's.
-    rows = torch.ones_like(x[:, 0], dtype=torch.int32).cumsum(0)  # 1..M
-    return out.masked_fill((rows > offsets[-1]).unsqueeze(-1), 0)
-
-
-def _grouped_mm_weight_grad_cuda(grad: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor, n_groups: int) -> torch.Tensor:
-    """(M, N) and (M, K), groups of rows -> (E, N, K)."""
-    if not grouped_gemm_applies(grad, x, grad.shape[1], x.shape[1]):
-        return weight_grad_by_expert(grad, x, offsets, n_groups)
-    out = torch._grouped_mm(grad.t(), x, offs=offsets)  # (N, M) x (M, K), groups along M -> (E, N, K)
-    # An expert without rows: zero, as the loop's (2.11 on an H100 wrote zeros, but no contract says so; rows past
-    # the last offset in the forward are left unwritten there).
-    empty = torch.diff(offsets, prepend=offsets.new_zeros(1)) == 0  # (E,)
-    return out.masked_fill(empty[:, None, None], 0)
-
-
-def use_grouped_gemm_on_cuda() -> None:
-    """Make torch's grouped GEMM the CUDA kernel of the experts' grouped product (the portable loop stays the
-    kernel elsewhere, and on CUDA where ``grouped_gemm_applies`` says no). Done once, when this shim is imported:
-    every engine entry point imports it."""
-    for op, kernel in zip(GROUPED_MM_OPS, (_grouped_mm_cuda, _grouped_mm_weight_grad_cuda)):
-        torch.library.register_kernel(op, "cuda", kernel)
-
-
-use_grouped_gemm_on_cuda()
 
 
 # --- FP8 products (compiler/fp8/kernels.py probes what the device runs) ---------------------------------

@@ -14,8 +14,8 @@ from torch import nn
 
 from models import deepseek_v3, gpt2, llama3, mixtral, qwen3, qwen3_moe
 from models.common.attention_core import CausalAttention, any_length_kernels, document_runs
-from models.common.grouped_mm import GROUPED_MM_FLOPS, GROUPED_MM_OPS, grouped_mm_by_expert, weight_grad_by_expert
-from models.common.load_balance import update_expert_bias
+from models.common.grouped_mm import GROUPED_MM_FLOPS
+from models.common.load_balance import BalanceLoss, update_expert_bias
 from models.common.moe import MoE, experts_swiglu, inactive_expert_parameters
 from models.generation import generate
 from models.kv_cache import KVCache
@@ -119,8 +119,8 @@ def flops_per_token(cfg: Any) -> float:
     return spec_of(cfg).flops_per_token(cfg)
 
 
-__all__ = ["CausalAttention", "FAMILIES", "GROUPED_MM_FLOPS", "GROUPED_MM_OPS", "KVCache", "MODEL_NAMES", "MoE", "ModelSpec",
-           "activated_parameter_count", "build_model", "config_from_dict", "config_to_dict", "document_runs", "experts_swiglu",
-           "flops_per_token", "generate", "grouped_mm_by_expert", "init_weights", "mixture_of_experts_families",
-           "moe_layer_names", "named_config", "parameter_count",
-           "parameter_shapes", "spec_of", "update_expert_bias", "weight_grad_by_expert", "with_window"]
+__all__ = ["BalanceLoss", "CausalAttention", "FAMILIES", "GROUPED_MM_FLOPS", "KVCache", "MODEL_NAMES", "MoE", "ModelSpec",
+           "activated_parameter_count", "any_length_kernels", "build_model", "config_from_dict", "config_to_dict",
+           "document_runs", "experts_swiglu", "flops_per_token", "generate", "init_weights", "mixture_of_experts_families",
+           "moe_layer_names", "named_config", "parameter_count", "parameter_shapes", "spec_of", "update_expert_bias",
+           "with_window"]

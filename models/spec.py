@@ -15,7 +15,8 @@ facts and functions, read by everyone:
 - its tensor-parallel plan as data: styles per block-relative module name, and the embedding and head
   split over the vocabulary; with ``--sequence-parallel`` the block plan adds the norms' styles;
 - its tied weights ({copy: source}, applied when the config ties embeddings);
-- ``check(cfg, mp)``: why a shape cannot run (one line naming the flag), e.g. ``--mp`` not dividing heads;
+- ``check(cfg, mp)``: why a shape cannot run on mp tensor-parallel ranks, a ``ShapeProblem`` in the model's own
+  terms (config fields; the engine names the flags), e.g. mp not dividing the heads;
 - FLOPs per token (MFU's numerator: a mixture's activated parameters) and, through ``build``, the per-layer
   costs the partitioner counts; each block's kind (dense or mixture of experts: ``block_kinds``);
   its ``Architecture`` (MLP kind, norm, positions, biases) and, for a mixture of experts, its ``Experts``
@@ -177,6 +178,58 @@ class HFAdapter:
     row_wise: Callable[[str], bool] = lambda name: False
 
 
+MP = "mp"  # a ``ShapeProblem``'s name for the tensor-parallel ranks, which no config field holds
+# What a field is, for messages: "must divide the head count (n_heads 12)".
+FIELD_NOUNS = {"d_model": "the model width", "n_heads": "the head count", "n_kv_heads": "the key/value head count",
+               "mlp_width": "the MLP width", "head_dim": "the head dimension", "n_experts": "the expert count",
+               "top_k": "the experts per token"}
+
+
+@dataclass(frozen=True)
+class ShapeProblem:
+    """Why a model's shape cannot run, in the model's own terms: config fields (``MP`` for the tensor-parallel
+    ranks), never command-line flags, which only the engine's edge knows (runtime/config.py). ``field``'s
+    ``value`` must ``requirement`` (a verb phrase: "divide", "be positive") the ``other`` field's ``other_value``;
+    ``valid``: the values of ``field`` that would do, the other fields as they are (empty: not listed). A field
+    no setting holds but a quotient of others (head_dim = d_model / n_heads) names them in ``derived_from``."""
+
+    field: str
+    value: int | str
+    requirement: str
+    other: str | None = None
+    other_value: int | None = None
+    valid: tuple[int | str, ...] = ()
+    reason: str = ""  # why, where the requirement does not say it: "for rotary embeddings"
+    derived_from: tuple[str, ...] = ()
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The fields the message names."""
+        return (*(self.derived_from or (self.field,)), *((self.other,) if self.other else ()))
+
+    def message(self, name: Callable[[str], str] = lambda field: field) -> str:
+        """One line, each field called ``name(field)``: its own name by default, its flag at the engine's edge."""
+        if self.derived_from:
+            subject = f"{FIELD_NOUNS[self.field]} ({' / '.join(map(name, self.derived_from))} = {self.value})"
+        else:
+            subject = f"{name(self.field)} {self.value}"
+        text = f"{subject} must {self.requirement}"
+        if self.other is not None:
+            text += f" {FIELD_NOUNS[self.other]} ({name(self.other)} {self.other_value})"
+        text += f" {self.reason}" if self.reason else ""
+        if self.valid:
+            text += f"; valid {name(self.field)} values: {', '.join(map(str, self.valid))}"
+        return text
+
+
+class ModelShapeError(ValueError):
+    """A model built with a shape it cannot have; ``problem`` says why (``ShapeProblem``)."""
+
+    def __init__(self, problem: ShapeProblem):
+        super().__init__(problem.message())
+        self.problem = problem
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     family: str  # "gpt2", "llama3": the value of every config's ``family`` field
@@ -187,7 +240,7 @@ class ModelSpec:
     build: Callable[..., nn.Module]  # build(cfg, *, share_tied_weights=True)
     initial_value: Callable[..., torch.Tensor]  # initial_value(name, shape, *, seed, cfg) -> fp32 CPU tensor
     with_overrides: Callable[..., Any]  # with_overrides(base_cfg, **fields given by flags) -> cfg
-    check: Callable[[Any, int], str | None]  # check(cfg, mp): why this shape cannot run on mp ranks, or None
+    check: Callable[[Any, int], ShapeProblem | None]  # check(cfg, mp): why this shape cannot run on mp ranks, or None
     flops_per_token: Callable[[Any], float]  # training FLOPs per token (6N + attention), for MFU
     block_tp_plan: Mapping[str, str]  # block-relative module name -> style
     sequence_parallel_plan: Mapping[str, str]  # replaces / adds block entries under --sequence-parallel
@@ -254,9 +307,9 @@ def name_seeded_normal(name: str, shape: tuple[int, ...], *, seed: int, std: flo
     return torch.randn(shape, generator=torch.Generator().manual_seed(name_seed(seed, name))).mul_(std)
 
 
-def divisors(n: int, *others: int) -> list[int]:
+def divisors(n: int, *others: int) -> tuple[int, ...]:
     """The divisors of ``n`` that divide every one of ``others`` too, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0 and all(o % d == 0 for o in others)]
+    return tuple(d for d in range(1, n + 1) if n % d == 0 and all(o % d == 0 for o in others))
 
 
 def listed_divisors(n: int, *others: int) -> str:

@@ -21,7 +21,7 @@ from compiler.planner.candidates import meshes
 from compiler.schedules import SCHEDULES
 from compiler.torch_compat import stages_receive_integer_tensors
 from models import mixture_of_experts_families, spec_of
-from models.spec import MOE, listed_divisors
+from models.spec import MOE, MP, listed_divisors
 from runtime.distributed.process_group import DEFAULT_COLLECTIVE_TIMEOUT_S
 from runtime.distributed.timeouts import DEFAULT_CHECKPOINT_TIMEOUT_S, DEFAULT_STARTUP_TIMEOUT_S, Timeouts
 from runtime.tokenizer import has_tokenizer
@@ -208,11 +208,19 @@ def valid_meshes(world_size: int) -> list[str]:
     return [f"{dp}x{pp}x{mp}" for dp, pp, mp in meshes(world_size)]
 
 
+# The flag that sets each model config field (what the user typed), for messages.
+SHAPE_FLAGS = {"n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "n_kv_heads": "--kv-heads",
+               "seq_len": "--seq-len", "vocab_size": "--vocab-size", "mlp_width": "--mlp-width"}
+
+
 def _check_model(model: Any, mp: int) -> None:
-    """The model family's own checks (heads, kv heads, widths against --mp), one line naming the flag."""
+    """The model family's own checks (heads, kv heads, widths against --mp): its problem, stated in config fields,
+    as one line naming the flags; a field no flag sets (top_k, a size's head_dim) is the --model size's."""
     problem = spec_of(model).check(model, mp)
     if problem:
-        raise ConfigError(problem)
+        flags = {**SHAPE_FLAGS, MP: "--mp"}
+        line = problem.message(lambda field: flags.get(field, field))
+        raise ConfigError(line if all(f in flags for f in problem.fields) else f"--model: {line}")
 
 
 def _check_window(model: Any) -> None:

@@ -21,10 +21,9 @@ import sys
 
 import torch
 
-import compiler.torch_compat  # noqa: F401 (on import: torch's grouped GEMM is the operator's CUDA kernel)
 from compiler.planner.cluster import load_cluster
 from compiler.planner.devices import Gemm, GemmEfficiency
-from models.common.grouped_mm import grouped_mm  # noqa: F401 (registers torch.ops.moe.grouped_mm)
+from models.common.grouped_mm import grouped_mm  # noqa: F401 (registers torch.ops.moe.grouped_mm, its CUDA kernel too)
 from tests.gpu_timing import median_ms
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

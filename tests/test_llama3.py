@@ -16,9 +16,10 @@ import torch
 from compiler.parallelize.tensor_parallel import restore_linear_modules
 from compiler.trace import trace_pipeline
 from models import build_model, flops_per_token, init_weights, named_config, parameter_count, spec_of
-from models.llama3.config import ffn_width
 from models.common.norm import RMSNorm
 from models.common.rope import Rope, inverse_frequencies
+from models.llama3.config import ffn_width
+from models.spec import MP, ShapeProblem
 from runtime.commands.train import InputError, check_inputs
 from runtime.distributed.process_group import LaunchEnv
 from runtime.engine.data.inputs import document_ids
@@ -326,4 +327,4 @@ def test_tensor_parallel_checks_name_the_flag_before_any_process_group(flags, wo
 def test_named_sizes_run_on_eight_way_tensor_parallelism():
     for size in PUBLISHED:
         assert SPEC.check(named_config(size), 8) is None
-        assert "--kv-heads 8" in SPEC.check(named_config(size), 16)
+        assert SPEC.check(named_config(size), 16) == ShapeProblem(MP, 16, "divide", "n_kv_heads", 8, valid=(1, 2, 4, 8))

@@ -298,14 +298,25 @@ def test_the_auxiliary_loss_reaches_the_router_in_backward_without_changing_the_
     moe.train()
     routes = moe.router(x.reshape(-1, D))
     (aux_grad,) = torch.autograd.grad(sequence_balance_loss(routes.scores, routes.experts, batch=2), gate)
-    for scale in (1.0, 0.125):  # the engine sets S / m (load_balance.py)
-        moe.aux_loss_grad_scale = scale
-        out = moe(x)
-        torch.testing.assert_close(out, out_eval, rtol=0, atol=0)  # forward unchanged
-        (got,) = torch.autograd.grad(out.square().sum(), gate)
-        torch.testing.assert_close(got, plain + coef * scale * aux_grad, rtol=1e-5, atol=1e-6)
-        assert moe.aux_loss.item() == pytest.approx(sequence_balance_loss(routes.scores, routes.experts, batch=2).item())
+    out = moe(x)  # alone, without the engine: one process, one micro-batch, no loss scaling (scale 1)
+    torch.testing.assert_close(out, out_eval, rtol=0, atol=0)  # forward unchanged
+    (got,) = torch.autograd.grad(out.square().sum(), gate)
+    torch.testing.assert_close(got, plain + coef * aux_grad, rtol=1e-5, atol=1e-6)
+    assert moe.aux_loss.item() == pytest.approx(sequence_balance_loss(routes.scores, routes.experts, batch=2).item())
     assert not torch.allclose(aux_grad, torch.zeros_like(aux_grad))
+    # The loss's options are arguments of its module, which the engine wraps (compiler/parallelize/expert_parallel.py).
+    routes, base = moe.router(x.reshape(-1, D)), moe.eval()(x)
+    out, aux = moe.balance(base, routes.scores, routes.experts, batch=2, grad_scale=0.125)
+    (scaled,) = torch.autograd.grad(out.square().sum(), gate)
+    torch.testing.assert_close(scaled, plain + coef * 0.125 * aux_grad, rtol=1e-5, atol=1e-6)
+    assert not aux.requires_grad and moe.balance.coef == coef
+
+
+def test_a_block_without_an_auxiliary_loss_has_no_balance_module():
+    moe = _moe(Routing(top_k=2))
+    assert moe.balance is None and "balance" not in dict(moe.named_children())
+    moe(torch.randn(2, 3, D, generator=_gen(10))).sum().backward()
+    assert moe.aux_loss is None
 
 
 def test_the_bias_update_moves_each_expert_against_its_load():

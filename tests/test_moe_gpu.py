@@ -1,7 +1,7 @@
 """The mixture of experts on a CUDA device (``pytest -m gpu``; skipped where torch finds none, tests/conftest.py):
-torch's grouped GEMM, registered as the CUDA kernel of the experts' grouped product (compiler/torch_compat.py),
-computes the loop's products and gradients; an MoE block in bf16 autocast agrees with fp32; the transformers
-fixtures' loss and greedy ids hold on the GPU."""
+torch's grouped GEMM, registered as the CUDA kernel of the experts' grouped product when
+models/common/grouped_mm.py is imported, computes the loop's products and gradients; an MoE block in bf16
+autocast agrees with fp32; the transformers fixtures' loss and greedy ids hold on the GPU."""
 
 from __future__ import annotations
 
@@ -12,9 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import compiler.torch_compat as compat
 from models import MoE, generate
-from models.common.grouped_mm import grouped_mm
+from models.common.grouped_mm import grouped_gemm_applies, grouped_mm
 from models.common.router import Routing
 from runtime.checkpoint.hf_weights import check_weights, read_hf_model, read_state_dict
 from runtime.commands.generate import build
@@ -38,7 +37,7 @@ def test_the_grouped_gemm_kernel_computes_the_loops_products_and_gradients():
     x, w, grad = torch.randn(264, 128, generator=g), torch.randn(8, 96, 128, generator=g), torch.randn(264, 96, generator=g)
     xb, wb = (t.to("cuda", torch.bfloat16).requires_grad_() for t in (x, w))
     offsets = counts.cumsum(0, dtype=torch.int32)
-    fast = compat.grouped_gemm_applies(xb, wb, 128, 96)
+    fast = grouped_gemm_applies(xb, wb, 128, 96)
     assert fast == (torch.cuda.get_device_capability() >= (9, 0))
     out = grouped_mm(xb, wb, offsets.cuda())
     gx, gw = torch.autograd.grad(out, (xb, wb), grad.to("cuda", torch.bfloat16))

@@ -156,7 +156,7 @@ def test_the_priced_plans_hold_each_expert_on_the_ranks_the_source_states():
     (lambda d: d["rows"][1].update(global_batch=100), "global_batch 100 is not a multiple of dp 128"),
     (lambda d: d["rows"][1]["layout"].update(ep=6), "layout ep 6: ep divides the model's experts (128)"),
     (lambda d: d["rows"][1].update(reported_tflops=276), "key 'reported_tflops': one of label"),
-    (lambda d: d["rows"][1].update(model="deepseek-v3"), "model 'deepseek-v3': neither in the file's \"models\""),
+    (lambda d: d["rows"][1].update(model="kimi-k3"), "model 'kimi-k3': neither in the file's \"models\""),
     (lambda d: d["models"]["qwen3-235b-a22b"].update(attention="mla"), "model key 'attention': one of layers"),
     (lambda d: d["models"]["qwen3-235b-a22b"]["experts"].update(groups=8), "experts key 'groups': one of count"),
     (lambda d: d["models"]["qwen3-235b-a22b"].update(positions="sinusoid"), "model positions 'sinusoid': one of learned, rope"),

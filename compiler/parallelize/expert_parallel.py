@@ -33,7 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from compiler.torch_compat import all_to_all_single_autograd
-from models import MoE, experts_swiglu
+from models import BalanceLoss, MoE, experts_swiglu
 
 ExpertCompute = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (rows (R, D), counts (L,)) -> (R, D)
 
@@ -67,7 +67,8 @@ def expert_major_order(counts: torch.Tensor) -> torch.Tensor:
     total = int(sizes.sum())
     # Row i of the expert-major layout: its block's first row plus its offset within the block.
     block_offsets = torch.cumsum(sizes_by_expert, 0) - sizes_by_expert
-    within = torch.arange(total, device=counts.device) - torch.repeat_interleave(block_offsets, sizes_by_expert, output_size=total)
+    within = torch.arange(total, device=counts.device) - torch.repeat_interleave(block_offsets, sizes_by_expert,
+                                                                                 output_size=total)
     return torch.repeat_interleave(starts_by_expert, sizes_by_expert, output_size=total) + within
 
 
@@ -111,19 +112,38 @@ def moe_modules(stage_module: nn.Module) -> list[MoE]:
     return [m for m in stage_module.modules() if isinstance(m, MoE)]
 
 
+class StepBalanceLoss(nn.Module):
+    """The engine's wrapper of a MoE layer's auxiliary loss (``MoE.balance``, models/common/load_balance.py): it
+    calls the model's ``BalanceLoss`` (its child ``loss``) with what only the engine knows. A sequence's tokens
+    may be spread over the ranks of ``sequence`` (SP, CP): f's counts are summed there and this rank's share of L
+    is taken. ``grad_scale``, the gradient's scale for the step (S / m x cp), is this module's own: the step sets
+    it before each step (runtime/engine/experts.py), and the model never sees it but as an argument."""
+
+    def __init__(self, loss: BalanceLoss, *, sequence: DeviceMesh | None):
+        super().__init__()
+        self.loss = loss
+        self.grad_scale = 1.0
+        self.shards = sequence.size() if sequence is not None else 1
+        self.sequence_group = sequence.get_group() if sequence is not None else None
+
+    def forward(self, out: torch.Tensor, scores: torch.Tensor, experts: torch.Tensor, *,
+                batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        group = self.sequence_group
+        return self.loss(out, scores, experts, batch=batch, shards=self.shards, grad_scale=self.grad_scale,
+                         sum_over_shards=(lambda t: _summed(t, group)) if group is not None else None)
+
+
 def apply_moe_parallelism(stage_module: nn.Module, meshes: MoeMeshes, *, sequence_parallel: bool) -> list[MoE]:
-    """Expert parallelism over ``meshes.ep`` for every MoE layer of the stage, and the sequence splits the
-    auxiliary loss must see: a sequence's tokens spread over ``meshes.sequence`` (its f counts are summed there;
-    models/common/load_balance.py). Under sequence parallelism the layer takes its input (the sequence-parallel
+    """Expert parallelism over ``meshes.ep`` for every MoE layer of the stage, and its auxiliary loss wrapped
+    (``StepBalanceLoss``) to see the sequence splits, a sequence's tokens spread over ``meshes.sequence``, and
+    the step's gradient scale. Under sequence parallelism the layer takes its input (the sequence-parallel
     norm's Shard(1) DTensor) as this rank's own (B, T/mp, D) tokens and routes them, returning a local shard."""
     layers = moe_modules(stage_module)
     for moe in layers:
         if meshes.ep is not None:
             apply_expert_parallel(moe.experts, meshes.ep, local_compute=experts_swiglu)
-        if meshes.sequence is not None:
-            group = meshes.sequence.get_group()
-            moe.sequence_shards = meshes.sequence.size()
-            moe.sum_over_sequence_shards = lambda t, group=group: _summed(t, group)
+        if moe.balance is not None:
+            moe.balance = StepBalanceLoss(moe.balance, sequence=meshes.sequence)
         if sequence_parallel:
             moe.register_forward_pre_hook(lambda _m, args: tuple(_local(a) for a in args))
     return layers

@@ -3,15 +3,17 @@
 Rows of ``x`` (M, K) come sorted by expert: expert e's rows are ``offsets[e-1]:offsets[e]`` (``offsets``
 (E,) int32, cumulative counts, ``offsets[-1] <= M``; rows past it are padding and give zeros), and each is
 multiplied by its expert's matrix: ``out[r] = x[r] @ w[e].T`` with ``w`` (E, N, K), so out is (M, N). That is
-``torch._grouped_mm(x, w.transpose(-2, -1), offs=offsets)``, which has a fast kernel on CUDA SM90+ in bf16
-only; this operator is its portable form, one ``mm`` per expert.
+``F.grouped_mm(x, w.transpose(-2, -1), offs=offsets)``, torch's public grouped GEMM (torch 2.10 on; the private
+``torch._grouped_mm`` before), which has a fast kernel on CUDA SM90+ in bf16 only; the portable form is one
+``mm`` per expert.
 
 Why an operator and not Python: which rows belong to which expert is data (``offsets``), so a loop over the
 groups cannot be traced with static shapes, on the meta device (the engine's trace, ``torch.export``) or under
 FakeTensorMode (compiler/cost.py counts FLOPs there). As a custom operator it is one node whose output shape
 (M, N) is known without its data (``register_fake``), and its backward is two more such nodes. The portable
-kernel below serves every device; compiler/torch_compat.py registers torch's grouped GEMM as the CUDA kernel
-where that device has one (the private ``torch._grouped_mm`` may be reached only there).
+kernel serves every device; importing this module also registers torch's grouped GEMM as the CUDA kernel, which
+takes it where ``grouped_gemm_applies`` (CUDA SM90+, bf16, 16-byte aligned leading strides) and keeps the loop
+elsewhere, so a model is as fast with or without the engine. A torch without ``F.grouped_mm`` keeps the loop.
 
 FLOPs, for a cost model (FlopCounterMode cannot see inside): forward 2 M K N; backward the same twice
 (``grouped_mm`` for the input's gradient, ``grouped_mm_weight_grad`` for the weights').
@@ -20,6 +22,7 @@ FLOPs, for a cost model (FlopCounterMode cannot see inside): forward 2 M K N; ba
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 NAMESPACE = "moe"
 
@@ -94,8 +97,45 @@ def grouped_mm_weight_grad_flops(grad_shape: tuple[int, ...], x_shape: tuple[int
     return 2 * grad_shape[0] * grad_shape[1] * x_shape[1]
 
 
-# The operators by name (``torch.library.register_kernel`` takes these), and for FlopCounterMode(custom_mapping=...)
-# each operator's count from its arguments' shapes.
-GROUPED_MM_OPS = (f"{NAMESPACE}::grouped_mm", f"{NAMESPACE}::grouped_mm_weight_grad")
+# For FlopCounterMode(custom_mapping=...): each operator's count from its arguments' shapes.
 GROUPED_MM_FLOPS = {torch.ops.moe.grouped_mm: grouped_mm_flops,
                     torch.ops.moe.grouped_mm_weight_grad: grouped_mm_weight_grad_flops}
+
+
+# --- torch's grouped GEMM as the CUDA kernel ------------------------------------------------------------------
+
+def grouped_gemm_applies(a: torch.Tensor, b: torch.Tensor, *leading_sizes: int) -> bool:
+    """torch's grouped GEMM (``F.grouped_mm``: offsets int32 cumulative; 2-D x 3-D and 2-D x 2-D forms) has a fast
+    kernel for these operands: CUDA SM90+ (a loop over ``mm`` on SM80, none on CPU before 2.9), bf16 only, and
+    every matrix's leading stride a multiple of 16 bytes (``leading_sizes``: 8 bf16 elements each)."""
+    return (a.is_cuda and a.dtype == b.dtype == torch.bfloat16 and hasattr(F, "grouped_mm")
+            and torch.cuda.get_device_capability(a.device) >= (9, 0) and all(n % 8 == 0 for n in leading_sizes))
+
+
+def grouped_mm_cuda(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """The CUDA kernel of ``grouped_mm``: (M, K) x (E, N, K) -> (M, N)."""
+    if not grouped_gemm_applies(x, w, x.shape[1], w.shape[1]):
+        return grouped_mm_by_expert(x, w, offsets)
+    out = F.grouped_mm(x, w.transpose(-2, -1), offs=offsets)  # (M, K) x (E, K, N), w's strides as they are
+    # Rows past offsets[-1] (none in a mixture's dispatch) are left unwritten (seen on an H100, 2.11): zeros, as the
+    # loop's.
+    rows = torch.ones_like(x[:, 0], dtype=torch.int32).cumsum(0)  # 1..M
+    return out.masked_fill((rows > offsets[-1]).unsqueeze(-1), 0)
+
+
+def weight_grad_cuda(grad: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """The CUDA kernel of ``grouped_mm_weight_grad``: (M, N) and (M, K), groups of rows -> (E, N, K)."""
+    if not grouped_gemm_applies(grad, x, grad.shape[1], x.shape[1]):
+        return weight_grad_by_expert(grad, x, offsets, n_groups)
+    out = F.grouped_mm(grad.t(), x, offs=offsets)  # (N, M) x (M, K), groups along M -> (E, N, K)
+    # An expert without rows: zero, as the loop's (2.11 on an H100 wrote zeros, but no contract says so; rows past
+    # the last offset in the forward are left unwritten there).
+    empty = torch.diff(offsets, prepend=offsets.new_zeros(1)) == 0  # (E,)
+    return out.masked_fill(empty[:, None, None], 0)
+
+
+# Registered once, on import: the operator's users get the fast kernel whether or not the engine is imported.
+# Without a public grouped GEMM (torch before 2.10) the portable kernel stays CUDA's too.
+if hasattr(F, "grouped_mm"):
+    grouped_mm.register_kernel("cuda", grouped_mm_cuda)
+    grouped_mm_weight_grad.register_kernel("cuda", weight_grad_cuda)

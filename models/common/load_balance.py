@@ -20,11 +20,15 @@ backward, also back-propagates ``grad_scale`` into the auxiliary loss (Megatron-
 its gradient reaches the router of every pipeline stage with the activations' own backward, whatever the
 schedule. **Scale convention** (runtime/engine/amp.py ``scaled_cross_entropy``): the engine back-propagates
 S * CE_mb / m for each micro-batch (S the fp16 loss scale, 1 without scaling; m micro-batches per step). The
-gradient of S * (CE_mb + coef * sum_layers L_mb) / m is therefore reached with ``grad_scale = coef * S / m``:
-the MoE module multiplies its ``aux_loss_coef`` by ``aux_loss_grad_scale``, which the engine sets to S / m on
-every MoE module before each step (the default 1.0 is one micro-batch without loss scaling: a plain
-``loss.backward()`` of the mean cross-entropy). Data parallelism then averages these gradients over replicas
-as it averages the cross-entropy's.
+gradient of S * (CE_mb + coef * sum_layers L_mb) / m is therefore reached with ``grad_scale = coef * S / m``.
+
+**The loss as a module** (``BalanceLoss``, each MoE block's ``balance``): the block hands it the router's scores
+and choices and gets its output back with the gradient attached. Its forward's keyword options are what only the
+engine knows: the sequence split (``shards``, ``sum_over_shards``) and the step's scale S / m (``grad_scale``).
+Their defaults are one process and one micro-batch without loss scaling, so a model alone computes the gradient
+of a plain ``loss.backward()`` of the mean cross-entropy. The engine wraps the module to pass its own
+(compiler/parallelize/expert_parallel.py); the model never learns about it. Data parallelism then averages these
+gradients over replicas as it averages the cross-entropy's.
 
 **Bias update** (DeepSeek-V3 sec. 2.1.2; Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing"): after each
 optimizer step, ``bias += gamma * sign(mean load - load)`` per expert, the load being the tokens routed to each
@@ -36,6 +40,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch import nn
 
 
 def sequence_balance_loss(scores: torch.Tensor, experts: torch.Tensor, *, batch: int, shards: int = 1,
@@ -78,6 +83,22 @@ class _AttachAuxLoss(torch.autograd.Function):
 def attach_aux_loss(activations: torch.Tensor, aux_loss: torch.Tensor, *, grad_scale: float) -> torch.Tensor:
     """``activations`` unchanged; their backward also back-propagates d(grad_scale * aux_loss)."""
     return _AttachAuxLoss.apply(activations, aux_loss, grad_scale)
+
+
+class BalanceLoss(nn.Module):
+    """One MoE layer's auxiliary loss, ``coef`` times L (the configs' ``router_aux_loss_coef``); no parameters."""
+
+    def __init__(self, coef: float):
+        super().__init__()
+        self.coef = coef
+
+    def forward(self, out: torch.Tensor, scores: torch.Tensor, experts: torch.Tensor, *, batch: int, shards: int = 1,
+                sum_over_shards: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                grad_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``out`` unchanged, whose backward also back-propagates d(grad_scale * coef * L); L detached, 0-d fp32)
+        from the router's (N, E) scores and (N, k) choices of ``batch`` sequences (``sequence_balance_loss``)."""
+        aux = sequence_balance_loss(scores, experts, batch=batch, shards=shards, sum_over_shards=sum_over_shards)
+        return attach_aux_loss(out, aux, grad_scale=self.coef * grad_scale), aux.detach()
 
 
 def update_expert_bias(bias: torch.Tensor, counts: torch.Tensor, gamma: float) -> torch.Tensor:

@@ -13,7 +13,11 @@ Its submodules, which the engine addresses by name:
   rank holding it (all-to-all), calls the module there with that rank's rows sorted by its local experts and
   their local counts (the parameters then hold E/ep experts along dim 0), and sends the outputs back in the order
   it received them;
-- ``shared_experts`` (a ``SwiGLU``, Hugging Face's ``shared_experts``) when the family has them.
+- ``shared_experts`` (a ``SwiGLU``, Hugging Face's ``shared_experts``) when the family has them;
+- ``balance`` (load_balance.py's ``BalanceLoss``, no parameters) when the family has an auxiliary loss: the block
+  hands it the router's scores and choices in training and gets its output back with the loss's gradient
+  attached. The engine wraps it to pass what only the engine knows, the sequence split over ranks and the step's
+  gradient scale (compiler/parallelize/expert_parallel.py); alone, the block computes one process's loss.
 
 Forward, for x (B, T, D) flattened to N = B T tokens: route (N, k); count the assignments per expert with
 ``scatter_add`` (static shapes: never ``bincount``); sort the N k assignments by expert (a stable argsort: token
@@ -21,15 +25,15 @@ order within an expert); gather their tokens (N k, D); ``experts``; multiply by 
 to token order with ``index_add``. Every shape is static, so the block traces on the meta device (the engine's
 trace) and runs under FakeTensorMode (compiler/cost.py counts the FLOPs of the k activated experts per token).
 
-What the engine reads and sets, on each ``MoE`` module (``isinstance(m, MoE)`` over ``model.modules()``):
+What the engine reads, on each ``MoE`` module (``isinstance(m, MoE)`` over ``model.modules()``):
 
 - ``take_tokens_per_expert()``: the (E,) int64 assignments per expert routed by this module in training forwards
   since the last call (None if none), and resets the count; for logging the load (max / mean) and for the bias
   update. Under activation checkpointing the recomputed forward counts again (a factor of 2 on every expert, which
   neither max / mean nor the bias update's sign sees). Recorded only when running eagerly (not while exported).
-- ``aux_loss_grad_scale``: S / m before each step (load_balance.py states the convention); ``aux_loss``: the last
-  training forward's auxiliary loss (0-d, detached), for logging.
-- ``router.expert_bias``: updated with load_balance.py's ``update_expert_bias`` after the optimizer step.
+- ``aux_loss``: the last training forward's auxiliary loss (0-d, detached), for logging.
+- ``router.expert_bias``: updated with load_balance.py's ``update_expert_bias`` after the optimizer step (a
+  parameter, written like any weight).
 
 An ``EagerModule`` (models/spec.py): the engine runs it eagerly, putting it back in place of its traced copy, since
 the counting and the auxiliary loss's backward live in Python, which a traced graph does not keep. Its forward has
@@ -38,14 +42,12 @@ static shapes, so it is its own ``trace_forward``; while exported it neither cou
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from models.common.grouped_mm import grouped_mm
-from models.common.load_balance import attach_aux_loss, sequence_balance_loss
+from models.common.load_balance import BalanceLoss
 from models.common.mlp import SwiGLU
 from models.common.router import Router, Routing
 from models.spec import DENSE, MOE, EagerModule
@@ -92,14 +94,9 @@ class MoE(EagerModule):
         self.router = Router(d_model, n_experts, routing)
         self.experts = GroupedExperts(d_model, expert_width, n_experts)
         self.shared_experts = SwiGLU(d_model, shared_width) if shared_width else None
-        self.aux_loss_coef = aux_loss_coef
-        self.aux_loss_grad_scale = 1.0  # S / m, set by the engine (load_balance.py)
+        self.balance = BalanceLoss(aux_loss_coef) if aux_loss_coef > 0 else None
         self.aux_loss: torch.Tensor | None = None
         self._tokens_per_expert: torch.Tensor | None = None
-        # A sequence split over ranks (sequence or context parallelism), set by the engine: how many ranks hold
-        # parts of each sequence, and a sum over them (load_balance.py sequence_balance_loss).
-        self.sequence_shards = 1
-        self.sum_over_sequence_shards: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @property
     def top_k(self) -> int:
@@ -121,11 +118,8 @@ class MoE(EagerModule):
             out = out + self.shared_experts(tokens)
         if self.training and not torch.compiler.is_exporting():  # a traced graph keeps neither (module docstring)
             self._count(counts.detach())
-            if self.aux_loss_coef > 0 and torch.is_grad_enabled():
-                aux = sequence_balance_loss(routes.scores, routes.experts, batch=B, shards=self.sequence_shards,
-                                            sum_over_shards=self.sum_over_sequence_shards)
-                out = attach_aux_loss(out, aux, grad_scale=self.aux_loss_coef * self.aux_loss_grad_scale)
-                self.aux_loss = aux.detach()
+            if self.balance is not None and torch.is_grad_enabled():
+                out, self.aux_loss = self.balance(out, routes.scores, routes.experts, batch=B)
         return out.view(B, T, D)
 
     def _count(self, counts: torch.Tensor) -> None:

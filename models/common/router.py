@@ -32,6 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from models.spec import ModelShapeError, ShapeProblem, divisors
+
 SOFTMAX, SIGMOID = "softmax", "sigmoid"
 
 
@@ -47,18 +49,22 @@ class Routing:
     expert_bias: bool = False  # a selection-only bias (DeepSeek-V3's e_score_correction_bias)
     routed_scaling_factor: float = 1.0
 
-    def check(self, n_experts: int) -> str | None:
+    def check(self, n_experts: int) -> ShapeProblem | None:
         """Why these options cannot route over ``n_experts`` experts, or None."""
         if self.score_func not in (SOFTMAX, SIGMOID):
-            return f"score function {self.score_func!r}: {SOFTMAX} or {SIGMOID}"
+            return ShapeProblem("score_func", self.score_func, "name a score function", valid=(SOFTMAX, SIGMOID))
         if not 1 <= self.top_k <= n_experts:
-            return f"top_k {self.top_k} must be between 1 and the expert count {n_experts}"
+            return ShapeProblem("top_k", self.top_k, "be between 1 and", "n_experts", n_experts)
         if self.n_group > 1:
             if n_experts % self.n_group or n_experts // self.n_group < 2:
-                return f"n_group {self.n_group} must divide the {n_experts} experts into groups of at least 2"
-            if not 1 <= self.topk_group <= self.n_group or self.top_k > self.topk_group * n_experts // self.n_group:
-                return (f"topk_group {self.topk_group} of {self.n_group} groups must hold at least top_k "
-                        f"{self.top_k} experts")
+                return ShapeProblem("n_group", self.n_group, "divide", "n_experts", n_experts,
+                                    reason="into groups of at least 2",
+                                    valid=tuple(g for g in divisors(n_experts) if n_experts // g >= 2))
+            group = n_experts // self.n_group
+            holding = tuple(t for t in range(1, self.n_group + 1) if t * group >= self.top_k)
+            if self.topk_group not in holding:  # the chosen groups must hold k experts
+                return ShapeProblem("topk_group", self.topk_group, "choose groups holding at least", "top_k",
+                                    self.top_k, reason=f"among the {self.n_group} groups of {group} experts", valid=holding)
         return None
 
 
@@ -76,7 +82,7 @@ class Router(nn.Module):
         super().__init__()
         problem = routing.check(n_experts)
         if problem:
-            raise ValueError(problem)
+            raise ModelShapeError(problem)
         self.routing = routing
         self.n_experts = n_experts
         self.gate = nn.Linear(d_model, n_experts, bias=False)

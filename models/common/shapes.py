@@ -1,12 +1,12 @@
-"""Shape facts the decoder families share: why a shape cannot run on mp tensor-parallel ranks, parameter counts
-in closed form, and training FLOPs per token."""
+"""Shape facts the decoder families share: why a shape cannot run on mp tensor-parallel ranks (a ``ShapeProblem``
+in config fields), parameter counts in closed form, and training FLOPs per token."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-from models.spec import listed_divisors
+from models.spec import MP, ShapeProblem, divisors
 
 SHAPE_FIELDS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "seq_len", "vocab_size", "mlp_width", "tie_embeddings")
 
@@ -26,32 +26,32 @@ def with_overrides(base: Any, *, derive_head_dim: bool, **given: Any) -> Any:
 
 
 def check_attention(*, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int, mp: int,
-                    head_dim_derived: bool) -> str | None:
-    """Why grouped-query attention of this shape cannot run with ``mp``-way tensor parallelism (one line naming
-    the flag), or None. q is sharded by query heads and k / v by key/value heads, so ``--mp`` must divide both
-    head counts; then every shard holds whole GQA groups. ``head_dim_derived``: head_dim is d_model / n_heads
-    (Llama), not a setting of its own (Qwen3)."""
-    if n_heads <= 0 or n_kv_heads <= 0:
-        return f"--heads {n_heads} and --kv-heads {n_kv_heads} must be positive"
+                    head_dim_derived: bool) -> ShapeProblem | None:
+    """Why grouped-query attention of this shape cannot run with ``mp``-way tensor parallelism, or None. q is
+    sharded by query heads and k / v by key/value heads, so mp must divide both head counts; then every shard
+    holds whole GQA groups. ``head_dim_derived``: head_dim is d_model / n_heads (Llama), not a setting of its own
+    (Qwen3)."""
+    for field, count in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads)):
+        if count <= 0:
+            return ShapeProblem(field, count, "be positive")
     if head_dim_derived and d_model % n_heads:
-        return f"--heads {n_heads} must divide --d-model {d_model}; valid --heads values: {listed_divisors(d_model)}"
+        return ShapeProblem("n_heads", n_heads, "divide", "d_model", d_model, valid=divisors(d_model))
     if n_heads % n_kv_heads:
-        return (f"--kv-heads {n_kv_heads} must divide the head count (--heads {n_heads}); "
-                f"valid --kv-heads values: {listed_divisors(n_heads)}")
-    if head_dim % 2:
-        return f"the head dimension (--d-model / --heads = {head_dim}) must be even for rotary embeddings"
+        return ShapeProblem("n_kv_heads", n_kv_heads, "divide", "n_heads", n_heads, valid=divisors(n_heads))
+    if head_dim % 2:  # RoPE rotates pairs of dimensions
+        return ShapeProblem("head_dim", head_dim, "be even", reason="for rotary embeddings",
+                            derived_from=("d_model", "n_heads") if head_dim_derived else ())
     if n_kv_heads % mp:
-        return (f"--mp {mp} must divide the key/value head count (--kv-heads {n_kv_heads}); "
-                f"valid --mp values: {listed_divisors(n_kv_heads)}")
+        return ShapeProblem(MP, mp, "divide", "n_kv_heads", n_kv_heads, valid=divisors(n_kv_heads))
     if n_heads % mp:
-        return f"--mp {mp} must divide the head count (--heads {n_heads}); valid --mp values: {listed_divisors(n_heads)}"
+        return ShapeProblem(MP, mp, "divide", "n_heads", n_heads, valid=divisors(n_heads))
     return None
 
 
-def check_width(width: int, mp: int) -> str | None:
-    """A column-parallel SwiGLU splits its hidden units: ``--mp`` must divide the width."""
+def check_width(width: int, mp: int) -> ShapeProblem | None:
+    """A column-parallel SwiGLU splits its hidden units: mp must divide the width."""
     if width % mp:
-        return f"--mp {mp} must divide the MLP width (--mlp-width {width}); valid --mp values: {listed_divisors(width)}"
+        return ShapeProblem(MP, mp, "divide", "mlp_width", width, valid=divisors(width))
     return None
 
 

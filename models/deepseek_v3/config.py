@@ -20,7 +20,7 @@ from models.common import shapes
 from models.common.moe import block_kinds as kinds_of_blocks
 from models.common.rope import YaRN
 from models.common.router import SIGMOID, Routing
-from models.spec import MOE, Experts, LatentSizes, listed_divisors
+from models.spec import MOE, MP, Experts, LatentSizes, ShapeProblem, divisors
 
 
 @dataclass(frozen=True)
@@ -143,18 +143,18 @@ def with_overrides(base: DeepseekV3Config, **given) -> DeepseekV3Config:
     return dataclasses.replace(cfg, max_position_embeddings=max(cfg.max_position_embeddings, cfg.seq_len))
 
 
-def check(cfg: DeepseekV3Config, mp: int) -> str | None:
+def check(cfg: DeepseekV3Config, mp: int) -> ShapeProblem | None:
     """Why ``cfg`` cannot run with ``mp``-way tensor parallelism, or None: q and kv_b are split by heads, a dense
     block's MLP by its width (the experts, the down projections and their norms are not split)."""
     problem = cfg.routing().check(cfg.n_experts)
     if problem:
-        return f"--model: {problem}"
+        return problem
     if cfg.n_heads <= 0:
-        return f"--heads {cfg.n_heads} must be positive"
+        return ShapeProblem("n_heads", cfg.n_heads, "be positive")
     if cfg.qk_rope_head_dim % 2:
-        return f"qk_rope_head_dim {cfg.qk_rope_head_dim} must be even for rotary embeddings"
+        return ShapeProblem("qk_rope_head_dim", cfg.qk_rope_head_dim, "be even", reason="for rotary embeddings")
     if cfg.n_heads % mp:
-        return f"--mp {mp} must divide the head count (--heads {cfg.n_heads}); valid --mp values: {listed_divisors(cfg.n_heads)}"
+        return ShapeProblem(MP, mp, "divide", "n_heads", cfg.n_heads, valid=divisors(cfg.n_heads))
     return shapes.check_width(cfg.mlp_width, mp) if cfg.first_k_dense else None
 
 

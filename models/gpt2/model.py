@@ -22,7 +22,7 @@ from torch import nn
 
 from models.common.attention_core import CausalAttention
 from models.kv_cache import KVCache, LayerCache
-from models.spec import TIED_EMBEDDINGS, listed_divisors, name_seeded_normal, run_blocks
+from models.spec import MP, TIED_EMBEDDINGS, ShapeProblem, divisors, name_seeded_normal, run_blocks
 
 # GPT-2's MLP hidden width per unit of d_model: the width whenever none is given.
 GPT2_MLP_RATIO = 4
@@ -211,17 +211,14 @@ def with_overrides(base: GPTConfig, *, n_layers: int | None = None, d_model: int
                      tie_embeddings=base.tie_embeddings if tie_embeddings is None else tie_embeddings)
 
 
-def check(cfg: GPTConfig, mp: int) -> str | None:
-    """Why ``cfg`` cannot run with ``mp``-way tensor parallelism (one line naming the flag), or None."""
+def check(cfg: GPTConfig, mp: int) -> ShapeProblem | None:
+    """Why ``cfg`` cannot run with ``mp``-way tensor parallelism (heads, the model width and the MLP width split
+    over mp), or None."""
     if cfg.d_model % cfg.n_heads:
-        return f"--heads {cfg.n_heads} must divide --d-model {cfg.d_model}; valid --heads values: {listed_divisors(cfg.d_model)}"
-    if cfg.d_model % mp:
-        return f"--mp {mp} must divide --d-model {cfg.d_model}; valid --mp values: {listed_divisors(cfg.d_model)}"
-    if cfg.n_heads % mp:
-        return f"--mp {mp} must divide the head count (--heads {cfg.n_heads}); valid --mp values: {listed_divisors(cfg.n_heads)}"
-    if cfg.mlp_width % mp:
-        return (f"--mp {mp} must divide the MLP width (--mlp-width {cfg.mlp_width}); "
-                f"valid --mp values: {listed_divisors(cfg.mlp_width)}")
+        return ShapeProblem("n_heads", cfg.n_heads, "divide", "d_model", cfg.d_model, valid=divisors(cfg.d_model))
+    for split, size in (("d_model", cfg.d_model), ("n_heads", cfg.n_heads), ("mlp_width", cfg.mlp_width)):
+        if size % mp:
+            return ShapeProblem(MP, mp, "divide", split, size, valid=divisors(size))
     return None
 
 

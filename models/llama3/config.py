@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from models.common import shapes
 from models.common.shapes import attention_params, check_attention, check_width
+from models.spec import ShapeProblem
 
 # Meta's defaults (llama/model.py ModelArgs): the width rule rounds to multiples of 256 unless told otherwise.
 DEFAULT_MULTIPLE_OF = 256
@@ -119,8 +120,8 @@ def with_overrides(base: LlamaConfig, *, n_layers: int | None = None, d_model: i
         max_position_embeddings=max(base.max_position_embeddings, seq))
 
 
-def check(cfg: LlamaConfig, mp: int) -> str | None:
-    """Why ``cfg`` cannot run with ``mp``-way tensor parallelism (one line naming the flag), or None: the attention's
+def check(cfg: LlamaConfig, mp: int) -> ShapeProblem | None:
+    """Why ``cfg`` cannot run with ``mp``-way tensor parallelism, or None: the attention's
     head counts and the MLP width must divide by mp (models/common/shapes.py). d_model itself is never split (q, k,
     v, gate and up split their outputs; o and down their inputs)."""
     derived = cfg.head_dim == cfg.d_model // cfg.n_heads if cfg.n_heads > 0 else True

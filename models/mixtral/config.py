@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from models.common import shapes
 from models.common.router import Routing
-from models.spec import MOE, Experts
+from models.spec import MOE, Experts, ShapeProblem
 
 TRAINING_SEQ_LEN = 4096
 
@@ -61,15 +61,13 @@ MODEL_SIZES: dict[str, MixtralConfig] = {
 }
 
 
-def check(cfg: MixtralConfig, mp: int) -> str | None:
+def check(cfg: MixtralConfig, mp: int) -> ShapeProblem | None:
     """Why ``cfg`` cannot run with ``mp``-way tensor parallelism, or None: attention as Llama's (head_dim derived);
     the experts are not tensor-parallel."""
-    problem = Routing(top_k=cfg.top_k).check(cfg.n_experts)
-    if problem:
-        return f"--model: {problem}"
-    return shapes.check_attention(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
-                                  head_dim=cfg.head_dim, mp=mp,
-                                  head_dim_derived=cfg.n_heads > 0 and cfg.head_dim == cfg.d_model // cfg.n_heads)
+    derived = cfg.n_heads > 0 and cfg.head_dim == cfg.d_model // cfg.n_heads
+    return Routing(top_k=cfg.top_k).check(cfg.n_experts) or shapes.check_attention(
+        d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, mp=mp,
+        head_dim_derived=derived)
 
 
 def matmul_params(cfg: MixtralConfig, *, activated: bool) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.common import shapes
+from models.spec import ShapeProblem
 
 QWEN3_VOCABULARY = 151936
 TRAINING_SEQ_LEN = 4096
@@ -64,8 +65,8 @@ def with_overrides(base: Qwen3Config, **given) -> Qwen3Config:
     return shapes.with_overrides(base, derive_head_dim=False, **given)
 
 
-def check(cfg: Qwen3Config, mp: int) -> str | None:
-    """Why ``cfg`` cannot run with ``mp``-way tensor parallelism (one line naming the flag), or None."""
+def check(cfg: Qwen3Config, mp: int) -> ShapeProblem | None:
+    """Why ``cfg`` cannot run with ``mp``-way tensor parallelism, or None."""
     return (shapes.check_attention(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                                    head_dim=cfg.head_dim, mp=mp, head_dim_derived=False)
             or shapes.check_width(cfg.mlp_width, mp))

@@ -13,7 +13,7 @@ from models.common import shapes
 from models.common.moe import block_kinds as kinds_of_blocks
 from models.common.router import Routing
 from models.qwen3.config import QWEN3_VOCABULARY, TRAINING_SEQ_LEN
-from models.spec import MOE, Experts
+from models.spec import MOE, Experts, ShapeProblem
 
 
 @dataclass(frozen=True)
@@ -88,14 +88,12 @@ def with_overrides(base: Qwen3MoeConfig, **given) -> Qwen3MoeConfig:
     return shapes.with_overrides(base, derive_head_dim=False, **given)
 
 
-def check(cfg: Qwen3MoeConfig, mp: int) -> str | None:
+def check(cfg: Qwen3MoeConfig, mp: int) -> ShapeProblem | None:
     """Why ``cfg`` cannot run with ``mp``-way tensor parallelism, or None: attention as Qwen3's. The experts are
     not tensor-parallel (and the dense blocks of a mixture run their MLP replicated: models/common/tp_plan.py)."""
-    problem = Routing(top_k=cfg.top_k).check(cfg.n_experts)
-    if problem:
-        return f"--model: {problem}"
-    return shapes.check_attention(d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
-                                  head_dim=cfg.head_dim, mp=mp, head_dim_derived=False)
+    return Routing(top_k=cfg.top_k).check(cfg.n_experts) or shapes.check_attention(
+        d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, mp=mp,
+        head_dim_derived=False)
 
 
 def matmul_params(cfg: Qwen3MoeConfig, *, activated: bool) -> int:

@@ -37,7 +37,7 @@ from models import FAMILIES, ModelSpec, named_config, parameter_shapes, with_win
 from runtime.checkpoint.hf_folder import CONFIG_FILE, HFFolder, read_config
 from runtime.checkpoint.quantized.folder import QuantizedFolder, open_folder
 from runtime.checkpoint.safetensors import TensorFileError
-from runtime.config import ConfigError
+from runtime.config import SHAPE_FLAGS, ConfigError
 
 # What ``run.py export`` takes from the folder a run started from, beyond the weights: files copied as they
 # are, and config.json keys the model does not compute (an Instruct model's eos list [128001, 128009], say).
@@ -45,9 +45,6 @@ from runtime.config import ConfigError
 CARRIED_FILES = ("generation_config.json",)
 CARRIED_CONFIG_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
-# Config fields the shape flags set, and the flag (what the user typed) for messages.
-SHAPE_FLAGS = {"n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "n_kv_heads": "--kv-heads",
-               "seq_len": "--seq-len", "vocab_size": "--vocab-size", "mlp_width": "--mlp-width"}
 _SHOWN = 3  # unused tensor names listed in a note
 
 

@@ -23,6 +23,7 @@ from runtime.commands.flag_groups import (  # noqa: F401 (re-exported: the comma
 )
 from runtime.commands.flag_table import AUTO_CHOSEN_FIELDS, FLAG_OF
 from runtime.config import (
+    SHAPE_FLAGS,
     CheckpointConfig,
     ConfigError,
     DataConfig,
@@ -173,18 +174,13 @@ def named_model(name: str, seq_len: int | None = None):
     return named_config(name, seq_len=seq_len)
 
 
-# Config fields the shape flags set; everything else comes from the --model size.
-_SHAPE_FLAGS = {"n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "n_kv_heads": "--kv-heads",
-                "seq_len": "--seq-len", "vocab_size": "--vocab-size", "mlp_width": "--mlp-width"}
-
-
 def model_flags(cfg) -> list[str]:
     """Flags that make run.py build exactly ``cfg`` (for launching a run of it): a size of its family whose
     other fields (norms, RoPE, ...) it shares, and every shape flag."""
     spec = spec_of(cfg)
     for name, base in spec.sizes.items():
         flags = ["--model", name]
-        for field, flag in _SHAPE_FLAGS.items():
+        for field, flag in SHAPE_FLAGS.items():
             grouped = cfg.n_kv_heads != cfg.n_heads or base.n_kv_heads != base.n_heads
             if field != "n_kv_heads" or grouped:
                 flags += [flag, str(getattr(cfg, field))]

@@ -1,14 +1,15 @@
 """Mixture-of-experts bookkeeping around each step: the auxiliary loss's gradient scale, tokens per expert, and
 the auxiliary-loss-free bias update (models/common/load_balance.py states the conventions).
 
-Before a step every MoE layer learns the scale its auxiliary loss's gradient takes (S / m: the fp16 loss scale
-over the micro-batches, as the cross-entropy's; times cp under context parallelism, ``before_step``). After the optimizer step each layer's tokens per expert of the
-step are summed over the ranks that routed other tokens through it (``token_group``: dp x cp, and mp under
-sequence parallelism), and, with ``--expert-bias-rate``, every rank moves the router's selection bias by the
-same rule on the same counts (DeepSeek-V3 sec. 2.1.2). The loads since the last log (max / mean per layer, the
-layers of every stage) reach the logging rank in one world all-reduce. Under activation checkpointing a
-layer's recomputed forward counts its tokens again: every count of the step doubles, which neither max / mean
-nor the bias update's sign sees.
+Before a step every MoE layer's auxiliary-loss wrapper (compiler/parallelize/expert_parallel.py
+``StepBalanceLoss``, the engine's module, not the model's) gets the scale the loss's gradient takes (S / m: the
+fp16 loss scale over the micro-batches, as the cross-entropy's; times cp under context parallelism,
+``before_step``). After the optimizer step each layer's tokens per expert of the step are summed over the ranks
+that routed other tokens through it (``token_group``: dp x cp, and mp under sequence parallelism), and, with
+``--expert-bias-rate``, every rank moves the router's selection bias by the same rule on the same counts
+(DeepSeek-V3 sec. 2.1.2). The loads since the last log (max / mean per layer, the layers of every stage) reach the
+logging rank in one world all-reduce. Under activation checkpointing a layer's recomputed forward counts its
+tokens again: every count of the step doubles, which neither max / mean nor the bias update's sign sees.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from compiler.parallelize.activation_checkpointing import original_name
+from compiler.parallelize.expert_parallel import StepBalanceLoss
 from models import MoE, update_expert_bias
 
 
@@ -30,6 +32,7 @@ class ExpertBalance:
         self.reports, self.bias_rate, self.device = reports, bias_rate, device
         self.since_log = {name: None for name in layers}
         self.context_parallel = context_parallel
+        self.balances = [_step_balance(name, m) for name, m in layers.items() if m.balance is not None]
 
     @classmethod
     def of(cls, named_modules, **kwargs) -> "ExpertBalance | None":
@@ -40,8 +43,8 @@ class ExpertBalance:
         """S / m, as the cross-entropy's; times cp: a context-parallel rank's auxiliary loss is its share of its
         sequences' loss (the shares add up), while data parallelism averages gradients over the cp ranks as it
         must their cross-entropies (each a mean over its own tokens)."""
-        for moe in self.layers.values():
-            moe.aux_loss_grad_scale = loss_scale / microbatches * self.context_parallel
+        for balance in self.balances:
+            balance.grad_scale = loss_scale / microbatches * self.context_parallel
 
     def after_step(self, *, update_bias: bool) -> None:
         """Tokens per expert of the step, summed over the token group; the bias update (every rank alike; not
@@ -74,3 +77,9 @@ class ExpertBalance:
             dist.all_reduce(rows)
         self.since_log = {name: None for name in self.layers}
         return {name: float(v) for name, v in zip(self.names, rows)}
+
+
+def _step_balance(name: str, moe: MoE) -> StepBalanceLoss:
+    if not isinstance(moe.balance, StepBalanceLoss):  # else its gradient would silently keep scale 1
+        raise TypeError(f"{name}'s auxiliary loss is not the engine's (apply_moe_parallelism wraps it)")
+    return moe.balance
