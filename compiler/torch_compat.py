@@ -4,7 +4,7 @@ name (tests/test_architecture.py checks the imports; the attribute uses below ar
 
 The engine runs on torch 2.13 (here) and 2.11 (the GPU machines). Each entry was read in both versions'
 sources (the 2.11.0 and 2.13.0 wheels) and exists in both with the same meaning unless noted;
-tests/test_torch_compat.py checks every one on the installed version. Where they differ:
+tests/compiler/test_torch_compat.py checks every one on the installed version. Where they differ:
 
 - Pipeline warm-up: 2.11's schedules exchange a dummy tensor with every neighbour stage's rank on the first
   step (``PipelineStage._get_init_p2p_neighbors_ops`` through ``_batch_p2p``); 2.13 runs a forward/backward

@@ -35,8 +35,8 @@ import torch
 from runtime.checkpoint.hf_folder import CONFIG_FILE, SAFETENSORS_METADATA
 from runtime.checkpoint.safetensors import INDEX_FILE, plan_shards, save_file, shard_name, write_json
 from tests.hf_folders import gpt2_config, gpt2_tensors
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 LARGE_FLAGS = ["--dp", "2", "--pp", "2", "--mp", "2", "--model", "large", "--seq-len", "256", "--precision", "bf16",
                "--micro-batch-size", "1", "--microbatches", "4", "--reshard-after-forward", "--activation-checkpointing",
                "--compact-cpu-memory", "--eval-every", "0", "--log-every", "1", "--peak-tflops", "1"]

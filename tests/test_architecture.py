@@ -7,7 +7,8 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
+
 PACKAGES = ("models", "compiler", "runtime")
 MAX_MODULE_LINES = 400
 MAX_README_LINES = 300

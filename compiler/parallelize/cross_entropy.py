@@ -41,7 +41,7 @@ IGNORE_INDEX = -100  # F.cross_entropy's default
 SAVED_BYTES_PER_TOKEN = 4 + 8 + 1 + 1
 # fp32 bytes of one chunk of rows: the loss's working memory is two of these. The CPU's are small (its memory is
 # shared by every rank of the node). On an accelerator larger chunks run faster, with diminishing returns past a
-# few hundred MiB (tests/gpu_loss_chunks.py measures it; compiler/README.md records the figures).
+# few hundred MiB (tests/gpu/gpu_loss_chunks.py measures it; compiler/README.md records the figures).
 CPU_CHUNK_BYTES = 64 * 2**20
 ACCELERATOR_CHUNK_BYTES = 256 * 2**20
 

@@ -63,7 +63,7 @@ _HEAD_STYLES = (VOCAB_HEAD, VOCAB_HEAD_FROM_SEQUENCE)
 # pre-backward hook FSDP registers on it. The last stage returns one whenever mp > 1: the vocabulary-parallel
 # head's logits leave DTensor through ``to_local``, which returns ``local.view_as(local)`` (a fresh tensor
 # object for autograd's metadata). Nothing writes them in place: the schedule hands them to the loss
-# function, and ours only read them (tests/test_tensor_parallel.py checks that, and the ZeRO-3 parity case
+# function, and ours only read them (tests/launches/test_tensor_parallel.py checks that, and the ZeRO-3 parity case
 # on 2x2x2, which must re-gather the head for backward through that hook, checks that it fires). So this
 # exact warning, from FSDP's module, about our traced stage modules, says nothing here: it is silenced once
 # the head is sharded, and any other view warning still shows.

@@ -3,7 +3,7 @@
 Two layouts (``EngineTraits.activations``, compiler/planner/engines.py):
 
 - ``"engine"``, this engine's model as it runs (checked against compiler/cost.py's counts on the engine's
-  GPT and Llama, tests/test_shape.py). Per token of one block and TP shard (t = mp; a = bytes of the
+  GPT and Llama, tests/compiler/planner/test_shape.py). Per token of one block and TP shard (t = mp; a = bytes of the
   autocast dtype, 4 in fp32):
   - each norm saves its input in the residual stream's dtype (fp32, or the compute dtype when FSDP gathers
     parameters in it), LayerNorm its mean and 1/std, RMSNorm (fp32 math) also its normalised input and two

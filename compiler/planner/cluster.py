@@ -8,7 +8,7 @@ the same ``Cluster``:
 - a GPU node kind from datasheets (``devices_per_node``, ``memory_gib``, ``peak_tflops``, link rates: the
   format compiler/README.md documents), repeated as many times as the world needs.
 Either may carry fitted engine factors (``compute_scale`` ... ``step_overhead``): ``run.py calibrate``
-fits them on this CPU, ``run.py calibrate --measured FILE`` to GPU runs (tests/gpu_check.sh's output).
+fits them on this CPU, ``run.py calibrate --measured FILE`` to GPU runs (tests/gpu/gpu_check.sh's output).
 A CPU file may also hold factors fitted at several worlds (``engine_factors_by_world``): ranks that share
 cores slow gloo's collectives and the per-step work more than the kernels' sharing accounts for (on this
 2-core machine the TP / PP factor is 1.8 at 4 ranks, 5.1 at 8), so a plan is priced with the factors

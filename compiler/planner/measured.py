@@ -1,7 +1,7 @@
 """Measured engine runs on any device, for the planner: read them, price them, compare, fit.
 
 A run is an engine ``summary.json`` (its ``config``: model and plan; ``step_time_s``; ``peak_bytes``), a folder of
-run folders (a study's), or a results file of several keyed by name (``tests/gpu_check.sh`` writes one: ``OUT=dir bash tests/gpu_check.sh``
+run folders (a study's), or a results file of several keyed by name (``tests/gpu/gpu_check.sh`` writes one: ``OUT=dir bash tests/gpu/gpu_check.sh``
 then ``dir/results.json``). ``run.py calibrate --measured FILE`` fits a cluster's engine factors to them (on a
 lent GPU: one or two runs fit ``compute_scale`` alone, three or more ``step_overhead`` too);
 ``run.py validate --measured FILE`` compares the planner's predictions with them.
@@ -64,7 +64,7 @@ def read_runs(path: str | Path) -> list[MeasuredRun]:
             raise ValueError(f"{path}: run {name!r}: its config is not an engine summary's ({what})") from None
     if not runs:
         raise ValueError(f"{path}: no engine summary with a config and a step time (summary.json, or results.json "
-                         f"of tests/gpu_check.sh)")
+                         f"of tests/gpu/gpu_check.sh)")
     return runs
 
 

@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--refit", action="store_true", help="with --base: no new runs; refit the engine factors to the "
                    "engine runs recorded in that file (after a change of the time model)")
     p.add_argument("--measured", metavar="FILE", help="any device: no new runs; fit --base's engine factors (default: "
-                   "the preset of the runs' GPU) to measured engine runs (a summary.json, or tests/gpu_check.sh's "
+                   "the preset of the runs' GPU) to measured engine runs (a summary.json, or tests/gpu/gpu_check.sh's "
                    "results.json) and write the cluster to --out")
     return p
 
@@ -296,7 +296,7 @@ def main(argv: list[str]) -> int:
     if args.measured:
         return calibrate_measured(args)
     if has_accelerator():
-        print("error: calibrate measures CPU machines; on a GPU run tests/gpu_check.sh and pass its results with "
+        print("error: calibrate measures CPU machines; on a GPU run tests/gpu/gpu_check.sh and pass its results with "
               "--measured (or start from a preset in compiler/clusters/)")
         return 2
     if args.refit and not args.base:

@@ -5,7 +5,7 @@ world size (and, where mp > 1, its best plan with sequence parallelism too), for
 plan of every mesh and ep > 1, and for long sequences (T 2048) its best of every mesh with cp > 1, is trained
 for a few steps (real torchrun jobs) and its median step time compared with the prediction: median absolute
 percentage error, Spearman rank correlation, and whether the plan predicted fastest is within 10% of the
-measured fastest. With ``--measured FILE`` (engine summaries from any device, e.g. tests/gpu_planner_runs.sh on a
+measured fastest. With ``--measured FILE`` (engine summaries from any device, e.g. tests/gpu/gpu_planner_runs.sh on a
 lent GPU) nothing is run: the planner prices each recorded run on ``--cluster`` and is compared with it.
 """
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.launch import spawn_ranks
+from tests.paths import FIXTURE_ROOT
 from tests.token_writers import write_nanogpt
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf-models"
+FIXTURES = FIXTURE_ROOT / "hf-models"
 
 
 def _family(folder: Path) -> str | None:

@@ -1,6 +1,6 @@
 """compiler/parallelize/expert_parallel.py on one process: ``apply_moe_parallelism`` wraps every MoE layer's
 auxiliary loss in the engine's ``StepBalanceLoss``, whose step scale reaches the router's gradient, and changes
-no name in the state dict. The loss under SP / CP / EP against one process: tests/test_parity.py."""
+no name in the state dict. The loss under SP / CP / EP against one process: tests/launches/test_parity.py."""
 
 from __future__ import annotations
 

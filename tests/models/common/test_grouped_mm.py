@@ -1,21 +1,19 @@
 """models/common/grouped_mm.py: the experts' grouped product registers torch's grouped GEMM as its CUDA kernel
 itself, on import (a model used without the engine is as fast), and that kernel's masking of what the GEMM leaves
 unwritten (rows past the last offset, experts without rows) gives the loop's zeros. The GEMM's own numbers on a
-GPU: tests/test_moe_gpu.py."""
+GPU: tests/gpu/test_moe_gpu.py."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from models.common import grouped_mm as gm
-
-ROOT = Path(__file__).resolve().parents[3]
+from tests.paths import ROOT
 
 
 def test_importing_the_models_registers_the_cuda_kernels_without_the_engine():

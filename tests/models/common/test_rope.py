@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
 from models.common.hf_config import rope_from_hf, rope_to_hf
 from models.common.rope import Rope, YaRN, inverse_frequencies, rotary_cos_sin, yarn_mscale
+from tests.paths import FIXTURE_ROOT
 
-FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "hf-models"
+FIXTURES = FIXTURE_ROOT / "hf-models"
 
 # gpt-oss's rope_parameters as the README gives them (its folder belongs to the gpt-oss family's tests).
 GPT_OSS = {"rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,

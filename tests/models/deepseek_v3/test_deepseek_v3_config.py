@@ -21,7 +21,7 @@ from models import (
     parameter_count,
     spec_of,
 )
-from tests.test_decoder_families import _agrees
+from tests.models.test_decoder_families import _agrees
 
 # (total, activated) as DeepSeek states them, activated without the embedding lookup (the V3 report's abstract:
 # "671B total parameters with 37B activated for each token"; DeepSeek-V2-Lite's card: "15.7B total parameters,

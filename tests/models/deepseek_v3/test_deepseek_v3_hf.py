@@ -1,5 +1,5 @@
 """DeepSeek-V3's Hugging Face adapter (models/deepseek_v3/hf.py) beyond its transformers fixtures
-(tests/test_hf_fixtures.py): both config.json generations, a q LoRA rank of null, folders of DeepseekV3ForCausalLM
+(tests/models/test_hf_fixtures.py): both config.json generations, a q LoRA rank of null, folders of DeepseekV3ForCausalLM
 under another model_type (Kimi K2's), the configs refused with the key named, and multi-token-prediction tensors
 passed over."""
 
@@ -16,8 +16,9 @@ import torch
 from models import named_config, parameter_shapes, spec_of
 from runtime.checkpoint.hf_weights import check_weights, family_of, read_hf_model
 from tests.hf_reference import pack, parse_safetensors, write_safetensors
+from tests.paths import FIXTURE_ROOT
 
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "hf-models" / "deepseek-v3"
+FIXTURE = FIXTURE_ROOT / "hf-models" / "deepseek-v3"
 HF = spec_of(named_config("deepseek-v3-debug")).hf
 
 

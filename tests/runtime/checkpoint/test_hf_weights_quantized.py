@@ -17,9 +17,10 @@ from runtime.checkpoint.hf_weights import check_weights, initial_values, read_hf
 from runtime.checkpoint.quantized import fp8_blocks
 from runtime.checkpoint.quantized.export import name_patterns, quantize_for_export
 from runtime.checkpoint.quantized.layouts import Fp8Blocks
+from tests.paths import FIXTURE_ROOT
 from tests.runtime.checkpoint.quantized.spy import Spy, row_slice
 
-FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "hf-models" / "qwen3-moe"
+FIXTURE = FIXTURE_ROOT / "hf-models" / "qwen3-moe"
 LINEAR = ["model.layers.*_proj.weight"]  # attention, the dense MLP and every expert: 51 matrices
 BLOCK = (16, 16)
 

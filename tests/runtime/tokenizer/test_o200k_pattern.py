@@ -9,13 +9,13 @@ import json
 import random
 import re
 import unicodedata
-from pathlib import Path
 
 import pytest
 
 from runtime.tokenizer.regex import compile_pattern, translate
+from tests.paths import FIXTURE_ROOT
 
-FIXTURE = Path(__file__).parents[2] / "fixtures" / "tokenizers" / "o200k-style" / "tokenizer.json"
+FIXTURE = FIXTURE_ROOT / "tokenizers" / "o200k-style" / "tokenizer.json"
 UPPER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
 LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
 SUFFIXES = ("s", "t", "re", "ve", "m", "ll", "d")

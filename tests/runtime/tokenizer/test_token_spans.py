@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 
 from runtime.tokenizer import TokenizerError, char_spans_to_token_spans, load_tokenizer
+from tests.paths import FIXTURE_ROOT
 
-FIXTURES = Path(__file__).parents[2] / "fixtures" / "tokenizers" / "chat"
+FIXTURES = FIXTURE_ROOT / "tokenizers" / "chat"
 
 
 @pytest.mark.parametrize("style", ["llama3-style", "qwen2-style", "sentencepiece-style"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import random
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,9 @@ from runtime.tokenizer.json_fields import Node
 from runtime.tokenizer.pre_tokenizers import BEHAVIORS, START
 from runtime.tokenizer.segments import cut_pattern, segments
 from runtime.tokenizer.tokenizer import Tokenizer
+from tests.paths import FIXTURE_ROOT
 
-FOLDER = Path(__file__).parents[2] / "fixtures" / "tokenizers" / "o200k-style"
+FOLDER = FIXTURE_ROOT / "tokenizers" / "o200k-style"
 WRITTEN = [
     "CamelCaseWord parseHTTPResponse iPhone XMLHttpRequest ÉCOLE E\u0301COLE ǅemal",
     "don't DON'T I'LL we'Re they've She'd I'm it'sy 's 'S x'ſ ''ll",

@@ -4,17 +4,16 @@ released-layout fixture deepseek-v3-fp8, made from deepseek-v3's weights by the 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from runtime.checkpoint.quantized import fp8_blocks
 from runtime.checkpoint.safetensors import load_file
+from tests.paths import FIXTURE_ROOT
 from tests.runtime.checkpoint.quantized.reference import fp8_reference_dequantize, fp8_reference_quantize
 from tests.runtime.checkpoint.quantized.spy import Spy, row_slice
 
-FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "hf-models"
+FIXTURES = FIXTURE_ROOT / "hf-models"
 
 
 def random_codes(shape, seed: int) -> torch.Tensor:

@@ -4,13 +4,12 @@ made from gpt-oss's experts by the fixture generator (exponent ceil(log2(amax / 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from runtime.checkpoint.quantized import mxfp4
 from runtime.checkpoint.safetensors import load_file
+from tests.paths import FIXTURE_ROOT
 from tests.runtime.checkpoint.quantized.reference import (
     MAGNITUDES,
     e2m1_value,
@@ -20,7 +19,7 @@ from tests.runtime.checkpoint.quantized.reference import (
 )
 from tests.runtime.checkpoint.quantized.spy import Spy, row_slice
 
-FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "hf-models"
+FIXTURES = FIXTURE_ROOT / "hf-models"
 
 
 def test_the_code_values_follow_the_e2m1_bits():

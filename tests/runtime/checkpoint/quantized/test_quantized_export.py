@@ -3,8 +3,6 @@ bit for bit, and a random state dict written then read gives the codecs' values 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -12,8 +10,9 @@ from runtime.checkpoint.hf_folder import HFFolder, write_hf_folder
 from runtime.checkpoint.quantized import fp8_blocks, mxfp4
 from runtime.checkpoint.quantized.export import name_patterns, quantize_for_export
 from runtime.checkpoint.quantized.folder import open_folder
+from tests.paths import FIXTURE_ROOT
 
-FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "hf-models"
+FIXTURES = FIXTURE_ROOT / "hf-models"
 # The released checkpoints' choices (export.py's docstring), as a family would give them.
 DEEPSEEK_V3_FP8 = ["model.layers.*_proj.weight", "model.layers.*_proj_with_mqa.weight"]
 GPT_OSS_MXFP4 = ["model.layers.*.mlp.experts.gate_up_proj", "model.layers.*.mlp.experts.down_proj"]

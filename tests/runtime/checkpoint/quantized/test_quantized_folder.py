@@ -15,10 +15,11 @@ from runtime.checkpoint.quantized import layouts
 from runtime.checkpoint.quantized.folder import QuantizedFolder, open_folder
 from runtime.checkpoint.safetensors import TensorFileError
 from tests.hf_reference import pack, write_index, write_safetensors
+from tests.paths import FIXTURE_ROOT
 from tests.runtime.checkpoint.quantized.reference import f32, fp8_reference_dequantize, mx_reference_dequantize
 from tests.runtime.checkpoint.quantized.spy import Spy, row_slice
 
-FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "hf-models"
+FIXTURES = FIXTURE_ROOT / "hf-models"
 FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [4, 8]}
 MXFP4_CONFIG = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
 Q = "model.layers.0.self_attn.q_a_proj.weight"  # [10, 20] in blocks of 4 x 8: scale grid [3, 3], both edges partial

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 
 from runtime.tokenizer import char_spans_to_token_spans, load_tokenizer
 from runtime.tokenizer.chat import ChatTemplate, ChatTemplateError
+from tests.paths import FIXTURE_ROOT
 
-FIXTURES = Path(__file__).parents[3] / "fixtures" / "tokenizers" / "chat"
+FIXTURES = FIXTURE_ROOT / "tokenizers" / "chat"
 END_MARKERS = {"llama3-style": ("<|eot_id|>",), "qwen2-style": ("<|im_end|>",), "sentencepiece-style": ("</s>",)}
 
 
