@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.paths import ROOT
@@ -341,3 +343,63 @@ def test_the_model_state_check_sees_a_planted_write():
                        "    a, block.seen = 1, 2\n")
     assert [w.split(":")[0] for w in model_state_writes(engine, model_state_names([models]))] == [
         "line 2", "line 4", "line 5", "line 7"]
+
+
+# --- rooms by audience: users' commands, the lab, the planner ---------------------------------------------
+
+def command_modules() -> set[str]:
+    """The modules run.py dispatches to: training, the users' subcommands and the lab's."""
+    import run
+
+    return {run.TRAIN, *run.SUBCOMMANDS.values()}
+
+
+def command_imports(graph: dict[str, set[str]], commands: set[str]) -> list[str]:
+    """Imports of a command by any module of ours but run.py (a command imports flags and launch helpers, never
+    another command)."""
+    return [f"{a} imports {b}" for a, targets in graph.items() if a != "run" for b in sorted(targets & commands)]
+
+
+def test_no_command_imports_another_command():
+    commands = command_modules()
+    assert {"runtime.commands.train", "runtime.commands.eval", "runtime.lab.study.cli"} <= commands
+    leaks = command_imports(import_graph(), commands)
+    assert not leaks, "share the code through a helper module instead:\n" + "\n".join(leaks)
+
+
+def test_the_command_check_sees_a_planted_import():
+    graph = {"run": {"runtime.commands.plan"}, "runtime.commands.train": {"runtime.commands.plan",
+                                                                          "runtime.commands.flags"}}
+    assert command_imports(graph, {"runtime.commands.plan", "runtime.commands.train"}) == [
+        "runtime.commands.train imports runtime.commands.plan"]
+
+
+# What a plain training run must not load: the lab, the planner's search and its tools, the other commands.
+NOT_LOADED_BY_TRAINING = ("runtime.lab", "compiler.planner.search", "compiler.planner.auto", "compiler.planner.advice",
+                          "compiler.planner.reproduce", "compiler.planner.published", "compiler.planner.measured",
+                          "compiler.planner.validation", "compiler.planner.fit", "compiler.planner.block_benchmark",
+                          "compiler.planner.precision_probe", "runtime.commands.auto", "runtime.commands.plan",
+                          "runtime.commands.eval", "runtime.commands.export", "runtime.commands.generate",
+                          "runtime.commands.tokenize", "runtime.tokenizer.chat")
+
+
+def loaded_modules(module: str) -> list[str]:
+    """Our modules a fresh interpreter holds after importing ``module`` (and run.py)."""
+    code = (f"import sys, run, {module}; print('\\n'.join(m for m in sys.modules "
+            f"if m.split('.')[0] in ('models', 'compiler', 'runtime')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    return out.stdout.split()
+
+
+def unwanted(loaded: list[str], prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in loaded if any(m == p or m.startswith(p + ".") for p in prefixes))
+
+
+def test_the_training_command_loads_no_lab_search_or_other_command():
+    loaded = loaded_modules("runtime.commands.train")
+    assert "runtime.engine.build" in loaded and "compiler.planner.memory_model" in loaded  # what it does need
+    assert not unwanted(loaded, NOT_LOADED_BY_TRAINING), "import it where it is used, not in the training command"
+
+
+def test_the_loaded_module_check_sees_the_lab():
+    assert unwanted(loaded_modules("runtime.lab.study.cli"), NOT_LOADED_BY_TRAINING)
