@@ -192,7 +192,8 @@ def _profile(name: str, forward, modules: list[nn.Module], precision: str, *,
         return t
 
     kept = _SavedOpOutputs()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False, custom_mapping=_FLOPS) as counter:
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), FlopCounterMode(display=False,
+                                                                                      custom_mapping=_FLOPS) as counter:
         with PRECISIONS[precision].autocast("cpu"), kept:
             out = forward()
         out.float().sum().backward()

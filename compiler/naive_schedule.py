@@ -18,9 +18,8 @@ from typing import Callable, Iterator
 
 from torch.distributed.pipelining import PipelineStage
 
-from compiler.torch_compat import Action, ComputationType, PipelineScheduleRuntime, set_pipeline_order
-
 from compiler.partition import placement_stages
+from compiler.torch_compat import Action, ComputationType, PipelineScheduleRuntime, set_pipeline_order
 
 
 class ScheduleNaive(PipelineScheduleRuntime):

@@ -31,7 +31,6 @@ stage-micro-batches (one micro-batch's activations of one of the rank's v stages
 from __future__ import annotations
 
 import contextlib
-
 from dataclasses import dataclass, field
 from typing import Callable
 

@@ -14,7 +14,6 @@ from typing import Callable, Mapping
 import torch
 import torch.distributed as dist
 
-
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 

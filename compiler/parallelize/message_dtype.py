@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+
 def apply_message_dtype(stage_module: nn.Module, message: torch.dtype, *, compute: torch.dtype,
                         receives: bool) -> nn.Module:
     """Make the traced stage ``stage_module`` receive (``receives``: not the first stage) and output floating

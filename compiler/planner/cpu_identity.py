@@ -2,8 +2,9 @@
 
 A calibration (``run.py calibrate``) measures one machine; machines of "the same kind" differ by CPU
 generation, and with it by the vector instructions each precision's matrix products use: with AVX-512
-BF16 bf16 runs about twice as fast as fp32, without it (AVX2 only) tens of times slower. So a calibration records the identity of its CPU, and the planner compares it with the CPU it
-runs on before pricing with it (compiler/planner/precision_probe.py).
+BF16 bf16 runs about twice as fast as fp32, without it (AVX2 only) tens of times slower. So a calibration
+records the identity of its CPU, and the planner compares it with the CPU it runs on before pricing with it
+(compiler/planner/precision_probe.py).
 """
 
 from __future__ import annotations

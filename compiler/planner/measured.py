@@ -1,9 +1,10 @@
 """Measured engine runs on any device, for the planner: read them, price them, compare, fit.
 
 A run is an engine ``summary.json`` (its ``config``: model and plan; ``step_time_s``; ``peak_bytes``), a folder of
-run folders (a study's), or a results file of several keyed by name (``tests/gpu/gpu_check.sh`` writes one: ``OUT=dir bash tests/gpu/gpu_check.sh``
-then ``dir/results.json``). ``run.py calibrate --measured FILE`` fits a cluster's engine factors to them (on a
-lent GPU: one or two runs fit ``compute_scale`` alone, three or more ``step_overhead`` too);
+run folders (a study's), or a results file of several keyed by name (``tests/gpu/gpu_check.sh`` writes one:
+``OUT=dir bash tests/gpu/gpu_check.sh`` then ``dir/results.json``). ``run.py calibrate --measured FILE`` fits a
+cluster's engine factors to them (on a lent GPU: one or two runs fit ``compute_scale`` alone, three or more
+``step_overhead`` too);
 ``run.py validate --measured FILE`` compares the planner's predictions with them.
 """
 

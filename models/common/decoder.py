@@ -95,8 +95,8 @@ def initial_value(name: str, shape: tuple[int, ...], *, seed: int, n_layers: int
                   tie_embeddings: bool, router_std: float = 0.02) -> torch.Tensor:
     """The initial value of parameter ``name`` (fp32, CPU), from a generator seeded by (seed, name): N(0, 0.02)
     for matrices, stacked experts and the embedding, residual projections (``RESIDUAL_PROJECTIONS``) scaled by
-    1/sqrt(2 * n_layers) (GPT-2's rule), routers N(0, router_std), norms ones, a router's selection bias zeros. A tied copy takes its
-    source's name."""
+    1/sqrt(2 * n_layers) (GPT-2's rule), routers N(0, router_std), norms ones, a router's selection bias zeros. A
+    tied copy takes its source's name."""
     if tie_embeddings:
         name = TIED_EMBEDDINGS.get(name, name)
     if name.endswith("norm.weight"):

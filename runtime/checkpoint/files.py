@@ -52,8 +52,9 @@ _STEP_FOLDER = re.compile(r"^step-(\d+)$")
 _DELETING = ".deleting-"
 
 # Model config field -> the flag that sets it, for error messages.
-_MODEL_FLAGS = {"family": "--model (family)", "n_kv_heads": "--kv-heads", "n_layers": "--layers", "d_model": "--d-model", "n_heads": "--heads", "seq_len": "--seq-len",
-                "vocab_size": "--vocab-size", "mlp_width": "--mlp-width", "tie_embeddings": "tied embeddings (--untie-embeddings)",
+_MODEL_FLAGS = {"family": "--model (family)", "n_kv_heads": "--kv-heads", "n_layers": "--layers", "d_model": "--d-model",
+                "n_heads": "--heads", "seq_len": "--seq-len", "vocab_size": "--vocab-size", "mlp_width": "--mlp-width",
+                "tie_embeddings": "tied embeddings (--untie-embeddings)",
                 "n_positions": "the model's context (n_positions)",
                 "max_position_embeddings": "the model's context (max_position_embeddings)"}
 

@@ -171,7 +171,8 @@ def add_init_flag(p: argparse.ArgumentParser) -> None:
                    help="start from these weights, on any mesh: a single-file export (`run.py export`), or a Hugging "
                         "Face model folder (config.json + safetensors or pytorch_model.bin; GPT-2 or Llama), whose "
                         "config.json sets the model: shape flags may be given only if they agree, --seq-len may be "
-                        "shorter than the folder's context (the model keeps all of it). With --resume, a checkpoint (when there is one) gives the weights instead")
+                        "shorter than the folder's context (the model keeps all of it). With --resume, a checkpoint "
+                        "(when there is one) gives the weights instead")
 
 
 def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
@@ -249,7 +250,8 @@ FlagGroup = Callable[[argparse.ArgumentParser], None]
 
 # Training reads every group; subcommands that build the engine name theirs (runtime/commands/eval.py).
 TRAINING_FLAG_GROUPS: tuple[FlagGroup, ...] = (
-    add_mesh_flags, add_data_parallel_flags, add_auto_flag, add_model_flags, add_pipeline_flags, add_layout_flags, add_placement_flags,
+    add_mesh_flags, add_data_parallel_flags, add_auto_flag, add_model_flags, add_pipeline_flags, add_layout_flags,
+    add_placement_flags,
     add_precision_flag, add_optim_flags, add_run_flags, add_init_flag, add_checkpoint_flags, add_data_flags,
     add_validation_flags, add_metrics_flags)
 

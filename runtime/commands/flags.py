@@ -60,7 +60,8 @@ def _positive(name: str, value: int | float | None) -> None:
 def build_config(args: argparse.Namespace, *, world_size: int | None = None, now: float | None = None) -> TrainConfig:
     """The config the flags describe; with ``world_size``, validated for that many processes (without, every
     check that needs no world size). Raises ConfigError."""
-    for flag in ("dp", "pp", "mp", "dp_shard", "layers", "d_model", "heads", "kv_heads", "seq_len", "vocab_size", "mlp_width", "stages_per_rank",
+    for flag in ("dp", "pp", "mp", "dp_shard", "layers", "d_model", "heads", "kv_heads", "seq_len", "vocab_size",
+                 "mlp_width", "stages_per_rank",
                  "microbatches", "micro_batch_size", "global_batch_size", "steps", "lr", "log_every",
                  "eval_batches", "peak_tflops", "stop_at_step", "checkpoint_every", "keep_checkpoints",
                  "max_bad_steps", "min_loss_scale"):

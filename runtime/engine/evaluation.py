@@ -21,8 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from compiler.parallelize.cross_entropy import IGNORE_INDEX, token_cross_entropy, vocabulary_shard
 from runtime.engine.data.batches import WindowColumns
 from runtime.engine.data.corpus import Corpus, restart_at_window
-from runtime.engine.data.inputs import (ContextSlice, Inputs, chunked_model_batch, model_batch,
-                                        without_loss_across_documents)
+from runtime.engine.data.inputs import ContextSlice, Inputs, chunked_model_batch, model_batch, without_loss_across_documents
 from runtime.engine.step import PipelineContext, run_schedule
 
 

@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor, Shard
 
 from compiler.torch_compat import StridedShard, foreach_mul_, foreach_norm
 
+
 def _local_and_copies(grad: torch.Tensor, plane_size: int) -> tuple[torch.Tensor, int]:
     """(local piece, number of ranks in this stage's dp x mp plane holding the same piece)."""
     if isinstance(grad, DTensor):

@@ -18,8 +18,8 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import DTensor
 
 from compiler.parallelize.stages import LocalStages
 from compiler.schedules import evaluation_pass

@@ -35,14 +35,22 @@ LIGHT = named_config("tiny", n_layers=4, d_model=128, n_heads=4, seq_len=64, voc
 HEAVY = named_config("tiny", n_layers=6, d_model=384, n_heads=6, seq_len=128, vocab_size=8192)
 # (model flags, plan) on 4 ranks: dp, pp, mp, schedule, v, m, micro-batch, precision, activation checkpointing.
 RUNS_4 = (
-    (LIGHT, ParallelPlan(dp=4, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=4, precision="bf16")),
-    (LIGHT, ParallelPlan(dp=1, pp=4, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=2, precision="bf16")),
-    (LIGHT, ParallelPlan(dp=1, pp=1, mp=4, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=8, precision="bf16")),
-    (LIGHT, ParallelPlan(dp=2, pp=2, mp=1, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=2, micro_batch_size=2, precision="bf16")),
-    (HEAVY, ParallelPlan(dp=4, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=2, precision="bf16")),
-    (HEAVY, ParallelPlan(dp=1, pp=4, mp=1, schedule="gpipe", stages_per_rank=1, microbatches=4, micro_batch_size=2, precision="bf16")),
-    (HEAVY, ParallelPlan(dp=1, pp=2, mp=2, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=2, precision="bf16")),
-    (HEAVY, ParallelPlan(dp=2, pp=1, mp=2, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=2, precision="fp32")),
+    (LIGHT, ParallelPlan(dp=4, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=4,
+                         precision="bf16")),
+    (LIGHT, ParallelPlan(dp=1, pp=4, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=2,
+                         precision="bf16")),
+    (LIGHT, ParallelPlan(dp=1, pp=1, mp=4, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=8,
+                         precision="bf16")),
+    (LIGHT, ParallelPlan(dp=2, pp=2, mp=1, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=2,
+                         micro_batch_size=2, precision="bf16")),
+    (HEAVY, ParallelPlan(dp=4, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=2,
+                         precision="bf16")),
+    (HEAVY, ParallelPlan(dp=1, pp=4, mp=1, schedule="gpipe", stages_per_rank=1, microbatches=4, micro_batch_size=2,
+                         precision="bf16")),
+    (HEAVY, ParallelPlan(dp=1, pp=2, mp=2, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=2,
+                         precision="bf16")),
+    (HEAVY, ParallelPlan(dp=2, pp=1, mp=2, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=2,
+                         precision="fp32")),
 )
 RUN_FLAGS = ["--data", "synthetic", "--steps", "6", "--log-every", "6", "--eval-every", "0", "--eval-batches", "1",
              "--peak-tflops", "1"]

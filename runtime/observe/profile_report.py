@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import os
 
-from compiler.schedules import bubble_fraction
 import torch.distributed as dist
 
+from compiler.schedules import bubble_fraction
 from runtime.distributed.collectives import gather_objects
 from runtime.distributed.mesh import GridLayout
 from runtime.observe.metrics import MetricsLogger

@@ -70,7 +70,8 @@ class Node:
         return [lst.child(i) for i in range(len(lst.value))]
 
     def type_of(self, supported: tuple[str, ...]) -> str:
-        """The object's ``type``, one of ``supported``; else one line: ``file: path type "X" is not supported (supported: ...)``."""
+        """The object's ``type``, one of ``supported``; else one line:
+        ``file: path type "X" is not supported (supported: ...)``."""
         if not isinstance(self.value, dict):
             raise TokenizerError(f"{self.where()} must be a JSON object")
         kind = self.value.get("type")

@@ -70,7 +70,8 @@ def timed(fn, q, k, v, documents, repeats: int = 10) -> float:
 
 
 def main(out_path: str) -> None:
-    results, core, varlen = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"}, CausalAttention(), varlen_call()
+    results = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu"}
+    core, varlen = CausalAttention(), varlen_call()
     variants = {"no mask": lambda q, k, v, d: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
                 "per document (engine)": lambda q, k, v, d: core(q, k, v, d)}
     if varlen:

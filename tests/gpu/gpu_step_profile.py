@@ -85,7 +85,8 @@ def main() -> None:
     (run_engine if kind == "engine" else run_plain)(argv)
     prof.__exit__(None, None, None)
     if int(os.environ.get("RANK", 0)) == 0:
-        result = {"kind": kind, "argv": argv, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
+        result = {"kind": kind, "argv": argv,
+                  "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
                   **summarise(prof, wall)}
         Path(out).write_text(json.dumps(result, indent=1))
         print(f"{kind}: step {result['step_wall_s_median'] * 1e3:.1f} ms, kernels "

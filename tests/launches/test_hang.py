@@ -108,7 +108,8 @@ def _train_with_a_late_rank(argv: list[str], out_dir: str, late_in: str) -> None
 ])
 def test_a_rank_late_in_a_phase_is_given_up_on_after_that_phases_own_timeout(tmp_path, late_in, timeouts, expected):
     argv = ["--pp", "2", "--model", "tiny", "--precision", "fp32", "--micro-batch-size", "2", "--seq-len", "32",
-            "--steps", "2" if late_in == "steady" else "1", "--eval-every", "0", "--peak-tflops", "1", "--data", "synthetic", "--device", "cpu",
+            "--steps", "2" if late_in == "steady" else "1", "--eval-every", "0", "--peak-tflops", "1", "--data", "synthetic",
+            "--device", "cpu",
             "--checkpoint-dir", str(tmp_path / "ckpt"), "--logdir", str(tmp_path / "log"), *timeouts]
     started = time.monotonic()
     spawn_ranks(_train_with_a_late_rank, world_size=2, args=(argv, str(tmp_path), late_in), timeout=150)

@@ -5,8 +5,9 @@ checkpointing). The model counts weights, gradients, AdamW state, saved activati
 micro-batches, the logits the last stage holds and the loss's backward temporaries, and autocast weight
 copies; it leaves out other transient buffers (p2p receive buffers, attention workspaces), so it may err
 either way by that much; it errs low so far. On an H200 the same model was within 2% of
-``max_memory_allocated`` for GPT-2 small and a 1B Llama (README, GPUs). Its tensor-parallel term (DTensor's buffers) was itself measured on the 1x1x2 case below
-(before it that case measured 18-25% above the model), so that case checks consistency, not prediction.
+``max_memory_allocated`` for GPT-2 small and a 1B Llama (README, GPUs). Its tensor-parallel term (DTensor's
+buffers) was itself measured on the 1x1x2 case below (before it that case measured 18-25% above the model), so that
+case checks consistency, not prediction.
 """
 
 from __future__ import annotations
@@ -31,16 +32,26 @@ MODEL = ["--layers", "4", "--d-model", "128", "--heads", "4", "--seq-len", "64",
 TOLERANCE = 0.20
 
 CASES = [
-    ParallelPlan(dp=1, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=16, precision="fp32", chunked_loss=False),
-    ParallelPlan(dp=1, pp=2, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=8, precision="fp32", chunked_loss=False),
-    ParallelPlan(dp=2, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=8, precision="fp32", chunked_loss=False),
-    ParallelPlan(dp=1, pp=2, mp=1, schedule="gpipe", stages_per_rank=1, microbatches=4, micro_batch_size=8, precision="bf16", chunked_loss=False),
-    ParallelPlan(dp=1, pp=1, mp=2, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=16, precision="bf16", chunked_loss=False),
-    ParallelPlan(dp=1, pp=2, mp=1, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=4, micro_batch_size=8, precision="fp32", ac="full", chunked_loss=False),
-    ParallelPlan(dp=1, pp=2, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=8, precision="bf16", ac="selective"),
-    ParallelPlan(dp=2, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=8, precision="fp32", dp_shard=1, chunked_loss=False),  # replicate
-    ParallelPlan(dp=4, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=4, precision="bf16", dp_shard=2, chunked_loss=False),  # HSDP, parameters gathered in bf16
-    ParallelPlan(dp=2, pp=2, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=4, precision="fp32", reshard_after_forward=True, chunked_loss=False),  # ZeRO-3, tied ends apart
+    ParallelPlan(dp=1, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=16,
+                 precision="fp32", chunked_loss=False),
+    ParallelPlan(dp=1, pp=2, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=8,
+                 precision="fp32", chunked_loss=False),
+    ParallelPlan(dp=2, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=8,
+                 precision="fp32", chunked_loss=False),
+    ParallelPlan(dp=1, pp=2, mp=1, schedule="gpipe", stages_per_rank=1, microbatches=4, micro_batch_size=8,
+                 precision="bf16", chunked_loss=False),
+    ParallelPlan(dp=1, pp=1, mp=2, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=16,
+                 precision="bf16", chunked_loss=False),
+    ParallelPlan(dp=1, pp=2, mp=1, schedule="interleaved-1f1b", stages_per_rank=2, microbatches=4, micro_batch_size=8,
+                 precision="fp32", ac="full", chunked_loss=False),
+    ParallelPlan(dp=1, pp=2, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=8,
+                 precision="bf16", ac="selective"),
+    ParallelPlan(dp=2, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=8,
+                 precision="fp32", dp_shard=1, chunked_loss=False),  # replicate
+    ParallelPlan(dp=4, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=4,
+                 precision="bf16", dp_shard=2, chunked_loss=False),  # HSDP, parameters gathered in bf16
+    ParallelPlan(dp=2, pp=2, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=4,
+                 precision="fp32", reshard_after_forward=True, chunked_loss=False),  # ZeRO-3, tied ends apart
 ]
 
 
@@ -89,6 +100,7 @@ def test_memory_model_matches_measured_peak(measured, plan):
     cfg = parse_train_config(flags, world_size=world).model
     predicted = max(Pricer(DecoderShape.from_config(cfg), load_cluster("cpu-2core")).rank_memories(plan))
     print(f"{plan.describe()}: predicted {predicted / 2**20:.1f} MiB, measured {peak / 2**20:.1f} MiB")
-    assert predicted == pytest.approx(peak, rel=TOLERANCE), f"predicted {predicted / 2**20:.1f} MiB, measured {peak / 2**20:.1f} MiB"
+    assert predicted == pytest.approx(peak,
+                                      rel=TOLERANCE), f"predicted {predicted / 2**20:.1f} MiB, measured {peak / 2**20:.1f} MiB"
     # The run reports the same prediction (from the closed-form shapes, compiler/planner/shape.py).
     assert summary["predicted_peak_tensor_bytes"] == pytest.approx(predicted, rel=0.02)

@@ -28,7 +28,8 @@ def test_3d_fp16_training_on_8_ranks(tmp_path):
     assert last < first - 0.5, f"loss did not fall: {first:.3f} -> {last:.3f}"
     for key in ("final_loss", "samples_per_sec", "tokens_per_sec", "mfu", "peak_bytes", "skipped_steps", "config"):
         assert key in summary
-    assert {k: summary["config"]["plan"][k] for k in ("dp", "pp", "mp", "cp", "ep")} == {"dp": 2, "pp": 2, "mp": 2, "cp": 1, "ep": 1}
+    assert {k: summary["config"]["plan"][k] for k in ("dp", "pp", "mp", "cp", "ep")} == {"dp": 2, "pp": 2, "mp": 2,
+                                                                                         "cp": 1, "ep": 1}
 
     events = EventAccumulator(str(tmp_path))
     events.Reload()

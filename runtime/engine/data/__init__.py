@@ -23,4 +23,5 @@ from runtime.engine.data.text import BYTE_VOCAB
 from runtime.engine.data.token_files import TOKEN_DTYPES
 
 __all__ = ["BYTE_VOCAB", "DATA_FORMATS", "TOKEN_DTYPES", "CorpusBatches", "DataError", "DataSources", "SyntheticBatches",
-           "build_data", "build_data_from_config", "evaluation_corpus", "inputs_and_targets", "parse_mixture", "replica_rows", "restart_at_window"]
+           "build_data", "build_data_from_config", "evaluation_corpus", "inputs_and_targets", "parse_mixture",
+           "replica_rows", "restart_at_window"]

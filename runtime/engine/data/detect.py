@@ -20,8 +20,8 @@ from pathlib import Path
 from runtime.engine.data import llmc, megatron
 from runtime.engine.data.corpus import DataError, IndexedDocuments
 from runtime.engine.data.text import TEXT_SUFFIXES, builtin_tokens, text_files, text_tokens, writable_cache
-from runtime.engine.data.tokenized_text import tokenized_text
 from runtime.engine.data.token_files import TokenFile, nanogpt_file
+from runtime.engine.data.tokenized_text import tokenized_text
 
 DATA_FORMATS = ("auto", "text", "nanogpt", "llmc", "megatron")
 _VALID = ("builtin, synthetic, a UTF-8 .txt file or a folder of them, a nanoGPT .bin (--token-dtype), llm.c "

@@ -135,7 +135,8 @@ def test_the_peak_is_the_heads_backward_or_a_blocks_after_the_head_freed_its_ten
 
     shape = DecoderShape.from_flags(layers=4, d_model=256, heads=8, kv_heads=4, mlp="swiglu", mlp_width=1408,
                                     seq_len=8192, vocab_size=256)
-    plan = ParallelPlan(dp=1, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=1, precision="fp32")
+    plan = ParallelPlan(dp=1, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=1, micro_batch_size=1,
+                        precision="fp32")
     pricer = Pricer(shape, load_cluster("cpu-2core"))
     holding = next(iter(pricer.holdings("1f1b", 1, 1)))
     load = pricer._load(plan, holding)

@@ -69,7 +69,8 @@ def test_step_time_is_the_calibrated_combination_of_its_terms():
     base = load_cluster("cpu-2core")
     cluster = base.with_factors(compute_scale=1.3, comm_scale=2.5, dp_comm_scale=3.5, action_overhead=0.003,
                                 step_overhead=0.05)
-    for e in rank_plans(named_config("tiny"), validate=plan_checker(default_config(named_config("tiny"))), world=4, global_batch_size=16, cluster=cluster,
+    for e in rank_plans(named_config("tiny"), validate=plan_checker(default_config(named_config("tiny"))), world=4,
+                        global_batch_size=16, cluster=cluster,
                          precisions=("fp32", "bf16"))[:40]:
         if e.feasible:
             assert e.step_time == pytest.approx(e.terms.combine(cluster.factors), rel=1e-12)
@@ -151,7 +152,8 @@ def test_a_fit_at_a_second_world_is_kept_beside_the_first_and_prices_plans_near_
     assert "8 engine runs on 8 ranks" in cluster.source and "2 ranks" not in cluster.source
     config = default_config(named_config("tiny"))
     for world in (4, 8):
-        plan = next(e for e in rank_plans(config.model, validate=plan_checker(config), world=world, global_batch_size=16, cluster=cluster,
+        plan = next(e for e in rank_plans(config.model, validate=plan_checker(config), world=world, global_batch_size=16,
+                                          cluster=cluster,
                                           precisions=("bf16",)) if e.feasible and e.plan.mp > 1)
         assert plan.step_time == pytest.approx(_combine(plan.terms, truth[world]), rel=1e-9)
     path = tmp_path / "cluster.json"
@@ -246,7 +248,8 @@ def test_validation_runs_plans_with_every_dimension_the_planner_prices():
     cluster = load_cluster("cpu-2core")
     chosen = {}
     for group in MODELS:
-        plans = [e.plan for e in rank_plans(group.model(), validate=plan_checker(default_config(group.model())), world=4, cluster=cluster,
+        plans = [e.plan for e in rank_plans(group.model(), validate=plan_checker(default_config(group.model())), world=4,
+                                            cluster=cluster,
                                                  global_batch_size=group.global_batch, max_cp=group.max_cp)
                  if e.feasible and group.keeps(e.plan)]
         chosen[group.name] = plans

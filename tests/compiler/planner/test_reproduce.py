@@ -165,7 +165,8 @@ def test_the_priced_plans_hold_each_expert_on_the_ranks_the_source_states():
     (lambda d: d["rows"][0].update(recompute_modules="moe"), "recompute_modules 'moe': a list of layernorm"),
     (lambda d: d["rows"][0].update(recompute_modules=["moe"]),  # norm outputs kept: not what "products" prices
      "recompute_modules ['moe']: priced are ['layernorm', 'moe_act'] or ['layernorm', 'moe']"),
-    (lambda d: d["rows"][1].update(recompute_modules=["layernorm", "moe"]), "recompute_modules: only with layout ac \"selective\""),
+    (lambda d: d["rows"][1].update(recompute_modules=["layernorm", "moe"]),
+     "recompute_modules: only with layout ac \"selective\""),
     # The experts' layout a source states is checked, never priced as something else: ETP 2 would halve each
     # expert's products and split its tokens' traffic differently; the FSDP row's EDP is 128 x 2 / 8.
     (lambda d: d["rows"][1]["layout"].update(expert_tp=2), "layout expert_tp 2: the planner prices experts whole"),

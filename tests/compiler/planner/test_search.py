@@ -34,7 +34,8 @@ def cpu():
 
 @pytest.fixture(scope="module")
 def tiny_plans(cpu):
-    return rank_plans(TINY.model, validate=plan_checker(TINY), world=4, global_batch_size=16, cluster=cpu, precisions=("fp32", "bf16"))
+    return rank_plans(TINY.model, validate=plan_checker(TINY), world=4, global_batch_size=16, cluster=cpu,
+                      precisions=("fp32", "bf16"))
 
 
 def test_meshes_multiply_to_the_world():
@@ -85,7 +86,8 @@ def test_sequence_parallel_plans_are_proposed_and_accepted(tiny_plans):
 
 def test_a_small_memory_budget_makes_plans_infeasible(cpu):
     small = dataclasses.replace(cpu, device=dataclasses.replace(cpu.device, memory_per_node=2**20))
-    plans = rank_plans(TINY.model, validate=plan_checker(TINY), world=2, global_batch_size=16, cluster=small, precisions=("fp32",))
+    plans = rank_plans(TINY.model, validate=plan_checker(TINY), world=2, global_batch_size=16, cluster=small,
+                       precisions=("fp32",))
     assert plans and not any(e.feasible for e in plans)
     assert any(e.reason.startswith("out of memory") for e in plans)
 
@@ -129,7 +131,8 @@ def test_rescaled_cluster_scales_every_predicted_step_time(cpu):
     """The speed probe's correction: a machine measured twice as slow predicts every plan twice as slow."""
     slow = cpu.rescaled(2.0, "test")
     fast = rank_plans(TINY.model, validate=plan_checker(TINY), world=4, global_batch_size=16, cluster=cpu, precisions=("fp32",))
-    slower = {e.plan: e.step_time for e in rank_plans(TINY.model, validate=plan_checker(TINY), world=4, global_batch_size=16, cluster=slow,
+    slower = {e.plan: e.step_time for e in rank_plans(TINY.model, validate=plan_checker(TINY), world=4,
+                                                      global_batch_size=16, cluster=slow,
                                                              precisions=("fp32",)) if e.feasible}
     feasible = [e for e in fast if e.feasible]
     assert feasible and len(slower) == len(feasible)
@@ -155,7 +158,8 @@ def test_weight_memory_by_data_parallel_mode():
 def test_dp_modes_are_planned_and_accepted():
     assert set(dp_modes(4)) == {(None, False), (None, True), (1, False), (2, False)}
     modes = {(e.plan.dp_shard, e.plan.reshard_after_forward)
-             for e in rank_plans(TINY.model, validate=plan_checker(TINY), world=4, global_batch_size=16, cluster=load_cluster("cpu-2core"),
+             for e in rank_plans(TINY.model, validate=plan_checker(TINY), world=4, global_batch_size=16,
+                                 cluster=load_cluster("cpu-2core"),
                                  precisions=("fp32",)) if e.feasible and e.plan.dp == 4}
     assert modes == set(dp_modes(4))
 
@@ -163,7 +167,8 @@ def test_dp_modes_are_planned_and_accepted():
 def test_a_tied_embedding_counts_once_on_a_rank_holding_both_ends(cpu):
     """The tied table is the only difference between the two models on one rank: 16 bytes per element of it,
     no more (the old CPU planner added back seq_len x d of phantom position parameters for tied Llamas)."""
-    plan = ParallelPlan(dp=1, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=8, precision="fp32", chunked_loss=False)
+    plan = ParallelPlan(dp=1, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=8,
+                        precision="fp32", chunked_loss=False)
     for cfg in (TINY.model, named_config("llama3-debug")):
         untied = dataclasses.replace(cfg, tie_embeddings=False)
         tied_memory = Pricer(DecoderShape.from_config(cfg), cpu).price(plan).memory_per_rank
@@ -234,7 +239,8 @@ def test_the_cpu_measured_tensor_parallel_buffers_are_charged_on_a_cpu_only():
     """DTensor's two extra [B, T, d] fp32 buffers per block and in-flight micro-batch were measured on this CPU;
     the GPU device charges none (issue 38: they made Llama 3 405B need ZeRO-3 on 80 GB)."""
     shape = DecoderShape.from_config(TINY.model)
-    plan = ParallelPlan(dp=1, pp=2, mp=2, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=8, precision="fp32", chunked_loss=False)
+    plan = ParallelPlan(dp=1, pp=2, mp=2, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=8,
+                        precision="fp32", chunked_loss=False)
     cpu, gpu = load_cluster("cpu-2core"), load_cluster("h100-80gb")
     in_flight = in_flight_stage_microbatches("1f1b", p=2, m=4, v=1)
     blocks = Pricer(shape, cpu).holdings("1f1b", 2, 1)

@@ -94,7 +94,8 @@ def test_each_format_is_byte_for_byte_the_reference_writers(tmp_path, capsys, ll
     for i in range(math.ceil(len(tokens) / 40)):
         ref = write_llmc(tmp_path / "ref.bin", tokens[i * 40: (i + 1) * 40]).read_bytes()
         assert (tmp_path / "shards" / f"web_train_{i:06d}.bin").read_bytes() == ref
-    assert (tmp_path / "shards" / "web_val_000000.bin").read_bytes() == write_llmc(tmp_path / "ref.bin", flat(val)[:40]).read_bytes()
+    assert (tmp_path / "shards" / "web_val_000000.bin").read_bytes() == write_llmc(tmp_path / "ref.bin",
+                                                                                   flat(val)[:40]).read_bytes()
 
     code, out, err = _run([*common, "--out", tmp_path / "mega", "--format", "megatron"], capsys)
     assert code == 0, err

@@ -42,7 +42,8 @@ def _raised_in(function_name: str, message: str, *, step: str | None = "step 13"
 
 
 def test_a_timed_out_pipeline_receive_names_the_step_operation_and_pipeline_peers():
-    error = _raised_in("step", "[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv operation to complete")
+    error = _raised_in("step",
+                       "[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv operation to complete")
     line = describe_peer_failure(error, rank=2, layout=LAYOUT, timeouts=TIMEOUTS)
     # rank 2 = (dp 0, pp 1, mp 0): its pipeline peer is rank 0
     assert line == ("rank 2: recv timed out after 30 s in steady steps (--collective-timeout 30: every later step and "

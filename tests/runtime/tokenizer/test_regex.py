@@ -82,10 +82,10 @@ def test_space_is_oniguruma_space_not_pythons():
 def test_negated_and_combined_classes_are_computed_as_sets():
     space = _ranges_mask(_class_ranges(r"\s"))
     letter, number = _ranges_mask(_class_ranges(r"\p{L}")), _ranges_mask(_class_ranges(r"\p{N}"))
-    other = bytes(1 - (s | l | n) for s, l, n in zip(space, letter, number))
+    other = bytes(1 - (s | a | n) for s, a, n in zip(space, letter, number))
     assert _ranges_mask(_class(r"[^\s\p{L}\p{N}]")) == other
     line_break = _ranges_mask(((10, 10), (13, 13)))
-    assert _ranges_mask(_class(r"[^\r\n\p{L}\p{N}]")) == bytes(1 - (b | l | n) for b, l, n in zip(line_break, letter, number))
+    assert _ranges_mask(_class(r"[^\r\n\p{L}\p{N}]")) == bytes(1 - (b | a | n) for b, a, n in zip(line_break, letter, number))
     assert _chars(_class(r"[a-w&&[^c-g]z]")) == set("abhijklmnopqrstuvw")  # Oniguruma's doc/RE example
     assert _class(r"[\p{L}&&\p{Lu}]") == _class_ranges(r"\p{Lu}")
     assert _class(r"[\p{^L}]") == _class_ranges(r"\P{L}")
