@@ -176,6 +176,10 @@ class HFAdapter:
     # row_wise(name): our parameter's row e comes from row e of each Hugging Face tensor alone (combine works row by
     # row on dim 0: gpt-oss's fused experts [E, ...]), so a reader holding rows a..b-1 reads just those rows of each
     row_wise: Callable[[str], bool] = lambda name: False
+    # The released quantized layouts this family's checkpoints ship in (runtime/checkpoint/quantized/): method
+    # ("fp8-blocks", "mxfp4") -> fnmatch patterns of the Hugging Face tensors stored quantized (``*`` crosses dots),
+    # for ``run.py export --export-dtype METHOD``
+    quantized: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 MP = "mp"  # a ``ShapeProblem``'s name for the tensor-parallel ranks, which no config field holds

@@ -37,6 +37,11 @@ _Q_LORA = {"attn.q_a": "self_attn.q_a_proj", "attn.q_a_norm": "self_attn.q_a_lay
 _Q = {"attn.q": "self_attn.q_proj"}
 
 
+# DeepSeek-V3's release stores every linear weight inside the decoder layers as FP8 blocks (q_a/q_b/kv_a/kv_b/o,
+# the dense, shared and routed experts' MLPs); the router, norms, embeddings and head stay high precision.
+FP8_QUANTIZED = ("model.layers.*_proj.weight", "model.layers.*_proj_with_mqa.weight")
+
+
 def _names(cfg: DeepseekV3Config) -> dict[str, tuple[str, ...]]:
     return hf_layout.hf_names(kinds=block_kinds(cfg), tie_embeddings=cfg.tie_embeddings, moe=hf_layout.QWEN3_MOE,
                               n_experts=cfg.n_experts, shared_experts=cfg.n_shared_experts > 0,

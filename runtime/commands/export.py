@@ -33,6 +33,7 @@ from runtime.atomic import atomic_file, write_json
 from runtime.checkpoint.files import CheckpointError, verify_files
 from runtime.checkpoint.hf_folder import write_hf_folder
 from runtime.checkpoint.hf_weights import carried_from
+from runtime.checkpoint.quantized.export import METHODS, quantize_for_export
 from runtime.checkpoint.safetensors import write_bytes
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
 from runtime.tokenizer import tokenizer_files
@@ -50,12 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shard-size", default="5GB",
                    help="--format hf: past this many bytes of tensors, shards plus model.safetensors.index.json "
                         "(e.g. 500MB, 2GiB; kB/MB/GB are powers of 10 as in transformers)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32",
-                   help="--format hf: the tensors' dtype (the checkpoint's weights are fp32)")
+    p.add_argument("--export-dtype", "--dtype", dest="dtype", choices=(*DTYPES, *QUANTIZED_LAYOUTS), default="fp32",
+                   help="--format hf: the tensors' dtype (the checkpoint's weights are fp32), or a released quantized "
+                        "layout of the tensors the family's checkpoints ship quantized (fp8-blocks: DeepSeek-V3's "
+                        "float8_e4m3fn + a float32 scale per block; mxfp4: gpt-oss's experts in OCP MXFP4), the rest "
+                        "fp32, with config.json's quantization_config")
+    p.add_argument("--fp8-block-size", default="128,128", metavar="ROWS,COLS",
+                   help="--export-dtype fp8-blocks: the weight blocks' shape (DeepSeek-V3's release: 128,128)")
     return p
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+QUANTIZED_LAYOUTS = METHODS  # runtime/checkpoint/quantized/export.py
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -87,9 +94,11 @@ def main(argv: list[str]) -> int:
         if args.format == "hf":
             cfg = config_from_dict(info.config["model"])
             hf = spec_of(cfg).hf
-            tensors = {name: t.to(DTYPES[args.dtype]) for name, t in hf.to_hf(weights, cfg).items()}
-            dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
-            config = {**hf.config_to_hf(cfg), **carried.config, "torch_dtype": dtype, "dtype": dtype}  # 4.x, 5.x
+            tensors, quantization = hf_tensors(hf.to_hf(weights, cfg), dtype=args.dtype, family=cfg.family,
+                                               patterns=hf.quantized, block_size=args.fp8_block_size)
+            dtype = str(DTYPES.get(args.dtype, torch.float32)).removeprefix("torch.")
+            config = {**hf.config_to_hf(cfg), **carried.config, "torch_dtype": dtype, "dtype": dtype,  # 4.x, 5.x
+                      **quantization}
             written = write_hf_folder(out, tensors, config, max_shard_bytes=max_shard_bytes, files=files)
         elif args.format == "gpt2":
             cfg = config_from_dict(info.config["model"])
@@ -114,6 +123,26 @@ def main(argv: list[str]) -> int:
     if args.format != "pt" and carried.note:
         print(f"note: {carried.note}", file=sys.stderr)
     return 0
+
+
+def hf_tensors(tensors: dict[str, torch.Tensor], *, dtype: str, family: str, patterns: dict[str, tuple[str, ...]],
+               block_size: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """The Hugging Face tensors in ``dtype``, or in a released quantized layout (and config.json's
+    ``quantization_config``) of the tensors ``patterns[dtype]`` names: the family's choice."""
+    if dtype in DTYPES:
+        return {name: t.to(DTYPES[dtype]) for name, t in tensors.items()}, {}
+    if dtype not in patterns:
+        raise CheckpointError(f"--export-dtype {dtype}: {family} checkpoints are not released in that layout "
+                              f"(its layouts: {', '.join(patterns) or 'none'}; or one of {', '.join(DTYPES)})")
+    try:
+        blocks = tuple(int(x) for x in block_size.split(","))
+        if len(blocks) != 2 or min(blocks) < 1:
+            raise ValueError
+    except ValueError:
+        raise CheckpointError(f"--fp8-block-size {block_size!r}: give ROWS,COLS, two positive integers") from None
+    export = quantize_for_export(tensors, method=dtype, which=list(patterns[dtype]),
+                                 block_size=blocks if dtype == "fp8-blocks" else None)
+    return export.tensors, {"quantization_config": export.quantization_config}
 
 
 def _save_atomically(obj, path: Path) -> None:

@@ -197,3 +197,32 @@ def test_generate_from_the_checkpoint_gives_transformers_greedy_ids(engine_runs,
     out = capsys.readouterr()
     assert code == 0, out.err
     assert json.loads(out.out.strip().splitlines()[-1])["new_ids"] == expected["greedy_new_ids"]
+
+
+@pytest.mark.slow
+def test_export_in_the_released_fp8_layout_writes_deepseeks_fp8_folder_back(engine_runs, tmp_path):
+    """The deepseek-v3 checkpoint (the folder's values) exported as ``--export-dtype fp8-blocks`` with the fixture's
+    16 x 16 blocks: the same tensors, bytes and quantization_config as the FP8 folder released-style (the
+    fixture README: made from the same weights by DeepSeek's rule), which the engine reads back."""
+    from runtime.commands import export
+
+    out = tmp_path / "fp8"
+    assert export.main(["--checkpoint", str(engine_runs / "deepseek-v3" / "ckpt"), "--out", str(out), "--format", "hf",
+                        "--export-dtype", "fp8-blocks", "--fp8-block-size", "16,16"]) == 0
+    _, _, saved = parse_safetensors(FIXTURES / "deepseek-v3-fp8" / "model.safetensors")
+    _, _, written = parse_safetensors(out / "model.safetensors")
+    assert written == saved  # names (weights and their scale_inv), dtypes, shapes and bytes
+    config = json.loads((out / "config.json").read_text())
+    released = json.loads((FIXTURES / "deepseek-v3-fp8" / "config.json").read_text())
+    assert config["quantization_config"] == released["quantization_config"]
+    assert read_hf_model(out).config == read_hf_model(FIXTURES / "deepseek-v3-fp8").config
+
+
+def test_a_layout_the_family_is_not_released_in_is_one_error(tmp_path, capsys):
+    from runtime.checkpoint.files import CheckpointError
+    from runtime.commands.export import hf_tensors
+
+    with pytest.raises(CheckpointError, match="--export-dtype mxfp4: qwen3_moe checkpoints are not released"):
+        hf_tensors({}, dtype="mxfp4", family="qwen3_moe", patterns={}, block_size="128,128")
+    with pytest.raises(CheckpointError, match="--fp8-block-size '16': give ROWS,COLS"):
+        hf_tensors({}, dtype="fp8-blocks", family="deepseek_v3", patterns={"fp8-blocks": ("x",)}, block_size="16")
