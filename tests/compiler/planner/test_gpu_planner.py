@@ -248,3 +248,11 @@ def test_the_loss_chunks_priced_are_the_ones_the_engine_upcasts_on_that_device(m
     contexts.clear()
     Pricer(shape, cluster).rank_memories(c)
     assert contexts and {x.loss_chunk_bytes for x in contexts} == {chunk_bytes}
+
+
+def test_the_h800_preset_is_an_h100_with_its_nvlink_cut():
+    """H800 (DeepSeek-V3's cluster): the H100's compute and memory, 400 GB/s NVLink (200 each way) instead of 900."""
+    h100, h800 = load_cluster("h100-80gb"), load_cluster("h800-80gb")
+    assert h800.device == h100.device
+    assert h800.topology.intra.bandwidth == pytest.approx(h100.topology.intra.bandwidth * 200 / 450)
+    assert h800.topology.inter == h100.topology.inter
