@@ -182,6 +182,9 @@ class HFAdapter:
     # row_wise(name): our parameter's row e comes from row e of each Hugging Face tensor alone (combine works row by
     # row on dim 0: gpt-oss's fused experts [E, ...]), so a reader holding rows a..b-1 reads just those rows of each
     row_wise: Callable[[str], bool] = lambda name: False
+    # The tensors the family's released checkpoints store quantized, by layout (runtime/checkpoint/quantized/export.py's
+    # methods): {method: (Hugging Face name patterns stored so, quantization_config's modules_to_not_convert or None)}
+    quantized: Mapping[str, tuple[tuple[str, ...], tuple[str, ...] | None]] = field(default_factory=dict)
 
 
 MP = "mp"  # a ``ShapeProblem``'s name for the tensor-parallel ranks, which no config field holds

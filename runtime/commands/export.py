@@ -3,13 +3,17 @@
     python run.py export --checkpoint DIR/step-000020 --out model.pt                 # --init-from takes it
     python run.py export --checkpoint DIR --out folder --format hf                   # GPT2LMHeadModel / LlamaForCausalLM
     python run.py export --checkpoint DIR --out gpt2-folder --format gpt2            # GPT-2 as pytorch_model.bin
+    python run.py export --checkpoint DIR --out folder --format hf --quantize mxfp4  # gpt-oss's experts as released
 
 ``pt`` is a plain ``{name: full tensor}`` state dict that the model's ``load_state_dict`` accepts. ``hf``
 is a folder with ``config.json`` and ``model.safetensors`` (or shards past ``--max-shard-size`` and their
 index) in the family's Hugging Face layout (models/<family>/hf.py: GPT-2's Conv1D transposes and fused
 q/k/v, Llama's names; a tied head is not saved), which ``from_pretrained(folder)`` loads as it is and
 ``--init-from`` and ``run.py generate`` read. ``gpt2`` writes GPT-2 the older way, ``config.json`` and
-``pytorch_model.bin``. It runs in one process (no torchrun) and reads only the model's tensors.
+``pytorch_model.bin``. ``--quantize METHOD`` stores the tensors the family's released checkpoints keep quantized in
+that layout (models/spec.py ``HFAdapter.quantized``; gpt-oss: its experts in MXFP4, runtime/checkpoint/quantized/) with
+config.json's ``quantization_config``, the other tensors in ``--dtype``. It runs in one process (no torchrun) and
+reads only the model's tensors.
 
 A model trained from a Hugging Face folder (``--init-from FOLDER``, which the checkpoint records) comes back
 with what the engine does not model taken from that folder (runtime/checkpoint/hf_weights.py ``carried_from``):
@@ -28,11 +32,12 @@ from pathlib import Path
 
 import torch
 
-from models import config_from_dict, spec_of
+from models import FAMILIES, config_from_dict, spec_of
 from runtime.atomic import atomic_file, write_json
 from runtime.checkpoint.files import CheckpointError, verify_files
 from runtime.checkpoint.hf_folder import write_hf_folder
 from runtime.checkpoint.hf_weights import carried_from
+from runtime.checkpoint.quantized.export import METHODS, quantize_for_export
 from runtime.checkpoint.safetensors import write_bytes
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
 from runtime.tokenizer import tokenizer_files
@@ -52,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(e.g. 500MB, 2GiB; kB/MB/GB are powers of 10 as in transformers)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="fp32",
                    help="--format hf: the tensors' dtype (the checkpoint's weights are fp32)")
+    p.add_argument("--quantize", choices=METHODS, default=None,
+                   help="--format hf: store the tensors the family's released checkpoints keep quantized in this layout "
+                        "(gpt-oss: its experts as mxfp4), the others in --dtype")
     return p
 
 
@@ -87,9 +95,13 @@ def main(argv: list[str]) -> int:
         if args.format == "hf":
             cfg = config_from_dict(info.config["model"])
             hf = spec_of(cfg).hf
-            tensors = {name: t.to(DTYPES[args.dtype]) for name, t in hf.to_hf(weights, cfg).items()}
             dtype = str(DTYPES[args.dtype]).removeprefix("torch.")
             config = {**hf.config_to_hf(cfg), **carried.config, "torch_dtype": dtype, "dtype": dtype}  # 4.x, 5.x
+            tensors = hf.to_hf(weights, cfg)  # fp32
+            if args.quantize:  # the quantized parts from the fp32 weights, the unquantized tensors in --dtype below
+                tensors, config["quantization_config"] = _quantized(tensors, hf, cfg.family, args.quantize)
+            tensors = {name: t.to(DTYPES[args.dtype]) if t.dtype == torch.float32 and not _stored_part(name, args.quantize)
+                       else t for name, t in tensors.items()}
             written = write_hf_folder(out, tensors, config, max_shard_bytes=max_shard_bytes, files=files)
         elif args.format == "gpt2":
             cfg = config_from_dict(info.config["model"])
@@ -100,7 +112,7 @@ def main(argv: list[str]) -> int:
         else:
             out.parent.mkdir(parents=True, exist_ok=True)
             _save_atomically(weights, out)
-    except (CheckpointError, OSError) as e:
+    except (CheckpointError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     n = sum(t.numel() for t in weights.values())
@@ -114,6 +126,23 @@ def main(argv: list[str]) -> int:
     if args.format != "pt" and carried.note:
         print(f"note: {carried.note}", file=sys.stderr)
     return 0
+
+
+def _quantized(tensors: dict[str, torch.Tensor], hf, family: str, method: str) -> tuple[dict[str, torch.Tensor], dict]:
+    """The fp32 Hugging Face tensors with those the family stores as ``method`` in that layout, and the config's
+    ``quantization_config``; ValueError naming --quantize when the family stores nothing so."""
+    if method not in hf.quantized:
+        which = [f for f, spec in FAMILIES.items() if method in spec.hf.quantized]
+        raise ValueError(f"--quantize {method}: a {family} model's released checkpoints store nothing as {method} "
+                         f"(families that do: {', '.join(which) or 'none'}); drop --quantize")
+    patterns, not_converted = hf.quantized[method]
+    export = quantize_for_export(tensors, method=method, which=list(patterns), modules_to_not_convert=not_converted)
+    return export.tensors, export.quantization_config
+
+
+def _stored_part(name: str, method: str | None) -> bool:
+    """A float32 tensor a quantized layout stores as it is: block FP8's scales."""
+    return method == "fp8-blocks" and name.endswith("_scale_inv")
 
 
 def _save_atomically(obj, path: Path) -> None:
