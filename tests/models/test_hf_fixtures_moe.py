@@ -1,10 +1,10 @@
 """Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3 (plain RoPE and two YaRNs) and gpt-oss (plain and MXFP4) against their
-folders, beyond what tests/models/test_hf_fixtures.py checks for every family's folder (reader, loss and logits within 1e-5, greedy ids with and
-without the cache, run.py generate, tensors written back): the cache fed in chunks gives one forward's logits (the
-MoE routes each chunk's tokens on their own), config.json written back with the folder's fields in transformers 5.x
-spelling, and through the engine (trace, stages, schedule): a training step from the folder, ``run.py eval`` of its
-checkpoint, ``export --format hf`` of it (the folder's bytes and config; the MXFP4 folder's with ``--quantize mxfp4``),
-``generate`` from it (transformers' ids).
+folders, beyond what tests/models/test_hf_fixtures.py checks for every family's folder (reader, loss and logits within
+1e-5, greedy ids with and without the cache, run.py generate, tensors written back): the cache fed in chunks gives one
+forward's logits (the MoE routes each chunk's tokens on their own), config.json written back with the folder's fields
+in transformers 5.x spelling, and through the engine (trace, stages, schedule): a training step from the folder,
+``run.py eval`` of its checkpoint, ``export --format hf`` of it (the folder's bytes and config; the MXFP4 folder's with
+``--quantize mxfp4``), ``generate`` from it (transformers' ids).
 """
 
 from __future__ import annotations
