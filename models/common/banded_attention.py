@@ -16,8 +16,8 @@ does. The operator returns ``(out, lse')``.
 
 **No T x T tensor**: queries run in chunks of ``chunk``; chunk [c0, c1) meets only the keys some of its queries see,
 ``visible_keys`` (the one place that computes a query range's key range: the model's core, context parallelism and
-the KV cache all call it), so a sliding layer computes T x (window + chunk) scores, never T x T, and each chunk's
-scores live only while it runs. The backward recomputes them from (out, lse'), as FlashAttention's does (Dao et al.
+the KV cache all call it), so a sliding layer computes T x (window + chunk - 1) scores (chunks of half the window:
+about 1.5 T window), never T x T, and each chunk's scores live only while it runs. The backward recomputes them from (out, lse'), as FlashAttention's does (Dao et al.
 2022, alg. 2): with D_i = dout_i . out_i, ds = p (dp - D + dlse'), dq = ds k / sqrt(hd), dk = ds^T q / sqrt(hd),
 dv = p^T dout, and for each query's sink d sink_i = p_sink,i (dlse'_i - D_i) (p_sink = exp(sink - lse')). Scores and
 softmax run in fp32 (fp64 for fp64 inputs) whatever the inputs' dtype; outputs come back in q's dtype (lse'
@@ -34,7 +34,14 @@ from __future__ import annotations
 import torch
 
 NAMESPACE = "attention"
-DEFAULT_CHUNK = 128  # queries per chunk: keys per chunk are chunk + window - 1 on a sliding layer
+DEFAULT_CHUNK = 128  # queries per chunk of full attention
+MIN_CHUNK = 16
+
+
+def default_chunk(window: int | None) -> int:
+    """Queries per chunk: ``DEFAULT_CHUNK`` for full attention; half the window on a sliding layer, whose chunk meets
+    chunk + window - 1 keys, so it computes about 1.5 window scores per query where window are needed."""
+    return DEFAULT_CHUNK if not window else max(MIN_CHUNK, min(DEFAULT_CHUNK, -(-window // 2)))
 
 
 def visible_keys(first: int, stop: int, *, window: int | None, start: int = 0) -> tuple[int, int]:
@@ -157,13 +164,13 @@ banded.register_autograd(_backward, setup_context=_save)
 
 def banded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sinks: torch.Tensor | None = None,
                      q_offset: int = 0, window: int | None = None,
-                     chunk: int = DEFAULT_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, H, Lq, hdv), lse' (B, H, Lq)) of q against the keys each query sees (module docstring); ``sinks``
-    (B, H, Lq) or None, ``window`` None or 0 for none."""
+    (B, H, Lq) or None, ``window`` None or 0 for none; ``chunk`` queries per chunk (``default_chunk``)."""
     if q_offset + q.shape[2] > k.shape[2]:
         raise ValueError(f"queries at positions {q_offset}..{q_offset + q.shape[2] - 1} need as many keys, "
                          f"got {k.shape[2]}")
-    return torch.ops.attention.banded(q, k, v, sinks, q_offset, window or 0, chunk)
+    return torch.ops.attention.banded(q, k, v, sinks, q_offset, window or 0, chunk or default_chunk(window))
 
 
 def _pairs(q_shape, q_offset: int, window: int, chunk: int) -> int:
