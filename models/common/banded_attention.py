@@ -17,11 +17,11 @@ does. The operator returns ``(out, lse')``.
 **No T x T tensor**: queries run in chunks of ``chunk``; chunk [c0, c1) meets only the keys some of its queries see,
 ``visible_keys`` (the one place that computes a query range's key range: the model's core, context parallelism and
 the KV cache all call it), so a sliding layer computes T x (window + chunk - 1) scores (chunks of half the window:
-about 1.5 T window), never T x T, and each chunk's scores live only while it runs. The backward recomputes them from (out, lse'), as FlashAttention's does (Dao et al.
-2022, alg. 2): with D_i = dout_i . out_i, ds = p (dp - D + dlse'), dq = ds k / sqrt(hd), dk = ds^T q / sqrt(hd),
-dv = p^T dout, and for each query's sink d sink_i = p_sink,i (dlse'_i - D_i) (p_sink = exp(sink - lse')). Scores and
-softmax run in fp32 (fp64 for fp64 inputs) whatever the inputs' dtype; outputs come back in q's dtype (lse'
-in that compute dtype).
+about 1.5 T window), never T x T, and each chunk's scores live only while it runs. The backward recomputes them
+from (out, lse'), as FlashAttention's does (Dao et al. 2022, alg. 2): with D_i = dout_i . out_i,
+ds = p (dp - D + dlse'), dq = ds k / sqrt(hd), dk = ds^T q / sqrt(hd), dv = p^T dout, and for each query's sink
+d sink_i = p_sink,i (dlse'_i - D_i) (p_sink = exp(sink - lse')). Scores and softmax run in fp32 (fp64 for fp64
+inputs) whatever the inputs' dtype; outputs come back in q's dtype (lse' in that compute dtype).
 
 Why an operator: shapes are static (the chunks are Python integers), but as one node it stays opaque to selective
 activation checkpointing (its chunks' scores are never cached) and to FlopCounterMode, which counts it by
