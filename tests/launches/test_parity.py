@@ -111,10 +111,11 @@ CASES = [
     (1, 1, 1, "1f1b", [*DEEPSEEK, "--cp", "2"]),
     (2, 2, 2, "interleaved-1f1b", [*DEEPSEEK, "--layers", "4", "--ep", "2", "--sequence-parallel"]),
     # gpt-oss (sinks split with the heads, o's bias added once after the row-parallel sum, experts' biases with their
-    # experts): 2x2x2 with EP and SP; CP with packed documents and a window shorter than a chunk (T 64: chunks of 16)
-    # and one longer (T 16: chunks of 4, the window reaching into the other rank's chunk); zbv's split backward with EP.
+    # experts): 2x2x2 with EP and SP; CP with packed documents and a window shorter than a chunk (T 64: chunks of 16;
+    # selective AC keeping the banded attention's outputs) and one longer (T 16: chunks of 4, the window reaching into
+    # the other rank's chunk); zbv's split backward with EP.
     (2, 2, 2, "interleaved-1f1b", [*GPT_OSS, "--ep", "2", "--sequence-parallel"]),
-    (1, 1, 2, "1f1b", [*GPT_OSS, "--cp", "2", *DOCUMENTS, "--seq-len", "64"]),
+    (1, 1, 2, "1f1b", [*GPT_OSS, "--cp", "2", *DOCUMENTS, "--seq-len", "64", "--activation-checkpointing", "selective"]),
     (1, 1, 2, "1f1b", [*GPT_OSS, "--cp", "2", *DOCUMENTS, "--seq-len", "16"]),
     (2, 2, 1, "zbv", [*GPT_OSS, "--ep", "2"]),
     # Validation through the V placements (a forward-only action list: torch's V schedules cannot eval()).
