@@ -44,8 +44,8 @@ from compiler.parallelize.activation_checkpointing import SAVED_OPS
 from compiler.parallelize.cross_entropy import CPU_CHUNK_BYTES, chunk_rows, chunked_cross_entropy
 from compiler.precisions import PRECISIONS
 from compiler.torch_compat import CPU_FLASH_ATTENTION, FakeTensorMode, TorchDispatchMode, tensor_base
-from models import GROUPED_MM_FLOPS, spec_of
-from models.spec import COLWISE, FINAL_NORM, LM_HEAD, ROWWISE, TOKEN_EMBEDDING
+from models import BANDED_ATTENTION_FLOPS, GROUPED_MM_FLOPS, spec_of
+from models.spec import COLWISE, FINAL_NORM, HEADWISE, LM_HEAD, ROWWISE, TOKEN_EMBEDDING
 
 
 def _cpu_attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -68,7 +68,8 @@ def _cpu_attention_backward(grad_out_shape, query_shape, key_shape, value_shape,
 # FlopCounterMode knows the CUDA attention kernels; teach it the CPU flash-attention kernel that
 # F.scaled_dot_product_attention runs here (2 products forward, 5 backward), and the grouped matrix product of a
 # mixture's experts (an opaque operator: models/common/grouped_mm.py gives its count, 2 M K N per call).
-_FLOPS = {**dict(zip(CPU_FLASH_ATTENTION, (_cpu_attention, _cpu_attention_backward))), **GROUPED_MM_FLOPS}
+_FLOPS = {**dict(zip(CPU_FLASH_ATTENTION, (_cpu_attention, _cpu_attention_backward))), **GROUPED_MM_FLOPS,
+          **BANDED_ATTENTION_FLOPS}
 
 
 @dataclass(frozen=True)
@@ -86,10 +87,12 @@ class LayerCost:
 
 def layer_costs(cfg, *, micro_batch_size: int, precision: str = "fp32", mp: int = 1) -> list[LayerCost]:
     """Costs of [embedding, block 0, ..., block L-1, head], in model order, for any registered family. Blocks of
-    one kind (``ModelSpec.block_kinds``: dense, or a mixture of experts) have the same shape: the first block of
-    each kind is profiled and its cost used for every block of that kind."""
+    one kind (``ModelSpec.block_kinds``: dense, or a mixture of experts; and ``attention_windows``: full or sliding
+    attention) have the same shape: the first block of each kind is profiled and its cost used for every block of
+    that kind."""
     spec = spec_of(cfg)
-    kinds = spec.block_kinds(cfg)
+    # A block's kind and its attention window (gpt-oss's sliding layers attend over W keys, the others over all).
+    kinds = list(zip(spec.block_kinds(cfg), spec.attention_windows(cfg)))
     first_of_kind = {kind: kinds.index(kind) for kind in dict.fromkeys(kinds)}  # kind -> its first block
     with FakeTensorMode():
         model = spec.build(replace(cfg, n_layers=max(first_of_kind.values(), default=0) + 1))
@@ -158,6 +161,10 @@ def tensor_parallel_shard(block: nn.Module, plan: dict[str, str], mp: int) -> nn
         return block
     held = dict(block.named_modules())
     for name, style in plan.items():
+        if style == HEADWISE and name in held:  # per-head parameters (sinks): this rank's heads
+            for key, param in list(held[name].named_parameters(recurse=False)):
+                setattr(held[name], key, nn.Parameter(param.new_empty(param.shape[0] // mp, *param.shape[1:])))
+            continue
         if style not in (COLWISE, ROWWISE) or name not in held:  # a plan may name another kind of block's modules
             continue
         linear = held[name]

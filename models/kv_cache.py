@@ -56,6 +56,11 @@ class LayerCache:
         self.cache = cache
         self.index = index
 
+    @property
+    def length(self) -> int:
+        """Positions cached before this forward's new tokens."""
+        return self.cache.length
+
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """New keys and values (B, Hkv, t, hd) -> every position's so far (B, Hkv, length + t, hd)."""
         return self.cache._append(self.index, (k, v), time_dim=2)

@@ -19,7 +19,8 @@ facts and functions, read by everyone:
   terms (config fields; the engine names the flags), e.g. mp not dividing the heads;
 - FLOPs per token (MFU's numerator: a mixture's activated parameters) and, through ``build``, the per-layer
   costs the partitioner counts; each block's kind (dense or mixture of experts: ``block_kinds``);
-  its ``Architecture`` (MLP kind, norm, positions, biases) and, for a mixture of experts, its ``Experts``
+  each block's attention window (``attention_windows``: None for full causal attention, gpt-oss's sliding layers' W);
+  its ``Architecture`` (MLP kind, norm, positions, biases, attention sinks) and, for a mixture of experts, its ``Experts``
   (``experts(cfg)``: counts and widths, shared experts, the dense layers), for latent attention its ``LatentSizes``,
   the planner's description of it: data only, so a new family is priced at any scale without planner code;
 - its Hugging Face adapter (names, transposes or permutations, ``config.json`` both ways).
@@ -57,6 +58,10 @@ HEAD_NORM = "head_norm"
 # A parameter-free module whose input, the same on every mp rank, feeds every head (multi-head latent attention's
 # RoPE key): forward unchanged; its gradient, each rank's heads' part, summed over mp (Megatron's "f").
 HEAD_SHARED = "head_shared"
+# A module acting on each head apart with one parameter value per head (gpt-oss's attention sinks, models/common/
+# attention.py ``AttentionSinks``): its parameters split on dim 0 with the heads, its inputs (B, H/mp, ...) this rank's
+# heads, its output too.
+HEADWISE = "headwise"
 # A linear layer replicated on every mp rank that takes the sequence-parallel gather (a Replicate DTensor) as input
 # (multi-head latent attention's down projections under --sequence-parallel): weight Replicate, output local.
 REPLICATED = "replicated"
@@ -87,6 +92,7 @@ class Architecture:
     biases: bool  # the linear layers have biases
     fused_qkv: bool  # one q/k/v projection
     qk_norm: bool = False  # a norm over each head's queries and keys before attention (Qwen3)
+    sinks: bool = False  # a learned sink logit per head in each softmax's denominator (gpt-oss)
 
 
 @dataclass(frozen=True)
@@ -176,10 +182,10 @@ class HFAdapter:
     # row_wise(name): our parameter's row e comes from row e of each Hugging Face tensor alone (combine works row by
     # row on dim 0: gpt-oss's fused experts [E, ...]), so a reader holding rows a..b-1 reads just those rows of each
     row_wise: Callable[[str], bool] = lambda name: False
-    # The released quantized layouts this family's checkpoints ship in (runtime/checkpoint/quantized/): method
-    # ("fp8-blocks", "mxfp4") -> fnmatch patterns of the Hugging Face tensors stored quantized (``*`` crosses dots),
-    # for ``run.py export --export-dtype METHOD``
-    quantized: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # The tensors the family's released checkpoints store quantized, by layout (runtime/checkpoint/quantized/export.py's
+    # methods; ``run.py export --export-dtype METHOD``): {method: (Hugging Face name patterns stored so,
+    # quantization_config's modules_to_not_convert or None)}
+    quantized: Mapping[str, tuple[tuple[str, ...], tuple[str, ...] | None]] = field(default_factory=dict)
 
 
 MP = "mp"  # a ``ShapeProblem``'s name for the tensor-parallel ranks, which no config field holds
@@ -257,6 +263,8 @@ class ModelSpec:
     experts: Callable[[Any], Experts | None] = no_experts  # experts(cfg): the MoE MLP of a size, or None
     # latent_attention(cfg): multi-head latent attention's sizes, or None (grouped-query attention)
     latent_attention: Callable[[Any], LatentSizes | None] = no_latent_attention
+    # attention_windows(cfg): each block's sliding window (keys a query sees), None for full causal attention
+    attention_windows: Callable[[Any], tuple[int | None, ...]] = lambda cfg: (None,) * cfg.n_layers
 
     def block_plan(self, *, sequence_parallel: bool) -> dict[str, str]:
         return {**self.block_tp_plan, **(self.sequence_parallel_plan if sequence_parallel else {})}

@@ -42,12 +42,13 @@ def _ops(*names: str) -> tuple:
 
 
 # Matrix products, every attention kernel F.scaled_dot_product_attention may pick (CPU flash, CUDA flash,
-# memory-efficient, cuDNN, math), and the reduce-scatter of sequence parallelism.
+# memory-efficient, cuDNN, math) and the banded attention of sliding windows and sinks (models/common/
+# banded_attention.py), and the reduce-scatter of sequence parallelism.
 SAVED_OPS = frozenset(_ops(
     "aten.mm", "aten.addmm", "aten.bmm",
     "aten._scaled_dot_product_flash_attention_for_cpu", "aten._scaled_dot_product_flash_attention",
     "aten._scaled_dot_product_efficient_attention", "aten._scaled_dot_product_cudnn_attention",
-    "aten._scaled_dot_product_attention_math",
+    "aten._scaled_dot_product_attention_math", "attention.banded",
     "_c10d_functional.reduce_scatter_tensor",
 ))
 

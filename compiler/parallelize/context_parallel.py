@@ -17,6 +17,15 @@ document, at global positions [a, b) of a document that starts at s, attends to 
   are merged by their log-sum-exps (Milakov and Gimelshein 2018's online softmax, as ring attention does); the
   backward runs the flash backward of each part with the merged output and log-sum-exp, which gives each part's
   exact gradients (the softmax's normaliser and dO·O are the merged ones).
+
+**Sliding windows and sinks** (gpt-oss; models/common/attention_core.py): a run's queries see only the keys of their
+windows, so the range of gathered keys a run of queries meets is computed by ``visible_keys`` (models/common/
+banded_attention.py, the one place that computes it, for the model's own core and its KV cache too): [max(s, a - W +
+1), b) for a run [a, b) of a document starting at s. Such a run, and any run of a core with sinks, is one call of the
+banded operator with the queries at offset a - lo of those keys: the window's band, the causal diagonal and each
+query's sink in one softmax, so the sink joins each query's denominator exactly once, never per part. The keys are
+all-gathered as for full attention (a halo of the previous W - 1 keys would do for a sliding layer: ``visible_keys``
+says which).
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from compiler.torch_compat import cpu_flash_attention, cpu_flash_attention_backward
 from compiler.trace import take_arguments_in_order
-from models import CausalAttention, any_length_kernels, document_runs
+from models import CausalAttention, SinkAttention, any_length_kernels, banded_attention, document_runs, visible_keys
 
 
 def chunk_order(cp: int) -> list[int]:
@@ -124,34 +133,52 @@ def causal_run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, p
     return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]))
 
 
+def run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, prefix: int, window: int | None,
+                  sinks: torch.Tensor | None) -> torch.Tensor:
+    """A run of queries at the last Lq of the keys' positions (``causal_run_attention``'s arguments), within a
+    ``window`` of keys and with each query's sink logit (B, H, Lq) where the core has them."""
+    if window or sinks is not None:
+        return banded_attention(q, k, v, sinks=sinks, q_offset=prefix, window=window)[0]
+    return causal_run_attention(q, k, v, prefix=prefix)
+
+
 class ContextParallelAttention(nn.Module):
     """Replaces a model's attention core (models/common/attention_core.py ``CausalAttention``: q, k, v after RoPE,
-    (B, heads, T/cp, hd), and the tokens' document ids (B, T/cp) or None) in a context-parallel stage."""
+    (B, heads, T/cp, hd), a ``SinkAttention``'s sinks (B, heads, T/cp), and the tokens' document ids (B, T/cp) or
+    None) in a context-parallel stage, with the core's window."""
 
     @staticmethod
     def apply(stage_module: nn.Module, mesh: DeviceMesh) -> int:
         """Every attention core of the stage made context-parallel over ``mesh``; returns how many."""
         cores = [(name, m) for name, m in stage_module.named_modules() if isinstance(m, CausalAttention)]
         for name, core in cores:
-            replacement = ContextParallelAttention(mesh)
+            replacement = ContextParallelAttention(mesh, window=core.window, sinks=isinstance(core, SinkAttention))
             take_arguments_in_order(replacement, core.traced_argument_order)  # as the core took them (compiler/trace.py)
             stage_module.set_submodule(name, replacement)
         return len(cores)
 
-    def __init__(self, mesh: DeviceMesh):
+    def __init__(self, mesh: DeviceMesh, *, window: int | None = None, sinks: bool = False):
         super().__init__()
-        self.mesh = mesh
+        self.mesh, self.window, self.sinks = mesh, window, sinks
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                documents: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        sinks, rest = (rest[0], rest[1:]) if self.sinks else (None, rest)
+        documents = rest[0] if rest else None
         cp, rank = self.mesh.size(), self.mesh.get_local_rank()
         run = q.shape[2] // 2  # L: the two chunks' length
         starts = [rank * run, (2 * cp - 1 - rank) * run]  # each local chunk's first global position
         k_all, v_all = gather_sequence(k, self.mesh, dim=2), gather_sequence(v, self.mesh, dim=2)  # (B, Hkv, T, hd)
+
+        def attend(rows: slice, local: slice, first: int, stop: int, start: int) -> torch.Tensor:
+            """Queries ``local`` of ``rows``, at global positions [first, stop) of a document starting at ``start``."""
+            lo, hi = visible_keys(first, stop, window=self.window, start=start)
+            return run_attention(q[rows, :, local], k_all[rows, :, lo:hi], v_all[rows, :, lo:hi], prefix=first - lo,
+                                 window=self.window, sinks=None if sinks is None else sinks[rows, :, local])
+
         if documents is None:
-            return torch.cat([causal_run_attention(q[:, :, i * run:(i + 1) * run], k_all[:, :, :a + run],
-                                                   v_all[:, :, :a + run], prefix=a)
-                              for i, a in enumerate(starts)], dim=2)
+            whole = slice(None)
+            return torch.cat([attend(whole, slice(i * run, (i + 1) * run), a, a + run, 0) for i, a in enumerate(starts)],
+                             dim=2)
         docs_all = gather_sequence(documents, self.mesh, dim=1)  # (B, T)
         rows = []
         with any_length_kernels():  # every document run is a new shape (models/common/attention_core.py)
@@ -160,10 +187,8 @@ class ContextParallelAttention(nn.Module):
                 pieces = []
                 for i, a in enumerate(starts):
                     for lo, hi in document_runs(docs_all[b, a:a + run]):  # runs of one document within the chunk
-                        s, qa, qb = int(first[a + lo]), a + lo, a + hi
-                        local = slice(i * run + lo, i * run + hi)
-                        pieces.append(causal_run_attention(q[b:b + 1, :, local], k_all[b:b + 1, :, s:qb],
-                                                           v_all[b:b + 1, :, s:qb], prefix=qa - s))
+                        pieces.append(attend(slice(b, b + 1), slice(i * run + lo, i * run + hi), a + lo, a + hi,
+                                             int(first[a + lo])))
                 rows.append(torch.cat(pieces, dim=2))
         return torch.cat(rows, dim=0)
 

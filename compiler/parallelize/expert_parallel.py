@@ -33,7 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from compiler.torch_compat import all_to_all_single_autograd
-from models import BalanceLoss, MoE, experts_swiglu
+from models import BalanceLoss, MoE
 
 ExpertCompute = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (rows (R, D), counts (L,)) -> (R, D)
 
@@ -75,7 +75,8 @@ def expert_major_order(counts: torch.Tensor) -> torch.Tensor:
 def apply_expert_parallel(experts: nn.Module, ep_mesh: DeviceMesh, *, local_compute: Callable[..., torch.Tensor]) -> nn.Module:
     """Shard ``experts``' parameters (each [E, ...]) on their expert dimension over ``ep_mesh`` and route its
     calls through ``dispatch_to_experts``. ``local_compute(x, counts, *local_weights)`` computes with the local
-    experts' weights in the module's parameter order (the model's grouped product)."""
+    experts' parameters in the module's registration order (the experts' ``compute``: the model's grouped product,
+    biases included, each rank's rows of every parameter being its own experts')."""
     names = [name for name, _ in experts.named_parameters(recurse=False)]
     for name in names:
         param = getattr(experts, name)
@@ -141,7 +142,7 @@ def apply_moe_parallelism(stage_module: nn.Module, meshes: MoeMeshes, *, sequenc
     layers = moe_modules(stage_module)
     for moe in layers:
         if meshes.ep is not None:
-            apply_expert_parallel(moe.experts, meshes.ep, local_compute=experts_swiglu)
+            apply_expert_parallel(moe.experts, meshes.ep, local_compute=moe.experts.compute)
         if moe.balance is not None:
             moe.balance = StepBalanceLoss(moe.balance, sequence=meshes.sequence)
         if sequence_parallel:

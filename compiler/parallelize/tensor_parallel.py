@@ -16,6 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
+from compiler.parallelize.headwise import HeadwiseParallel
 from compiler.parallelize.replicated_modules import ReplicatedLinear, SumGradientOverHeads
 from compiler.parallelize.sequence_parallel import GatherSequence, shard_stage_boundaries
 from compiler.parallelize.vocab_parallel import VocabParallelEmbedding
@@ -24,6 +25,7 @@ from models.spec import (
     GATHER_SEQUENCE,
     HEAD_NORM,
     HEAD_SHARED,
+    HEADWISE,
     LM_HEAD,
     REPLICATED,
     ROWWISE,
@@ -53,6 +55,8 @@ _STYLES = {
     # head shares sums its gradient over mp; its down projections take the gathered sequence under SP.
     HEAD_SHARED: SumGradientOverHeads,
     REPLICATED: ReplicatedLinear,
+    # gpt-oss's sinks (compiler/parallelize/headwise.py): one value per head, split with the heads.
+    HEADWISE: HeadwiseParallel,
     # The head after a sequence-parallel final norm: all-gather the sequence (backward: reduce-scatter).
     VOCAB_HEAD_FROM_SEQUENCE: lambda: ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1)),
 }

@@ -70,6 +70,7 @@ from compiler.planner.shape import (
     block_params,
     embedding_params,
     head_params,
+    mlp_kind,
     mlp_matrices,
     shared_width,
 )
@@ -164,7 +165,7 @@ def _readers(shape: DecoderShape, c: Context, kind: str) -> float:
     if not c.autocast:
         return 2 * shape.d_model * 4
     attention = 1 if shape.fused_qkv else 3
-    mlp = (2 if shape.mlp == "swiglu" else 1) if kind == DENSE else 1  # the router reads a MoE block's
+    mlp = (2 if shape.mlp == "swiglu" else 1) if mlp_kind(kind) == DENSE else 1  # the router reads a MoE block's
     return (attention + mlp) * shape.d_model * c.a
 
 
@@ -173,7 +174,7 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     t, d, a = c.mp, shape.d_model, c.a
     tokens = c.tokens(shape)
     shard = t if c.sequence_parallel else 1
-    moe_tokens = tokens / t if kind == MOE and t > 1 else tokens  # expert TP 1: disjoint sequence shards
+    moe_tokens = tokens / t if mlp_kind(kind) == MOE and t > 1 else tokens  # expert TP 1: disjoint sequence shards
     if c.layout == "megatron":
         norms = 4 * d * a / shard  # two norm inputs and two linear inputs
         attention = _megatron_attention(shape, c)
@@ -184,10 +185,10 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
         selective_norms = 2 * shape.d_model * c.residual_bytes / shard
     if c.ac == "selective":
         norms = selective_norms
-    dense_mlp = _mlp_hidden(shape, shape.mlp_width / t, c) if kind == DENSE else 0.0
+    dense_mlp = _mlp_hidden(shape, shape.mlp_width / t, c) if mlp_kind(kind) == DENSE else 0.0
     per_token = norms + attention + dense_mlp
     moe_mlp = 0.0
-    if kind == MOE:  # with --recompute-modules moe its input only: the whole MLP runs again in the backward
+    if mlp_kind(kind) == MOE:  # with --recompute-modules moe its input only: the whole MLP runs again in the backward
         moe_mlp = d * a if c.ac == "selective" and c.selective_policy == "products+moe" else _moe_mlp(shape, c)
     saved = per_token * tokens + moe_mlp * moe_tokens
     rope = 2 * shape.seq_len / c.cp * shape.head_dim * a if shape.positions == "rope" and c.layout == "engine" else 0
@@ -201,16 +202,16 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     gathered_kv = 2 * shape.kv_width / t * shape.seq_len * c.micro_batch_size * a if c.cp > 1 else 0.0
     saved += gathered_kv if c.ac != "selective" else 0.0
     transient = gathered_kv * (2 if c.ac == "selective" and c.layout == "engine" else 1)
-    if kind == MOE:
+    if mlp_kind(kind) == MOE:
         transient += 2 * shape.experts.top_k * d * a * moe_tokens
-    backward = mlp_backward_bytes(shape, c) if c.layout == "engine" and kind == DENSE else 0.0
+    backward = mlp_backward_bytes(shape, c) if c.layout == "engine" and mlp_kind(kind) == DENSE else 0.0
     if c.ac == "full":
         kept = tokens * d * (c.residual_bytes if c.layout == "engine" else a) / shard
         return BlockMemory(kept, saved, transient, backward)
     if c.ac == "selective":  # its backward recomputes the rest of the block: all of it is held at once
-        if c.selective_policy == "every-other-mm" and kind == DENSE:
+        if c.selective_policy == "every-other-mm" and mlp_kind(kind) == DENSE:
             saved = every_other_mm_kept(shape, c) * tokens
-        elif c.layout == "engine" and kind == DENSE:  # the engine's kept ops, as compiler/cost.py counts them
+        elif c.layout == "engine" and mlp_kind(kind) == DENSE:  # the engine's kept ops, as compiler/cost.py counts them
             saved = block_selective_bytes(shape, c)
             if c.cp > 1 and c.split_cp_attention:  # every flash call's output is a kept op: both partial
                 saved += tokens * (shape.heads // t * (shape.head_dim * a + 4))  # outputs, not the merged one
@@ -307,10 +308,10 @@ def analytic_layer_costs(shape: DecoderShape, *, micro_batch_size: int, precisio
         matmul, attention = block_forward_flops(shape, micro_batch_size=micro_batch_size, mp=mp, kind=kind)
         mats = _block_matrices(shape, mp)
         copies = (sum(x * y for x, y in mats.values()) + (sum(y for _, y in mats.values()) if shape.biases else 0)
-                  ) * a if autocast and kind == DENSE else 0
+                  ) * a if autocast and mlp_kind(kind) == DENSE else 0
         saved = int(block_memory(shape, kind, c).saved)
         selective = (int(block_selective_bytes(shape, c)), int(block_selective_recompute_bytes(shape, c))) \
-            if kind == DENSE else (saved, 0)
+            if mlp_kind(kind) == DENSE else (saved, 0)
         blocks.append(LayerCost(f"layers.{i}", 3 * matmul + 3.5 * attention, block_params(shape, mp, kind=kind).total,
                                 saved, copies, selective_activation_bytes=selective[0],
                                 selective_recompute_bytes=selective[1]))

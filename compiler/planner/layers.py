@@ -30,7 +30,7 @@ from compiler.planner.cluster import Cluster
 from compiler.planner.collectives import all_gather_time, all_reduce_time, all_to_all_time, deduplicated_dispatch_time
 from compiler.planner.devices import ComputeSeconds
 from compiler.planner.engines import EngineTraits
-from compiler.planner.shape import DENSE, MOE, DecoderShape
+from compiler.planner.shape import DENSE, MOE, DecoderShape, mlp_kind
 from compiler.planner.split import Holding
 from compiler.planner.work import EMBEDDING, HEAD, block_work, embedding_work, head_work, moe_mlp_work
 from compiler.precisions import PRECISIONS
@@ -134,21 +134,21 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
         elif s.ac == "selective":
             matmuls = compute.forward - compute.memory_bound_forward
             again = compute.memory_bound_forward + traits.selective_matmul_recompute * matmuls
-            if recompute_moe and kind == MOE:  # its memory-bound part is in ``again`` already
+            if recompute_moe and mlp_kind(kind) == MOE:  # its memory-bound part is in ``again`` already
                 moe = device.compute(moe_mlp_work(shape, micro_batch_size=s.micro_batch_size, mp=s.mp, cp=s.cp,
                                                   ep=s.ep, precision=s.precision), s.precision,
                                      linear_peak=linear_peak, ranks_on_node=ranks_on_node)
                 again += moe.forward - moe.memory_bound_forward
             compute = ComputeSeconds(compute.forward, compute.backward + again, compute.memory_bound_forward)
         tp = (6 if full else 4) * one_tp
-        if kind == MOE:
+        if mlp_kind(kind) == MOE:
             tp /= 2  # attention's collectives only
         if traits.tp_overlap:
             tp = max(0.0, tp - (compute.forward + compute.backward - 3 * compute.memory_bound_forward))
         kv = s.micro_batch_size * shape.seq_len * 2 * shape.kv_width / s.mp * a
         cp = (3 if full else 2) * all_gather_time(kv, s.cp, topology.group_link(s.cp, strides["cp"]))
         ep = 0.0
-        if kind == MOE:
+        if mlp_kind(kind) == MOE:
             tokens = rows / s.mp * shape.d_model * a
             one = _ep_dispatch_time(cluster, traits, s, strides, token_bytes=tokens, experts=shape.experts)
             ep = (6 if full or recompute_moe else 4) * one

@@ -23,6 +23,7 @@ from compiler.planner.shape import (
     embedding_params,
     hardware_flops_per_token,
     head_params,
+    mlp_kind,
     model_flops_per_token,
 )
 from compiler.planner.split import Holding, blocks_per_stage, rank_holdings
@@ -136,8 +137,8 @@ class Pricer:
             dense, experts = dense + n * p.dense, experts + n * p.experts
             saved, recompute, transient = saved + n * m.saved, max(recompute, m.recompute), max(transient, m.transient)
             backward = max(backward, m.backward)
-            mats = _block_matrices(shape, c.mp) if kind == DENSE else {}
-            copies += n * (sum(i * o for i, o in mats.values()) + (p.experts if kind == MOE else 0)) * a
+            mats = _block_matrices(shape, c.mp) if mlp_kind(kind) == DENSE else {}
+            copies += n * (sum(i * o for i, o in mats.values()) + (p.experts if mlp_kind(kind) == MOE else 0)) * a
             units.append(p.total)
         if h.embedding:
             dense += embedding_params(shape, c.mp)

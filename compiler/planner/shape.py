@@ -7,6 +7,11 @@ dense (GELU: up, down; SwiGLU: gate, up, down) or a mixture of experts (a router
 routed experts and ``shared`` experts, each an MLP of the family's kind); ``Experts.dense_layers`` keeps
 the dense MLP in the blocks it lists (first-k-dense).
 
+Sliding-window attention (gpt-oss's ``attention_windows``): a block whose queries see the last W keys is a kind of its
+own (``"moe@128"``: its MLP's kind, then its window; ``mlp_kind`` and ``window_of`` read them), whose QK^T and AV run
+over min(T, W) keys per query where a full block's run over T. Attention sinks add one parameter per head, a router's
+bias (``biases``) one per expert.
+
 Multi-head latent attention (DeepSeek-V3; the spec's ``LatentSizes``) is priced by its own matrices: the replicated
 down projections ``q_a`` and ``kv_a``, the column-parallel ``q`` and ``kv_b`` and the row-parallel ``o``, and the two
 latent norms; its QK^T and AV take ``head_dim`` (q/k width + v width) / 2, which counts both products' FLOPs. Its
@@ -30,7 +35,19 @@ from functools import cached_property
 from models import spec_of
 from models.spec import Experts, LatentSizes
 
-DENSE, MOE = "dense", "moe"  # the two kinds of block
+DENSE, MOE = "dense", "moe"  # the two kinds of block's MLP
+_WINDOW = "@"  # a kind's window follows it: "moe@128"
+
+
+def mlp_kind(kind: str) -> str:
+    """DENSE or MOE: the MLP of a block of ``kind``."""
+    return kind.partition(_WINDOW)[0]
+
+
+def window_of(kind: str) -> int | None:
+    """The sliding window of a block of ``kind``'s attention, None for full causal attention."""
+    window = kind.partition(_WINDOW)[2]
+    return int(window) if window else None
 
 
 @dataclass(frozen=True)
@@ -53,6 +70,8 @@ class DecoderShape:
     experts: Experts | None = None  # a mixture-of-experts MLP (models/spec.py), None: dense
     context: int | None = None  # positions the model takes (a learned table's rows); None: seq_len
     latent: LatentSizes | None = None  # multi-head latent attention (models/spec.py), None: grouped-query attention
+    windows: tuple[int | None, ...] = ()  # each block's sliding window, None for full attention (empty: all full)
+    sinks: bool = False  # a learned sink logit per head (gpt-oss)
 
     @property
     def position_rows(self) -> int:
@@ -70,7 +89,8 @@ class DecoderShape:
             head_dim=head_dim, mlp_width=cfg.mlp_width, mlp=arch.mlp, seq_len=cfg.seq_len,
             vocab_size=cfg.vocab_size, tied=cfg.tie_embeddings, biases=arch.biases, norm=arch.norm,
             positions=arch.positions, fused_qkv=arch.fused_qkv, qk_norm=arch.qk_norm, experts=spec.experts(cfg),
-            context=cfg.context, latent=latent)
+            context=cfg.context, latent=latent, sinks=arch.sinks,
+            windows=() if not any(spec.attention_windows(cfg)) else spec.attention_windows(cfg))
 
     @staticmethod
     def from_flags(*, layers: int, d_model: int, heads: int, seq_len: int, vocab_size: int, kv_heads: int | None = None,
@@ -98,10 +118,16 @@ class DecoderShape:
         return self.kv_heads * self.head_dim
 
     def kind(self, layer: int) -> str:
-        """DENSE or MOE: the MLP block ``layer`` has."""
-        if self.experts is None or layer in self.experts.dense_layers:
-            return DENSE
-        return MOE
+        """DENSE or MOE, the MLP block ``layer`` has, and its attention window if it slides ("moe@128")."""
+        mlp = DENSE if self.experts is None or layer in self.experts.dense_layers else MOE
+        window = self.windows[layer] if self.windows else None
+        return mlp if window is None else f"{mlp}{_WINDOW}{window}"
+
+    def keys(self, kind: str) -> int:
+        """The keys a query's QK^T and AV run over, the causal mask aside (PaLM's and FlopCounterMode's count): T,
+        or the window of a sliding block."""
+        window = window_of(kind)
+        return self.seq_len if window is None else min(self.seq_len, window)
 
     def kinds(self) -> list[str]:
         return list(self._kinds)
@@ -113,7 +139,7 @@ class DecoderShape:
     def shard_error(self, mp: int) -> str | None:
         """Why ``mp`` tensor-parallel ranks cannot split this shape (heads, kv heads, MLP), or None."""
         widths = [("--heads", self.heads), ("--kv-heads", self.kv_heads)]
-        if DENSE in self.kinds():
+        if DENSE in map(mlp_kind, self.kinds()):
             widths.append(("--mlp-width", self.mlp_width))
         for name, n in widths:
             if n % mp:
@@ -175,10 +201,11 @@ def tensor_parallel_modules(shape: DecoderShape, kind: str, *, sequence_parallel
     if shape.latent is not None:
         replicated = modules - 3  # q_a, kv_a: DTensors under SP only
         modules = 4
-    if kind == DENSE:
+    modules += 1 if shape.sinks else 0  # the sinks, split with the heads
+    if mlp_kind(kind) == DENSE:
         modules += len(mlp_matrices(shape, shape.mlp_width))
     if sequence_parallel:
-        modules += (4 if kind == DENSE else 3) + replicated
+        modules += (4 if mlp_kind(kind) == DENSE else 3) + replicated
     return modules
 
 
@@ -211,11 +238,11 @@ def block_params(shape: DecoderShape, mp: int = 1, *, kind: str = DENSE, ep: int
     expert tensor parallelism 1) the experts are not split by TP."""
     norms = 2 * _norm_params(shape) + (2 * shape.head_dim if shape.qk_norm else 0) + (
         shape.latent.norm_params() if shape.latent is not None else 0)
-    attention = _weights(attention_matrices(shape, mp), shape.biases)
-    if kind == DENSE:
+    attention = _weights(attention_matrices(shape, mp), shape.biases) + (shape.heads // mp if shape.sinks else 0)
+    if mlp_kind(kind) == DENSE:
         return BlockParams(attention + _weights(mlp_matrices(shape, shape.mlp_width, mp), shape.biases) + norms, 0)
     e = shape.experts
-    router = shape.d_model * e.count
+    router = (shape.d_model + (1 if shape.biases else 0)) * e.count
     shared = e.shared * _weights(mlp_matrices(shape, shared_width(e), mp), shape.biases)
     routed = e.count // ep * _weights(mlp_matrices(shape, e.width), shape.biases)
     return BlockParams(attention + norms + router + shared, routed)
@@ -247,7 +274,7 @@ def parameter_count(shape: DecoderShape) -> int:
 def _active_block_params(shape: DecoderShape, kind: str) -> int:
     """A block's parameters one token's forward uses: all of a dense block, ``top_k`` of a MoE's routed experts."""
     p = block_params(shape, kind=kind)
-    if kind == DENSE:
+    if mlp_kind(kind) == DENSE:
         return p.total
     e = shape.experts
     return p.dense + e.top_k * p.experts // e.count
@@ -264,9 +291,15 @@ def matmul_params(shape: DecoderShape) -> int:
     return _per_kind(shape, lambda k: _active_block_params(shape, k)) + head_params(shape)
 
 
+def attention_keys(shape: DecoderShape) -> float:
+    """The keys per query summed over the blocks: L T without sliding windows (each block's ``keys``)."""
+    return _per_kind(shape, shape.keys)
+
+
 def model_flops_per_token(shape: DecoderShape) -> float:
-    """PaLM's count (Chowdhery et al. 2022, appendix B): 6N + 12 L T (H hd), no recompute."""
-    return 6.0 * matmul_params(shape) + 12.0 * shape.layers * shape.seq_len * shape.q_width
+    """PaLM's count (Chowdhery et al. 2022, appendix B): 6N + 12 L T (H hd), no recompute; a sliding block's T is
+    its window (``attention_keys``)."""
+    return 6.0 * matmul_params(shape) + 12.0 * attention_keys(shape) * shape.q_width
 
 
 def hardware_flops_per_token(shape: DecoderShape, *, activation_checkpointing: bool) -> float:
@@ -275,7 +308,7 @@ def hardware_flops_per_token(shape: DecoderShape, *, activation_checkpointing: b
     96 B s l h^2 (1 + s / 6h + V / 16lh) per B s tokens (up to biases and norms)."""
     passes = 4 if activation_checkpointing else 3
     blocks = _per_kind(shape, lambda k: _active_block_params(shape, k))
-    return 2 * passes * blocks + 6 * head_params(shape) + 4 * passes * shape.layers * shape.seq_len * shape.q_width
+    return 2 * passes * blocks + 6 * head_params(shape) + 4 * passes * attention_keys(shape) * shape.q_width
 
 
 def megatron_model_flops_per_token(shape: DecoderShape) -> float:
@@ -283,7 +316,7 @@ def megatron_model_flops_per_token(shape: DecoderShape) -> float:
     activated matrix parameters (blocks and logits) plus causal attention, 6 L T (H hd): half of PaLM's
     12 L T (H hd), which counts the masked half. No recompute."""
     blocks = _per_kind(shape, lambda k: _active_block_params(shape, k))
-    return 6.0 * (blocks + shape.vocab_size * shape.d_model) + 6.0 * shape.layers * shape.seq_len * shape.q_width
+    return 6.0 * (blocks + shape.vocab_size * shape.d_model) + 6.0 * attention_keys(shape) * shape.q_width
 
 
 def block_forward_flops(shape: DecoderShape, *, micro_batch_size: int, mp: int = 1,
@@ -292,9 +325,9 @@ def block_forward_flops(shape: DecoderShape, *, micro_batch_size: int, mp: int =
     the matmuls one rank's tokens run through the router, their ``top_k`` experts and the shared ones
     (where they run does not change the count)."""
     tokens = micro_batch_size * shape.seq_len
-    attention = 4.0 * tokens * shape.seq_len * shape.q_width / mp
+    attention = 4.0 * tokens * shape.keys(kind) * shape.q_width / mp
     mats = attention_matrices(shape, mp)
-    if kind == DENSE:
+    if mlp_kind(kind) == DENSE:
         mats = {**mats, **mlp_matrices(shape, shape.mlp_width, mp)}
         return 2.0 * tokens * sum(i * o for i, o in mats.values()), attention
     e = shape.experts

@@ -23,7 +23,16 @@ from __future__ import annotations
 
 from compiler.planner.devices import Gemm, LayerWork
 from compiler.planner.engines import EngineTraits
-from compiler.planner.shape import DENSE, DecoderShape, attention_matrices, mlp_matrices, shared_width, tensor_parallel_modules
+from compiler.planner.shape import (
+    DENSE,
+    DecoderShape,
+    attention_matrices,
+    mlp_kind,
+    mlp_matrices,
+    shared_width,
+    tensor_parallel_modules,
+    window_of,
+)
 from compiler.precisions import PRECISIONS
 
 EMBEDDING, HEAD = "embedding", "head"
@@ -33,16 +42,18 @@ def _linears(mats: dict[str, tuple[int, int]], rows: float) -> list[Gemm]:
     return [Gemm(rows, out, inp) for inp, out in mats.values()]
 
 
-def _attention(shape: DecoderShape, *, b: int, rows: float, t: int, cp: int,
+def _attention(shape: DecoderShape, kind: str, *, b: int, rows: float, t: int, cp: int,
                traits: EngineTraits) -> tuple[list[Gemm], float, float, float]:
-    """(batched products, flash FLOPs run, scores through HBM, counted FLOPs forward) of one block's attention."""
+    """(batched products, flash FLOPs run, scores through HBM, counted FLOPs forward) of one block's attention; a
+    sliding block's queries each meet the ``keys`` of their window (all of them run: no causal half)."""
     T, heads, hd = shape.seq_len, shape.heads / t, shape.head_dim
-    counted = 4.0 * rows * T * shape.q_width / t  # FlopCounterMode: no causal discount
+    keys = shape.keys(kind)
+    counted = 4.0 * rows * keys * shape.q_width / t  # FlopCounterMode: no causal discount
     if traits.attention in ("flash", "fused"):
-        return [], counted / 2, 0.0, counted
+        return [], counted / 2 if window_of(kind) is None else counted, 0.0, counted
     q = T / cp
-    products = [Gemm(q, T, hd, groups=b * heads), Gemm(q, hd, T, groups=b * heads)]
-    return products, 0.0, b * heads * q * T, counted  # scores: elements (the device weighs their bytes)
+    products = [Gemm(q, keys, hd, groups=b * heads), Gemm(q, hd, keys, groups=b * heads)]
+    return products, 0.0, b * heads * q * keys, counted  # scores: elements (the device weighs their bytes)
 
 
 def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int, cp: int, ep: int, precision: str,
@@ -51,11 +62,11 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
     a = PRECISIONS[precision].dtype.itemsize
     rows = b * shape.seq_len / cp
     gemms = _linears(attention_matrices(shape, t), rows)
-    batched, flash, scores, attention_counted = _attention(shape, b=b, rows=rows, t=t, cp=cp, traits=traits)
+    batched, flash, scores, attention_counted = _attention(shape, kind, b=b, rows=rows, t=t, cp=cp, traits=traits)
     replicated = 10 * shape.d_model / (t if sequence_parallel else 1)
     split = 2 * (shape.q_width + 2 * shape.kv_width) / t + 2 * shape.q_width / t
     grouped: list[Gemm] = []
-    if kind == DENSE:
+    if mlp_kind(kind) == DENSE:
         gemms += _linears(mlp_matrices(shape, shape.mlp_width, t), rows)
         split += (3 if shape.mlp == "swiglu" else 2) * shape.mlp_width / t
         elementwise = rows * (replicated + split) * a
@@ -66,7 +77,7 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
         elementwise = rows * (replicated + split) * a + moe.elementwise_bytes
     matmul_forward = sum(g.flops for g in gemms + grouped)
     return LayerWork(tuple(gemms + batched), tuple(grouped), attention_flops=flash, attention_head_dim=shape.head_dim,
-                     attention_keys=shape.seq_len, attention_kernel="fused" if traits.attention == "fused" else "flash",
+                     attention_keys=shape.keys(kind), attention_kernel="fused" if traits.attention == "fused" else "flash",
                      scores=scores, elementwise_bytes=elementwise,
                      counted_flops=3 * matmul_forward + 3.5 * attention_counted,
                      counted_forward_flops=matmul_forward + attention_counted,
@@ -80,7 +91,7 @@ def moe_mlp_work(shape: DecoderShape, *, micro_batch_size: int, mp: int, cp: int
     e, t, a = shape.experts, mp, PRECISIONS[precision].dtype.itemsize
     rows = micro_batch_size * shape.seq_len / cp
     local = rows / t  # the rows this rank dispatches
-    gemms = [Gemm(local, e.count, shape.d_model)]
+    gemms = [Gemm(local, e.count, shape.d_model)]  # the router (its bias, if any, is memory-bound)
     shared = 0.0
     for _ in range(e.shared):
         gemms += _linears(mlp_matrices(shape, shared_width(e), t), rows)

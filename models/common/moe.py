@@ -6,13 +6,15 @@ theirs. Dropless: every one of a token's k assignments is computed, whatever the
 Its submodules, which the engine addresses by name:
 
 - ``router`` (router.py): ``gate`` (E, D) and, with a selection bias, ``expert_bias`` (E,);
-- ``experts`` (``GroupedExperts``): the routed experts' stacked weights and their computation on rows already
-  sorted by expert. It is a module of its own so that expert parallelism can wrap it without touching the rest
+- ``experts`` (``GroupedExperts``, or a family's own: gpt-oss's clamped SwiGLU with biases): the routed experts'
+  stacked parameters (each [E, ...], dim 0 the expert) and their computation on rows already sorted by expert,
+  ``compute(x, counts, *parameters in registration order)``, which ``forward(x, counts)`` calls with its own. It is
+  a module of its own so that expert parallelism can wrap it without touching the rest
   (as torchtitan's ExpertParallel wraps its GroupedExperts): the wrapper receives ``experts(x_sorted, counts)``'s
   arguments (the rows of all E experts, sorted by expert, and the (E,) counts), sends each expert's rows to the
-  rank holding it (all-to-all), calls the module there with that rank's rows sorted by its local experts and
-  their local counts (the parameters then hold E/ep experts along dim 0), and sends the outputs back in the order
-  it received them;
+  rank holding it (all-to-all), calls ``compute`` there with that rank's rows sorted by its local experts, their
+  local counts and its parameters' local experts (E/ep along dim 0: biases travel with their experts), and sends
+  the outputs back in the order it received them;
 - ``shared_experts`` (a ``SwiGLU``, Hugging Face's ``shared_experts``) when the family has them;
 - ``balance`` (load_balance.py's ``BalanceLoss``, no parameters) when the family has an auxiliary loss: the block
   hands it the router's scores and choices in training and gets its output back with the loss's gradient
@@ -62,7 +64,7 @@ def experts_swiglu(x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w3: 
     elsewhere. Under autocast the experts compute in the autocast dtype, as an ``nn.Linear`` would. Expert
     parallelism calls this with a rank's local experts' weights and rows (compiler/parallelize/expert_parallel.py)."""
     offsets = counts.cumsum(0, dtype=torch.int32)  # (E,) where each expert's rows end
-    dtype = _autocast_dtype(x.device.type)
+    dtype = autocast_dtype(x.device.type)
     if dtype is not None:  # the custom operator is not on autocast's lists: cast as autocast would
         x, w1, w3, w2 = (t.to(dtype) for t in (x, w1, w3, w2))
     h = F.silu(grouped_mm(x, w1, offsets)) * grouped_mm(x, w3, offsets)  # (M, F)
@@ -74,6 +76,8 @@ class GroupedExperts(nn.Module):
     in that order (``experts_swiglu``'s). ``forward(x, counts)``: x (M, D) rows sorted by expert, counts (E,) rows
     per expert -> (M, D)."""
 
+    compute = staticmethod(experts_swiglu)  # (x, counts, w1, w3, w2): what expert parallelism calls per rank
+
     def __init__(self, d_model: int, width: int, n_experts: int):
         super().__init__()
         self.n_experts = n_experts
@@ -82,17 +86,21 @@ class GroupedExperts(nn.Module):
         self.w2 = nn.Parameter(torch.empty(n_experts, d_model, width).normal_(std=0.02))
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        return experts_swiglu(x, counts, self.w1, self.w3, self.w2)
+        return self.compute(x, counts, self.w1, self.w3, self.w2)
 
 
 class MoE(EagerModule):
     def __init__(self, *, d_model: int, expert_width: int, n_experts: int, routing: Routing, shared_width: int = 0,
-                 aux_loss_coef: float = 0.0):
+                 aux_loss_coef: float = 0.0, experts: nn.Module | None = None):
         """``shared_width``: the shared experts' SwiGLU width (n_shared_experts x the expert width), 0 for none;
-        ``aux_loss_coef``: the auxiliary loss's coefficient (router_aux_loss_coef), 0 for none."""
+        ``aux_loss_coef``: the auxiliary loss's coefficient (router_aux_loss_coef), 0 for none; ``experts``: the
+        routed experts (module docstring; ``n_experts`` of them), SwiGLU ``GroupedExperts`` of ``expert_width``
+        when None."""
         super().__init__()
         self.router = Router(d_model, n_experts, routing)
-        self.experts = GroupedExperts(d_model, expert_width, n_experts)
+        self.experts = GroupedExperts(d_model, expert_width, n_experts) if experts is None else experts
+        if self.experts.n_experts != n_experts:
+            raise ValueError(f"experts: {self.experts.n_experts} experts, the router chooses among {n_experts}")
         self.shared_experts = SwiGLU(d_model, shared_width) if shared_width else None
         self.balance = BalanceLoss(aux_loss_coef) if aux_loss_coef > 0 else None
         self.aux_loss: torch.Tensor | None = None
@@ -147,7 +155,7 @@ def inactive_expert_parameters(model: nn.Module) -> int:
                for m in model.modules() if isinstance(m, MoE))
 
 
-def _autocast_dtype(device_type: str) -> torch.dtype | None:
+def autocast_dtype(device_type: str) -> torch.dtype | None:
     if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
         return torch.get_autocast_dtype(device_type)
     return None

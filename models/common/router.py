@@ -14,7 +14,11 @@ The options cover the published routers (each one a config key of theirs):
   (load_balance.py), not by gradients;
 - ``norm_topk_prob``: the k weights divided by their sum; ``routed_scaling_factor``: then multiplied by it.
 
-The gate (``gate``, an ``nn.Linear`` D -> E without bias, Hugging Face's ``mlp.gate``) and everything after it
+- gpt-oss's router (``mlp.router``): the gate's logits have a bias (``gate_bias``) and the k weights are a softmax
+  over the k chosen logits (``topk_softmax``: the softmax scores renormalised, e^l_i / sum_top-k e^l_j, computed
+  as transformers computes them).
+
+The gate (``gate``, an ``nn.Linear`` D -> E, Hugging Face's ``mlp.gate``) and everything after it
 run in fp32, with autocast off: routing decisions taken on bf16 logits flip on rounding, and fp32 routing is what
 DeepSeek-V3 and torchtitan do.
 
@@ -48,6 +52,8 @@ class Routing:
     topk_group: int = 1  # groups a token may choose from (with n_group > 1)
     expert_bias: bool = False  # a selection-only bias (DeepSeek-V3's e_score_correction_bias)
     routed_scaling_factor: float = 1.0
+    gate_bias: bool = False  # the gate's logits have a bias (gpt-oss), which picks experts and weighs them alike
+    topk_softmax: bool = False  # the weights: a softmax over the k chosen logits (gpt-oss)
 
     def check(self, n_experts: int) -> ShapeProblem | None:
         """Why these options cannot route over ``n_experts`` experts, or None."""
@@ -85,7 +91,7 @@ class Router(nn.Module):
             raise ModelShapeError(problem)
         self.routing = routing
         self.n_experts = n_experts
-        self.gate = nn.Linear(d_model, n_experts, bias=False)
+        self.gate = nn.Linear(d_model, n_experts, bias=routing.gate_bias)
         # Not trained by gradients; see the module docstring.
         self.expert_bias = nn.Parameter(torch.zeros(n_experts), requires_grad=False) if routing.expert_bias else None
 
@@ -93,14 +99,17 @@ class Router(nn.Module):
         """x (N, D) -> the routes of its N tokens."""
         r = self.routing
         with _autocast_off(x.device.type):
-            logits = nn.functional.linear(as_fp32(x), as_fp32(self.gate.weight))  # (N, E) fp32
+            bias = None if self.gate.bias is None else as_fp32(self.gate.bias)
+            logits = nn.functional.linear(as_fp32(x), as_fp32(self.gate.weight), bias)  # (N, E) fp32
         scores = logits.softmax(-1) if r.score_func == SOFTMAX else logits.sigmoid()  # (N, E)
         choice = scores if self.expert_bias is None else scores + self.expert_bias
         if r.n_group > 1:
             choice = limit_to_best_groups(choice, n_group=r.n_group, topk_group=r.topk_group)
         experts = choice.topk(r.top_k, dim=-1).indices  # (N, k), best first
         weights = scores.gather(-1, experts)  # (N, k): the unbiased scores of the chosen experts
-        if r.norm_topk_prob:
+        if r.topk_softmax:
+            weights = logits.gather(-1, experts).softmax(-1)
+        elif r.norm_topk_prob:
             weights = weights / weights.sum(-1, keepdim=True)
         if r.routed_scaling_factor != 1.0:
             weights = weights * r.routed_scaling_factor

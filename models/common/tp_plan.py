@@ -20,6 +20,10 @@ attention and a dense MLP all-gather the sequence before their column-parallel m
 after their row-parallel one. An MoE block's ``mlp_norm`` runs on shards too, and the layer routes each rank's own
 T/mp tokens (compiler/parallelize/expert_parallel.py).
 
+gpt-oss's attention sinks, one logit per query head, split with the heads (``HEADWISE``): each rank's sinks are its
+query heads', as its q columns are. q/k/v's biases split with their columns; o's bias is added once, after the
+row-parallel sum (DTensor's RowwiseParallel keeps it Replicate). The experts, biases included, are not split.
+
 Multi-head latent attention (models/common/latent_attention.py; Megatron-Core's and torchtitan's DeepSeek-V3 layout):
 ``q`` (q_b_proj, or q_proj) and ``kv_b`` are column-parallel by heads (their outputs are head-major), ``o``
 row-parallel; the down projections ``q_a`` and ``kv_a`` and their norms are replicated. The RoPE key every head
@@ -29,7 +33,17 @@ attention's input is the gathered sequence (a Replicate DTensor), which the repl
 DTensors of their own (``REPLICATED``).
 """
 
-from models.spec import COLWISE, GATHER_SEQUENCE, HEAD_NORM, HEAD_SHARED, REPLICATED, ROWWISE, ROWWISE_SCATTER, SEQUENCE_NORM
+from models.spec import (
+    COLWISE,
+    GATHER_SEQUENCE,
+    HEAD_NORM,
+    HEAD_SHARED,
+    HEADWISE,
+    REPLICATED,
+    ROWWISE,
+    ROWWISE_SCATTER,
+    SEQUENCE_NORM,
+)
 
 ATTENTION_TP_PLAN: dict[str, str] = {"attn.q": COLWISE, "attn.k": COLWISE, "attn.v": COLWISE, "attn.o": ROWWISE}
 DENSE_BLOCK_TP_PLAN: dict[str, str] = {**ATTENTION_TP_PLAN, "mlp.gate": COLWISE, "mlp.up": COLWISE,
@@ -37,6 +51,8 @@ DENSE_BLOCK_TP_PLAN: dict[str, str] = {**ATTENTION_TP_PLAN, "mlp.gate": COLWISE,
 # Qwen3's q/k norms act within each head, but their weight is every head's: with the heads split over mp its
 # gradient is a sum over the ranks' heads (HEAD_NORM: input Shard(heads), weight Replicate).
 QK_NORM_BLOCK_TP_PLAN: dict[str, str] = {**DENSE_BLOCK_TP_PLAN, "attn.q_norm": HEAD_NORM, "attn.k_norm": HEAD_NORM}
+
+SINK_BLOCK_TP_PLAN: dict[str, str] = {**ATTENTION_TP_PLAN, "attn.sinks": HEADWISE}
 
 _ATTENTION_SEQUENCE_PARALLEL = {"attn_norm": SEQUENCE_NORM, "attn": GATHER_SEQUENCE, "attn.o": ROWWISE_SCATTER,
                                 "mlp_norm": SEQUENCE_NORM}

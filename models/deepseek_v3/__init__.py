@@ -22,7 +22,7 @@ SPEC = ModelSpec(
     architecture=Architecture(mlp="swiglu", norm="rmsnorm", positions="rope", biases=False, fused_qkv=False),
     hf=HFAdapter(architectures=(hf.ARCHITECTURE,), model_types=(hf.MODEL_TYPE,), config_to_hf=hf.config_to_hf,
                  config_from_hf=hf.config_from_hf, to_hf=hf.to_hf, from_hf=hf.from_hf,
-                 stacked=hf_layout.is_stacked, quantized={"fp8-blocks": hf.FP8_QUANTIZED}),
+                 stacked=hf_layout.is_stacked, quantized={"fp8-blocks": (hf.FP8_QUANTIZED, None)}),
     config_from_dict=config.config_from_dict,
     block_kinds=config.block_kinds,
     experts=config.experts,

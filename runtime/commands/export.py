@@ -3,13 +3,18 @@
     python run.py export --checkpoint DIR/step-000020 --out model.pt                 # --init-from takes it
     python run.py export --checkpoint DIR --out folder --format hf                   # GPT2LMHeadModel / LlamaForCausalLM
     python run.py export --checkpoint DIR --out gpt2-folder --format gpt2            # GPT-2 as pytorch_model.bin
+    python run.py export --checkpoint DIR --out folder --format hf --export-dtype mxfp4  # gpt-oss's experts as released
 
 ``pt`` is a plain ``{name: full tensor}`` state dict that the model's ``load_state_dict`` accepts. ``hf``
 is a folder with ``config.json`` and ``model.safetensors`` (or shards past ``--max-shard-size`` and their
 index) in the family's Hugging Face layout (models/<family>/hf.py: GPT-2's Conv1D transposes and fused
 q/k/v, Llama's names; a tied head is not saved), which ``from_pretrained(folder)`` loads as it is and
 ``--init-from`` and ``run.py generate`` read. ``gpt2`` writes GPT-2 the older way, ``config.json`` and
-``pytorch_model.bin``. It runs in one process (no torchrun) and reads only the model's tensors.
+``pytorch_model.bin``. ``--export-dtype fp8-blocks|mxfp4`` stores the tensors the family's released checkpoints
+keep quantized in that layout (models/spec.py ``HFAdapter.quantized``; DeepSeek-V3: its decoder layers' linear weights
+as FP8 blocks, ``--fp8-block-size``; gpt-oss: its experts in MXFP4; runtime/checkpoint/quantized/) with config.json's
+``quantization_config``, the other tensors fp32. It runs in one process (no torchrun) and
+reads only the model's tensors.
 
 A model trained from a Hugging Face folder (``--init-from FOLDER``, which the checkpoint records) comes back
 with what the engine does not model taken from that folder (runtime/checkpoint/hf_weights.py ``carried_from``):
@@ -28,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from models import config_from_dict, spec_of
+from models import FAMILIES, config_from_dict, spec_of
 from runtime.atomic import atomic_file, write_json
 from runtime.checkpoint.files import CheckpointError, verify_files
 from runtime.checkpoint.hf_folder import write_hf_folder
@@ -51,18 +56,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shard-size", default="5GB",
                    help="--format hf: past this many bytes of tensors, shards plus model.safetensors.index.json "
                         "(e.g. 500MB, 2GiB; kB/MB/GB are powers of 10 as in transformers)")
-    p.add_argument("--export-dtype", "--dtype", dest="dtype", choices=(*DTYPES, *QUANTIZED_LAYOUTS), default="fp32",
+    p.add_argument("--export-dtype", "--dtype", dest="dtype", choices=(*DTYPES, *METHODS), default="fp32",
                    help="--format hf: the tensors' dtype (the checkpoint's weights are fp32), or a released quantized "
                         "layout of the tensors the family's checkpoints ship quantized (fp8-blocks: DeepSeek-V3's "
-                        "float8_e4m3fn + a float32 scale per block; mxfp4: gpt-oss's experts in OCP MXFP4), the rest "
-                        "fp32, with config.json's quantization_config")
+                        "float8_e4m3fn + a float32 scale per block; mxfp4: gpt-oss's experts in OCP MXFP4), the other "
+                        "tensors fp32, with config.json's quantization_config")
     p.add_argument("--fp8-block-size", default="128,128", metavar="ROWS,COLS",
                    help="--export-dtype fp8-blocks: the weight blocks' shape (DeepSeek-V3's release: 128,128)")
     return p
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-QUANTIZED_LAYOUTS = METHODS  # runtime/checkpoint/quantized/export.py
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -94,11 +98,16 @@ def main(argv: list[str]) -> int:
         if args.format == "hf":
             cfg = config_from_dict(info.config["model"])
             hf = spec_of(cfg).hf
-            tensors, quantization = hf_tensors(hf.to_hf(weights, cfg), dtype=args.dtype, family=cfg.family,
-                                               patterns=hf.quantized, block_size=args.fp8_block_size)
-            dtype = str(DTYPES.get(args.dtype, torch.float32)).removeprefix("torch.")
+            tensors = hf.to_hf(weights, cfg)  # fp32
+            if args.dtype in METHODS:  # a released quantized layout of the family's quantized tensors, the rest fp32
+                tensors, quantization = _quantized(tensors, hf, cfg.family, args.dtype,
+                                                   block_size=_block_size(args.fp8_block_size))
+                dtype, config_extra = "float32", {"quantization_config": quantization}
+            else:
+                tensors = {name: t.to(DTYPES[args.dtype]) for name, t in tensors.items()}
+                dtype, config_extra = str(DTYPES[args.dtype]).removeprefix("torch."), {}
             config = {**hf.config_to_hf(cfg), **carried.config, "torch_dtype": dtype, "dtype": dtype,  # 4.x, 5.x
-                      **quantization}
+                      **config_extra}
             written = write_hf_folder(out, tensors, config, max_shard_bytes=max_shard_bytes, files=files)
         elif args.format == "gpt2":
             cfg = config_from_dict(info.config["model"])
@@ -109,7 +118,7 @@ def main(argv: list[str]) -> int:
         else:
             out.parent.mkdir(parents=True, exist_ok=True)
             _save_atomically(weights, out)
-    except (CheckpointError, OSError) as e:
+    except (CheckpointError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     n = sum(t.numel() for t in weights.values())
@@ -125,24 +134,28 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def hf_tensors(tensors: dict[str, torch.Tensor], *, dtype: str, family: str, patterns: dict[str, tuple[str, ...]],
-               block_size: str) -> tuple[dict[str, torch.Tensor], dict]:
-    """The Hugging Face tensors in ``dtype``, or in a released quantized layout (and config.json's
-    ``quantization_config``) of the tensors ``patterns[dtype]`` names: the family's choice."""
-    if dtype in DTYPES:
-        return {name: t.to(DTYPES[dtype]) for name, t in tensors.items()}, {}
-    if dtype not in patterns:
-        raise CheckpointError(f"--export-dtype {dtype}: {family} checkpoints are not released in that layout "
-                              f"(its layouts: {', '.join(patterns) or 'none'}; or one of {', '.join(DTYPES)})")
+def _quantized(tensors: dict[str, torch.Tensor], hf, family: str, method: str, *,
+               block_size: tuple[int, int]) -> tuple[dict[str, torch.Tensor], dict]:
+    """The fp32 Hugging Face tensors with those the family stores as ``method`` in that layout, and the config's
+    ``quantization_config``; ValueError naming --export-dtype when the family stores nothing so."""
+    if method not in hf.quantized:
+        which = [f for f, spec in FAMILIES.items() if method in spec.hf.quantized]
+        raise ValueError(f"--export-dtype {method}: a {family} model's released checkpoints store nothing as {method} "
+                         f"(families that do: {', '.join(which) or 'none'}); export a dtype: {', '.join(DTYPES)}")
+    patterns, not_converted = hf.quantized[method]
+    export = quantize_for_export(tensors, method=method, which=list(patterns), modules_to_not_convert=not_converted,
+                                 block_size=block_size if method == "fp8-blocks" else None)
+    return export.tensors, export.quantization_config
+
+
+def _block_size(text: str) -> tuple[int, int]:
     try:
-        blocks = tuple(int(x) for x in block_size.split(","))
-        if len(blocks) != 2 or min(blocks) < 1:
-            raise ValueError
+        blocks = tuple(int(x) for x in text.split(","))
+        if len(blocks) == 2 and min(blocks) >= 1:
+            return blocks
     except ValueError:
-        raise CheckpointError(f"--fp8-block-size {block_size!r}: give ROWS,COLS, two positive integers") from None
-    export = quantize_for_export(tensors, method=dtype, which=list(patterns[dtype]),
-                                 block_size=blocks if dtype == "fp8-blocks" else None)
-    return export.tensors, {"quantization_config": export.quantization_config}
+        pass
+    raise ValueError(f"--fp8-block-size {text!r}: give ROWS,COLS, two positive integers")
 
 
 def _save_atomically(obj, path: Path) -> None:

@@ -37,6 +37,9 @@ MIXTRAL = ["--model", "mixtral-debug", "--layers", "4"]  # 8 experts, top 2, aux
 # 1 dense and 2 MoE blocks (8 experts in 4 groups, top 2, a shared expert, selection bias), latent attention with a q
 # LoRA rank and YaRN
 DEEPSEEK = ["--model", "deepseek-v3-debug"]
+# 4 blocks alternating a sliding window of 8 and full attention, sinks, q/k/v/o biases, YaRN, 4 experts (top 2) with
+# biases behind a biased router
+GPT_OSS = ["--model", "gpt-oss-debug"]
 
 # (dp, pp, mp, schedule, extra flags): every mesh of the issue, every schedule, activation checkpointing (full
 # and selective).
@@ -107,6 +110,14 @@ CASES = [
     (1, 1, 2, "1f1b", [*DEEPSEEK, "--sequence-parallel"]),
     (1, 1, 1, "1f1b", [*DEEPSEEK, "--cp", "2"]),
     (2, 2, 2, "interleaved-1f1b", [*DEEPSEEK, "--layers", "4", "--ep", "2", "--sequence-parallel"]),
+    # gpt-oss (sinks split with the heads, o's bias added once after the row-parallel sum, experts' biases with their
+    # experts): 2x2x2 with EP and SP; CP with packed documents and a window shorter than a chunk (T 64: chunks of 16;
+    # selective AC keeping the banded attention's outputs) and one longer (T 16: chunks of 4, the window reaching into
+    # the other rank's chunk); zbv's split backward with EP.
+    (2, 2, 2, "interleaved-1f1b", [*GPT_OSS, "--ep", "2", "--sequence-parallel"]),
+    (1, 1, 2, "1f1b", [*GPT_OSS, "--cp", "2", *DOCUMENTS, "--seq-len", "64", "--activation-checkpointing", "selective"]),
+    (1, 1, 2, "1f1b", [*GPT_OSS, "--cp", "2", *DOCUMENTS, "--seq-len", "16"]),
+    (2, 2, 1, "zbv", [*GPT_OSS, "--ep", "2"]),
     # Validation through the V placements (a forward-only action list: torch's V schedules cannot eval()).
     (1, 2, 1, "zbv", ["--eval-every", "2"]),
     (1, 2, 1, "dualpipev", ["--eval-every", "2"]),
@@ -133,14 +144,32 @@ def _case_id(case) -> str:
 
 
 CASES_BY_ID = {_case_id(c): c for c in CASES}
+VALIDATION_CASES = [(1, 2, 1, schedule, ["--eval-every", "2"]) for schedule in ("zbv", "dualpipev", "interleaved-1f1b")]
+
+
+def _selected_cases(session) -> list:
+    """The cases the session's selected tests read (``pytest -k <id>`` runs just that case's job): a test of one
+    case names it in its parameters; the validation comparison reads ``VALIDATION_CASES``."""
+    ids = set()
+    for item in session.items:
+        if item.module.__name__ != __name__ or "trained" not in item.fixturenames:
+            continue
+        params = getattr(item, "callspec", None) and item.callspec.params
+        if not params:
+            ids.update(_case_id(c) for c in VALIDATION_CASES)
+            continue
+        case = params.get("case") or tuple(params[k] for k in ("dp", "pp", "mp", "schedule", "extra"))
+        ids.add(_case_id(case))
+    return [c for c in CASES if _case_id(c) in ids]
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
-    """Case id -> (its logdir, the error of its job or None): one spawned job per world size."""
+def trained(request, tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
+    """Case id -> (its logdir, the error of its job or None): one spawned job per world size, of the cases the
+    selected tests read."""
     root = tmp_path_factory.mktemp("parity")
     by_world: dict[int, list[str]] = {}
-    for case in CASES:
+    for case in _selected_cases(request.session):
         by_world.setdefault(_world(case), []).append(_case_id(case))
     out = {}
     for world, ids in by_world.items():
@@ -260,8 +289,9 @@ def test_validation_is_the_same_through_every_placement(trained):
     """The V schedules validate through a forward-only pass; interleaved 1F1B through torch's eval(): the same
     weights (parity above) must give the same validation loss."""
     values = {}
-    for schedule in ("zbv", "dualpipev", "interleaved-1f1b"):
-        logdir, error = trained[_case_id((1, 2, 1, schedule, ["--eval-every", "2"]))]
+    for case in VALIDATION_CASES:
+        schedule = case[3]
+        logdir, error = trained[_case_id(case)]
         assert error is None, error
         values[schedule] = json.loads((logdir / "summary.json").read_text())["final_val_loss"]
     assert values["zbv"] == pytest.approx(values["interleaved-1f1b"], rel=1e-5)

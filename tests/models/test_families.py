@@ -26,6 +26,7 @@ from models.spec import (
     GATHER_SEQUENCE,
     HEAD_NORM,
     HEAD_SHARED,
+    HEADWISE,
     LM_HEAD,
     MOE,
     REPLICATED,
@@ -84,6 +85,11 @@ def test_every_plan_key_names_a_module_of_the_right_kind(spec):
                 assert not list(module.children()) and any(True for _ in module.parameters()), f"{key}: a norm"
             elif style == HEAD_SHARED:  # a tensor's way from the replicated part to the heads: nothing to shard
                 assert not list(module.children()) and not list(module.parameters()), f"{key}: no parameters"
+            elif style == HEADWISE:  # per-head parameters (attention sinks): one value per query head on dim 0
+                params = list(module.parameters())
+                assert not list(module.children()) and params, f"{key}: a leaf with parameters"
+                heads = model.layers[block_name].attn.q.out_features // model.layers[block_name].attn.head_dim
+                assert all(p.shape[0] == heads for p in params), f"{key}: {heads} heads on dim 0"
             else:
                 assert style == GATHER_SEQUENCE and list(module.children()), f"{key}: a module with children"
     kinds_of_blocks = set(spec.block_kinds(cfg))
@@ -97,7 +103,7 @@ def test_every_plan_key_names_a_module_of_the_right_kind(spec):
     # The plain plan is Megatron's: every column-parallel matrix feeds a row-parallel one in the same module (what the
     # heads of a rank share sums its gradient over the ranks).
     styles = set(spec.block_tp_plan.values())
-    assert styles - {HEAD_NORM, HEAD_SHARED} == {COLWISE, ROWWISE}
+    assert styles - {HEAD_NORM, HEAD_SHARED, HEADWISE} == {COLWISE, ROWWISE}
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)

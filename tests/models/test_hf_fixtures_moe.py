@@ -1,9 +1,10 @@
-"""Qwen3, Qwen3-MoE, Mixtral and DeepSeek-V3 (plain RoPE and two YaRNs) against their transformers folders, beyond what
-tests/models/test_hf_fixtures.py checks for every family's folder (reader, loss and logits within 1e-5, greedy ids with and
-without the cache, run.py generate, tensors written back): the cache fed in chunks gives one forward's logits (the
-MoE routes each chunk's tokens on their own), config.json written back with the folder's fields in transformers 5.x
-spelling, and through the engine (trace, stages, schedule): a training step from the folder, ``run.py eval`` of its
-checkpoint, ``export --format hf`` of it (the folder's bytes and config), ``generate`` from it (transformers' ids).
+"""Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3 (plain RoPE and two YaRNs) and gpt-oss (plain and MXFP4) against their
+folders, beyond what tests/models/test_hf_fixtures.py checks for every family's folder (reader, loss and logits within
+1e-5, greedy ids with and without the cache, run.py generate, tensors written back): the cache fed in chunks gives one
+forward's logits (the MoE routes each chunk's tokens on their own), config.json written back with the folder's fields
+in transformers 5.x spelling, and through the engine (trace, stages, schedule): a training step from the folder,
+``run.py eval`` of its checkpoint, ``export --format hf`` of it (the folder's bytes and config; the MXFP4 folder's with
+``--export-dtype mxfp4``), ``generate`` from it (transformers' ids).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ FIXTURES = FIXTURE_ROOT / "hf-models"
 
 # Fixture folder -> the engine family that must read it (rows of tests/models/test_hf_fixtures.py's table too).
 FAMILY_OF = {"qwen3": "qwen3", "qwen3-moe": "qwen3_moe", "mixtral": "mixtral", "deepseek-v3": "deepseek_v3",
-             "deepseek-v3-yarn": "deepseek_v3", "deepseek-v3-yarn-mscale": "deepseek_v3"}
+             "deepseek-v3-yarn": "deepseek_v3", "deepseek-v3-yarn-mscale": "deepseek_v3", "gpt-oss": "gpt_oss",
+             "gpt-oss-mxfp4": "gpt_oss"}
 
 # fixtures/README.md: logits reach about 7; transformers' own sdpa and eager attention differ by up to 6e-6.
 ATOL, RTOL = 1e-5, 1e-5
@@ -98,26 +100,40 @@ def _train_then_evaluate(train_argvs: list[list[str]], eval_argvs: list[list[str
 
 @contextlib.contextmanager
 def _recorded_reads():
-    """The names of the folder's tensors read meanwhile (in this process)."""
+    """The names of the folder's tensors read meanwhile (in this process), as a reader asks for them: "name" for a
+    whole tensor, "name[a:b]" for its rows a..b-1 (a quantized folder's logical tensors, not the parts it decodes)."""
     from runtime.checkpoint.hf_folder import HFFolder
+    from runtime.checkpoint.quantized.folder import QuantizedFolder
 
-    reads, original = [], HFFolder.read
+    reads, inside = [], []
+    originals = {(cls, method): getattr(cls, method) for cls in (HFFolder, QuantizedFolder)
+                 for method in ("read", "read_rows")}
 
-    def read(self, name):
-        reads.append(name)
-        return original(self, name)
+    def recorded(original):
+        def call(self, name, *rows):
+            if not inside:  # the reader's own call, not one the folder makes to serve it
+                reads.append(f"{name}[{rows[0]}:{rows[1]}]" if rows else name)
+            inside.append(name)
+            try:
+                return original(self, name, *rows)
+            finally:
+                inside.pop()
+        return call
 
-    HFFolder.read = read
+    for (cls, method), original in originals.items():
+        setattr(cls, method, recorded(original))
     try:
         yield reads
     finally:
-        HFFolder.read = original
+        for (cls, method), original in originals.items():
+            setattr(cls, method, original)
 
 
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory) -> Path:
     """Per folder, on 2 ranks (dp 2; the mixtures with ep 2, each rank holding half of every layer's experts): one
-    fp32 step at a learning rate too small to move an fp32 weight (so the checkpoint holds the folder's values),
+    fp32 step at a learning rate whose steps underflow fp32 (so the checkpoint holds the folder's values: 1e-30 moves a
+    weight that is exactly 0, as many of the MXFP4 folder's are, and its block then quantizes to other bytes),
     a checkpoint; then ``run.py eval`` of it over a token file of two windows."""
     from tests.launch import spawn_ranks
     from tests.token_writers import write_nanogpt
@@ -130,7 +146,7 @@ def engine_runs(tmp_path_factory) -> Path:
         write_nanogpt(root / name / "val.bin", tokens)
         mesh = ["--dp", "2"] + (["--ep", "2"] if _experts(name) and _experts(name) % 2 == 0 else [])  # qwen3-moe's 5: FSDP alone
         train_argvs.append([*mesh, "--init-from", str(FIXTURES / name), "--precision", "fp32", "--steps", "1", "--seq-len",
-                            "23", "--micro-batch-size", "2", "--warmup-steps", "0", "--lr", "1e-30", "--eval-every",
+                            "23", "--micro-batch-size", "2", "--warmup-steps", "0", "--lr", "1e-50", "--eval-every",
                             "0", "--peak-tflops", "1", "--logdir", str(root / name / "log"),
                             "--checkpoint-dir", str(root / name / "ckpt")])
         eval_argvs.append(["--dp", "2", "--checkpoint", str(root / name / "ckpt"), "--data", str(root / name / "val.bin"),
@@ -158,6 +174,19 @@ def test_each_rank_reads_only_its_experts_tensors(engine_runs, name):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", ["gpt-oss", "gpt-oss-mxfp4"])
+def test_each_rank_reads_only_its_experts_rows(engine_runs, name):
+    """gpt-oss's experts are one tensor per layer and kind in the files ([E, ...], MXFP4 in the released layout): with
+    ep 2 each rank reads rows 2r..2r+1 of each (a quantized folder decodes only those) and never a whole one."""
+    index = list(FAMILY_OF).index(name)
+    for rank in range(2):
+        reads = json.loads((engine_runs / f"reads{index}_rank{rank}.json").read_text())
+        experts = [n for n in reads if ".mlp.experts." in n]
+        assert len(experts) == 4 * 4 and all(n.endswith(f"[{2 * rank}:{2 * rank + 2}]") for n in experts), experts
+        assert any("embed_tokens" in n for n in reads)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAMILY_OF))
 def test_eval_of_the_checkpoint_is_the_plain_forward_loss(engine_runs, name):
     report = json.loads((engine_runs / f"eval{list(FAMILY_OF).index(name)}.json").read_text())
@@ -174,14 +203,16 @@ def test_eval_of_the_checkpoint_is_the_plain_forward_loss(engine_runs, name):
 def test_export_hf_of_the_checkpoint_writes_the_folder_back(engine_runs, tmp_path, name):
     from runtime.commands import export
 
+    config = json.loads((FIXTURES / name / "config.json").read_text())
+    quantize = ["--export-dtype", config["quantization_config"]["quant_method"]] if "quantization_config" in config else []
     assert export.main(["--checkpoint", str(engine_runs / name / "ckpt"), "--out", str(tmp_path / "out"),
-                        "--format", "hf"]) == 0
+                        "--format", "hf", *quantize]) == 0
     _, _, saved = parse_safetensors(FIXTURES / name / "model.safetensors")
     _, _, written = parse_safetensors(tmp_path / "out" / "model.safetensors")
     assert written == saved  # names, dtypes, shapes and bytes
-    config = json.loads((FIXTURES / name / "config.json").read_text())
     exported = json.loads((tmp_path / "out" / "config.json").read_text())
     assert exported["dtype"] == exported["torch_dtype"] == "float32"
+    assert exported.get("quantization_config") == config.get("quantization_config")
     assert read_hf_model(tmp_path / "out").config == read_hf_model(FIXTURES / name).config
     assert {k: exported[k] for k in ("architectures", "model_type")} == {k: config[k] for k in ("architectures",
                                                                                               "model_type")}

@@ -134,3 +134,41 @@ def _cp_attention_matches_dense(documents_given: bool) -> None:
 def test_context_parallel_attention_equals_dense_masked_attention(cp):
     for documents in (False, True):
         spawn_ranks(_cp_attention_matches_dense, world_size=cp, args=(documents,), timeout=120)
+
+
+def _cp_windows_and_sinks_match_dense(window: int) -> None:
+    """A sliding window (``window`` keys) with sinks, documents crossing chunk boundaries or not: each rank's queries
+    against the gathered keys their windows reach, the sink once per query (fp64, exact)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from compiler.parallelize.context_parallel import ContextParallelAttention
+    from tests.models.common.test_banded_attention import dense
+
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank, cp = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (cp,), mesh_dim_names=("cp",))
+    gen = torch.Generator().manual_seed(1)
+    B, H, Hkv, T, hd = 2, 4, 2, 8 * cp, 8  # chunks of 4 tokens
+    q = torch.randn(B, H, T, hd, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(B, Hkv, T, hd, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    sinks = torch.randn(B, H, T, generator=gen, dtype=torch.float64, requires_grad=True)
+    for documents in (None, torch.stack([torch.arange(T) // 9 + (torch.arange(T) >= 3), torch.zeros(T).long()])):
+        want, _ = dense(q, k, v, sinks=sinks, window=window, documents=documents)
+        upstream = torch.randn(want.shape, generator=gen, dtype=torch.float64)
+        want_grads = torch.autograd.grad(want, (q, k, v, sinks), upstream)
+        mine = [local_chunks(t.detach(), rank=rank, cp=cp, dim=2).requires_grad_() for t in (q, k, v, sinks)]
+        docs = () if documents is None else (local_chunks(documents, rank=rank, cp=cp, dim=1),)
+        got = ContextParallelAttention(mesh, window=window, sinks=True)(*mine, *docs)
+        torch.testing.assert_close(got, local_chunks(want, rank=rank, cp=cp, dim=2), rtol=0, atol=1e-12)
+        got_grads = torch.autograd.grad(got, mine, local_chunks(upstream, rank=rank, cp=cp, dim=2))
+        for name, g, w in zip("qkvs", got_grads, want_grads):
+            torch.testing.assert_close(g, local_chunks(w, rank=rank, cp=cp, dim=2), rtol=0, atol=1e-12,
+                                       msg=lambda m: f"rank {rank}, d{name}: {m}")
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("cp", "window"), [(2, 3), (2, 6), (4, 6), (2, None)])  # shorter and longer than a chunk of 4
+def test_context_parallel_windows_and_sinks_equal_dense_attention(cp, window):
+    spawn_ranks(_cp_windows_and_sinks_match_dense, world_size=cp, args=(window,), timeout=120)
