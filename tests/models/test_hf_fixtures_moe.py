@@ -249,11 +249,10 @@ def test_export_in_the_released_fp8_layout_writes_deepseeks_fp8_folder_back(engi
     assert read_hf_model(out).config == read_hf_model(FIXTURES / "deepseek-v3-fp8").config
 
 
-def test_a_layout_the_family_is_not_released_in_is_one_error(tmp_path, capsys):
-    from runtime.checkpoint.files import CheckpointError
-    from runtime.commands.export import hf_tensors
+def test_a_bad_fp8_block_size_is_one_error():
+    from runtime.commands.export import _block_size
 
-    with pytest.raises(CheckpointError, match="--export-dtype mxfp4: qwen3_moe checkpoints are not released"):
-        hf_tensors({}, dtype="mxfp4", family="qwen3_moe", patterns={}, block_size="128,128")
-    with pytest.raises(CheckpointError, match="--fp8-block-size '16': give ROWS,COLS"):
-        hf_tensors({}, dtype="fp8-blocks", family="deepseek_v3", patterns={"fp8-blocks": ("x",)}, block_size="16")
+    assert _block_size("16,16") == (16, 16)
+    for text in ("16", "16,0", "a,b"):
+        with pytest.raises(ValueError, match=f"--fp8-block-size '{text}': give ROWS,COLS"):
+            _block_size(text)

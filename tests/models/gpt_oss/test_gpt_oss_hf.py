@@ -95,7 +95,7 @@ def test_export_stores_the_experts_as_the_released_mxfp4_folder_and_refuses_othe
     cfg, hf = weights.model.config, weights.model.spec.hf
     values = initial_values(weights)
     tensors, quantization = _quantized(hf.to_hf({n: values(n, s) for n, s in parameter_shapes(cfg).items()}, cfg), hf,
-                                       cfg.family, "mxfp4")
+                                       cfg.family, "mxfp4", block_size=(128, 128))
     _, _, saved = parse_safetensors(FIXTURES / "gpt-oss-mxfp4" / "model.safetensors")
     assert sorted(tensors) == sorted(saved)
     for name, (dtype, shape, raw) in saved.items():
@@ -103,4 +103,4 @@ def test_export_stores_the_experts_as_the_released_mxfp4_folder_and_refuses_othe
     assert quantization == json.loads((FIXTURES / "gpt-oss-mxfp4" / "config.json").read_text())["quantization_config"]
     llama = named_config("llama3-debug")
     with pytest.raises(ValueError, match="--export-dtype mxfp4: a llama3 model.*families that do: gpt_oss"):
-        _quantized({}, spec_of(llama).hf, llama.family, "mxfp4")
+        _quantized({}, spec_of(llama).hf, llama.family, "mxfp4", block_size=(128, 128))
