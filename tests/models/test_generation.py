@@ -16,7 +16,7 @@ from models.generation import next_token
 from runtime.commands import generate as generate_command
 from tests.hf_folders import gpt2_config, llama_config, read_folder, reference_config_4x, write_folder
 from tests.models.gpt2.test_hf import gpt2_forward
-from tests.models.test_llama3 import llama_forward
+from tests.models.llama3.test_llama3_hf import llama_forward
 
 CONFIGS = {
     "gpt2-untied": dataclasses.replace(named_config("tiny"), tie_embeddings=False),

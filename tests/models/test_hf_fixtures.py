@@ -7,7 +7,7 @@ GQA mapping, Conv1D transposes, q/k/v order, norms, tied heads) fails here.
 
 A family is one row of ``FAMILY_OF``: every fixture folder present must have one (a folder without a row fails),
 and each row's folder must be present. The hand-written reference forwards the other tests use on folders of other
-shapes (tests/models/gpt2/test_hf.py, tests/models/test_llama3.py) are checked against the same numbers here.
+shapes (tests/models/gpt2/test_hf.py, tests/models/llama3/test_llama3_hf.py) are checked against the same numbers here.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from runtime.commands.generate import build
 from tests.hf_folders import read_folder, reference_config_4x
 from tests.hf_reference import parse_safetensors
 from tests.models.gpt2.test_hf import gpt2_forward
+from tests.models.llama3.test_llama3_hf import llama_forward
 from tests.models.test_generation import full_sequence_greedy
-from tests.models.test_llama3 import llama_forward
 from tests.paths import FIXTURE_ROOT
 
 FIXTURES = FIXTURE_ROOT / "hf-models"

@@ -18,8 +18,8 @@ from runtime.tokenizer import load_tokenizer
 from tests.hf_folders import gpt2_config, llama_config, random_values, read_folder, reference_config_4x, write_folder
 from tests.hf_reference import pack, parse_safetensors, write_safetensors
 from tests.models.gpt2.test_hf import gpt2_forward
+from tests.models.llama3.test_llama3_hf import llama_forward
 from tests.models.test_generation import STD, full_sequence_greedy
-from tests.models.test_llama3 import llama_forward
 from tests.paths import FIXTURE_ROOT
 
 FIXTURES = FIXTURE_ROOT / "tokenizers"
