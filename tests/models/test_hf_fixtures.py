@@ -107,14 +107,12 @@ def test_greedy_ids_are_transformers_with_and_without_the_cache(name):
 
 
 @pytest.mark.parametrize("name", PRESENT)
-def test_run_py_generate_on_the_folder_gives_transformers_greedy_ids(name, capsys):
+def test_run_py_generate_on_the_folder_gives_transformers_greedy_ids(name, run_main):
     expected = _expected(name)
-    code = generate_command.main(["--init-from", str(FIXTURES / name), "--prompt-ids",
-                                  ",".join(map(str, expected["prompt"])), "--max-new-tokens",
-                                  str(len(expected["greedy_new_ids"])), "--temperature", "0"])
-    out = capsys.readouterr()
-    assert code == 0, out.err
-    assert json.loads(out.out.strip().splitlines()[-1])["new_ids"] == expected["greedy_new_ids"]
+    run = run_main(generate_command.main, ["--init-from", FIXTURES / name, "--prompt-ids", ",".join(map(str, expected["prompt"])),
+                                           "--max-new-tokens", len(expected["greedy_new_ids"]), "--temperature", 0])
+    assert run.code == 0, run.err
+    assert run.last_json()["new_ids"] == expected["greedy_new_ids"]
 
 
 @pytest.mark.parametrize("name", PLAIN)
