@@ -1,6 +1,8 @@
+import json
 import sys
 import warnings
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import pytest
 
@@ -21,3 +23,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class Printed(NamedTuple):
+    """A command's exit code and what it printed (``code, out, err = run_main(...)``)."""
+
+    code: int
+    out: str
+    err: str
+
+    def last_json(self) -> dict:
+        """The JSON object a command prints as its last line of stdout (``generate``'s result)."""
+        return json.loads(self.out.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def run_main(capsys) -> Callable[..., Printed]:
+    """``run_main(command.main, argv)``: call a command's ``main`` in this process on ``argv`` (each argument as a
+    string) and return its exit code and what that call printed."""
+
+    def run(main: Callable[[list[str]], int], argv: list) -> Printed:
+        capsys.readouterr()  # what came before is not this call's
+        code = main([str(a) for a in argv])
+        printed = capsys.readouterr()
+        return Printed(code, printed.out, printed.err)
+
+    return run

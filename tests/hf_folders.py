@@ -96,7 +96,7 @@ def llama_config(*, generation: int, layers=4, hidden=64, heads=4, kv_heads=2, h
 
 
 def reference_config_4x(config: dict) -> dict:
-    """A 5.x config in 4.x keys, for the reference forward of tests/models/test_llama3.py."""
+    """A 5.x config in 4.x keys, for the reference forward of tests/models/llama3/test_llama3_hf.py."""
     if "rope_parameters" not in config:
         return config
     params = dict(config["rope_parameters"])

@@ -25,6 +25,10 @@ from runtime.distributed.process_group import LaunchEnv, init_distributed, shutd
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The flags every quick training run of the tests shares: no validation (a single batch where one is run) and MFU
+# against a nominal 1 TFLOP/s, so that no run starts with the CPU's peak calibration.
+QUICK_RUN = ["--eval-every", "0", "--eval-batches", "1", "--peak-tflops", "1"]
+
 
 def run_command(cmd: list[str], *, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``cmd`` in its own process group; on timeout kill the whole group and fail."""

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from tests.launch import spawn_ranks
+from tests.launch import QUICK_RUN, spawn_ranks
 from tests.step_hook import after_backward
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
@@ -50,8 +50,7 @@ def _train(argv, out_dir, inject_rank):
 
 def _argv(logdir, schedule: str) -> list[str]:
     return ["--dp=2", "--pp=2", "--mp=2", "--schedule", schedule, "--model", "tiny", "--precision", "fp16", "--steps", "4",
-            "--micro-batch-size", "2", "--seq-len", "32", "--logdir", str(logdir), "--peak-tflops", "1",
-            "--log-every", "1", "--eval-every", "0", "--eval-batches", "1"]
+            "--micro-batch-size", "2", "--seq-len", "32", "--logdir", str(logdir), "--log-every", "1", *QUICK_RUN]
 
 
 def _records(out_dir):

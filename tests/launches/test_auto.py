@@ -8,13 +8,13 @@ import pytest
 
 from runtime.commands.auto import auto_config
 from runtime.commands.flags import build_parser
-from tests.launch import torchrun
+from tests.launch import QUICK_RUN, torchrun
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
 
 def test_auto_runs_the_planners_pick_on_4_ranks(tmp_path):
-    argv = ["--model", "tiny", "--steps", "2", "--precision", "fp32", "--data", "synthetic", "--eval-every", "0",
-            "--eval-batches", "1", "--peak-tflops", "1", "--logdir", str(tmp_path)]
+    argv = ["--model", "tiny", "--steps", "2", "--precision", "fp32", "--data", "synthetic", *QUICK_RUN,
+            "--logdir", str(tmp_path)]
     expected, best, _ = auto_config(build_parser().parse_args(["--auto", *argv]), ["--auto", *argv], world=4)
 
     result = torchrun(["--auto", *argv], nproc=4, timeout=300)

@@ -27,7 +27,7 @@ from models import spec_of
 from runtime.checkpoint.files import read_checkpoint, read_dcp_metadata, verify_files
 from runtime.commands.flags import parse_train_config
 from runtime.engine.data import build_data, inputs_and_targets
-from tests.launch import check_clean_failure, python_run, spawn_ranks, train_runs
+from tests.launch import QUICK_RUN, check_clean_failure, python_run, spawn_ranks, train_runs
 
 pytestmark = [
     pytest.mark.slow,  # real multi-process jobs
@@ -37,8 +37,7 @@ pytestmark = [
 
 STEPS = 20
 COMMON = ["--model", "tiny", "--precision", "fp32", "--steps", str(STEPS), "--micro-batch-size", "2", "--seq-len", "32",
-          "--global-batch-size", "16", "--warmup-steps", "2", "--lr", "3e-3", "--log-every", "5",
-          "--eval-every", "0", "--eval-batches", "1", "--peak-tflops", "1"]
+          "--global-batch-size", "16", "--warmup-steps", "2", "--lr", "3e-3", "--log-every", "5", *QUICK_RUN]
 
 
 def _mesh(dp, pp, mp) -> list[str]:

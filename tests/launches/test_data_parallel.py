@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from tests.launch import spawn_ranks
+from tests.launch import QUICK_RUN, spawn_ranks
 from tests.step_hook import after_backward
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
@@ -43,7 +43,7 @@ def _count_reductions(out_dir: str, extra: list[str]) -> None:
 
     argv = ["--dp=2", "--pp=2", "--mp=1", "--model", "tiny", "--steps", "2",
             "--microbatches", str(MICROBATCHES), "--micro-batch-size", "1", "--seq-len", "32",
-            "--logdir", out_dir, "--peak-tflops", "1", "--eval-every", "0", "--eval-batches", "1", *extra]
+            "--logdir", out_dir, *QUICK_RUN, *extra]
     after_backward(record)
     assert run.main(argv) == 0
     with open(f"{out_dir}/rank{os.environ['RANK']}.json", "w") as f:

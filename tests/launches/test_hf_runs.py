@@ -27,7 +27,7 @@ from runtime.commands import export, generate
 from runtime.engine.data import build_data, inputs_and_targets
 from tests.hf_folders import Folder, gpt2_config, llama_config, read_folder, write_folder
 from tests.hf_reference import parse_safetensors
-from tests.launch import spawn_ranks, train_each
+from tests.launch import QUICK_RUN, spawn_ranks, train_each
 from tests.models.test_generation import full_sequence_greedy
 from tests.paths import FIXTURE_ROOT
 from tests.runtime.checkpoint.test_hf_weights import reference_logits
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.slow,  # real multi-process jobs
               pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")]  # export reads in-process
 
 COMMON = ["--precision", "fp32", "--steps", "1", "--micro-batch-size", "2", "--warmup-steps", "0", "--lr", "1e-30",
-          "--log-every", "1", "--eval-every", "0", "--eval-batches", "1", "--peak-tflops", "1"]
+          "--log-every", "1", *QUICK_RUN]
 GENERATION_STD = (1.0, 0.05)  # an untied GPT-2 whose greedy decoding varies (tests/hf_folders.py)
 
 FIXTURES = FIXTURE_ROOT / "hf-models"  # written by transformers

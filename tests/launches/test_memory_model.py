@@ -24,7 +24,7 @@ from compiler.planner.search import Pricer
 from compiler.planner.shape import DecoderShape
 from runtime.commands.flag_table import plan_flags
 from runtime.commands.flags import parse_train_config
-from tests.launch import spawn_ranks, train_each
+from tests.launch import QUICK_RUN, spawn_ranks, train_each
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
 
@@ -77,8 +77,8 @@ def measured(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
         by_world.setdefault(plan.dp * plan.pp * plan.mp, []).append(plan)
     out = {}
     for world, plans in by_world.items():
-        argvs = [[*_flags(p), "--data", "synthetic", "--steps", "2", "--eval-every", "0", "--eval-batches", "1",
-                  "--peak-tflops", "1", "--profile-memory", "--logdir", str(root / _case_id(p))] for p in plans]
+        argvs = [[*_flags(p), "--data", "synthetic", "--steps", "2", *QUICK_RUN, "--profile-memory", "--logdir",
+                  str(root / _case_id(p))] for p in plans]
         try:
             spawn_ranks(train_each, world_size=world, args=(argvs,), timeout=60 + 90 * len(plans))
             error = None

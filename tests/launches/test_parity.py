@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor
 from compiler.torch_compat import stages_receive_integer_tensors
 from models import spec_of
 from runtime.commands.flags import parse_train_config
-from tests.launch import spawn_ranks, train_each
+from tests.launch import QUICK_RUN, spawn_ranks, train_each
 from tests.reference import train_reference
 from tests.step_hook import after_backward
 
@@ -26,8 +26,7 @@ pytestmark = pytest.mark.slow  # real multi-process jobs
 
 STEPS = 2
 COMMON = ["--model", "tiny", "--precision", "fp32", "--steps", str(STEPS), "--micro-batch-size", "2",
-          "--seq-len", "32", "--warmup-steps", "1", "--lr", "3e-3", "--log-every", "1", "--eval-every", "0",
-          "--eval-batches", "1", "--peak-tflops", "1"]
+          "--seq-len", "32", "--warmup-steps", "1", "--lr", "3e-3", "--log-every", "1", *QUICK_RUN]
 
 LLAMA = ["--model", "llama3-debug", "--layers", "4", "--heads", "8", "--kv-heads", "4"]
 DOCUMENTS = ["--document-mask", "--eod-token", "10"]

@@ -13,15 +13,14 @@ import pytest
 
 from runtime.checkpoint.files import find_latest
 from runtime.engine.preemption import PREEMPTED_EXIT_CODE
-from tests.launch import TorchrunJob, alive, train_runs
+from tests.launch import QUICK_RUN, TorchrunJob, alive, train_runs
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
 
 STEPS = 20
 MESH = ["--dp=2", "--pp=2", "--mp=2"]
 ARGS = ["--model", "tiny", "--precision", "fp32", "--micro-batch-size", "2", "--seq-len", "32",
-        "--global-batch-size", "8", "--steps", str(STEPS), "--eval-every", "0", "--eval-batches", "1",
-        "--peak-tflops", "1", "--log-every", "1"]
+        "--global-batch-size", "8", "--steps", str(STEPS), *QUICK_RUN, "--log-every", "1"]
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,12 @@ import time
 import pytest
 
 from runtime.checkpoint.files import find_latest, verify_files
-from tests.launch import TorchrunJob, alive, torchrun
+from tests.launch import QUICK_RUN, TorchrunJob, alive, torchrun
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
 KILL_RANK = 5  # dp 1, pp 0, mp 1: neither rank 0 (DCP's coordinator) nor the logging rank
 ARGS = ["--model", "tiny", "--precision", "fp32", "--micro-batch-size", "2", "--seq-len", "32",
-        "--global-batch-size", "8", "--steps", "500", "--eval-every", "0", "--eval-batches", "1",
-        "--peak-tflops", "1", "--log-every", "1", "--checkpoint-every", "2"]
+        "--global-batch-size", "8", "--steps", "500", *QUICK_RUN, "--log-every", "1", "--checkpoint-every", "2"]
 
 
 def test_sigkill_of_one_rank_ends_the_job_and_resume_continues(tmp_path):

@@ -1,17 +1,16 @@
 """The generic checks every registered model family passes: the naming contract, plans that name real
-modules, tied weights, name-seeded initial values, flag overrides, parameter counts and the Hugging Face
-adapter's round trip. (Parity with one process at one mesh: tests/launches/test_parity.py, a case per family.)"""
+modules, tied weights, name-seeded initial values, flag overrides, parameter counts, the Hugging Face
+adapter's round trip, document masks and shorter windows. The other per-family checks: tests/models/test_family_*.py
+(published sizes and FLOPs, config.json generations and refusals, the meta-device trace, the flag checks); parity
+with one process at one mesh: tests/launches/test_parity.py, a case per family."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
 from torch import nn
 
 from models import (
-    FAMILIES,
     MODEL_NAMES,
     build_model,
     config_from_dict,
@@ -38,19 +37,14 @@ from models.spec import (
     VOCAB_HEAD,
 )
 from runtime.engine.data.inputs import document_ids
+from tests.models.family_configs import SPECS, as_read_from_hf, debug_config, family_id
 
-SPECS = list(FAMILIES.values())
 LINEAR_STYLES = {COLWISE, ROWWISE, ROWWISE_SCATTER, REPLICATED}
 
 
-def _debug(spec, **overrides):
-    base = spec.sizes[spec.debug_size]
-    return spec.with_overrides(base, **overrides) if overrides else base
-
-
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+@pytest.mark.parametrize("spec", SPECS, ids=family_id)
 def test_the_model_follows_the_naming_contract(spec):
-    cfg = _debug(spec, seq_len=16)
+    cfg = debug_config(spec, seq_len=16)
     model = build_model(cfg, seed=0)
     assert isinstance(getattr(model, TOKEN_EMBEDDING), nn.Embedding)
     assert isinstance(getattr(model, LM_HEAD), nn.Linear)
@@ -64,9 +58,9 @@ def test_the_model_follows_the_naming_contract(spec):
     assert model(tokens).shape == (2, cfg.seq_len, cfg.vocab_size)
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+@pytest.mark.parametrize("spec", SPECS, ids=family_id)
 def test_every_plan_key_names_a_module_of_the_right_kind(spec):
-    cfg = _debug(spec)
+    cfg = debug_config(spec)
     model = spec.build(cfg)
     plan = spec.block_plan(sequence_parallel=True)
     named = set()
@@ -106,10 +100,10 @@ def test_every_plan_key_names_a_module_of_the_right_kind(spec):
     assert styles - {HEAD_NORM, HEAD_SHARED, HEADWISE} == {COLWISE, ROWWISE}
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+@pytest.mark.parametrize("spec", SPECS, ids=family_id)
 def test_tied_weights_name_parameters_and_tie_only_when_asked(spec):
     for tie in (True, False):
-        cfg = _debug(spec, tie_embeddings=tie)
+        cfg = debug_config(spec, tie_embeddings=tie)
         model = spec.build(cfg)
         shared = {n for n, _ in model.named_parameters()}  # a tied copy is not listed twice
         for copy, source in spec.tied_weights.items():
@@ -121,9 +115,9 @@ def test_tied_weights_name_parameters_and_tie_only_when_asked(spec):
             assert untied.get_parameter(copy) is not untied.get_parameter(source)
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+@pytest.mark.parametrize("spec", SPECS, ids=family_id)
 def test_initial_values_are_name_seeded_and_tied_copies_start_equal(spec):
-    cfg = _debug(spec)
+    cfg = debug_config(spec)
     a, b = build_model(cfg, seed=3), build_model(cfg, seed=3)
     for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(p, q), name
@@ -131,27 +125,25 @@ def test_initial_values_are_name_seeded_and_tied_copies_start_equal(spec):
     name, p = next((n, p) for n, p in a.named_parameters() if n.startswith("layers.1.") and p.dim() == 2)
     assert torch.equal(spec.initial_value(name, tuple(p.shape), seed=3, cfg=cfg), p.detach())
     assert not torch.equal(spec.initial_value(name, tuple(p.shape), seed=4, cfg=cfg), p.detach())
-    tied = _debug(spec, tie_embeddings=True)
+    tied = debug_config(spec, tie_embeddings=True)
     for copy, source in spec.tied_weights.items():
         shape = tuple(spec.build(tied).get_parameter(source).shape)
         assert torch.equal(spec.initial_value(copy, shape, seed=1, cfg=tied),
                            spec.initial_value(source, shape, seed=1, cfg=tied))
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+@pytest.mark.parametrize("spec", SPECS, ids=family_id)
 def test_configs_round_trip_through_checkpoint_dicts_and_hf_config(spec):
     for name, cfg in spec.sizes.items():
         assert config_from_dict(config_to_dict(cfg)) == cfg, name
-        # the debug sizes' wide router initialisation is the engine's, no part of a Hugging Face config
-        fresh = dataclasses.replace(cfg, router_init_std=0.02) if hasattr(cfg, "router_init_std") else cfg
-        assert spec.hf.config_from_hf(spec.hf.config_to_hf(cfg)) == fresh, name
+        assert spec.hf.config_from_hf(spec.hf.config_to_hf(cfg)) == as_read_from_hf(cfg), name
         assert spec.hf.config_to_hf(cfg)["architectures"][0] == spec.hf.architectures[0]
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+@pytest.mark.parametrize("spec", SPECS, ids=family_id)
 def test_the_hf_adapter_round_trips_every_parameter(spec):
     for tie in (True, False):
-        cfg = _debug(spec, tie_embeddings=tie, seq_len=16)
+        cfg = debug_config(spec, tie_embeddings=tie, seq_len=16)
         model = build_model(cfg, seed=11)
         state = {n: p.detach() for n, p in model.named_parameters(remove_duplicate=False)}
         hf = spec.hf.to_hf(state, cfg)
@@ -168,12 +160,12 @@ def test_named_sizes_are_unique_and_parameter_counts_are_positive():
     for name, (spec, cfg) in MODEL_NAMES.items():
         assert cfg.family == spec.family and spec_of(cfg) is spec, name
         assert spec.check(cfg, 1) is None, name
-    assert parameter_count(_debug(SPECS[0])) > 0
+    assert parameter_count(debug_config(SPECS[0])) > 0
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+@pytest.mark.parametrize("spec", SPECS, ids=family_id)
 def test_packed_documents_attend_only_within_their_document(spec):
-    cfg = _debug(spec, seq_len=16)
+    cfg = debug_config(spec, seq_len=16)
     model = build_model(cfg, seed=5)
     g = torch.Generator().manual_seed(1)
     first, second = torch.randint(0, cfg.vocab_size, (1, 6), generator=g), torch.randint(0, cfg.vocab_size, (1, 10), generator=g)
@@ -187,11 +179,14 @@ def test_packed_documents_attend_only_within_their_document(spec):
         whole = torch.arange(16).unsqueeze(0)
         torch.testing.assert_close(model(packed, whole, torch.zeros_like(whole)), model(packed), rtol=1e-5, atol=1e-5)
         assert not torch.allclose(logits[:, 6:], model(packed)[:, 6:], atol=1e-4)  # the mask does something
+        # Positions restarting without document ids are still one document: positions alone mask nothing.
+        assert not torch.allclose(model(packed, positions)[:, 6:], model(second), atol=1e-3)
+        torch.testing.assert_close(model(packed, whole), model(packed), rtol=1e-5, atol=1e-6)  # the default positions
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.family)
+@pytest.mark.parametrize("spec", SPECS, ids=family_id)
 def test_a_shorter_window_keeps_the_models_context_and_every_shape(spec):
-    cfg = _debug(spec)
+    cfg = debug_config(spec)
     short = with_window(cfg, cfg.seq_len // 4)
     assert short.seq_len == cfg.seq_len // 4 and short.context == cfg.context
     assert parameter_shapes(short) == parameter_shapes(cfg)

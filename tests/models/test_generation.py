@@ -6,7 +6,6 @@ one-line errors. (From a checkpoint: tests/launches/test_hf_runs.py.)"""
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from models.generation import next_token
 from runtime.commands import generate as generate_command
 from tests.hf_folders import gpt2_config, llama_config, read_folder, reference_config_4x, write_folder
 from tests.models.gpt2.test_hf import gpt2_forward
-from tests.models.test_llama3 import llama_forward
+from tests.models.llama3.test_llama3_hf import llama_forward
 
 CONFIGS = {
     "gpt2-untied": dataclasses.replace(named_config("tiny"), tie_embeddings=False),
@@ -95,14 +94,8 @@ def test_sampling_keeps_to_the_top_k_and_repeats_with_a_seed():
 
 # ---- run.py generate on Hugging Face folders ----
 
-def _run(argv, capsys) -> tuple[int, str, str]:
-    code = generate_command.main(argv)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_generate_from_a_folder_gives_the_reference_models_greedy_tokens(tmp_path, capsys, family):
+def test_generate_from_a_folder_gives_the_reference_models_greedy_tokens(tmp_path, run_main, family):
     if family == "gpt2":
         config = gpt2_config(n_layer=2, n_embd=32, n_head=2, n_positions=48, tied=False)
     else:  # token ids: a vocabulary that is not bytes
@@ -116,24 +109,23 @@ def test_generate_from_a_folder_gives_the_reference_models_greedy_tokens(tmp_pat
         prompt, argv = [5, 200, 17], ["--prompt-ids", "5,200,17"]
         forward = lambda seq: llama_forward(tensors, reference_config_4x(config), seq)  # noqa: E731
     new = 48 - len(prompt) + 1  # every position, the last new token never fed back
-    code, out, err = _run(["--init-from", str(folder.path), *argv, "--max-new-tokens", str(new),
-                           "--temperature", "0"], capsys)
-    assert code == 0, err
-    result = json.loads(out.strip().splitlines()[-1])
+    run = run_main(generate_command.main, ["--init-from", folder.path, *argv, "--max-new-tokens", new, "--temperature", 0])
+    assert run.code == 0, run.err
+    result = run.last_json()
     want = full_sequence_greedy(forward, torch.tensor([prompt]), new)[0].tolist()
     assert result["prompt_ids"] == prompt and result["new_ids"] == want
     assert len(set(want)) > 5
     if family == "gpt2":  # byte-level: text out too
         assert result["text"] == bytes(want).decode("utf-8", errors="replace")
-        assert out.strip().splitlines()[0].startswith("Hi, é")
+        assert run.out.strip().splitlines()[0].startswith("Hi, é")
     else:
         assert "text" not in result
 
 
-def test_sampled_generation_repeats_with_its_seed(tmp_path, capsys):
+def test_sampled_generation_repeats_with_its_seed(tmp_path, run_main):
     folder = write_folder(tmp_path / "m", llama_config(generation=4, layers=2, hidden=32, inner=64))
     argv = ["--init-from", str(folder.path), "--prompt", "abc", "--max-new-tokens", "12", "--temperature", "1.5"]
-    runs = [json.loads(_run([*argv, "--seed", str(seed)], capsys)[1].splitlines()[-1])["new_ids"] for seed in (1, 1, 2)]
+    runs = [run_main(generate_command.main, [*argv, "--seed", seed]).last_json()["new_ids"] for seed in (1, 1, 2)]
     assert runs[0] == runs[1] != runs[2]
 
 
@@ -150,11 +142,11 @@ def test_sampled_generation_repeats_with_its_seed(tmp_path, capsys):
     (["--init-from", "{bytes}", "--prompt", "x", "--temperature", "-1"], ["--temperature", ">= 0"]),
     (["--init-from", "{bytes}/config.json", "--prompt", "x"], ["not a folder", "--checkpoint"]),
 ])
-def test_bad_generate_input_is_one_error_line(tmp_path, capsys, argv, words):
+def test_bad_generate_input_is_one_error_line(tmp_path, run_main, argv, words):
     byte_level = write_folder(tmp_path / "bytes", gpt2_config(n_positions=32, n_layer=1, n_embd=16, n_head=2))
     ids = write_folder(tmp_path / "ids", gpt2_config(n_positions=32, n_layer=1, n_embd=16, n_head=2, vocab_size=300))
     argv = [a.format(bytes=byte_level.path, ids=ids.path) for a in argv]
-    code, out, err = _run(argv, capsys)
+    code, out, err = run_main(generate_command.main, argv)
     lines = [line for line in (out + err).splitlines() if line]
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
     for word in words:

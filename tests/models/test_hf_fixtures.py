@@ -7,7 +7,7 @@ GQA mapping, Conv1D transposes, q/k/v order, norms, tied heads) fails here.
 
 A family is one row of ``FAMILY_OF``: every fixture folder present must have one (a folder without a row fails),
 and each row's folder must be present. The hand-written reference forwards the other tests use on folders of other
-shapes (tests/models/gpt2/test_hf.py, tests/models/test_llama3.py) are checked against the same numbers here.
+shapes (tests/models/gpt2/test_hf.py, tests/models/llama3/test_llama3_hf.py) are checked against the same numbers here.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from runtime.commands.generate import build
 from tests.hf_folders import read_folder, reference_config_4x
 from tests.hf_reference import parse_safetensors
 from tests.models.gpt2.test_hf import gpt2_forward
+from tests.models.llama3.test_llama3_hf import llama_forward
 from tests.models.test_generation import full_sequence_greedy
-from tests.models.test_llama3 import llama_forward
 from tests.paths import FIXTURE_ROOT
 
 FIXTURES = FIXTURE_ROOT / "hf-models"
@@ -107,14 +107,12 @@ def test_greedy_ids_are_transformers_with_and_without_the_cache(name):
 
 
 @pytest.mark.parametrize("name", PRESENT)
-def test_run_py_generate_on_the_folder_gives_transformers_greedy_ids(name, capsys):
+def test_run_py_generate_on_the_folder_gives_transformers_greedy_ids(name, run_main):
     expected = _expected(name)
-    code = generate_command.main(["--init-from", str(FIXTURES / name), "--prompt-ids",
-                                  ",".join(map(str, expected["prompt"])), "--max-new-tokens",
-                                  str(len(expected["greedy_new_ids"])), "--temperature", "0"])
-    out = capsys.readouterr()
-    assert code == 0, out.err
-    assert json.loads(out.out.strip().splitlines()[-1])["new_ids"] == expected["greedy_new_ids"]
+    run = run_main(generate_command.main, ["--init-from", FIXTURES / name, "--prompt-ids", ",".join(map(str, expected["prompt"])),
+                                           "--max-new-tokens", len(expected["greedy_new_ids"]), "--temperature", 0])
+    assert run.code == 0, run.err
+    assert run.last_json()["new_ids"] == expected["greedy_new_ids"]
 
 
 @pytest.mark.parametrize("name", PLAIN)

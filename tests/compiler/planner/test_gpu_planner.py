@@ -165,13 +165,14 @@ def test_a_moe_search_considers_expert_parallelism_and_ep_trades_memory_for_all_
     assert eight.memory_per_rank < one.memory_per_rank and eight.breakdown.ep > 0 == one.breakdown.ep
 
 
-def test_plan_json_and_a_priced_plan(tmp_path, capsys):
+def test_plan_json_and_a_priced_plan(tmp_path, run_main):
     out = tmp_path / "plan.json"
     argv = ["--world", "64", "--cluster", "a100-80gb", "--layers", "24", "--d-model", "2048", "--heads", "16",
             "--kv-heads", "4", "--mlp", "swiglu", "--seq-len", "2048", "--vocab-size", "32000",
             "--global-batch-size", "256", "--dp", "8", "--pp", "2", "--mp", "4", "--micro-batch-size", "2",
             "--json", str(out)]
-    assert plan_command.main(argv) == 0
+    run = run_main(plan_command.main, argv)
+    assert run.code == 0, run.err
     data = json.loads(out.read_text())
     assert {"best", "priced", "considered", "binding", "advice"} <= set(data) and data["considered"] > 0
     keys = {"dp", "pp", "mp", "cp", "ep", "schedule", "stages_per_rank", "micro_batch_size", "activation_checkpointing",
@@ -183,10 +184,10 @@ def test_plan_json_and_a_priced_plan(tmp_path, capsys):
     assert best["step_time_s"] <= priced["step_time_s"]
     assert sum(best["breakdown"].values()) == pytest.approx(best["step_time_s"])
     assert best["mfu"] == pytest.approx(best["model_tflops_per_gpu"] / 312)
-    assert "binding constraint" in capsys.readouterr().out and data["binding"]
+    assert "binding constraint" in run.out and data["binding"]
     # A world beyond a bounded cluster file is an error, not time-sharing.
-    assert plan_command.main(["--world", "4096", "--cluster", "h100-80gb-4x8-ib"]) == 2
-    assert "exceeds" in capsys.readouterr().err
+    code, _, err = run_main(plan_command.main, ["--world", "4096", "--cluster", "h100-80gb-4x8-ib"])
+    assert code == 2 and "exceeds" in err
 
 
 @pytest.mark.parametrize(("fixed", "why"), [
@@ -194,26 +195,28 @@ def test_plan_json_and_a_priced_plan(tmp_path, capsys):
     (["--pp", "8", "--stages-per-rank", "8"], "too few layers for pp x v stages"),
     (["--dp", "16", "--micro-batch-size", "3"], "micro-batch 3 does not divide a replica's 4 sequences"),
 ])
-def test_a_named_layout_no_plan_matches_says_which_value_rules_it_out(capsys, fixed, why):
+def test_a_named_layout_no_plan_matches_says_which_value_rules_it_out(run_main, fixed, why):
     argv = ["--world", "64", "--cluster", "h100-80gb", "--model", "llama3-8b", "--global-batch-size", "64", *fixed]
-    assert plan_command.main(argv) == 0
-    assert f"priced: no plan matches --dp/--pp/--mp/... here: {why}\n" in capsys.readouterr().out
+    code, out, err = run_main(plan_command.main, argv)
+    assert code == 0, err
+    assert f"priced: no plan matches --dp/--pp/--mp/... here: {why}\n" in out
 
 
 @pytest.mark.parametrize(("vocab", "mp", "padded"), [("50257", "1", "50304"), ("50257", "2", "50304"),
                                                      ("50304", "1", None), ("32000", "4", None)])
-def test_a_gpu_plan_whose_head_is_unaligned_prices_the_padded_vocabulary(tmp_path, capsys, vocab, mp, padded):
+def test_a_gpu_plan_whose_head_is_unaligned_prices_the_padded_vocabulary(tmp_path, run_main, vocab, mp, padded):
     """GPT-2's 50,257 words: the head's products run on unaligned kernels (compiler/planner/devices.py); plan
     names --vocab-size padded to a multiple of 64 x mp and prices it, faster."""
     out = tmp_path / "p.json"
     argv = ["--world", "8", "--cluster", "h100-80gb", "--model", "small", "--vocab-size", vocab, "--mp", mp,
             "--global-batch-size", "64", "--json", str(out)]
-    assert plan_command.main(argv) == 0
+    run = run_main(plan_command.main, argv)
+    assert run.code == 0, run.err
     line, best = json.loads(out.read_text())["vocabulary"], json.loads(out.read_text())["best"]
     if padded is None:
         assert line is None
         return
-    assert line in capsys.readouterr().out and f"--vocab-size {padded}:" in line
+    assert line in run.out and f"--vocab-size {padded}:" in line
     speedup = float(line.rsplit(", ", 1)[1].split("x")[0])
     assert speedup > 1.2  # the head's three products at 1 / unaligned_slowdown of the rate, then at the full rate
     argv[argv.index("--vocab-size") + 1] = padded

@@ -42,9 +42,9 @@ def test_tensor_parallelism_splits_the_heads_matrices_and_replicates_the_down_pr
     assert whole.total - split.total == pytest.approx((whole.total - replicated) * 7 / 8)  # a dense block
 
 
-def test_run_py_plan_prices_deepseek_v3(capsys):
+def test_run_py_plan_prices_deepseek_v3(run_main):
     from runtime.commands import plan
 
-    assert plan.main(["--model", "deepseek-v3", "--world", "2048", "--cluster", "h100-80gb", "--top", "1"]) == 0
-    out = capsys.readouterr().out
+    code, out, err = run_main(plan.main, ["--model", "deepseek-v3", "--world", "2048", "--cluster", "h100-80gb", "--top", "1"])
+    assert code == 0, err
     assert "671.03B parameters, 37.55B activated" in out and "s/step" in out

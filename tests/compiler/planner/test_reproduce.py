@@ -105,11 +105,11 @@ def test_torchtitan_pipeline_rows_run_its_default_micro_batches_and_stages_per_r
         assert c.stages_per_rank == (2 if c.schedule == "interleaved-1f1b" else 1), run.label
 
 
-def test_plan_reproduce_prints_errors_and_separates_in_and_out_of_sample(tmp_path, capsys):
+def test_plan_reproduce_prints_errors_and_separates_in_and_out_of_sample(tmp_path, run_main):
     out = tmp_path / "r.json"
     argv = ["--reproduce", str(TABLE1), str(next(p for p in FILES if p.name == "bloom_176b.json")), "--json", str(out)]
-    assert plan_command.main(argv) == 0
-    text = capsys.readouterr().out
+    code, text, err = run_main(plan_command.main, argv)
+    assert code == 0, err
     assert "in sample: 10 rows" in text and "out of sample: 1 rows" in text and "| in sample |" in text
     data = json.loads(out.read_text())
     assert data["summary"]["in_sample"]["rows"] == 10 and data["summary"]["out_of_sample"]["rows"] == 1
@@ -174,7 +174,7 @@ def test_the_priced_plans_hold_each_expert_on_the_ranks_the_source_states():
     (lambda d: d["rows"][1]["layout"].pop("cp"), "layout expert_dp: checked against dp, mp, cp and ep, so those are "
                                                  "stated too (cp is not)"),
 ])
-def test_a_malformed_published_file_is_one_error_naming_it(tmp_path, capsys, change, message):
+def test_a_malformed_published_file_is_one_error_naming_it(tmp_path, run_main, change, message):
     data = json.loads(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json").read_text())
     change(data)
     path = tmp_path / "bad.json"
@@ -182,17 +182,17 @@ def test_a_malformed_published_file_is_one_error_naming_it(tmp_path, capsys, cha
     with pytest.raises(ValueError, match=str(path)) as e:
         load_table(path)
     assert message in str(e.value)
-    assert plan_command.main(["--reproduce", str(path)]) == 2
-    assert capsys.readouterr().err.startswith(f"error: {path}")
+    code, _, err = run_main(plan_command.main, ["--reproduce", path])
+    assert code == 2 and err.startswith(f"error: {path}")
 
 
-def test_a_row_no_plan_matches_says_why_and_is_counted_apart(tmp_path, capsys):
+def test_a_row_no_plan_matches_says_why_and_is_counted_apart(tmp_path, run_main):
     data = json.loads(next(p for p in FILES if p.name == "megatron_moe_qwen3_235b.json").read_text())
     data["rows"][2]["layout"]["stages_per_rank"] = 4  # pp 32 x v 4 = 128 stages for 94 layers (+ 2)
     path = tmp_path / "qwen3.json"
     path.write_text(json.dumps(data))
-    assert plan_command.main(["--reproduce", str(path), "--json", str(tmp_path / "out.json")]) == 0
-    out = capsys.readouterr().out
+    code, out, err = run_main(plan_command.main, ["--reproduce", path, "--json", tmp_path / "out.json"])
+    assert code == 0, err
     assert "| no plan: too few layers for pp x v stages |" in out
     assert "out of sample: 3 rows (1 not priced: no plan)" in out
     rows = json.loads((tmp_path / "out.json").read_text())["rows"]

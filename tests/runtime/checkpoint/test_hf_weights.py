@@ -21,7 +21,7 @@ from runtime.distributed.process_group import LaunchEnv
 from tests.hf_folders import gpt2_config, llama_config, read_folder, reference_config_4x, write_folder
 from tests.launch import check_clean_failure
 from tests.models.gpt2.test_hf import gpt2_forward
-from tests.models.test_llama3 import llama_forward
+from tests.models.llama3.test_llama3_hf import llama_forward
 from tests.paths import FIXTURE_ROOT
 
 ENV = LaunchEnv(rank=0, world_size=1, local_rank=0, local_world_size=1)

@@ -18,8 +18,8 @@ from runtime.tokenizer import load_tokenizer
 from tests.hf_folders import gpt2_config, llama_config, random_values, read_folder, reference_config_4x, write_folder
 from tests.hf_reference import pack, parse_safetensors, write_safetensors
 from tests.models.gpt2.test_hf import gpt2_forward
+from tests.models.llama3.test_llama3_hf import llama_forward
 from tests.models.test_generation import STD, full_sequence_greedy
-from tests.models.test_llama3 import llama_forward
 from tests.paths import FIXTURE_ROOT
 
 FIXTURES = FIXTURE_ROOT / "tokenizers"
@@ -41,21 +41,21 @@ def _folder(root: Path, family: str):
     return folder.path, lambda seq: llama_forward(tensors, reference_config_4x(config), seq)
 
 
-def _generate(argv: list[str], capsys) -> tuple[int, dict, str, str]:
-    code = generate_command.main([str(a) for a in argv])
-    out = capsys.readouterr()
-    lines = out.out.strip().splitlines()
-    return code, json.loads(lines[-1]) if code == 0 else {}, "\n".join(lines[:-1]), out.err
+def _generate(run_main, argv: list) -> tuple[int, dict, str, str]:
+    """(exit code, the result generate prints last, the text it prints before, stderr)."""
+    run = run_main(generate_command.main, argv)
+    lines = run.out.strip().splitlines()
+    return run.code, run.last_json() if run.code == 0 else {}, "\n".join(lines[:-1]), run.err
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
-def test_text_in_text_out_with_the_folders_tokenizer(tmp_path, capsys, family):
+def test_text_in_text_out_with_the_folders_tokenizer(tmp_path, run_main, family):
     path, forward = _folder(tmp_path, family)
     tokenizer = load_tokenizer(path)
     prompt = tokenizer.encode(PROMPT, add_special_tokens=True)
     assert (prompt[0] == 2032) == (family == "llama")  # Llama 3's post-processor puts <|begin_of_text|> first
-    code, result, printed, err = _generate(["--init-from", path, "--prompt", PROMPT, "--max-new-tokens", 12,
-                                            "--temperature", 0], capsys)
+    code, result, printed, err = _generate(run_main, ["--init-from", path, "--prompt", PROMPT, "--max-new-tokens", 12,
+                                                      "--temperature", 0])
     assert code == 0, err
     greedy = full_sequence_greedy(forward, torch.tensor([prompt]), 12)[0].tolist()
     eos = tokenizer.token_to_id("<|endoftext|>" if family == "gpt2" else "<|end_of_text|>")
@@ -67,7 +67,7 @@ def test_text_in_text_out_with_the_folders_tokenizer(tmp_path, capsys, family):
     assert f"the tokenizer of {path}" in err
 
 
-def test_a_qwen3_folder_with_qwen2s_tokenizer_takes_and_prints_text(tmp_path, capsys):
+def test_a_qwen3_folder_with_qwen2s_tokenizer_takes_and_prints_text(tmp_path, run_main):
     """The Qwen3 fixture folder (tests/fixtures/hf-models/qwen3, written by transformers) with its vocabulary
     rows resized to the Qwen2-style tokenizer's 2,051 ids (seeded values) and that tokenizer beside it."""
     source, folder = FIXTURE_ROOT / "hf-models" / "qwen3", tmp_path / "qwen3"
@@ -84,8 +84,8 @@ def test_a_qwen3_folder_with_qwen2s_tokenizer_takes_and_prints_text(tmp_path, ca
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copyfile(FIXTURES / "qwen2-style" / name, folder / name)
     tokenizer = load_tokenizer(folder)
-    code, result, printed, err = _generate(["--init-from", folder, "--prompt", "Über <|im_start|>" + PROMPT,
-                                            "--max-new-tokens", 10, "--temperature", 0], capsys)
+    code, result, printed, err = _generate(run_main, ["--init-from", folder, "--prompt", "Über <|im_start|>" + PROMPT,
+                                                      "--max-new-tokens", 10, "--temperature", 0])
     assert code == 0, err
     prompt = tokenizer.encode("Über <|im_start|>" + PROMPT)  # NFC, the special token matched, no bos added
     assert result["prompt_ids"] == prompt and 2049 in prompt and len(result["new_ids"]) >= 1
@@ -94,30 +94,30 @@ def test_a_qwen3_folder_with_qwen2s_tokenizer_takes_and_prints_text(tmp_path, ca
     assert result["stopped"] == ("eos" if 2048 in result["new_ids"] else "length")
 
 
-def test_generation_stops_at_generation_configs_eos(tmp_path, capsys):
+def test_generation_stops_at_generation_configs_eos(tmp_path, run_main):
     path, forward = _folder(tmp_path, "llama")
     tokenizer = load_tokenizer(path)
     prompt = tokenizer.encode(PROMPT, add_special_tokens=True)
     greedy = full_sequence_greedy(forward, torch.tensor([prompt]), 12)[0].tolist()
     k = next(i for i in range(2, 12) if greedy[i] not in greedy[:i])  # a token that first appears at step k
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, greedy[k]]}))
-    code, result, printed, err = _generate(["--init-from", path, "--prompt", PROMPT, "--max-new-tokens", 12,
-                                            "--temperature", 0], capsys)
+    code, result, printed, err = _generate(run_main, ["--init-from", path, "--prompt", PROMPT, "--max-new-tokens", 12,
+                                                      "--temperature", 0])
     assert code == 0, err
     assert result["new_ids"] == greedy[: k + 1] and result["stopped"] == "eos"
     assert printed == tokenizer.decode(prompt + greedy[:k], skip_special_tokens=True)
 
 
-def test_a_tokenizer_for_another_vocabulary_or_none_is_one_error_line(tmp_path, capsys):
+def test_a_tokenizer_for_another_vocabulary_or_none_is_one_error_line(tmp_path, run_main):
     path, _ = _folder(tmp_path, "gpt2")
-    code, _, printed, err = _generate(["--init-from", path, "--prompt", "x", "--tokenizer", FIXTURES / "qwen2-style"], capsys)
+    code, _, printed, err = _generate(run_main, ["--init-from", path, "--prompt", "x", "--tokenizer", FIXTURES / "qwen2-style"])
     assert code == 2 and err.startswith("error: the tokenizer in")
     assert "2,051 tokens, more than this model's vocabulary (2,000)" in err
     (path / "tokenizer.json").unlink()
-    code, _, printed, err = _generate(["--init-from", path, "--prompt", "x"], capsys)
+    code, _, printed, err = _generate(run_main, ["--init-from", path, "--prompt", "x"])
     assert code == 2 and "no tokenizer.json comes with it; give its tokenizer folder (--tokenizer FOLDER)" in err
-    code, result, _, err = _generate(["--init-from", path, "--prompt", "x", "--tokenizer", FIXTURES / "gpt2-style",
-                                      "--max-new-tokens", 2], capsys)
+    code, result, _, err = _generate(run_main, ["--init-from", path, "--prompt", "x", "--tokenizer", FIXTURES / "gpt2-style",
+                                                "--max-new-tokens", 2])
     assert code == 0 and result["prompt_ids"] == load_tokenizer(FIXTURES / "gpt2-style").encode("x"), err
 
 

@@ -53,12 +53,6 @@ def _corpus(root: Path) -> tuple[list[Path], list[str]]:
     return files, [*texts, lines[0]["text"], lines[2]["text"]]  # the empty JSON document is skipped
 
 
-def _run(argv: list[str], capsys) -> tuple[int, str, str]:
-    code = tokenize_command.main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def _tokens(data) -> list[int]:
     """Every token of the training and validation spans, in order."""
     spans = [*data.train.components[0].corpus.spans, *data.val.components[0].corpus.spans]
@@ -72,7 +66,7 @@ def _split(docs: list[list[int]], fraction: float) -> tuple[list[list[int]], lis
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_each_format_is_byte_for_byte_the_reference_writers(tmp_path, capsys, llama3, workers):
+def test_each_format_is_byte_for_byte_the_reference_writers(tmp_path, run_main, llama3, workers):
     files, texts = _corpus(tmp_path / "in")
     docs = [llama3.encode(t, split_special_tokens=True) + [EOS] for t in texts]
     train, val = _split(docs, 0.4)
@@ -80,7 +74,7 @@ def test_each_format_is_byte_for_byte_the_reference_writers(tmp_path, capsys, ll
     flat = lambda ds: [t for d in ds for t in d]  # noqa: E731
     common = ["--tokenizer", LLAMA3, *files, "--val-fraction", "0.4", "--workers", workers]
 
-    code, out, err = _run([*common, "--out", tmp_path / "nano", "--format", "nanogpt"], capsys)
+    code, out, err = run_main(tokenize_command.main, [*common, "--out", tmp_path / "nano", "--format", "nanogpt"])
     assert code == 0, err
     assert (tmp_path / "nano" / "train.bin").read_bytes() == write_nanogpt(tmp_path / "ref.bin", flat(train)).read_bytes()
     assert (tmp_path / "nano" / "val.bin").read_bytes() == write_nanogpt(tmp_path / "ref.bin", flat(val)).read_bytes()
@@ -88,7 +82,8 @@ def test_each_format_is_byte_for_byte_the_reference_writers(tmp_path, capsys, ll
     assert (summary["documents"], summary["val_documents"], summary["tokens"]) == (3, 2, len(flat(train)))
     assert "MB/s" in err and "train on it: --data" in out
 
-    code, out, err = _run([*common, "--out", tmp_path / "shards" / "web", "--format", "llmc", "--shard-tokens", 40], capsys)
+    code, out, err = run_main(tokenize_command.main, [*common, "--out", tmp_path / "shards" / "web", "--format", "llmc",
+                                                      "--shard-tokens", 40])
     assert code == 0, err
     tokens = flat(train)
     for i in range(math.ceil(len(tokens) / 40)):
@@ -97,7 +92,7 @@ def test_each_format_is_byte_for_byte_the_reference_writers(tmp_path, capsys, ll
     assert (tmp_path / "shards" / "web_val_000000.bin").read_bytes() == write_llmc(tmp_path / "ref.bin",
                                                                                    flat(val)[:40]).read_bytes()
 
-    code, out, err = _run([*common, "--out", tmp_path / "mega", "--format", "megatron"], capsys)
+    code, out, err = run_main(tokenize_command.main, [*common, "--out", tmp_path / "mega", "--format", "megatron"])
     assert code == 0, err
     for name, part in (("mega", train), ("mega_val", val)):
         ref = write_megatron(tmp_path / "ref", part, "uint16")
@@ -106,17 +101,18 @@ def test_each_format_is_byte_for_byte_the_reference_writers(tmp_path, capsys, ll
     assert f"--val-data {tmp_path / 'mega'}_val" in out
 
 
-def test_data_reads_what_tokenize_wrote(tmp_path, capsys, llama3):
+def test_data_reads_what_tokenize_wrote(tmp_path, run_main, llama3):
     files, texts = _corpus(tmp_path / "in")
     want = [t for text in texts for t in llama3.encode(text, split_special_tokens=True) + [EOS]]
     for fmt, out, spec in (("nanogpt", tmp_path / "n", tmp_path / "n"), ("llmc", tmp_path / "l" / "c", f"{tmp_path}/l/c_*.bin"),
                            ("megatron", tmp_path / "m", tmp_path / "m")):
-        assert _run(["--tokenizer", LLAMA3, *files, "--out", out, "--format", fmt, "--workers", 1], capsys)[0] == 0
+        argv = ["--tokenizer", LLAMA3, *files, "--out", out, "--format", fmt, "--workers", 1]
+        assert run_main(tokenize_command.main, argv).code == 0
         data = build_data(str(spec), vocab_size=2048, seq_len=8, global_batch_size=2, seed=1, val_fraction=0.1)
         assert _tokens(data) == want, fmt
 
 
-def test_long_documents_in_segments_and_small_blocks_give_the_whole_documents_ids(tmp_path, capsys, llama3, monkeypatch):
+def test_long_documents_in_segments_and_small_blocks_give_the_whole_documents_ids(tmp_path, run_main, llama3, monkeypatch):
     monkeypatch.setattr(tokenize_module, "SEGMENT_CHARS", 50)
     monkeypatch.setattr(tokenize_module, "BATCH_CHARS", 200)
     monkeypatch.setattr(documents, "BLOCK_BYTES", 37)
@@ -130,8 +126,9 @@ def test_long_documents_in_segments_and_small_blocks_give_the_whole_documents_id
         tokenizer, eos = (llama3, EOS) if folder == LLAMA3 else (load_tokenizer(folder), 2)
         docs = [b for b in blocks if b] if split else [text]
         out = tmp_path / f"o{folder.name}{split}{workers}"
-        assert _run(["--tokenizer", folder, tmp_path / "big.txt", "--out", out, "--format", "megatron",
-                     "--workers", workers, *(["--split-documents"] if split else [])], capsys)[0] == 0
+        assert run_main(tokenize_command.main, ["--tokenizer", folder, tmp_path / "big.txt", "--out", out, "--format",
+                                                "megatron", "--workers", workers,
+                                                *(["--split-documents"] if split else [])]).code == 0
         ids = array("H", Path(f"{out}.bin").read_bytes()).tolist()
         assert ids == [t for d in docs for t in tokenizer.encode(d, split_special_tokens=True) + [eos]], (folder, split)
 
@@ -151,10 +148,10 @@ def test_a_document_read_piece_by_piece_is_cut_where_the_whole_text_would_be(lla
     assert pieces == segments(text, cut, target_chars=100) and len(pieces) > 100
 
 
-def test_bytes_and_json_lines_with_a_text_key(tmp_path, capsys):
+def test_bytes_and_json_lines_with_a_text_key(tmp_path, run_main):
     (tmp_path / "a.jsonl").write_text(json.dumps({"body": "héllo"}) + "\n" + json.dumps({"body": "x"}) + "\n")
-    code, out, err = _run(["--tokenizer", "bytes", tmp_path / "a.jsonl", "--text-key", "body", "--out", tmp_path / "o",
-                           "--format", "nanogpt", "--eod-id", 0], capsys)
+    code, out, err = run_main(tokenize_command.main, ["--tokenizer", "bytes", tmp_path / "a.jsonl", "--text-key", "body",
+                                                      "--out", tmp_path / "o", "--format", "nanogpt", "--eod-id", 0])
     assert code == 0, err
     assert (tmp_path / "o" / "train.bin").read_bytes() == pack([*"héllo".encode(), 0, *b"x", 0], "uint16")
 
@@ -182,26 +179,27 @@ def test_llmc_uint32_shards_are_the_reference_writers(tmp_path):
     (None, ["missing.txt"], ["missing.txt: no such file"]),
     (None, ["{f}", "--format", "hdf5"], ["--format", "invalid choice"]),
 ])
-def test_bad_input_is_one_error_line(tmp_path, capsys, setup, argv, words):
+def test_bad_input_is_one_error_line(tmp_path, run_main, setup, argv, words):
     path = tmp_path / "c.jsonl"
     path.write_text('{"text": "fine"}\n')
     if setup:
         setup(path)
     argv = [a.format(f=path, txt=path.with_suffix(".txt")) for a in argv]
-    code, out, err = _run(["--tokenizer", LLAMA3, *argv, "--out", tmp_path / "o", "--workers", "1"], capsys)
+    code, out, err = run_main(tokenize_command.main, ["--tokenizer", LLAMA3, *argv, "--out", tmp_path / "o", "--workers", "1"])
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
     assert code == 2 and len(errors) == 1 and err.endswith(errors[0] + "\n") and "Traceback" not in err, err
     assert all(w in errors[0] for w in words), err
     assert not list(tmp_path.glob("o*")) and not list(tmp_path.glob(".*tmp"))  # nothing half-written is left
 
 
-def test_an_unsupported_tokenizer_is_one_error_line(tmp_path, capsys):
+def test_an_unsupported_tokenizer_is_one_error_line(tmp_path, run_main):
     spec = json.loads((LLAMA3 / "tokenizer.json").read_text())
     spec["pre_tokenizer"] = {"type": "Whitespace"}
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(spec))
     (tmp_path / "a.txt").write_text("a")
-    code, _, err = _run(["--tokenizer", tmp_path / "tok", tmp_path / "a.txt", "--out", tmp_path / "o", "--workers", 1], capsys)
+    code, _, err = run_main(tokenize_command.main, ["--tokenizer", tmp_path / "tok", tmp_path / "a.txt", "--out", tmp_path / "o",
+                                                    "--workers", 1])
     assert code == 2 and err == (f'error: {tmp_path / "tok" / "tokenizer.json"}: pre_tokenizer type "Whitespace" is not '
                                  f"supported (supported: ByteLevel, Split, Sequence, Metaspace, Digits)\n")
 

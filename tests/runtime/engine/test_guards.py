@@ -14,7 +14,7 @@ from torch.distributed.tensor import DTensor
 
 from runtime.checkpoint.files import read_checkpoint, verify_files
 from runtime.engine.guards import DivergenceError, DivergenceGuard
-from tests.launch import spawn_ranks
+from tests.launch import QUICK_RUN, spawn_ranks
 from tests.step_hook import after_backward
 
 NAN = float("nan")
@@ -104,9 +104,8 @@ def _train_expecting_failure(argv, out_dir, hook) -> None:
 
 def _argv(tmp_path, precision, *extra):
     return ["--dp=1", "--pp=2", "--mp=1", "--model", "tiny", "--precision", precision, "--steps", "10",
-            "--micro-batch-size", "2", "--seq-len", "32", "--logdir", str(tmp_path / "logs"), "--peak-tflops", "1",
-            "--log-every", "1", "--eval-every", "0", "--eval-batches", "1",
-            "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2", *extra]
+            "--micro-batch-size", "2", "--seq-len", "32", "--logdir", str(tmp_path / "logs"), "--log-every", "1",
+            *QUICK_RUN, "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2", *extra]
 
 
 def _results(tmp_path):

@@ -10,10 +10,11 @@ from runtime.lab.study import cli, plan
     (["--world", "3"], "--world must be 1, 2, 4 or 8, got 3"),
     (["--mem-budget-gb", "0"], "--mem-budget-gb must be positive"),
 ])
-def test_bad_input_names_its_flag(argv, flag, capsys):
+def test_bad_input_names_its_flag(argv, flag, run_main):
     with pytest.raises(ValueError, match=flag):
         cli.parse_options(argv)
-    assert cli.main(argv) == 2 and flag in capsys.readouterr().err
+    code, _, err = run_main(cli.main, argv)
+    assert code == 2 and flag in err
 
 
 def test_options_carry_the_modes_settings_with_the_budget_given(tmp_path):
