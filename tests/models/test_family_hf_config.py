@@ -107,6 +107,12 @@ REFUSED = {
         ({"rope_parameters": {"rope_theta": 1e4, "rope_type": "llama3", "factor": 8.0}}, "rope_parameters"),
         ({"kv_lora_rank": None}, "kv_lora_rank"),
     ],
+    "gpt_oss": [
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"attention_bias": False}, "attention_bias"),
+        ({"layer_types": ["sliding_attention", "local_attention", "full_attention", "full_attention"]}, "layer_types"),
+        ({"num_local_experts": None}, "num_local_experts"),
+    ],
 }
 REFUSED_CASES = [(family, change, key) for family, cases in REFUSED.items() for change, key in cases]
 

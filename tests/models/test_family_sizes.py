@@ -54,6 +54,10 @@ PUBLISHED = {
     # token embedding, 2.45B without)). V3's counts leave out its MTP module (14B).
     "deepseek-v3": Published("671B", max_mp=128, activated_without_lookup="37B"),
     "deepseek-v3-16b": Published("15.7B", max_mp=16, activated_without_lookup="2.4B"),
+    # OpenAI's gpt-oss model card (2025): 20.91B total, 3.61B active; 116.83B, 5.13B (active: every parameter but the
+    # embedding table, 4 experts per block, their biases included).
+    "gpt-oss-20b": Published("20.91B", max_mp=8, activated_without_lookup="3.61B"),
+    "gpt-oss-120b": Published("116.83B", max_mp=8, activated_without_lookup="5.13B"),
 }
 
 
@@ -114,6 +118,9 @@ def test_flops_per_token_counts_a_tokens_matrix_products(size):
         model = spec.build(cfg, share_tied_weights=False)  # the head is a product even when it shares its weight
     latent = spec.latent_attention(cfg)
     qk, v = (latent.qk_dim, latent.v_dim) if latent else (cfg.head_dim, cfg.head_dim)
-    # PaLM's 6N plus attention's QK^T over qk features and AV over v, forward and backward, every query head.
-    attention = 6 * cfg.n_layers * cfg.seq_len * cfg.n_heads * (qk + v)
+    # PaLM's 6N plus attention's QK^T over qk features and AV over v, forward and backward, every query head, over
+    # the keys a query sees: T on a full layer, the window on a sliding one (gpt-oss's layer_types).
+    window = getattr(cfg, "window", lambda layer: None)
+    keys = sum(min(cfg.seq_len, window(layer) or cfg.seq_len) for layer in range(cfg.n_layers))
+    attention = 6 * keys * cfg.n_heads * (qk + v)
     assert flops_per_token(cfg) == 6 * _matrix_product_parameters_per_token(model) + attention
