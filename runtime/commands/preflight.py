@@ -66,7 +66,7 @@ def _pricer(cfg: TrainConfig) -> Pricer:
     """The planner's model of ``cfg``'s model on its device kind, from the closed-form shapes (no tracing:
     seconds on every rank before the run starts)."""
     cluster = load_cluster(LOCAL_PRESET if cfg.device == "cpu" else GPU_MEMORY_MODEL)
-    return Pricer(DecoderShape.from_config(cfg.model), cluster)
+    return Pricer(DecoderShape.from_config(cfg.model), cluster, lora=cfg.lora)
 
 
 def node_memory(local_rank: int, device_type: str) -> NodeMemory | None:
