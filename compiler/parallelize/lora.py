@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
 
 from compiler.lora.config import EXPERTS, LoraConfig, target_kind
@@ -78,9 +78,8 @@ def lora_parameter_shapes(model_cfg: Any, lora: LoraConfig | None) -> dict[str, 
         return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
 
-def adapter_placements(weight: torch.Tensor) -> tuple[list, list]:
-    """(A's, B's) placements on the mp mesh for a base weight of these placements (module docstring)."""
-    placement = weight.placements[0] if isinstance(weight, DTensor) else Replicate()
+def adapter_placements(placement: Placement) -> tuple[list[Placement], list[Placement]]:
+    """(A's, B's) placements on the mp mesh for a base weight of ``placement`` there (module docstring)."""
     if placement == Shard(0):
         return [Replicate()], [Shard(0)]
     if placement == Shard(1):
@@ -100,7 +99,9 @@ class LoraTensorParallel(ParallelStyle):
         for name in adapters:  # the base style shards every parameter it finds: hide the adapters from it
             delattr(module, name)
         parallelize_module(module, device_mesh, self.base_style)
-        for (name, adapter), placements in zip(adapters.items(), adapter_placements(module.weight)):
+        weight = module.weight
+        placement = weight.placements[0] if isinstance(weight, DTensor) else Replicate()
+        for (name, adapter), placements in zip(adapters.items(), adapter_placements(placement)):
             # src_data_rank=None: nothing is sent; each rank materialises (or loads) its own shard
             sharded = distribute_tensor(adapter.weight.detach(), device_mesh, placements, src_data_rank=None)
             adapter.weight = nn.Parameter(sharded, requires_grad=adapter.weight.requires_grad)
