@@ -26,7 +26,8 @@ EVALUATED = ("checkpoint", "merged", "exported adapter", "fixture adapter")
 
 
 def _train_export_evaluate(root: str) -> None:
-    """Two ranks (mp 2): train, export on rank 0, then evaluate the four weights of ``EVALUATED`` over val.bin."""
+    """Two ranks (mp 2): train, export on rank 0, evaluate the four weights of ``EVALUATED`` over val.bin, then
+    resume on dp 2 for one more step."""
     import torch.distributed as dist
 
     from runtime.commands import eval as eval_command
@@ -57,6 +58,13 @@ def _train_export_evaluate(root: str) -> None:
         losses[name] = eval_command.evaluate(eval_command.check_inputs(argv, env), env=env, device=device).loss
     if env.rank == 0:
         (out / "eval.json").write_text(json.dumps(losses))
+    # one more step, resumed on another mesh: the adapters' shards and their AdamW state resharded (dp 2, FSDP)
+    cfg, data, start = check_inputs(["--dp", "2", "--precision", "fp32", "--seq-len", "23", "--micro-batch-size", "1",
+                                     "--init-from", str(BASE), "--lora-from", str(ADAPTER), "--steps", "3",
+                                     "--warmup-steps", "0", "--lr", "3e-2", "--eval-every", "0", "--peak-tflops", "1",
+                                     "--logdir", str(out / "resumed"), "--checkpoint-dir", str(out / "ckpt"),
+                                     "--resume"], env)
+    train(cfg, data, start, env=env, device=device)
     shutdown_distributed()
 
 
@@ -80,7 +88,7 @@ def test_merged_and_peft_exports_evaluate_as_the_run_does(run):
 
 
 def test_the_base_stays_as_read_and_only_the_adapters_have_adamw_state(run):
-    info = resolve_checkpoint(run / "ckpt")
+    info = read_checkpoint(run / "ckpt" / "step-000002")
     saved = load_model_weights(info)
     hf = read_hf_model(BASE)
     base = read_state_dict(check_weights(hf), hf.config)
@@ -100,6 +108,32 @@ def test_the_peft_export_names_the_run_s_source_folder(run):
     assert config["base_model_name_or_path"] == str(BASE.resolve())
     assert (config["r"], config["lora_alpha"]) == (4, 8)
     _, exported = read_adapter(run / "peft", read_hf_model(BASE).config)
-    saved = load_model_weights(read_checkpoint(resolve_checkpoint(run / "ckpt").path))
+    saved = load_model_weights(read_checkpoint(run / "ckpt" / "step-000002"))
     for name, value in exported.items():
         torch.testing.assert_close(value, saved[name], rtol=0, atol=0)
+
+
+def test_generate_from_the_checkpoint_runs_the_adapted_model(run, capsys):
+    """``generate --checkpoint`` of a LoRA run merges its adapters: the merged export's greedy ids, not the base's."""
+    from runtime.commands import generate
+
+    ids = {}
+    for name, flags in (("checkpoint", ["--checkpoint", str(run / "ckpt" / "step-000002")]),
+                        ("merged", ["--init-from", str(run / "hf")]),
+                        ("base", ["--init-from", str(BASE)])):
+        code = generate.main([*flags, "--prompt-ids", "5,17,2,33,41,8", "--max-new-tokens", "12", "--temperature", "0"])
+        out = capsys.readouterr()
+        assert code == 0, out.err
+        ids[name] = json.loads(out.out.strip().splitlines()[-1])["new_ids"]
+    assert ids["checkpoint"] == ids["merged"] != ids["base"]
+
+
+def test_a_lora_run_resumes_on_another_mesh(run):
+    """The checkpoint of the mp 2 run continues on dp 2 (FSDP): its adapters and their AdamW state resharded, the
+    base still as read."""
+    summary = json.loads((run / "resumed" / "summary.json").read_text())
+    assert summary["start_step"] == 2 and len(summary["losses"]) == 1
+    saved = load_model_weights(resolve_checkpoint(run / "ckpt"))  # step 3
+    before = load_model_weights(read_checkpoint(run / "ckpt" / "step-000002"))
+    assert all(torch.equal(saved[n], before[n]) for n in saved if not is_adapter(n))
+    assert any(not torch.equal(saved[n], before[n]) for n in saved if is_adapter(n))

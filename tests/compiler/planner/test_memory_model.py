@@ -46,3 +46,22 @@ def test_lora_prices_the_base_frozen_and_the_adapters_the_engine_builds(model, t
     (bf16_base,) = Pricer(shape, cluster, lora=LoraConfig(rank=4, alpha=8.0, targets=targets, base_dtype="bf16")).memory(
         plan)
     assert tuned - bf16_base == pytest.approx(2 * params)
+
+
+def test_gathering_every_unit_at_the_step_s_start_bounds_a_frozen_model_s_peak():
+    """FSDP's all-gathers at the step's start hold every unit's input and output: shards + (1 + 1/S) x gathered +
+    the largest unit (copied out). A LoRA run's steady phase is below it; full training's is above it."""
+    from compiler.planner.memory_model import RankLoad, rank_memory, unshard_memory
+
+    fsdp = DataParallelLayout(dp=2, shard=2, gather_bytes=4)
+    assert unshard_memory(100, 10, fsdp, frozen=100) == 100 * 4 / 2 + 100 * 4 * 1.5 + 10 * 4
+    load = RankLoad(dense_params=1000, expert_params=0, largest_unit=100, saved_bytes=0, recompute_bytes=0,
+                    transient_bytes=0, weight_copy_bytes=0, blocks=1, frozen_dense=990)
+    lora = rank_memory(load, schedule="1f1b", p=1, m=2, v=1, rank=0, dense=fsdp, experts=DataParallelLayout())
+    assert lora.total == pytest.approx(unshard_memory(1000, 100, fsdp, frozen=990)) and lora.unshard_excess > 0
+    full = rank_memory(RankLoad(1000, 0, 100, 0, 0, 0, 0, 1), schedule="1f1b", p=1, m=2, v=1, rank=0, dense=fsdp,
+                       experts=DataParallelLayout())
+    assert full.unshard_excess == 0 and full.total == weight_memory(1000, 100, fsdp)
+    zero3 = DataParallelLayout(dp=2, shard=2, zero3=True, gather_bytes=4)  # gathers a unit at its use instead
+    assert rank_memory(load, schedule="1f1b", p=1, m=2, v=1, rank=0, dense=zero3,
+                       experts=DataParallelLayout()).unshard_excess == 0
