@@ -14,6 +14,11 @@ names beside them:
 Initial values (peft's default, ``init_lora_weights=True``): B zero, so training starts from the base model, and A
 ``kaiming_uniform_(a=sqrt(5))``, i.e. uniform in +-1/sqrt(in) (gain sqrt(2 / (1 + 5)), bound sqrt(3) gain /
 sqrt(fan_in)); drawn from a generator seeded by the parameter's name, so every mesh initialises them alike.
+
+Dropout (``dropout`` > 0) draws from each rank's torch generator, in training passes only. Under tensor parallelism
+DTensor's RNG tracker keeps a replicated input's mask alike on the mp ranks on CUDA meshes; on CPU meshes each rank
+draws its own (DTensor warns), so its mp ranks may drop different features of one input (the gradients are those of
+what was computed either way). Every rank is seeded alike (``--seed``), so data-parallel replicas draw alike too.
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ def _fitting_plan(cfg: TrainConfig, *, world: int, node_ranks: list[int], memory
     from compiler.planner.auto import rank_plans
 
     plans = rank_plans(cfg.model, world=world, global_batch_size=cfg.global_batch_size, cluster=cluster,
-                       validate=plan_checker(cfg), precisions=(cfg.plan.precision,))
+                       validate=plan_checker(cfg), precisions=(cfg.plan.precision,), lora=cfg.lora)
     best = next((e for e in plans if e.feasible), None)
     return " ".join(plan_flags(best.plan)) if best else None
 

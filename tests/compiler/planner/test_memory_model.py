@@ -65,3 +65,17 @@ def test_gathering_every_unit_at_the_step_s_start_bounds_a_frozen_model_s_peak()
     zero3 = DataParallelLayout(dp=2, shard=2, zero3=True, gather_bytes=4)  # gathers a unit at its use instead
     assert rank_memory(load, schedule="1f1b", p=1, m=2, v=1, rank=0, dense=zero3,
                        experts=DataParallelLayout()).unshard_excess == 0
+
+
+def test_the_search_prices_a_lora_run_s_plans_so():
+    """``--auto`` and the preflight's suggested plan search with the run's LoRA: every plan then needs less."""
+    from compiler.planner.search import search
+
+    shape, cluster = DecoderShape.from_config(named_config("llama3-debug")), load_cluster(LOCAL_PRESET)
+    lora = LoraConfig(rank=4, alpha=8.0, targets=("q", "v"))
+    full, tuned = (search(shape, world=4, global_batch_size=8, cluster=cluster, precisions=("fp32",), collect=True,
+                          lora=x).every for x in (None, lora))
+    memory = {e.plan: e.memory_per_rank for e in full if e.memory_per_rank is not None}
+    priced = [e for e in tuned if e.memory_per_rank is not None]
+    assert len(priced) == len(memory) > 10
+    assert all(e.memory_per_rank < memory[e.plan] for e in priced)
