@@ -129,3 +129,21 @@ def test_adapters_this_engine_would_compute_otherwise_are_refused(tmp_path, chan
         return
     with pytest.raises(TensorFileError, match=message):
         read_adapter(tmp_path, cfg)
+
+
+@pytest.mark.parametrize("model", ["tiny", "llama3-debug", "qwen3-debug", "qwen3-moe-debug", "mixtral-debug",
+                                   "deepseek-v3-debug"])
+def test_every_family_s_adapters_round_trip_through_peft_s_files(tmp_path, model):
+    """Every target of every family (the experts one peft module per expert), written and read back unchanged."""
+    from compiler.lora import valid_targets
+
+    cfg = named_config(model, n_layers=2) if model != "deepseek-v3-debug" else named_config(model)
+    lora = LoraConfig(rank=2, alpha=4.0, targets=valid_targets(cfg))
+    generator = torch.Generator().manual_seed(0)
+    adapters = {n: torch.randn(s, generator=generator) for n, s in lora_parameter_shapes(cfg, lora).items()
+                if is_adapter(n)}
+    write_adapter(tmp_path, adapters, model_cfg=cfg, lora=lora, base_model=None)
+    read_lora, values = read_adapter(tmp_path, cfg)
+    assert set(read_lora.targets) == set(lora.targets) and set(values) == set(adapters)
+    for name, value in values.items():
+        torch.testing.assert_close(value, adapters[name], rtol=0, atol=0)
