@@ -15,9 +15,9 @@ from torch import nn
 from models import deepseek_v3, gpt2, gpt_oss, llama3, mixtral, qwen3, qwen3_moe
 from models.common.attention_core import CausalAttention, SinkAttention, any_length_kernels, document_runs
 from models.common.banded_attention import BANDED_ATTENTION_FLOPS, banded_attention, visible_keys
-from models.common.grouped_mm import GROUPED_MM_FLOPS
+from models.common.grouped_mm import GROUPED_MM_FLOPS, grouped_mm
 from models.common.load_balance import BalanceLoss, update_expert_bias
-from models.common.moe import MoE, experts_swiglu, inactive_expert_parameters
+from models.common.moe import GroupedExperts, MoE, experts_swiglu, inactive_expert_parameters
 from models.generation import generate
 from models.kv_cache import KVCache
 from models.spec import MOE, ModelSpec
@@ -120,8 +120,9 @@ def flops_per_token(cfg: Any) -> float:
     return spec_of(cfg).flops_per_token(cfg)
 
 
-__all__ = ["BANDED_ATTENTION_FLOPS", "BalanceLoss", "CausalAttention", "FAMILIES", "GROUPED_MM_FLOPS", "KVCache", "MODEL_NAMES",
-           "MoE", "ModelSpec", "SinkAttention", "activated_parameter_count", "any_length_kernels", "banded_attention",
-           "build_model", "config_from_dict", "config_to_dict", "document_runs", "experts_swiglu", "flops_per_token", "generate",
-           "init_weights", "mixture_of_experts_families", "moe_layer_names", "named_config", "parameter_count",
-           "parameter_shapes", "spec_of", "update_expert_bias", "visible_keys", "with_window"]
+__all__ = ["BANDED_ATTENTION_FLOPS", "BalanceLoss", "CausalAttention", "FAMILIES", "GROUPED_MM_FLOPS", "GroupedExperts",
+           "KVCache", "MODEL_NAMES", "MoE", "ModelSpec", "SinkAttention", "activated_parameter_count", "any_length_kernels",
+           "banded_attention", "build_model", "config_from_dict", "config_to_dict", "document_runs", "experts_swiglu",
+           "flops_per_token", "generate", "grouped_mm", "init_weights", "mixture_of_experts_families", "moe_layer_names",
+           "named_config", "parameter_count", "parameter_shapes", "spec_of", "update_expert_bias", "visible_keys",
+           "with_window"]

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from compiler.lora import BASE_DTYPES, LoraConfig, target_problem
 from compiler.parallel_plan import ParallelPlan
 from compiler.partition import parse_split
 from compiler.planner.candidates import meshes
@@ -115,6 +116,7 @@ class TrainConfig:
     checkpoint_timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S  # --checkpoint-timeout: saving and loading
     device: str = "cpu"  # --device, resolved: "cpu" (gloo) or the accelerator's type ("cuda": NCCL)
     expert_bias_rate: float = 0.0  # --expert-bias-rate: gamma of the MoE selection-bias update (0: none)
+    lora: LoraConfig | None = None  # --lora-*: train low-rank adapters on a frozen model (compiler/lora/)
 
     @property
     def global_batch_size(self) -> int:
@@ -166,6 +168,8 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_data_parallel(plan)
     _check_pipeline(plan, cfg.model)
     _check_compile(cfg.compile_blocks, plan.schedule)
+    if cfg.lora is not None:
+        check_lora(cfg.lora, cfg.model, precision=plan.precision)
     if cfg.data.tokenizer is not None and not has_tokenizer(cfg.data.tokenizer):
         raise ConfigError(f"--tokenizer {cfg.data.tokenizer}: no tokenizer.json there (a Hugging Face tokenizer folder)")
     _check_document_positions("--document-mask" if cfg.data.document_mask else f"--cp {plan.cp}"
@@ -174,6 +178,24 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
                           ("--checkpoint-timeout", cfg.checkpoint_timeout_s)):
         if not seconds > 0:
             raise ConfigError(f"{flag} must be a positive number of seconds, got {seconds:g}")
+
+
+def check_lora(lora: LoraConfig, model: Any, *, precision: str) -> None:
+    """LoRA's flags against the model (targets it has) and the precision (a bf16 base computes in bf16)."""
+    if lora.rank < 1:
+        raise ConfigError(f"--lora-rank must be a positive number of dimensions, got {lora.rank}")
+    if not lora.alpha > 0:
+        raise ConfigError(f"--lora-alpha must be positive, got {lora.alpha:g}")
+    if not 0 <= lora.dropout < 1:
+        raise ConfigError(f"--lora-dropout must be in [0, 1), got {lora.dropout:g}")
+    problem = target_problem(lora.targets, model)
+    if problem:
+        raise ConfigError(f"--lora-targets {','.join(lora.targets)}: {problem}")
+    if lora.base_dtype not in BASE_DTYPES:
+        raise ConfigError(f"--lora-base-dtype {lora.base_dtype}: valid values: {', '.join(BASE_DTYPES)}")
+    if lora.base_dtype == "bf16" and precision != "bf16":
+        raise ConfigError(f"--lora-base-dtype bf16 stores the frozen weights in bf16 and needs --precision bf16 "
+                          f"(matrix products in bf16), got --precision {precision}")
 
 
 def _check_compile(compile_blocks: bool, schedule: str) -> None:

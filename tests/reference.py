@@ -11,7 +11,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from compiler.lora import is_adapter
+from compiler.parallelize.lora import apply_lora
 from models import MoE, build_model, update_expert_bias
+from runtime.checkpoint.weights import initial_values
 from runtime.config import TrainConfig
 from runtime.engine.data import build_data_from_config
 from runtime.engine.data.inputs import model_batch
@@ -31,7 +34,10 @@ def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
     data = build_data_from_config(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
                                   global_batch_size=cfg.global_batch_size, seed=cfg.seed)
     model = build_model(cfg.model, seed=cfg.seed)
-    optimizer = build_optimizer(list(model.parameters()), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    if cfg.lora is not None:
+        _add_adapters(model, cfg)
+    optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr,
+                                weight_decay=cfg.optim.weight_decay)
     schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
     run = ReferenceRun([], [], {})
     for step in range(steps):
@@ -52,6 +58,16 @@ def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
             run.final_val_loss = sum(_batch_loss(model, data.val, i, cfg).item()
                                      for i in range(cfg.data.eval_batches)) / cfg.data.eval_batches
     return run
+
+
+def _add_adapters(model: torch.nn.Module, cfg: TrainConfig) -> None:
+    """LoRA's adapters on the targeted modules, everything else frozen, the adapters' values as the engine's."""
+    apply_lora(model, cfg.lora)
+    value = initial_values(None, cfg.model, seed=cfg.seed, lora=cfg.lora)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if is_adapter(name):
+                param.copy_(value(name, tuple(param.shape)))
 
 
 def _batch_loss(model: torch.nn.Module, source, index: int, cfg: TrainConfig) -> torch.Tensor:

@@ -58,15 +58,16 @@ def original_name(stage_parameter_name: str) -> str:
     return stage_parameter_name.replace(_WRAPPER_PREFIX, "")
 
 
-def apply_ac(stage_module: nn.Module, *, mode: str = "full") -> nn.Module:
-    """Wrap each block of ``stage_module`` in a checkpoint of ``mode`` ("full" or "selective")."""
+def apply_ac(stage_module: nn.Module, *, mode: str = "full", preserve_rng_state: bool = False) -> nn.Module:
+    """Wrap each block of ``stage_module`` in a checkpoint of ``mode`` ("full" or "selective"). ``preserve_rng_state``:
+    the recomputation replays the forward's random numbers (a block with dropout: LoRA's)."""
     if mode not in ("full", "selective"):
         raise ValueError(f"activation checkpointing mode must be full or selective, got {mode!r}")
     options = {"context_fn": selective_checkpoint_contexts} if mode == "selective" else {}
     for name in block_names(stage_module):
         # The traced parent graph calls the block by name, so swapping in a wrapper is transparent.
         block = stage_module.get_submodule(name)
-        stage_module.set_submodule(name, checkpoint_wrapper(block, preserve_rng_state=False, **options))
+        stage_module.set_submodule(name, checkpoint_wrapper(block, preserve_rng_state=preserve_rng_state, **options))
     return stage_module
 
 
@@ -77,5 +78,5 @@ def selective_checkpoint_contexts():
     return forward, RecomputeFromCacheEveryTime(recompute)
 
 
-def maybe_apply_ac(stage_module: nn.Module, mode: str) -> nn.Module:
-    return stage_module if mode == "none" else apply_ac(stage_module, mode=mode)
+def maybe_apply_ac(stage_module: nn.Module, mode: str, *, preserve_rng_state: bool = False) -> nn.Module:
+    return stage_module if mode == "none" else apply_ac(stage_module, mode=mode, preserve_rng_state=preserve_rng_state)

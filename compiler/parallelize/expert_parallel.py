@@ -142,7 +142,9 @@ def apply_moe_parallelism(stage_module: nn.Module, meshes: MoeMeshes, *, sequenc
     layers = moe_modules(stage_module)
     for moe in layers:
         if meshes.ep is not None:
-            apply_expert_parallel(moe.experts, meshes.ep, local_compute=moe.experts.compute)
+            # LoRA's experts (compiler/lora/modules.py) compute their adapters with the local experts' too
+            apply_expert_parallel(moe.experts, meshes.ep,
+                                  local_compute=getattr(moe.experts, "local_compute", moe.experts.compute))
         if moe.balance is not None:
             moe.balance = StepBalanceLoss(moe.balance, sequence=meshes.sequence)
         if sequence_parallel:

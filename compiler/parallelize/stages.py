@@ -1,5 +1,5 @@
 """Build this rank's pipeline stages: on the meta device, trace, keep the local stages, then
-TP -> AC -> data parallelism -> real storage for the local shards -> PipelineStage.
+LoRA -> TP -> AC -> data parallelism -> real storage for the local shards -> PipelineStage.
 
 The order is a checklist (as in torchtitan's ``parallelize_*``): tensor parallelism must see real
 ``nn.Linear`` modules, activation checkpointing wraps the sharded blocks, data parallelism shards last,
@@ -18,11 +18,13 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 
+from compiler.lora import LoraConfig
 from compiler.parallelize.activation_checkpointing import maybe_apply_ac, original_name
 from compiler.parallelize.compile import apply_compile
 from compiler.parallelize.context_parallel import ContextParallelAttention
 from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel, moe_gradient_factors
 from compiler.parallelize.expert_parallel import MoeMeshes, apply_moe_parallelism
+from compiler.parallelize.lora import apply_lora, freeze_base
 from compiler.parallelize.materialize import materialize
 from compiler.parallelize.message_dtype import apply_message_dtype
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
@@ -79,6 +81,7 @@ def build_local_stages(
     model_inputs: int = 1,
     context_parallel: DeviceMesh | None = None,
     message_dtype: torch.dtype | None = None,
+    lora: LoraConfig | None = None,
 ) -> LocalStages:
     """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of ``cfg``'s
     model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
@@ -88,7 +91,8 @@ def build_local_stages(
     tokens (1), with positions (2: a context-parallel slice of each sequence), and document ids (3: packed
     documents; runtime/engine/data/inputs.py). ``context_parallel``: the cp mesh; each rank holds 1/cp of every
     sequence and attention gathers keys and values over it. Activations and their gradients cross stages in
-    ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype)."""
+    ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype). ``lora``: LoRA adapters on the targeted
+    modules, everything else frozen (compiler/parallelize/lora.py)."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
     spec = spec_of(cfg)
@@ -105,6 +109,8 @@ def build_local_stages(
         module = pipe.get_stage_module(index)
         restore_eager_modules(module, model)
         restore_linear_modules(module, model)
+        if lora is not None:
+            apply_lora(module, lora)
         if context_parallel is not None:
             ContextParallelAttention.apply(module, context_parallel)
         if meshes.mp.size() > 1:
@@ -112,8 +118,10 @@ def build_local_stages(
                      model_plan=spec.model_plan(sequence_parallel=sequence_parallel), sequence_parallel=sequence_parallel)
         if meshes.moe is not None:
             apply_moe_parallelism(module, meshes.moe, sequence_parallel=sequence_parallel and meshes.mp.size() > 1)
+        if lora is not None:
+            freeze_base(module)  # TP's styles give the parameters they distribute requires_grad=True
         share_tied_weights(module, tied)
-        maybe_apply_ac(module, activation_checkpointing)
+        maybe_apply_ac(module, activation_checkpointing, preserve_rng_state=lora is not None and lora.dropout > 0)
         if compile_blocks:
             apply_compile(module)
         if meshes.fsdp is not None or meshes.moe is not None:

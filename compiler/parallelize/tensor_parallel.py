@@ -17,6 +17,7 @@ from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
 from compiler.parallelize.headwise import HeadwiseParallel
+from compiler.parallelize.lora import with_adapters
 from compiler.parallelize.replicated_modules import ReplicatedLinear, SumGradientOverHeads
 from compiler.parallelize.sequence_parallel import GatherSequence, shard_stage_boundaries
 from compiler.parallelize.vocab_parallel import VocabParallelEmbedding
@@ -127,8 +128,9 @@ def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[s
     held = dict(stage_module.named_modules())
     # A family with blocks of two kinds (dense and mixture-of-experts) names both kinds' modules in one plan:
     # each block takes the entries it has.
+    # A LoRA-adapted linear (compiler/parallelize/lora.py) takes its plan's style with its adapters sharded alike.
     plan = {
-        f"{block}.{key}": _STYLES[style]()
+        f"{block}.{key}": with_adapters(_STYLES[style](), held[f"{block}.{key}"])
         for block in block_names(stage_module)
         for key, style in block_plan.items() if f"{block}.{key}" in held
     }

@@ -2,7 +2,9 @@
 ``--profile-memory`` measure).
 
 - Weights, gradients and AdamW state (fp32: 4 + 4 + 8 bytes per parameter) of the rank's layers (per TP
-  shard, experts per EP rank), by how data parallelism holds them (``weight_memory``):
+  shard, experts per EP rank), by how data parallelism holds them (``weight_memory``); under LoRA the frozen base
+  is weights alone (4 bytes, 2 in bf16), the adapters all 16, and autocast caches no copy of a frozen weight
+  (torch caches casts of leaves that require gradients only):
   - no DP or replicate: the whole 16 bytes; replicate adds its gradient buckets' flat copies (4 bytes),
     all in flight at the end of the last backward.
   - FSDP / HSDP over ``shard`` ranks: 16 / shard bytes of shards. FSDP keeps the stage's parameters
@@ -24,6 +26,8 @@
   head's backward freed before it: compiler/planner/activations.py ``mlp_backward_bytes``): backward passes
   run one at a time, so the peak is in one phase.
 - Autocast's low-precision weight copies, cached for the step, where parameters are fp32 (no FSDP).
+- FSDP (not ZeRO-3) gathers every unit at the step's start (``unshard_memory``): the peak when little else is held,
+  a mostly frozen model's (LoRA).
 - On a CPU, tensor parallelism keeps two more full [B, T, d] fp32 buffers per block and in-flight
   micro-batch than the saved tensors (DTensor's redistributions; measured here on 4 blocks, d 128, T 64: the
   TP runs' peak exceeded the rest of this model by 2.2-6.5 MiB). Not measured on a GPU, where it is 0.
@@ -41,10 +45,11 @@ class MemoryEstimate:
     weights_and_optimizer: float
     activations: float
     weight_copies: float
+    unshard_excess: float = 0.0  # how far FSDP's gathering at the step's start exceeds the rest (``unshard_memory``)
 
     @property
     def total(self) -> float:
-        return self.weights_and_optimizer + self.activations + self.weight_copies
+        return self.weights_and_optimizer + self.activations + self.weight_copies + self.unshard_excess
 
 
 def in_flight_stage_microbatches(schedule: str, *, p: int, m: int, v: int, rank: int = 0) -> int:
@@ -64,16 +69,33 @@ class DataParallelLayout:
         return self.dp > 1 and self.shard > 1
 
 
-def weight_memory(params: float, largest_unit: float, layout: DataParallelLayout, *, accumulate: bool = True) -> float:
+def weight_memory(params: float, largest_unit: float, layout: DataParallelLayout, *, accumulate: bool = True,
+                  frozen: float = 0.0, frozen_bytes: int = 4) -> float:
     """Bytes of parameters, gradients and AdamW state of ``params`` elements (module docstring);
-    ``largest_unit``: parameters of the largest FSDP unit (a block); ``accumulate``: several micro-batches."""
+    ``largest_unit``: parameters of the largest FSDP unit (a block); ``accumulate``: several micro-batches.
+    ``frozen`` of the ``params`` (LoRA's base) are weights alone, ``frozen_bytes`` each: no gradient, no AdamW state
+    (gathered like the others under FSDP)."""
+    trained = params - frozen
     if not layout.fsdp:
-        return params * (20 if layout.dp > 1 else 16)
-    shards = params * 16 / layout.shard
+        return trained * (20 if layout.dp > 1 else 16) + frozen * frozen_bytes
+    shards = (trained * 16 + frozen * frozen_bytes) / layout.shard
+    trained_share = trained / params if params else 0.0  # of a unit's gradients
     if layout.zero3:
-        return shards + 2 * largest_unit * (layout.gather_bytes + 4)
-    gradients = params * 4 if accumulate else 2 * largest_unit * 4
+        return shards + 2 * largest_unit * (layout.gather_bytes + 4 * trained_share)
+    gradients = trained * 4 if accumulate else 2 * largest_unit * 4 * trained_share
     return shards + params * layout.gather_bytes + gradients
+
+
+def unshard_memory(params: float, largest_unit: float, layout: DataParallelLayout, *, frozen: float = 0.0,
+                   frozen_bytes: int = 4) -> float:
+    """Bytes while FSDP gathers a rank's stages at the step's start (the pipeline runtime's UNSHARD action issues
+    every unit's all-gather at once; FSDP2 then copies each unit's output into its parameters): the shards (weights
+    and AdamW state, no gradient yet), every unit's all-gather input (its shard in the gather dtype) and output (the
+    unit gathered), and the largest unit's parameters being copied out. Below the steady phase's memory in full
+    training, it is the peak of a mostly frozen model (LoRA; on 2 CPU ranks, dp 2, Llama 3.2 1B blocks, fp32, the
+    peaks this model gives were within 6% of those measured: compiler/README.md)."""
+    shards = ((params - frozen) * 16 + frozen * frozen_bytes) / layout.shard
+    return shards + params * layout.gather_bytes * (1 + 1 / layout.shard) + largest_unit * layout.gather_bytes
 
 
 @dataclass(frozen=True)
@@ -89,18 +111,30 @@ class RankLoad:
     blocks: int
     tp_buffer_bytes: float = 0.0  # device-specific extra bytes per block and in-flight micro-batch (CPU TP)
     head_saved_bytes: float = 0.0  # of saved_bytes, the head's: only the last stage holds them
+    frozen_dense: float = 0.0  # of dense_params, those not trained (LoRA's base): weights alone
+    frozen_experts: float = 0.0  # of expert_params, likewise
+    frozen_bytes: int = 4  # bytes of a frozen weight (LoRA's base in fp32, or bf16)
 
 
 def rank_memory(load: RankLoad, *, schedule: str, p: int, m: int, v: int, rank: int, dense: DataParallelLayout,
                 experts: DataParallelLayout) -> MemoryEstimate:
     """Memory of pp rank ``rank`` across its v stages (module docstring)."""
-    weights = weight_memory(load.dense_params, load.largest_unit, dense, accumulate=m > 1)
+    weights = weight_memory(load.dense_params, load.largest_unit, dense, accumulate=m > 1, frozen=load.frozen_dense,
+                            frozen_bytes=load.frozen_bytes)
     if load.expert_params:
-        weights += weight_memory(load.expert_params, load.largest_unit, experts, accumulate=m > 1)
+        weights += weight_memory(load.expert_params, load.largest_unit, experts, accumulate=m > 1,
+                                 frozen=load.frozen_experts, frozen_bytes=load.frozen_bytes)
     in_flight = in_flight_stage_microbatches(schedule, p=p, m=m, v=v, rank=rank)
     head = load.head_saved_bytes
     per_stage_microbatch = (load.saved_bytes - head + load.blocks * load.tp_buffer_bytes) / v
     activations = (in_flight * per_stage_microbatch + SCHEDULES[schedule].last_stage_in_flight(m) * head
                    + load.recompute_bytes + load.transient_bytes)
     copies = 0.0 if dense.fsdp else load.weight_copy_bytes
-    return MemoryEstimate(weights, activations, copies)
+    unshard = 0.0
+    if dense.fsdp and not dense.zero3:  # ZeRO-3 gathers a unit at its use (module docstring)
+        groups = [(load.dense_params, load.frozen_dense, dense), (load.expert_params, load.frozen_experts, experts)]
+        unshard = sum((unshard_memory(params, load.largest_unit, layout, frozen=frozen, frozen_bytes=load.frozen_bytes)
+                       if layout.fsdp else weight_memory(params, load.largest_unit, layout, frozen=frozen,
+                                                         frozen_bytes=load.frozen_bytes))
+                      for params, frozen, layout in groups if params)
+    return MemoryEstimate(weights, activations, copies, max(0.0, unshard - (weights + activations + copies)))

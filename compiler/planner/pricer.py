@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from compiler.lora import LoraConfig
 from compiler.parallel_plan import ParallelPlan
 from compiler.parallelize.cross_entropy import loss_chunk_bytes
 from compiler.planner.activations import Context, block_memory, embedding_memory, head_memory
@@ -23,6 +24,7 @@ from compiler.planner.shape import (
     embedding_params,
     hardware_flops_per_token,
     head_params,
+    lora_block_params,
     mlp_kind,
     model_flops_per_token,
 )
@@ -77,8 +79,11 @@ class Estimate:
 class Pricer:
     """Prices plans of one shape on one cluster with one engine's traits; caches splits and layer tables."""
 
-    def __init__(self, shape: DecoderShape, cluster: Cluster, traits: EngineTraits = THIS_ENGINE):
-        self.shape, self.cluster, self.traits = shape, cluster, traits
+    def __init__(self, shape: DecoderShape, cluster: Cluster, traits: EngineTraits = THIS_ENGINE, *,
+                 lora: LoraConfig | None = None):
+        """``lora``: the base frozen and LoRA's adapters trained (their memory; the step is priced as full training's,
+        an upper bound: the frozen weights' gradient products and reductions do not run)."""
+        self.shape, self.cluster, self.traits, self.lora = shape, cluster, traits, lora
         self._splits: dict = {}
         self._tables: dict = {}
         self._holdings: dict = {}
@@ -156,8 +161,22 @@ class Pricer:
         transient = max(transient, backward)  # the peak is in one phase: the head's backward or a block's
         buffers = self.cluster.device.tp_buffers_per_block if c.mp > 1 and c.ac != "full" else 0
         tokens = c.micro_batch_size * shape.seq_len / c.cp
-        return RankLoad(dense, experts, max(units), saved, recompute, transient, copies, h.blocks,
+        load = RankLoad(dense, experts, max(units), saved, recompute, transient, copies, h.blocks,
                         buffers * tokens * shape.d_model * 4, head_saved)
+        return self._with_adapters(load, c, h) if self.lora is not None else load
+
+    def _with_adapters(self, load: RankLoad, c: ParallelPlan, h: Holding) -> RankLoad:
+        """The rank's load under LoRA: its parameters frozen, its blocks' adapters trained; autocast caches copies
+        of the adapters only (the frozen weights are cast at each use)."""
+        lora = self.lora
+        adapters = [(n, lora_block_params(self.shape, c.mp, kind=kind, ep=c.ep, rank=lora.rank, targets=lora.targets))
+                    for kind, n in h.kinds]
+        dense, experts = (sum(n * getattr(p, part) for n, p in adapters) for part in ("dense", "experts"))
+        itemsize = PRECISIONS[c.precision].dtype.itemsize if PRECISIONS[c.precision].autocast_dtype else 0
+        return replace(load, dense_params=load.dense_params + dense, expert_params=load.expert_params + experts,
+                       largest_unit=load.largest_unit + max((p.total for _, p in adapters), default=0),
+                       weight_copy_bytes=(dense + experts) * itemsize, frozen_dense=load.dense_params,
+                       frozen_experts=load.expert_params, frozen_bytes=2 if lora.base_dtype == "bf16" else 4)
 
     def memory(self, c: ParallelPlan) -> tuple[float, ...]:
         """Tensor bytes of each distinct pp rank (compiler/planner/memory_model.py)."""
@@ -192,7 +211,8 @@ class Pricer:
             load = self._load(lowest, h)
             in_flight = SCHEDULES[c.schedule].stage_microbatches_in_flight(p=c.pp, m=c.microbatches,
                                                                             v=c.stages_per_rank, rank=r)
-            weights = 16 * (load.dense_params / g.dense + load.expert_params / g.experts)
+            weights = sum((16 * (params - frozen) + load.frozen_bytes * frozen) / group for params, frozen, group in (
+                (load.dense_params, load.frozen_dense, g.dense), (load.expert_params, load.frozen_experts, g.experts)))
             activations = in_flight * (load.saved_bytes + load.blocks * load.tp_buffer_bytes) / c.stages_per_rank
             floor = max(floor, weights + activations + load.recompute_bytes + load.transient_bytes)
         return floor

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
+from compiler.lora import LoraConfig
 from compiler.parallel_plan import AC, ParallelPlan, dp_mode_name
 from compiler.planner.candidates import Constraints, dp_modes, mesh_misfit, mesh_shapes
 from compiler.planner.cluster import Cluster
@@ -173,12 +174,13 @@ def _groups(shape: DecoderShape, *, world: int, global_batch_size: int, cluster:
 def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: Cluster,
            traits: EngineTraits = THIS_ENGINE, precisions: tuple[str, ...] = ("bf16",),
            constraints: Constraints = Constraints(), validate: Validator | None = None, keep: int = 1,
-           require_fit: bool = True, collect: bool = False, faster_than: float = float("inf")) -> SearchResult:
+           require_fit: bool = True, collect: bool = False, faster_than: float = float("inf"),
+           lora: LoraConfig | None = None) -> SearchResult:
     """The ``keep`` fastest plans that fit (all plans with ``require_fit=False``), and only those faster than
     ``faster_than`` seconds a step (a bound that prunes: "is any plan faster than this one?"). ``collect``
     prices every plan (no pruning) and returns them all, infeasible ones with their reason (the CPU planner's
-    table)."""
-    pricer = Pricer(shape, cluster, traits)
+    table). ``lora``: the model frozen, LoRA's adapters trained (compiler/planner/pricer.py)."""
+    pricer = Pricer(shape, cluster, traits, lora=lora)
     kinds = shape.kinds()
     everything = Holding(tuple((k, kinds.count(k)) for k in sorted(set(kinds))), True, True)
     infeasible: Counter = Counter()

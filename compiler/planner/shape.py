@@ -248,6 +248,24 @@ def block_params(shape: DecoderShape, mp: int = 1, *, kind: str = DENSE, ep: int
     return BlockParams(attention + norms + router + shared, routed)
 
 
+def lora_block_params(shape: DecoderShape, mp: int = 1, *, kind: str = DENSE, ep: int = 1, rank: int,
+                      targets: tuple[str, ...]) -> BlockParams:
+    """LoRA's adapters of one block on one rank (compiler/lora/): r (in + out) for each targeted matrix of the TP
+    shard (a column-parallel matrix keeps A whole and B's rows of its shard, a row-parallel one A's columns of its
+    shard and B whole: r (in + out) of the shard's (in, out) either way); ``experts`` adapts each routed expert."""
+    def adapters(mats: dict[str, tuple[int, int]], names: tuple[str, ...]) -> int:
+        return sum(rank * (i + o) for name, (i, o) in mats.items() if name in names)
+
+    dense = adapters(attention_matrices(shape, mp), targets)
+    if kind == DENSE:
+        return BlockParams(dense + adapters(mlp_matrices(shape, shape.mlp_width, mp), targets), 0)
+    e = shape.experts
+    dense += e.shared * adapters(mlp_matrices(shape, shared_width(e), mp), targets)
+    routed = e.count // ep * adapters(mlp_matrices(shape, e.width), tuple(mlp_matrices(shape, e.width))) \
+        if "experts" in targets else 0
+    return BlockParams(dense, routed)
+
+
 def embedding_params(shape: DecoderShape, mp: int = 1) -> int:
     rows = -(-shape.vocab_size // mp)
     return rows * shape.d_model + (shape.position_rows * shape.d_model if shape.positions == "learned" else 0)

@@ -40,8 +40,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from compiler.lora import LoraConfig
 from compiler.parallel_plan import plan_of_run
-from models import config_from_dict, config_to_dict, parameter_shapes
+from compiler.parallelize.lora import lora_parameter_shapes
+from models import config_from_dict, config_to_dict
 from runtime.atomic import write_text
 
 MANIFEST = "checkpoint.json"
@@ -169,8 +171,9 @@ def verify_files(info: CheckpointInfo, names: list[str]) -> list[str]:
     return problems
 
 
-def check_same_model(info: CheckpointInfo, model) -> None:
-    """A checkpoint of another model shape is an error naming the differing fields and flags."""
+def check_same_model(info: CheckpointInfo, model, lora: LoraConfig | None = None) -> None:
+    """A checkpoint of another model shape (or other LoRA adapters) is an error naming the differing fields and
+    flags."""
     # Read back through the family's config (models.config_from_dict), so fields added since a checkpoint was
     # written take the values its model had (a GPT-2 config without n_positions: a table of seq_len rows;
     # one without a family: GPT-2, as every checkpoint before families existed).
@@ -180,7 +183,7 @@ def check_same_model(info: CheckpointInfo, model) -> None:
     if diffs:
         raise CheckpointError(f"checkpoint {info.path} holds a different model shape: " + "; ".join(diffs))
     # The manifest could match while the tensors do not (an edited or mixed-up folder): check them too.
-    expected = expected_parameter_shapes(model)
+    expected = expected_parameter_shapes(model, lora)
     index = info.index or dcp_index(read_dcp_metadata(info.path))
     saved_shapes = {name: tuple(shape) for name, shape in index["shapes"].items()}
     for name in sorted(set(expected) | set(saved_shapes)):
@@ -190,9 +193,9 @@ def check_same_model(info: CheckpointInfo, model) -> None:
                                   f"needs {expected.get(name, 'no such parameter')}")
 
 
-def expected_parameter_shapes(model) -> dict[str, tuple[int, ...]]:
-    """Every parameter a checkpoint of ``model`` holds (both copies of a tied weight) and its shape."""
-    return parameter_shapes(model)
+def expected_parameter_shapes(model, lora: LoraConfig | None = None) -> dict[str, tuple[int, ...]]:
+    """Every parameter a checkpoint of ``model`` holds (both copies of a tied weight, LoRA's adapters) and its shape."""
+    return lora_parameter_shapes(model, lora)
 
 
 # --- finding the checkpoint to resume from ----------------------------------------------------------------
@@ -234,7 +237,7 @@ class StartPoint:
     notes: list[str]  # warnings and information for rank 0 to print
 
 
-def resolve_start(cfg, *, model, run_config: dict) -> StartPoint:
+def resolve_start(cfg, *, model, run_config: dict, lora: LoraConfig | None = None) -> StartPoint:
     """Check the checkpoint flags against the filesystem; raise CheckpointError on anything unusable.
 
     ``cfg`` is the run's CheckpointConfig; ``run_config`` its whole config as a dict (what a checkpoint
@@ -259,7 +262,7 @@ def resolve_start(cfg, *, model, run_config: dict) -> StartPoint:
         else:
             info = read_checkpoint(path)
     if info is not None:
-        check_same_model(info, model)
+        check_same_model(info, model, lora)
         notes += resume_notes(info.config, run_config, path=info.path, step=info.step)
     init_from = None
     if cfg.init_from:

@@ -7,7 +7,7 @@ any other: each rank reads exactly the chunks its new shards cover.
 
     model.<name>                     parameters (DTensor shards under FSDP / TP)
     optim.<name>.exp_avg / .exp_avg_sq / .step
-                                     AdamW state, sharded exactly like its parameter
+                                     AdamW state of each trained parameter, sharded exactly like it
     train_state                      JSON: step, data position, LR-schedule position, grad-scaler state,
                                      divergence-guard state, the run's config
     rng.rank<r>                      each rank's RNG state
@@ -84,8 +84,9 @@ def tensor_state(state: TrainState) -> dict:
     model, optim = {}, {}
     for name, p in state.params:
         model[name] = p.detach()
-        s = state.optimizer.state[p]
-        optim[name] = {"exp_avg": s["exp_avg"], "exp_avg_sq": s["exp_avg_sq"], "step": s["step"]}
+        s = state.optimizer.state.get(p)  # none for a frozen parameter (LoRA's base, a router's selection bias)
+        if s:
+            optim[name] = {"exp_avg": s["exp_avg"], "exp_avg_sq": s["exp_avg_sq"], "step": s["step"]}
     return {"model": model, "optim": optim}
 
 

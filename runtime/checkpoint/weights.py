@@ -14,6 +14,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from compiler.lora import LoraConfig, adapter_initial_value, is_adapter
 from models import spec_of
 from runtime.checkpoint.files import (
     MARKER,
@@ -26,6 +27,9 @@ from runtime.checkpoint.files import (
 )
 from runtime.checkpoint.hf_weights import check_weights, read_hf_model
 from runtime.checkpoint.hf_weights import initial_values as hf_initial_values
+from runtime.checkpoint.peft import read_adapter
+
+InitialValue = Callable[[str, tuple[int, ...]], torch.Tensor]  # a parameter's full value by name
 
 
 def resolve_checkpoint(path: Path) -> CheckpointInfo:
@@ -87,13 +91,39 @@ def check_init_from(init_from: str | None, model_cfg) -> str | None:
     return None
 
 
-def initial_values(init_from: str | None, model_cfg, *, seed: int) -> Callable[[str, tuple[int, ...]], torch.Tensor]:
+def initial_values(init_from: str | None, model_cfg, *, seed: int, lora: LoraConfig | None = None) -> InitialValue:
     """Each parameter's full initial value by name: from ``--init-from``'s Hugging Face folder (read lazily, only
-    the tensors of this rank's parameters) or export (memory-mapped: read as shards need it), else name-seeded.
+    the tensors of this rank's parameters) or export (memory-mapped: read as shards need it), else name-seeded;
+    with ``lora``, the adapters' from its peft folder (``--lora-from``), else name-seeded (compiler/lora/modules.py).
     Training and evaluation read weights through this one function."""
     if init_from and Path(init_from).is_dir():
-        return hf_initial_values(check_weights(read_hf_model(init_from)))
-    if init_from:
+        base = hf_initial_values(check_weights(read_hf_model(init_from)))
+    elif init_from:
         weights = read_init_weights(Path(init_from), model_cfg)
-        return lambda name, shape: weights[name]
-    return functools.partial(spec_of(model_cfg).initial_value, seed=seed, cfg=model_cfg)
+        base = lambda name, shape: weights[name]  # noqa: E731
+    else:
+        base = functools.partial(spec_of(model_cfg).initial_value, seed=seed, cfg=model_cfg)
+    if lora is None:
+        return base
+    adapters = functools.partial(adapter_initial_value, seed=seed)
+    if lora.init_from:
+        _, values = read_adapter(lora.init_from, model_cfg)
+        adapters = lambda name, shape: values[name]  # noqa: E731
+    return (WithAdapterRows if hasattr(base, "rows") else WithAdapters)(base, adapters)
+
+
+class WithAdapters:
+    """``base``'s values, and ``adapters``' for LoRA's adapters."""
+
+    def __init__(self, base: InitialValue, adapters: InitialValue):
+        self.base, self.adapters = base, adapters
+
+    def __call__(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.adapters(name, shape) if is_adapter(name) else self.base(name, shape)
+
+
+class WithAdapterRows(WithAdapters):
+    """``WithAdapters`` over a source that reads rows of dim 0 alone (compiler/parallelize/materialize.py)."""
+
+    def rows(self, name: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
+        return self(name, shape)[start:stop] if is_adapter(name) else self.base.rows(name, shape, start, stop)

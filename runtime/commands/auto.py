@@ -53,7 +53,7 @@ def auto_config(args: argparse.Namespace, argv: list[str], *, world: int) -> tup
     held.update({dim: getattr(args, dim) for dim in ("cp", "ep") if f"--{dim}" in given})
     try:
         best = best_plan(base.model, world=world, global_batch_size=gbs, cluster=cluster, precisions=precisions,
-                         validate=plan_checker(base), held=held)
+                         validate=plan_checker(base), held=held, lora=base.lora)
     except NoPlanError as e:
         raise ConfigError(str(e)) from None
     notes.append(f"auto plan priced on {cluster.name}" + (f", holding {', '.join(f'{k}={v}' for k, v in held.items())}"

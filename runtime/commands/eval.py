@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from compiler.lora import LoraConfig
 from models import config_from_dict, with_window
 from runtime.checkpoint.files import CheckpointError, CheckpointInfo
 from runtime.checkpoint.state import load_model_only
@@ -50,7 +51,7 @@ InputError = (ConfigError, DataError, CheckpointError)
 # Training's flag groups that evaluation reads (forward only: no optimiser, checkpoint writing or metrics).
 EVAL_FLAG_GROUPS = (groups.add_mesh_flags, groups.add_data_parallel_flags, groups.add_model_flags,
                     groups.add_pipeline_flags, groups.add_layout_flags, groups.add_precision_flag,
-                    groups.add_run_flags, groups.add_init_flag, groups.add_data_flags)
+                    groups.add_run_flags, groups.add_init_flag, groups.add_lora_flags, groups.add_data_flags)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +88,10 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> EvalInputs:
             model = with_window(model, args.seq_len) if args.seq_len else model
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        cfg = dataclasses.replace(cfg, model=model)
+        # A LoRA run's checkpoint brings its adapters (its base in the dtype it was saved in: the load converts).
+        lora = LoraConfig.from_dict(checkpoint.config.get("lora"))
+        cfg = dataclasses.replace(cfg, model=model, lora=lora and dataclasses.replace(lora, base_dtype="fp32",
+                                                                                       init_from=None))
         if cfg.data.tokenizer is None and has_tokenizer(checkpoint.path):  # the copy the checkpoint keeps
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, tokenizer=str(checkpoint.path)))
         validate(cfg, world_size=env.world_size)
@@ -140,7 +144,7 @@ def evaluate(inputs: EvalInputs, *, env: LaunchEnv, device: torch.device) -> Eva
     cfg = inputs.cfg
     # A checkpoint's weights are loaded after the build; the build starts from the name-seeded values then.
     engine = build_engine(cfg, env=env, device=device, timeout=collective_timeout(cfg.collective_timeout_s),
-                          initial_value=initial_values(cfg.checkpoint.init_from, cfg.model, seed=cfg.seed),
+                          initial_value=initial_values(cfg.checkpoint.init_from, cfg.model, seed=cfg.seed, lora=cfg.lora),
                           announce=False)
     if inputs.checkpoint is not None:
         load_model_only(engine.stages, inputs.checkpoint)

@@ -4,6 +4,7 @@
     python run.py export --checkpoint DIR --out folder --format hf                   # GPT2LMHeadModel / LlamaForCausalLM
     python run.py export --checkpoint DIR --out gpt2-folder --format gpt2            # GPT-2 as pytorch_model.bin
     python run.py export --checkpoint DIR --out folder --format hf --export-dtype mxfp4  # gpt-oss's experts as released
+    python run.py export --checkpoint DIR --out adapter --format peft                # a LoRA run's adapters, for peft
 
 ``pt`` is a plain ``{name: full tensor}`` state dict that the model's ``load_state_dict`` accepts. ``hf``
 is a folder with ``config.json`` and ``model.safetensors`` (or shards past ``--max-shard-size`` and their
@@ -22,6 +23,11 @@ its ``bos_token_id`` / ``eos_token_id`` / ``pad_token_id`` (lists included) and 
 otherwise config.json holds the family's defaults. Its shapes are the folder's at any training ``--seq-len``.
 A folder export also gets the tokenizer files the checkpoint keeps (the run's ``--tokenizer``, or its
 folder's: tokenizer.json, tokenizer_config.json, special_tokens_map.json), so it encodes and decodes text.
+
+A LoRA run's checkpoint (``--lora-rank``) holds its frozen base and its adapters: ``pt``, ``hf`` and ``gpt2`` write the
+merged model, W + (alpha / r) B A (compiler/lora/merge.py); ``peft`` writes the adapters alone as peft saves them
+(runtime/checkpoint/peft.py), for peft to load onto the run's source folder (``base_model_name_or_path``: the run's
+``--init-from``) or ``--lora-from`` to continue from.
 """
 
 from __future__ import annotations
@@ -33,11 +39,13 @@ from pathlib import Path
 
 import torch
 
+from compiler.lora import LoraConfig, is_adapter, merged_weights
 from models import FAMILIES, config_from_dict, spec_of
 from runtime.atomic import atomic_file, write_json
 from runtime.checkpoint.files import CheckpointError, verify_files
 from runtime.checkpoint.hf_folder import write_hf_folder
 from runtime.checkpoint.hf_weights import carried_from
+from runtime.checkpoint.peft import write_adapter
 from runtime.checkpoint.quantized.export import METHODS, quantize_for_export
 from runtime.checkpoint.safetensors import write_bytes
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
@@ -50,9 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True,
                    help="a checkpoint folder (DIR/step-N), or a checkpoint directory (its latest complete checkpoint)")
     p.add_argument("--out", required=True, help="the .pt file (--format pt) or the folder (hf, gpt2) to write")
-    p.add_argument("--format", choices=("pt", "hf", "gpt2"), default="pt",
+    p.add_argument("--format", choices=("pt", "hf", "gpt2", "peft"), default="pt",
                    help="pt: {name: tensor} for --init-from; hf: a Hugging Face folder (config.json + safetensors) of "
-                        "either family; gpt2: a Hugging Face GPT2LMHeadModel folder with pytorch_model.bin")
+                        "either family; gpt2: a Hugging Face GPT2LMHeadModel folder with pytorch_model.bin (a LoRA run: "
+                        "its adapters merged into the weights); peft: a LoRA run's adapters as a peft adapter folder")
     p.add_argument("--max-shard-size", default="5GB",
                    help="--format hf: past this many bytes of tensors, shards plus model.safetensors.index.json "
                         "(e.g. 500MB, 2GiB; kB/MB/GB are powers of 10 as in transformers)")
@@ -93,7 +102,21 @@ def main(argv: list[str]) -> int:
             raise CheckpointError(problems[0])
         weights = load_model_weights(info)
         out = Path(args.out)
-        carried = carried_from(info.config.get("checkpoint", {}).get("init_from"))
+        init_from = info.config.get("checkpoint", {}).get("init_from")
+        lora = LoraConfig.from_dict(info.config.get("lora"))
+        if args.format == "peft":
+            if lora is None:
+                raise CheckpointError(f"--format peft: {info.path} is not a LoRA run's (no --lora-rank); use --format hf")
+            cfg = config_from_dict(info.config["model"])
+            adapters = {name: t for name, t in weights.items() if is_adapter(name)}
+            base = str(Path(init_from).resolve()) if init_from and Path(init_from).is_dir() else init_from
+            written = write_adapter(out, adapters, model_cfg=cfg, lora=lora, base_model=base)
+            print(f"wrote {out} (peft: {', '.join(written)}): {len(adapters)} adapter tensors, rank {lora.rank}, "
+                  f"alpha {lora.alpha:g}, from {info.path} (step {info.step})")
+            return 0
+        if lora is not None:  # the model as it computes: adapters merged into their weights
+            weights = merged_weights(weights, scale=lora.scale)
+        carried = carried_from(init_from)
         files = {**carried.files, **tokenizer_files(info.path)}  # the checkpoint's copy of its run's tokenizer
         if args.format == "hf":
             cfg = config_from_dict(info.config["model"])
@@ -118,7 +141,7 @@ def main(argv: list[str]) -> int:
         else:
             out.parent.mkdir(parents=True, exist_ok=True)
             _save_atomically(weights, out)
-    except (CheckpointError, OSError, ValueError) as e:
+    except (CheckpointError, OSError, ValueError) as e:  # ValueError: a layout peft cannot hold (peft.py)
         print(f"error: {e}", file=sys.stderr)
         return 2
     n = sum(t.numel() for t in weights.values())

@@ -154,6 +154,25 @@ def add_optim_flags(p: argparse.ArgumentParser) -> None:
                    help="fp16: stop when the loss scale falls below this floor")
 
 
+def add_lora_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("LoRA fine-tuning (Hu et al. 2021): the model frozen, low-rank adapters trained")
+    g.add_argument("--lora-rank", type=int, metavar="R",
+                   help="train rank-R adapters W + (alpha/R) B A on the --lora-targets, every other parameter frozen "
+                        "(no gradient, no optimizer state)")
+    g.add_argument("--lora-alpha", type=float, metavar="A", help="the adapters' scale is A/R (default: 2 x R)")
+    g.add_argument("--lora-targets", metavar="LIST",
+                   help="comma-separated modules of each block to adapt, by the family's names: q,k,v,o,gate,up,down "
+                        "(GPT-2: qkv,o,up,down; latent attention: q_a,q,kv_a,kv_b,o); experts = one adapter per routed "
+                        "expert on its gate, up and down (default: every linear layer of the blocks, no experts)")
+    g.add_argument("--lora-dropout", type=float, metavar="P", help="dropout on the adapters' inputs (default 0)")
+    g.add_argument("--lora-base-dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="storage of the frozen weights: fp32 (the training dtype) or bf16 (half the bytes; needs "
+                        "--precision bf16)")
+    g.add_argument("--lora-from", metavar="FOLDER",
+                   help="start the adapters from a peft adapter folder (adapter_config.json + adapter_model.safetensors, "
+                        "e.g. `run.py export --format peft`), whose rank, alpha, targets and dropout then apply")
+
+
 def add_run_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("seed and timeouts")
     g.add_argument("--seed", type=int, default=1234, help="seed for weights and data order")
@@ -252,7 +271,7 @@ FlagGroup = Callable[[argparse.ArgumentParser], None]
 TRAINING_FLAG_GROUPS: tuple[FlagGroup, ...] = (
     add_mesh_flags, add_data_parallel_flags, add_auto_flag, add_model_flags, add_pipeline_flags, add_layout_flags,
     add_placement_flags,
-    add_precision_flag, add_optim_flags, add_run_flags, add_init_flag, add_checkpoint_flags, add_data_flags,
+    add_precision_flag, add_optim_flags, add_run_flags, add_init_flag, add_lora_flags, add_checkpoint_flags, add_data_flags,
     add_validation_flags, add_metrics_flags)
 
 

@@ -10,10 +10,13 @@ import dataclasses
 import time
 from pathlib import Path
 
+from compiler.lora import LoraConfig, default_targets
 from compiler.parallel_plan import ParallelPlan
 from compiler.precisions import default_precision
 from models import mixture_of_experts_families, named_config, spec_of
 from runtime.checkpoint.hf_weights import read_hf_model, run_model_config, run_name
+from runtime.checkpoint.peft import read_adapter
+from runtime.checkpoint.safetensors import TensorFileError
 from runtime.commands.flag_groups import (  # noqa: F401 (re-exported: the commands' parsers)
     DEFAULT_MODEL,
     HelpFormatter,
@@ -100,6 +103,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         device=device,
         expert_bias_rate=getattr(args, "expert_bias_rate", 0.0),
     )
+    cfg = dataclasses.replace(cfg, lora=lora_config(args, cfg.model))
     vocab_size = cfg.model.vocab_size
     if args.eod_token is not None and not 0 <= args.eod_token < vocab_size:
         raise ConfigError(f"--eod-token {args.eod_token} must be a token id in [0, {vocab_size}) (--vocab-size {vocab_size})")
@@ -108,6 +112,41 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
     if world_size is not None:
         validate(cfg, world_size=world_size)
     return cfg if args.logdir else with_default_logdir(cfg, now=now)
+
+
+_LORA_SETTINGS = {"rank": "--lora-rank", "alpha": "--lora-alpha", "targets": "--lora-targets", "dropout": "--lora-dropout"}
+
+
+def lora_config(args: argparse.Namespace, model) -> LoraConfig | None:
+    """The ``--lora-*`` flags (``--lora-from``: a peft folder's settings, which flags given must agree with); None
+    without ``--lora-rank`` or ``--lora-from``. Checked against the model in ``validate`` (runtime/config.py)."""
+    given = {field: getattr(args, f"lora_{field}", None) for field in _LORA_SETTINGS}
+    given["targets"] = tuple(t.strip() for t in given["targets"].split(",")) if given["targets"] else None
+    source = getattr(args, "lora_from", None)
+    if source is None and given["rank"] is None:
+        extra = [_LORA_SETTINGS[f] for f, v in given.items() if v is not None]
+        extra += ["--lora-base-dtype"] if getattr(args, "lora_base_dtype", "fp32") != "fp32" else []
+        if extra:
+            raise ConfigError(f"{extra[0]} needs --lora-rank R (or --lora-from FOLDER): no adapters are trained without")
+        return None
+    base_dtype = getattr(args, "lora_base_dtype", "fp32")
+    if source is None:
+        rank = given["rank"]
+        return LoraConfig(rank=rank, alpha=given["alpha"] if given["alpha"] is not None else 2.0 * rank,
+                          targets=given["targets"] or default_targets(model), dropout=given["dropout"] or 0.0,
+                          base_dtype=base_dtype)
+    try:
+        lora, _ = read_adapter(source, model)
+    except (TensorFileError, ValueError) as e:
+        raise ConfigError(f"--lora-from {source}: {e}") from None
+    for field in ("rank", "alpha", "targets"):  # what the adapters are; dropout may change between runs
+        value, saved = given[field], getattr(lora, field)
+        if value is not None and (set(value) != set(saved) if field == "targets" else value != saved):
+            shown = (",".join(value), ",".join(saved)) if field == "targets" else (f"{value:g}", f"{saved:g}")
+            raise ConfigError(f"{_LORA_SETTINGS[field]} {shown[0]} differs from --lora-from {source}'s {shown[1]}; "
+                              f"leave it out to use the folder's")
+    return dataclasses.replace(lora, dropout=given["dropout"] if given["dropout"] is not None else lora.dropout,
+                               base_dtype=base_dtype)
 
 
 def with_default_logdir(cfg: TrainConfig, *, now: float | None = None) -> TrainConfig:

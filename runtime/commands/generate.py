@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import torch
 
+from compiler.lora import LoraConfig, merged_weights
 from models import config_from_dict, generate, spec_of
 from runtime.checkpoint.files import CheckpointError, verify_files
 from runtime.checkpoint.hf_weights import check_weights, position_limit, read_hf_model, read_state_dict
@@ -173,8 +174,10 @@ def model_source(args: argparse.Namespace) -> ModelSource:
         problems = verify_files(info, sorted(info.files))
         if problems:
             raise CheckpointError(problems[0])
+        lora = LoraConfig.from_dict(info.config.get("lora"))  # a LoRA run's: its adapters merged into the weights
         return ModelSource(config_from_dict(info.config["model"]), f"{info.path} (step {info.step})",
-                           lambda: load_model_weights(info), info.path)
+                           lambda: merged_weights(load_model_weights(info), scale=lora.scale) if lora else
+                           load_model_weights(info), info.path)
     folder = Path(args.init_from)
     if not folder.is_dir():
         raise CheckpointError(f"--init-from {folder}: not a folder; generate reads a Hugging Face model folder "

@@ -66,7 +66,7 @@ def _pricer(cfg: TrainConfig) -> Pricer:
     """The planner's model of ``cfg``'s model on its device kind, from the closed-form shapes (no tracing:
     seconds on every rank before the run starts)."""
     cluster = load_cluster(LOCAL_PRESET if cfg.device == "cpu" else GPU_MEMORY_MODEL)
-    return Pricer(DecoderShape.from_config(cfg.model), cluster)
+    return Pricer(DecoderShape.from_config(cfg.model), cluster, lora=cfg.lora)
 
 
 def node_memory(local_rank: int, device_type: str) -> NodeMemory | None:
@@ -134,7 +134,7 @@ def _fitting_plan(cfg: TrainConfig, *, world: int, node_ranks: list[int], memory
     from compiler.planner.auto import rank_plans
 
     plans = rank_plans(cfg.model, world=world, global_batch_size=cfg.global_batch_size, cluster=cluster,
-                       validate=plan_checker(cfg), precisions=(cfg.plan.precision,))
+                       validate=plan_checker(cfg), precisions=(cfg.plan.precision,), lora=cfg.lora)
     best = next((e for e in plans if e.feasible), None)
     return " ".join(plan_flags(best.plan)) if best else None
 

@@ -8,6 +8,7 @@ metrics.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,8 @@ import torch
 import torch.distributed as dist
 
 from compiler.flops import training_flops_per_token
+from compiler.lora import is_adapter
+from compiler.parallelize.lora import lora_parameter_shapes
 from compiler.parallelize.materialize import local_parameter_count
 from compiler.precisions import PRECISIONS
 from models import parameter_count
@@ -152,7 +155,7 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> tuple[TrainConfig, DataSour
         raise ConfigError(unassigned)
     data = build_data_from_config(cfg.data, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
                                   global_batch_size=cfg.global_batch_size, seed=cfg.seed)
-    start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict())
+    start = resolve_start(cfg.checkpoint, model=cfg.model, run_config=cfg.to_dict(), lora=cfg.lora)
     note = check_init_from(str(start.init_from) if start.init_from else None, cfg.model)  # headers and shapes only
     start.notes.extend([note] if note else [])
     if not args.skip_memory_check:
@@ -180,7 +183,7 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
     #    them on.
     engine = build_engine(cfg, env=env, device=device, timeout=collective_timeout(cfg.startup_timeout_s),
                           initial_value=initial_values(str(start.init_from) if start.init_from else None, cfg.model,
-                                                       seed=cfg.seed))
+                                                       seed=cfg.seed, lora=cfg.lora))
     # 4. Schedule, mixed precision, optimizer.
     make_profiler = (lambda schedule: Profiler(rank=env.rank, stages=engine.stages.stages, schedule=schedule,
                                                steps=profiled_steps(cfg.optim.last_step),
@@ -217,6 +220,10 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
                                    itemsize=PRECISIONS[cfg.plan.precision].dtype.itemsize, device_type=device.type)
         if note:
             print(note, flush=True)
+        if cfg.lora is not None:
+            lora = cfg.lora
+            print(f"LoRA: rank {lora.rank}, alpha {lora.alpha:g} on {','.join(lora.targets)}: {lora_parameters(cfg):,} "
+                  f"adapter parameters trained, the model's {parameter_count(cfg.model):,} frozen", flush=True)
     logger.text("config", "```\n" + json.dumps(cfg.to_dict(), indent=2) + "\n```")
     logger.text("stage_plan", "```\n" + engine.stage_plan.describe() + "\n```")
 
@@ -251,6 +258,12 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
     return summary
 
 
+def lora_parameters(cfg: TrainConfig) -> int:
+    """Elements of the LoRA adapters a run trains (0 without LoRA)."""
+    shapes = lora_parameter_shapes(cfg.model, cfg.lora)
+    return sum(math.prod(shape) for name, shape in shapes.items() if is_adapter(name))
+
+
 def run_facts(engine: Engine, *, env: LaunchEnv, peak: tuple[float, str]) -> dict:
     """What summary.json records of the run beside the loop's figures: its config, device, split, parameters
     per rank and the memory model's prediction."""
@@ -259,7 +272,7 @@ def run_facts(engine: Engine, *, env: LaunchEnv, peak: tuple[float, str]) -> dic
     return dict(config=cfg.to_dict(), peak_flops=peak[0], peak_flops_source=peak[1],
                 device=device_description(engine.device), blocks_per_stage=stage_plan.blocks_per_stage,
                 stage_costs=stage_plan.stage_costs, stage_cost_unit=stage_plan.unit, bound_cores=engine.bound_cores,
-                world_size=env.world_size, parameters=parameter_count(cfg.model),
+                world_size=env.world_size, parameters=parameter_count(cfg.model), lora_parameters=lora_parameters(cfg),
                 predicted_peak_tensor_bytes=predicted_tensor_bytes(cfg),
                 local_parameters_max=max(all_gather_objects(local_parameter_count(engine.stages.parameters()))),
                 local_expert_parameters_max=max(all_gather_objects(local_parameter_count(experts))))

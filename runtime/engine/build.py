@@ -133,7 +133,7 @@ def build_engine(cfg: TrainConfig, *, env: LaunchEnv, device: torch.device, init
                                           reduce_dtype=reduce_dtype(plan.reduce_dtype)),
         initial_value=initial_value, compile_blocks=cfg.compile_blocks, sequence_parallel=plan.sequence_parallel,
         model_inputs=model_input_count(document_mask=cfg.data.document_mask, cp=plan.cp),
-        context_parallel=mesh["cp"] if plan.cp > 1 else None, message_dtype=dtype)
+        context_parallel=mesh["cp"] if plan.cp > 1 else None, message_dtype=dtype, lora=cfg.lora)
     tied = _tied_weights(cfg, stages, mesh, pp_rank, stage_plan.n_stages)
     replicated = (_replicated_gradients(cfg, stages, data_parallel_mesh(mesh, layout, timeout=timeout), tied)
                   if layout.replicated else None)
@@ -171,7 +171,7 @@ def _agreed_stage_plan(cfg: TrainConfig, rank: int, device: torch.device) -> Sta
 def _tied_weights(cfg: TrainConfig, stages: LocalStages, mesh: DeviceMesh, pp_rank: int,
                   n_stages: int) -> TiedWeights | None:
     """Tied embeddings with pp > 1: a copy on the first and the last stage, their gradients summed point to point."""
-    if not cfg.model.tie_embeddings:
+    if not cfg.model.tie_embeddings or cfg.lora is not None:  # LoRA: both copies frozen, no gradient to sum
         return None
     plan, spec = cfg.plan, SCHEDULES[cfg.plan.schedule]
     return TiedWeights(stages.named_parameters(), tied_weights=spec_of(cfg.model).tied_weights,
@@ -184,7 +184,7 @@ def _replicated_gradients(cfg: TrainConfig, stages: LocalStages, dp_mesh: Device
                           tied: TiedWeights | None) -> ReplicatedGradients:
     """Replication (DDP's layout) all-reduces the dense parameters; MoE layers are FSDP units of their own."""
     in_moe = {id(p) for module in stages.modules for layer in moe_modules(module) for p in layer.parameters()}
-    dense = [p for p in stages.parameters() if id(p) not in in_moe]
+    dense = [p for p in stages.parameters() if id(p) not in in_moe and p.requires_grad]
     return ReplicatedGradients(dense, group=dp_mesh.get_group(), reduce_dtype=reduce_dtype(cfg.plan.reduce_dtype),
                                accumulations=cfg.plan.microbatches,
                                deferred={id(p) for p in tied.copies} if tied else set(), stages=stages.stages)
@@ -221,7 +221,9 @@ def build_step_context(engine: Engine, *, profiler: Callable[[object], Profiler]
     profiling = profiler(pipeline.schedule) if profiler else None
     if profiling:
         pipeline = dataclasses.replace(pipeline, recorder=profiling.recorder)
-    optimizer = build_optimizer(engine.stages.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    # Trained parameters only: a frozen one (LoRA's base, a router's selection bias) has no AdamW state.
+    optimizer = build_optimizer([p for p in engine.stages.parameters() if p.requires_grad], lr=cfg.optim.lr,
+                                weight_decay=cfg.optim.weight_decay)
     lr_schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
     layout = engine.layout
     experts = ExpertBalance.of(

@@ -19,6 +19,7 @@ from compiler.torch_compat import stages_receive_integer_tensors
 from models import spec_of
 from runtime.commands.flags import parse_train_config
 from tests.launch import QUICK_RUN, spawn_ranks, train_each
+from tests.lora_adapters import write_random_adapter
 from tests.reference import train_reference
 from tests.step_hook import after_backward
 
@@ -39,6 +40,8 @@ DEEPSEEK = ["--model", "deepseek-v3-debug"]
 # 4 blocks alternating a sliding window of 8 and full attention, sinks, q/k/v/o biases, YaRN, 4 experts (top 2) with
 # biases behind a biased router
 GPT_OSS = ["--model", "gpt-oss-debug"]
+# LoRA from random non-zero adapters (tests/lora_adapters.py; peft's zero B would give every A a zero first gradient)
+LORA = ["--lora-rank", "4", "--lora-alpha", "8", "--lora-from", "ADAPTER"]
 
 # (dp, pp, mp, schedule, extra flags): every mesh of the issue, every schedule, activation checkpointing (full
 # and selective).
@@ -121,12 +124,18 @@ CASES = [
     (1, 2, 1, "zbv", ["--eval-every", "2"]),
     (1, 2, 1, "dualpipev", ["--eval-every", "2"]),
     (1, 2, 1, "interleaved-1f1b", ["--eval-every", "2"]),
+    # LoRA (the base frozen: no gradient, no AdamW state): adapters sharded with their column- and row-parallel
+    # bases under SP, one per expert under EP, and GPT-2's fused q/k/v with biases under zbv and replicated DP.
+    (2, 2, 2, "interleaved-1f1b", [*LLAMA, "--sequence-parallel", *LORA]),
+    (2, 1, 2, "1f1b", [*QWEN3_MOE, "--ep", "2", *LORA, "--lora-targets", "q,k,v,o,experts"]),
+    (2, 2, 2, "zbv", [*LORA, "--dp-shard", "1"]),
 ]
 if not stages_receive_integer_tensors():  # torch 2.11: --document-mask with --pp > 1 is refused (runtime/config.py)
     CASES = [c for c in CASES if c[1] == 1 or "--document-mask" not in c[4]]
 
 
 def _args(dp, pp, mp, schedule, extra, logdir) -> list[str]:
+    extra = [f"{logdir}-adapter" if x == "ADAPTER" else x for x in extra]  # written by the ``trained`` fixture
     return [f"--dp={dp}", f"--pp={pp}", f"--mp={mp}", "--schedule", schedule, "--microbatches", str(2 * pp),
             "--logdir", str(logdir), *COMMON, *extra]
 
@@ -138,7 +147,8 @@ def _world(case) -> int:
 
 def _case_id(case) -> str:
     dp, pp, mp, schedule, extra = case
-    flags = [x for x in extra if x not in LLAMA[2:] and x not in ("10", "4")]  # shape flags say nothing the family does not
+    # shape flags say nothing the family does not, nor LoRA's settings
+    flags = [x for x in extra if x not in LLAMA[2:] + LORA[1:] and x not in ("10", "4")]
     return f"{dp}x{pp}x{mp}-{schedule}" + "".join(f"-{x.removeprefix('--').replace(',', '')}" for x in flags)
 
 
@@ -173,6 +183,8 @@ def trained(request, tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
     out = {}
     for world, ids in by_world.items():
         argvs = [_args(*CASES_BY_ID[i], root / i) for i in ids]
+        for argv in (a for a in argvs if "--lora-from" in a):
+            write_random_adapter(argv[argv.index("--lora-from") + 1], argv)
         try:
             spawn_ranks(train_each_dumping_gradients, world_size=world, args=(argvs, [str(root / i) for i in ids]),
                         timeout=60 + 90 * len(ids))
@@ -211,18 +223,19 @@ def train_each_dumping_gradients(argvs: list[list[str]], out_dirs: list[str]) ->
 
     def dump(step: int, ctx) -> None:
         if step == 0:
-            _dump_full_gradients(next(first_steps), ctx.stages)
+            _dump_full_gradients(next(first_steps), ctx.stages, ctx.optimizer)
 
     after_backward(dump)
     train_each(argvs)
 
 
-def _dump_full_gradients(out_dir: str, stages) -> None:
+def _dump_full_gradients(out_dir: str, stages, optimizer) -> None:
     import torch.distributed as dist
 
     grads = {}
     for name, param in stages.named_parameters():
-        if not param.requires_grad:  # a router's selection bias: moved by its own rule, not by gradients
+        if not param.requires_grad:  # LoRA's base, a router's selection bias: frozen, or moved by their own rule
+            assert param.grad is None and not optimizer.state.get(param), f"frozen {name} has a gradient or AdamW state"
             continue
         # full_tensor() is a collective over the parameter's mesh (its dp and mp peers hold the same
         # stages, so they run the same sequence of these). The local gradient is read with the parameter's

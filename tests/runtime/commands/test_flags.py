@@ -15,6 +15,7 @@ from runtime.commands.flags import config_from_args
 from runtime.config import ConfigError
 from runtime.lab import calibrate, data_benchmark
 from runtime.lab.study import cli as study
+from tests.paths import FIXTURE_ROOT
 
 PARSERS = {"eval": eval_command.build_parser, "generate": generate.build_parser, "export": export.build_parser,
            "plan": plan.build_arg_parser, "study": study.build_parser, "calibrate": calibrate.build_parser,
@@ -79,3 +80,50 @@ def test_evals_flags_are_trainings_and_build_a_config():
     default = config_from_args(with_training_defaults(eval_command.build_parser().parse_args(["--checkpoint", "c"])),
                                world_size=1)
     assert default.plan.precision == "fp32"  # evaluation's default, not training's
+
+
+# ---- LoRA's flags (runtime/commands/flags.py lora_config, runtime/config.py check_lora) ------------------------------
+
+PEFT_ADAPTER = str(FIXTURE_ROOT / "peft" / "llama3-lora")
+LLAMA_FOLDER = str(FIXTURE_ROOT / "hf-models" / "llama3")
+
+
+def _lora(argv: list[str]):
+    return config_from_args(build_parser().parse_args(argv), world_size=1).lora
+
+
+def test_lora_flags_give_the_config_and_the_family_s_default_targets():
+    assert _lora(["--model", "tiny"]) is None
+    lora = _lora(["--model", "tiny", "--lora-rank", "8"])
+    assert (lora.rank, lora.alpha, lora.targets, lora.dropout, lora.base_dtype) == (8, 16.0, ("qkv", "o", "up", "down"),
+                                                                                    0.0, "fp32")
+    lora = _lora(["--model", "llama3-debug", "--lora-rank", "4", "--lora-alpha", "4", "--lora-targets", "q,v",
+                  "--lora-dropout", "0.1", "--lora-base-dtype", "bf16", "--precision", "bf16"])
+    assert (lora.scale, lora.targets, lora.dropout, lora.base_dtype) == (1.0, ("q", "v"), 0.1, "bf16")
+
+
+def test_lora_from_a_peft_folder_takes_its_settings():
+    lora = _lora(["--init-from", LLAMA_FOLDER, "--lora-from", PEFT_ADAPTER])
+    assert (lora.rank, lora.alpha, set(lora.targets), lora.init_from) == (
+        4, 8.0, {"q", "k", "v", "o", "gate", "up", "down"}, PEFT_ADAPTER)
+    assert _lora(["--init-from", LLAMA_FOLDER, "--lora-from", PEFT_ADAPTER, "--lora-rank", "4",
+                  "--lora-dropout", "0.2"]).dropout == 0.2  # a training setting: the flag's
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--lora-alpha", "8"], "--lora-alpha needs --lora-rank R"),
+    (["--lora-base-dtype", "bf16"], "--lora-base-dtype needs --lora-rank R"),
+    (["--lora-rank", "0"], "--lora-rank must be a positive"),
+    (["--lora-rank", "4", "--lora-alpha", "-1"], "--lora-alpha must be positive"),
+    (["--lora-rank", "4", "--lora-dropout", "1"], r"--lora-dropout must be in \[0, 1\)"),
+    (["--lora-rank", "4", "--lora-targets", "q,v"], "--lora-targets q,v: q, v is not a module of gpt2's blocks; valid "
+                                                    "targets: qkv, o, up, down"),
+    (["--lora-rank", "4", "--lora-targets", "experts"], "experts is not a module"),
+    (["--lora-rank", "4", "--lora-base-dtype", "bf16", "--precision", "fp32"], "needs --precision bf16"),
+    (["--init-from", LLAMA_FOLDER, "--lora-from", PEFT_ADAPTER, "--lora-rank", "8"],
+     "--lora-rank 8 differs from --lora-from .*'s 4"),
+    (["--lora-from", "no/such/folder"], "--lora-from no/such/folder: .* holds adapter_config.json"),
+])
+def test_bad_lora_flags_are_one_line_naming_the_flag(argv, message):
+    with pytest.raises(ConfigError, match=message):
+        _lora(["--model", "tiny", *argv] if "--init-from" not in argv else argv)

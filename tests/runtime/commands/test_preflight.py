@@ -79,3 +79,13 @@ def test_train_checks_memory_before_any_process_group(monkeypatch):
         train.check_inputs(LARGE, env)
     cfg, _, _ = train.check_inputs([*LARGE, "--skip-memory-check"], env)
     assert cfg.plan.world == 8
+
+
+def test_lora_is_priced_as_a_frozen_model_and_fits_where_full_training_does_not():
+    """README's LoRA row: Llama 3.2 1B blocks x 4 with its whole vocabulary at 2x2x2 fp32 on this machine; full
+    training is refused, LoRA rank 16 (the base's weights alone, the adapters trained) runs."""
+    llama = ["--dp", "2", "--pp", "2", "--mp", "2", "--model", "llama3-1b", "--layers", "4", "--seq-len", "64",
+             "--micro-batch-size", "1", "--microbatches", "4", "--precision", "fp32"]
+    with pytest.raises(ConfigError, match="would not fit"):
+        _check(llama)
+    assert _check([*llama, "--lora-rank", "16"]) is None

@@ -1,0 +1,81 @@
+"""The memory model under LoRA: the frozen base is weights alone (4 bytes, or 2 stored in bf16), the adapters
+weights, gradients and AdamW state (16 bytes), counted as the engine builds them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from compiler.lora import LoraConfig, is_adapter
+from compiler.parallel_plan import ParallelPlan
+from compiler.parallelize.lora import lora_parameter_shapes
+from compiler.planner.cluster import LOCAL_PRESET, load_cluster
+from compiler.planner.memory_model import DataParallelLayout, weight_memory
+from compiler.planner.pricer import Pricer
+from compiler.planner.shape import DecoderShape, parameter_count
+from models import named_config
+
+
+def test_frozen_parameters_cost_their_weights_alone():
+    assert weight_memory(100, 10, DataParallelLayout(), frozen=60) == 40 * 16 + 60 * 4
+    assert weight_memory(100, 10, DataParallelLayout(), frozen=60, frozen_bytes=2) == 40 * 16 + 60 * 2
+    fsdp = DataParallelLayout(dp=4, shard=4, gather_bytes=2)
+    # shards of both, every parameter gathered, gradients of the trained ones only
+    assert weight_memory(100, 10, fsdp, frozen=60) == (40 * 16 + 60 * 4) / 4 + 100 * 2 + 40 * 4
+    assert weight_memory(100, 10, fsdp) == 100 * 16 / 4 + 100 * 2 + 100 * 4  # no LoRA: as before
+
+
+def _adapters(cfg, lora: LoraConfig) -> int:
+    """The adapters the engine builds (compiler/parallelize/lora.py)."""
+    return sum(math.prod(s) for n, s in lora_parameter_shapes(cfg, lora).items() if is_adapter(n))
+
+
+@pytest.mark.parametrize("model,targets", [("llama3-debug", ("q", "k", "v", "o", "gate", "up", "down")),
+                                           ("tiny", ("qkv", "down")),
+                                           ("qwen3-moe-debug", ("q", "o", "experts"))])
+def test_lora_prices_the_base_frozen_and_the_adapters_the_engine_builds(model, targets):
+    cfg = named_config(model, n_layers=2)
+    shape, cluster = DecoderShape.from_config(cfg), load_cluster(LOCAL_PRESET)
+    plan = ParallelPlan(precision="fp32", microbatches=2, micro_batch_size=2)  # one process: no FSDP, no casts
+    lora = LoraConfig(rank=4, alpha=8.0, targets=targets)
+    (full,) = Pricer(shape, cluster).memory(plan)
+    (tuned,) = Pricer(shape, cluster, lora=lora).memory(plan)
+    params, adapters = parameter_count(shape), _adapters(cfg, lora)
+    assert full - tuned == pytest.approx(16 * params - (4 * params + 16 * adapters))
+    (bf16_base,) = Pricer(shape, cluster, lora=LoraConfig(rank=4, alpha=8.0, targets=targets, base_dtype="bf16")).memory(
+        plan)
+    assert tuned - bf16_base == pytest.approx(2 * params)
+
+
+def test_gathering_every_unit_at_the_step_s_start_bounds_a_frozen_model_s_peak():
+    """FSDP's all-gathers at the step's start hold every unit's input and output: shards + (1 + 1/S) x gathered +
+    the largest unit (copied out). A LoRA run's steady phase is below it; full training's is above it."""
+    from compiler.planner.memory_model import RankLoad, rank_memory, unshard_memory
+
+    fsdp = DataParallelLayout(dp=2, shard=2, gather_bytes=4)
+    assert unshard_memory(100, 10, fsdp, frozen=100) == 100 * 4 / 2 + 100 * 4 * 1.5 + 10 * 4
+    load = RankLoad(dense_params=1000, expert_params=0, largest_unit=100, saved_bytes=0, recompute_bytes=0,
+                    transient_bytes=0, weight_copy_bytes=0, blocks=1, frozen_dense=990)
+    lora = rank_memory(load, schedule="1f1b", p=1, m=2, v=1, rank=0, dense=fsdp, experts=DataParallelLayout())
+    assert lora.total == pytest.approx(unshard_memory(1000, 100, fsdp, frozen=990)) and lora.unshard_excess > 0
+    full = rank_memory(RankLoad(1000, 0, 100, 0, 0, 0, 0, 1), schedule="1f1b", p=1, m=2, v=1, rank=0, dense=fsdp,
+                       experts=DataParallelLayout())
+    assert full.unshard_excess == 0 and full.total == weight_memory(1000, 100, fsdp)
+    zero3 = DataParallelLayout(dp=2, shard=2, zero3=True, gather_bytes=4)  # gathers a unit at its use instead
+    assert rank_memory(load, schedule="1f1b", p=1, m=2, v=1, rank=0, dense=zero3,
+                       experts=DataParallelLayout()).unshard_excess == 0
+
+
+def test_the_search_prices_a_lora_run_s_plans_so():
+    """``--auto`` and the preflight's suggested plan search with the run's LoRA: every plan then needs less."""
+    from compiler.planner.search import search
+
+    shape, cluster = DecoderShape.from_config(named_config("llama3-debug")), load_cluster(LOCAL_PRESET)
+    lora = LoraConfig(rank=4, alpha=8.0, targets=("q", "v"))
+    full, tuned = (search(shape, world=4, global_batch_size=8, cluster=cluster, precisions=("fp32",), collect=True,
+                          lora=x).every for x in (None, lora))
+    memory = {e.plan: e.memory_per_rank for e in full if e.memory_per_rank is not None}
+    priced = [e for e in tuned if e.memory_per_rank is not None]
+    assert len(priced) == len(memory) > 10
+    assert all(e.memory_per_rank < memory[e.plan] for e in priced)
