@@ -69,6 +69,11 @@ class DataConfig:
     # --no-loss-across-documents: no loss on the token that follows an end-of-document id (Megatron's eod_mask_loss)
     no_loss_across_documents: bool = False
     tokenizer: str | None = None  # --tokenizer (or the --init-from folder's): text is tokenized with it
+    # Chat data (conversations, or token files with loss masks): the loss is a mean over the assistant tokens of
+    # the global batch (runtime/engine/token_mean.py), conversations packed into windows
+    chat: bool = False
+    long_conversations: str = "truncate"  # --long-conversations: a conversation longer than a window is cut or left out
+    packing: bool = True  # --no-packing clears it: one conversation per window, padded
 
 
 @dataclass(frozen=True)
