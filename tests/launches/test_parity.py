@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 from compiler.torch_compat import stages_receive_integer_tensors
 from models import spec_of
 from runtime.commands.flags import parse_train_config
+from tests.chat_data import CHAT_TOKENIZERS, shared_chat_file
 from tests.launch import spawn_ranks, train_each
 from tests.reference import train_reference
 from tests.step_hook import after_backward
@@ -37,6 +38,11 @@ MIXTRAL = ["--model", "mixtral-debug", "--layers", "4"]  # 8 experts, top 2, aux
 # 1 dense and 2 MoE blocks (8 experts in 4 groups, top 2, a shared expert, selection bias), latent attention with a q
 # LoRA rank and YaRN
 DEEPSEEK = ["--model", "deepseek-v3-debug"]
+# Chat data (SFT): conversations of mixed length (some truncated) rendered with Llama 3's template, packed into
+# windows of 64 + 1 tokens under the document mask, the loss a mean over the global batch's assistant tokens.
+# "{chat}" becomes tests/chat_data.py's shared file in _args.
+SFT = ["--data", "{chat}", "--tokenizer", str(CHAT_TOKENIZERS / "llama3-style"), "--vocab-size", "2048",
+       "--seq-len", "64"]
 
 # (dp, pp, mp, schedule, extra flags): every mesh of the issue, every schedule, activation checkpointing (full
 # and selective).
@@ -111,12 +117,16 @@ CASES = [
     (1, 2, 1, "zbv", ["--eval-every", "2"]),
     (1, 2, 1, "dualpipev", ["--eval-every", "2"]),
     (1, 2, 1, "interleaved-1f1b", ["--eval-every", "2"]),
+    # SFT: packed conversations under interleaved PP with TP and SP, and split over cp ranks (validation too).
+    (2, 2, 2, "interleaved-1f1b", [*SFT, "--sequence-parallel"]),
+    (1, 1, 2, "1f1b", [*SFT, "--cp", "2", "--eval-every", "2"]),
 ]
 if not stages_receive_integer_tensors():  # torch 2.11: --document-mask with --pp > 1 is refused (runtime/config.py)
-    CASES = [c for c in CASES if c[1] == 1 or "--document-mask" not in c[4]]
+    CASES = [c for c in CASES if c[1] == 1 or not ("--document-mask" in c[4] or c[4][:len(SFT)] == SFT)]
 
 
 def _args(dp, pp, mp, schedule, extra, logdir) -> list[str]:
+    extra = [str(shared_chat_file()) if x == "{chat}" else x for x in extra]
     return [f"--dp={dp}", f"--pp={pp}", f"--mp={mp}", "--schedule", schedule, "--microbatches", str(2 * pp),
             "--logdir", str(logdir), *COMMON, *extra]
 
@@ -128,6 +138,8 @@ def _world(case) -> int:
 
 def _case_id(case) -> str:
     dp, pp, mp, schedule, extra = case
+    sft = extra[:len(SFT)] == SFT
+    extra = ["--sft"] * sft + extra[len(SFT) * sft:]
     flags = [x for x in extra if x not in LLAMA[2:] and x not in ("10", "4")]  # shape flags say nothing the family does not
     return f"{dp}x{pp}x{mp}-{schedule}" + "".join(f"-{x.removeprefix('--').replace(',', '')}" for x in flags)
 

@@ -158,8 +158,8 @@ def _batches(files: list[Path]) -> Iterator[tuple[list[int], list[Conversation]]
 
 def _encoded(batches: Iterator[tuple[list[int], list[Conversation]]], *, folder: str, dtype: str, workers: int):
     """(line sizes, encoded conversations) of each batch, in order: here, or on ``workers`` processes (at most two
-    batches each in flight)."""
-    if workers <= 1:
+    batches each in flight). A daemonic process (a rank some launchers start) may not have children: here."""
+    if workers <= 1 or multiprocessing.current_process().daemon:
         for sizes, batch in batches:
             yield sizes, encode_batch(batch)
         return
