@@ -4,9 +4,8 @@ and each assistant turn's tokens marked trained.
 A turn's trained text is its content as rendered plus its end-of-turn marker (runtime/tokenizer/chat/template.py
 ``render_with_assistant_spans``: the role header stays prompt; a template's ``{% generation %}`` blocks win where
 it has them); character spans become token spans as transformers' assistant mask makes them
-(runtime/tokenizer/token_spans.py). The end-of-turn markers are the folder's end-of-sequence tokens:
-generation_config.json's ``eos_token_id`` list, the tokenizer's eos_token and the special tokens families end a
-turn with (Llama 3's ``<|eot_id|>``, ChatML's ``<|im_end|>``, Mistral's ``</s>``...).
+(runtime/tokenizer/token_spans.py). The end-of-turn markers are the folder's end-of-sequence tokens
+(runtime/tokenizer/chat/end_of_turn.py: Llama 3's ``<|eot_id|>``, ChatML's ``<|im_end|>``, Mistral's ``</s>``...).
 
 ``encode_conversations`` runs the files through worker processes (forked, they inherit the encoder), in
 batches, writing results in order: memory stays flat whatever the corpus size.
@@ -27,12 +26,10 @@ from runtime.engine.data.corpus import DataError
 from runtime.engine.data.loss_mask import STARTS, TRAINED
 from runtime.engine.data.writers import TYPECODES, MaskWriter, TokenWriter, little_endian
 from runtime.observe.progress import Progress
-from runtime.tokenizer import Tokenizer, TokenizerError, char_spans_to_token_spans, generation_eos_ids, load_tokenizer
+from runtime.tokenizer import Tokenizer, TokenizerError, char_spans_to_token_spans, load_tokenizer
 from runtime.tokenizer.chat import ChatTemplate, ChatTemplateError
+from runtime.tokenizer.chat.end_of_turn import end_of_turn_markers
 
-# Special tokens that end a turn in the families' templates (found only where the tokenizer has them as specials).
-END_OF_TURN_TOKENS = ("<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-                      "</s>", "<|endoftext|>", "<|end_of_text|>")
 BATCH_CONVERSATIONS = 256  # conversations per worker task
 
 
@@ -67,20 +64,6 @@ class ChatEncoder:
             mask[first:stop] = bytes([TRAINED]) * (stop - first)
         mask[0] |= STARTS
         return ids, mask
-
-
-def end_of_turn_markers(folder: str | Path, tokenizer: Tokenizer, template: ChatTemplate) -> tuple[str, ...]:
-    """The texts of the folder's end-of-sequence ids (generation_config.json), its eos_token and the families'
-    end-of-turn specials the tokenizer has, in that order without repeats."""
-    texts = [tokenizer.decode([i]) for i in generation_eos_ids(folder)]
-    eos = template.special_tokens.get("eos_token")
-    texts += [eos] if isinstance(eos, str) else []
-    texts += [t for t in END_OF_TURN_TOKENS if (i := tokenizer.token_to_id(t)) is not None and tokenizer.is_special(i)]
-    markers = tuple(dict.fromkeys(t for t in texts if t))
-    if not markers:
-        raise ChatTemplateError(f"{folder}: no end-of-turn token found (generation_config.json eos_token_id, "
-                                f"eos_token, or one of {', '.join(END_OF_TURN_TOKENS)})")
-    return markers
 
 
 @dataclass

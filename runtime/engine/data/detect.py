@@ -29,7 +29,6 @@ from runtime.engine.data.documents import JSON_LINES_SUFFIXES
 from runtime.engine.data.loss_mask import mask_path
 from runtime.engine.data.text import TEXT_SUFFIXES, builtin_tokens, text_files, text_tokens, writable_cache
 from runtime.engine.data.token_files import TokenFile, nanogpt_file
-from runtime.engine.data.tokenized_chat import tokenized_chat
 from runtime.engine.data.tokenized_text import tokenized_text
 
 DATA_FORMATS = ("auto", "text", "nanogpt", "llmc", "megatron", "chat")
@@ -100,6 +99,8 @@ def _chat(files: list[Path], tokenizer: str | None, cache_dir: Path, vocab_size:
     if not tokenizer:
         raise DataError(f"{flag} {files[0]}: chat data is rendered with a chat template: give --tokenizer FOLDER (a "
                         f"tokenizer.json and a chat template), or --init-from a model folder that has them")
+    from runtime.engine.data.tokenized_chat import tokenized_chat  # the chat template renderer loads for chat data only
+
     chat = tokenized_chat(files, tokenizer=tokenizer, cache_dir=writable_cache(cache_dir), vocab_size=vocab_size, flag=flag)
     return Source("chat", [chat.tokens], None, byte_level=False, masks={chat.tokens.path: chat.mask})
 

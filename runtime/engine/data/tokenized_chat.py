@@ -21,7 +21,6 @@ from runtime.engine.data.token_files import TokenFile
 from runtime.engine.data.tokenized_text import content_digest, tokenizer_digest
 from runtime.engine.data.writers import MaskWriter, MegatronWriter, token_dtype
 from runtime.observe.progress import Progress
-from runtime.tokenizer.chat.template import TEMPLATE_FILE
 from runtime.tokenizer.folder import GENERATION_CONFIG
 
 FORMAT_VERSION = 1  # part of every key: a change to how conversations become tokens makes new entries
@@ -45,10 +44,10 @@ def tokenized_chat(files: list[Path], *, tokenizer: str, cache_dir: Path, vocab_
 
 
 def _chat_files_digest(folder: str) -> str:
-    """What renders conversations besides tokenizer.json and tokenizer_config.json: the template file and the
-    end-of-sequence ids (the end-of-turn markers)."""
-    return cache_key(*((Path(folder) / name).read_bytes() if (Path(folder) / name).is_file() else b"-"
-                       for name in (TEMPLATE_FILE, GENERATION_CONFIG)))
+    """What renders conversations besides the tokenizer files (the template among them): the end-of-sequence ids
+    that end turns."""
+    path = Path(folder) / GENERATION_CONFIG
+    return cache_key(path.read_bytes() if path.is_file() else b"-")
 
 
 def _encode(files: list[Path], *, tokenizer: str, prefix: Path, vocab_size: int, flag: str) -> None:
