@@ -5,7 +5,7 @@ so conversations of at most T + 1 tokens fit one. A longer conversation is cut t
 (``truncate``) or left out (``drop``): ``--long-conversations``.
 
 **Packing** (``--no-packing`` off): best-fit decreasing, the bin-packing rule TRL's ``pack_dataset(strategy="bfd")``
-uses (Johnson 1973: at most 11/9 of the optimal number of windows, plus a constant): conversations longest
+uses (Johnson et al. 1974: at most 11/9 of the optimal number of windows plus a constant): conversations longest
 first, each into the open window whose free room is the smallest that still holds it, else a new window.
 The rooms are integers up to T + 1, so a sorted list of the distinct rooms and a stack of windows per room
 find that window by bisection. Without packing every conversation has a window of its own (padded).
