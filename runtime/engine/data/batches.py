@@ -85,10 +85,9 @@ class CorpusBatches:
     def loss_mask(self, step: int, start: int, stop: int) -> torch.Tensor | None:
         """Chat data: which targets of the same rows are trained (assistant tokens), bool (stop - start, T); else
         None (every target is)."""
-        windows = self._windows(step, start, stop)
-        if not isinstance(windows[0][0], PackedCorpus):
+        if not isinstance(self.components[0].corpus, PackedCorpus):  # build.py mixes no chat with plain data
             return None
-        return torch.stack([corpus.target_mask(g) for corpus, g in windows])
+        return torch.stack([corpus.target_mask(g) for corpus, g in self._windows(step, start, stop)])
 
     def trained_targets(self, step: int) -> int:
         """Chat data: the trained targets of the whole global batch ``step``, the count its loss is a mean over

@@ -22,7 +22,7 @@ from runtime.engine.data.loss_mask import TRAINED
 PAD_ID = 0  # what fills a window after its conversations: any id of the vocabulary, never a target
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one per conversation on every rank: kept small
 class Piece:
     """Tokens [start, start + length) of file ``file``: a conversation, or its first part (truncated)."""
 
@@ -40,7 +40,7 @@ class ChatFile:
 
 
 class PackedCorpus:
-    """Windows of whole conversations; ``windows[w]`` lists window w's pieces in order."""
+    """Windows of whole conversations; ``layout[w]`` lists window w's pieces in order."""
 
     def __init__(self, files: list[ChatFile], windows: list[list[Piece]], seq_len: int):
         self.files, self.layout, self.seq_len = files, windows, seq_len

@@ -22,8 +22,9 @@ def test_measured_counts_the_windows_tokens_per_second(tmp_path, monkeypatch):
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in conversations(60, longest=80)))
     args = argparse.Namespace(micro_batch_size=4, seq_len=128, steps=3, tokenizer=str(CHAT_TOKENIZERS / "qwen2-style"))
-    summary = {"step_time_s": 2.0, "tokens_per_sec": 4 * 128 / 2.0}
+    summary = {"step_time_s": 3.0, "step_times": [9.0, 3.0, 2.0, 4.0]}  # the first step (tracing) is not counted
     packed, alone = (measured(summary, data=data, args=args, vocab=2051, packing=p) for p in (True, False))
     assert packed["windows_per_epoch"] < alone["windows_per_epoch"] and packed["fill"] > alone["fill"]
     for row in (packed, alone):  # padding excluded: at most the window tokens, at least the trained ones
+        assert row["best_step_s"] == 2.0 and row["tokens_per_sec"] == 4 * 128 / 2.0
         assert row["trained_tokens_per_sec"] < row["conversation_tokens_per_sec"] <= 4 * 129 / 2.0
