@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node=8 run.py --dp 2 --pp 2 --mp 2 --model tiny --precision fp16   # train
     python run.py eval | export | generate | tokenize | plan ...                             # users' tools
-    python run.py study | calibrate | validate | data-benchmark ...                         # the lab
+    python run.py study | calibrate | validate | data-benchmark | sft-benchmark ...         # the lab
 
 Training reads in run order in runtime/commands/train.py. Users' subcommands are modules of runtime/commands/,
 the lab's of runtime/lab/, each with its own --help; a subcommand's module is imported only when it runs.
@@ -22,7 +22,8 @@ TRAIN = "runtime.commands.train"
 SUBCOMMANDS = {"eval": "runtime.commands.eval", "export": "runtime.commands.export",
                "generate": "runtime.commands.generate", "tokenize": "runtime.commands.tokenize",
                "plan": "runtime.commands.plan", "study": "runtime.lab.study.cli", "calibrate": "runtime.lab.calibrate",
-               "validate": "runtime.lab.validate", "data-benchmark": "runtime.lab.data_benchmark"}
+               "validate": "runtime.lab.validate", "data-benchmark": "runtime.lab.data_benchmark",
+               "sft-benchmark": "runtime.lab.sft_benchmark"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,6 +70,11 @@ class DataConfig:
     # --no-loss-across-documents: no loss on the token that follows an end-of-document id (Megatron's eod_mask_loss)
     no_loss_across_documents: bool = False
     tokenizer: str | None = None  # --tokenizer (or the --init-from folder's): text is tokenized with it
+    # Chat data (conversations, or token files with loss masks): the loss is a mean over the assistant tokens of
+    # the global batch (runtime/engine/token_mean.py), conversations packed into windows
+    chat: bool = False
+    long_conversations: str = "truncate"  # --long-conversations: a conversation longer than a window is cut or left out
+    packing: bool = True  # --no-packing clears it: one conversation per window, padded
 
 
 @dataclass(frozen=True)
@@ -172,8 +177,7 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
         check_lora(cfg.lora, cfg.model, precision=plan.precision)
     if cfg.data.tokenizer is not None and not has_tokenizer(cfg.data.tokenizer):
         raise ConfigError(f"--tokenizer {cfg.data.tokenizer}: no tokenizer.json there (a Hugging Face tokenizer folder)")
-    _check_document_positions("--document-mask" if cfg.data.document_mask else f"--cp {plan.cp}"
-                              if plan.cp > 1 else None, plan.pp)
+    _check_document_positions(_positions_flag(cfg), plan.pp)
     for flag, seconds in (("--collective-timeout", cfg.collective_timeout_s), ("--startup-timeout", cfg.startup_timeout_s),
                           ("--checkpoint-timeout", cfg.checkpoint_timeout_s)):
         if not seconds > 0:
@@ -203,6 +207,15 @@ def _check_compile(compile_blocks: bool, schedule: str) -> None:
         plain = ", ".join(n for n, s in SCHEDULES.items() if not s.split_backward)
         raise ConfigError(f"--compile cannot run with --schedule {schedule}: torch's split-backward schedules do not "
                           f"support compiled stages yet; use --schedule {plain}")
+
+
+def _positions_flag(cfg: TrainConfig) -> str | None:
+    """What gives the blocks positions of their own, as messages name it (None: nothing does)."""
+    if cfg.data.chat and cfg.data.packing:
+        return "packed chat data (--no-packing gives each conversation a window of its own)"
+    if cfg.data.document_mask:
+        return "--document-mask"
+    return f"--cp {cfg.plan.cp}" if cfg.plan.cp > 1 else None
 
 
 def _check_document_positions(flag: str | None, pp: int) -> None:

@@ -74,6 +74,9 @@ def _batch_loss(model: torch.nn.Module, source, index: int, cfg: TrainConfig) ->
     """The mean loss of global batch ``index`` of ``source`` (the training or validation corpus)."""
     positions = source.positions(index, 0, cfg.global_batch_size) if cfg.data.document_mask else None
     inputs, targets = model_batch(source.rows(index, 0, cfg.global_batch_size), positions)
+    trained = source.loss_mask(index, 0, cfg.global_batch_size)
+    if trained is not None:  # chat data: the mean over the whole batch's assistant targets (F.cross_entropy's rule)
+        targets = targets.masked_fill(~trained, -100)
     logits = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
     if cfg.data.no_loss_across_documents:  # no loss where the input token ends a document; mean over every position
         tokens = inputs[0] if isinstance(inputs, tuple) else inputs

@@ -10,12 +10,13 @@
 Every window of the data set is evaluated once (the format's validation split when it names one:
 llm.c ``*_val_*`` shards, nanoGPT ``val.bin``; else every file), forward only, through the engine training
 builds (runtime/engine/build.py), on any mesh; the result is one JSON line: loss, perplexity, bits per byte
-for byte-level text, tokens and windows. The flags are training's groups that evaluation reads (mesh, DP mode,
-model, micro-batching, placement (SP, AC), precision, data; runtime/commands/flag_groups.py), so a training
-command's layout evaluates its checkpoint; nothing of optimisation, checkpointing or metrics. ``--precision``
-defaults to fp32 here. Weights come as training reads them (runtime/checkpoint/weights.py): a checkpoint (which
-brings its own model shape; ``--seq-len`` evaluates it on windows of another length, up to the model's
-context), a single-file export, or a Hugging Face folder.
+for byte-level text, tokens and windows (chat data: the loss over the assistant tokens, counted in tokens). The
+flags are training's groups that evaluation reads (mesh, DP mode, model, micro-batching, placement (SP, AC),
+precision, data; runtime/commands/flag_groups.py), so a training command's layout evaluates its checkpoint;
+nothing of optimisation, checkpointing or metrics. ``--precision`` defaults to fp32 here. Weights come as
+training reads them (runtime/checkpoint/weights.py): a checkpoint (which brings its own model shape; ``--seq-len``
+evaluates it on windows of another length, up to the model's context), a single-file export, or a Hugging Face
+folder.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ from runtime.device import configure_cpu_threads, configure_fp32_matmuls, select
 from runtime.distributed.process_group import LaunchEnv, collective_timeout, init_distributed, shutdown_distributed
 from runtime.engine.build import build_engine
 from runtime.engine.data import DataError, evaluation_corpus
+from runtime.engine.data.build import packing_options
 from runtime.engine.data.corpus import Corpus
+from runtime.engine.data.packed import PackedCorpus
 from runtime.engine.evaluation import Evaluation, evaluate_windows, summed_cross_entropy
 from runtime.tokenizer import has_tokenizer
 
@@ -68,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 @dataclasses.dataclass(frozen=True)
 class EvalInputs:
     cfg: TrainConfig
-    corpus: Corpus
+    corpus: Corpus | PackedCorpus
     byte_level: bool
     description: str
     checkpoint: CheckpointInfo | None  # else the weights come from --init-from
@@ -100,7 +103,8 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> EvalInputs:
     corpus, byte_level, description = evaluation_corpus(
         cfg.data.source, vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len,
         token_dtype=cfg.data.token_dtype, data_format=cfg.data.data_format, eod_token=cfg.data.eod_token,
-        document_mask=cfg.data.document_mask, tokenizer=cfg.data.tokenizer)
+        document_mask=cfg.data.document_mask, tokenizer=cfg.data.tokenizer,
+        packing=packing_options(cfg.data, seq_len=cfg.model.seq_len))
     return EvalInputs(cfg, corpus, byte_level, description, checkpoint)
 
 

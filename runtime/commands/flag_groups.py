@@ -212,7 +212,9 @@ def add_data_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--data", default="builtin",
                    help="builtin (Python's bundled documentation text, byte-level), synthetic (seeded random "
-                        "tokens), a UTF-8 .txt file or a folder of them (byte-level), a nanoGPT .bin of token ids "
+                        "tokens), a UTF-8 .txt file or a folder of them (byte-level), chat JSON lines (.jsonl: "
+                        "{\"messages\": [...]} or {\"prompt\": ..., \"completion\": ...} per line, rendered with the "
+                        "--tokenizer folder's chat template; the loss trains on assistant tokens), a nanoGPT .bin of token ids "
                         "(--token-dtype), llm.c shards (a .bin file, a folder or a quoted glob; *_val_* shards "
                         "validate), a Megatron NAME.bin/NAME.idx pair (the prefix or either file), or a mixture "
                         "by token share: 0.7:PATH_A,0.3:PATH_B")
@@ -236,6 +238,12 @@ def add_data_flags(p: argparse.ArgumentParser) -> None:
                    help="no loss on the token after each --eod-token (the next document's first token is not "
                         "predicted from the previous one; Megatron's --eod-mask-loss); the loss stays a mean over "
                         "every position, a skipped one counting zero, so it is the same on any mesh")
+    g.add_argument("--long-conversations", choices=("truncate", "drop"),
+                   help="chat data: a conversation longer than --seq-len + 1 tokens is cut to its first --seq-len + 1 "
+                        "(truncate, the default) or left out (drop); either is counted in the log")
+    g.add_argument("--no-packing", action="store_true",
+                   help="chat data: one conversation per window, padded (default: conversations packed into windows "
+                        "by best fit, attention and positions restarting at each: the --document-mask machinery)")
 
 
 def add_validation_flags(p: argparse.ArgumentParser) -> None:

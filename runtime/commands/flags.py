@@ -40,6 +40,8 @@ from runtime.config import (
     validate,
 )
 from runtime.device import has_fast_bf16, resolve_device_type
+from runtime.engine.data import DataError, parse_mixture
+from runtime.engine.data.detect import is_chat_data
 from runtime.tokenizer import has_tokenizer
 
 # The flags --auto chooses (the planner's plan): giving one with --auto is an error.
@@ -88,10 +90,7 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         placement=PlacementConfig(args.split_cost, args.bind_cores, args.compact_cpu_memory),
         optim=OptimConfig(args.steps, args.lr, args.warmup_steps, args.weight_decay, args.grad_clip,
                           args.stop_at_step),
-        data=DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches, val_source=args.val_data,
-                        token_dtype=args.token_dtype, data_format=args.data_format, eod_token=args.eod_token,
-                        document_mask=args.document_mask, tokenizer=_tokenizer_folder(args),
-                        no_loss_across_documents=getattr(args, "no_loss_across_documents", False)),
+        data=_data_config(args),
         metrics=MetricsConfig(args.logdir or "", args.log_every, args.peak_tflops, args.profile, args.profile_memory),
         seed=args.seed,
         checkpoint=_checkpoint_config(args),
@@ -193,6 +192,40 @@ def _with_expert_bias(cfg, rate: float):
         raise ConfigError(f"--expert-bias-rate {rate}: {cfg.family} has no mixture-of-experts routers to balance; "
                           f"drop it (mixture-of-experts families: {', '.join(mixture_of_experts_families())})")
     return dataclasses.replace(cfg, expert_bias=True)
+
+
+def _data_config(args: argparse.Namespace) -> DataConfig:
+    """The data flags. Chat data trains on assistant tokens, its conversations packed into windows under the
+    document mask (or one per window with --no-packing)."""
+    chat = _chat_data(args)
+    packing = not getattr(args, "no_packing", False)
+    long_conversations = getattr(args, "long_conversations", None)
+    for flag, given in (("--long-conversations", long_conversations is not None), ("--no-packing", not packing)):
+        if given and not chat:
+            raise ConfigError(f"{flag} applies to chat data (JSON lines of conversations, or token files with loss "
+                              f"masks); --data {args.data} is not")
+    if chat and getattr(args, "no_loss_across_documents", False):
+        raise ConfigError("--no-loss-across-documents: chat data already trains only on assistant tokens; drop it")
+    return DataConfig(args.data, args.val_fraction, args.eval_every, args.eval_batches, val_source=args.val_data,
+                      token_dtype=args.token_dtype, data_format=args.data_format, eod_token=args.eod_token,
+                      document_mask=args.document_mask or (chat and packing), tokenizer=_tokenizer_folder(args),
+                      no_loss_across_documents=getattr(args, "no_loss_across_documents", False), chat=chat,
+                      long_conversations=long_conversations or "truncate", packing=packing)
+
+
+def _chat_data(args: argparse.Namespace) -> bool:
+    """Whether --data (and --val-data) are chat data; ConfigError where a mixture mixes it with plain tokens."""
+    try:
+        specs = [spec for flag, value in (("--data", args.data), ("--val-data", args.val_data)) if value
+                 for _, spec in parse_mixture(value, flag=flag)]
+    except DataError:
+        return False  # the data's own checks name the mistake
+    kinds = {spec: is_chat_data(spec, data_format=args.data_format) for spec in specs}
+    if len(set(kinds.values())) > 1:
+        chat = ", ".join(spec for spec, is_chat in kinds.items() if is_chat)
+        raise ConfigError(f"--data / --val-data mix chat data ({chat}: loss on assistant tokens) with plain tokens; "
+                          f"train and validate on one kind")
+    return any(kinds.values())
 
 
 def _tokenizer_folder(args: argparse.Namespace) -> str | None:

@@ -2,6 +2,7 @@
 
     python run.py generate --checkpoint ckpt --prompt "The Python " --max-new-tokens 80
     python run.py generate --init-from gpt2-folder --prompt-ids 464,11361,3303 --max-new-tokens 20 --temperature 0
+    python run.py generate --init-from ~/models/Qwen3-0.6B --chat --user "Name three rivers." --temperature 0
 
 The model comes from a checkpoint (its latest complete one, or a ``step-N`` folder; read whole in this
 process, like ``export``) or a Hugging Face folder of either family (``--init-from``, as training reads
@@ -16,11 +17,15 @@ and the tokenizer's eos_token) and the text is printed. Byte-level models (a voc
 UTF-8 bytes are the tokens, as the built-in data is) need no tokenizer. Otherwise ``--prompt-ids`` gives
 token ids and ids are printed. The last line printed is one JSON object: ``prompt_ids``, ``new_ids`` and,
 with text, ``text`` (the new tokens decoded) and ``stopped`` ("eos" or "length").
+
+``--chat`` (or ``--messages FILE`` / ``--user TEXT``) renders a conversation with the folder's chat template and
+a generation prompt, stops at its end-of-turn ids and prints the answer alone (runtime/commands/chat_prompt.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -35,6 +40,7 @@ from models import config_from_dict, generate, spec_of
 from runtime.checkpoint.files import CheckpointError, verify_files
 from runtime.checkpoint.hf_weights import check_weights, position_limit, read_hf_model, read_state_dict
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
+from runtime.commands.chat_prompt import chat_prompt, conversation, wants_chat
 from runtime.commands.flags import HelpFormatter
 from runtime.config import ConfigError
 from runtime.device import select_device
@@ -64,6 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="text: encoded by the tokenizer (with its bos), or as UTF-8 bytes for byte-level models")
     prompt.add_argument("--prompt-ids", metavar="IDS",
                         help="comma-separated token ids, e.g. 464,11361 (from the model's tokenizer)")
+    prompt.add_argument("--messages", metavar="FILE",
+                        help="a conversation to answer (implies --chat): a JSON list of {role, content} messages, or "
+                             "{\"messages\": [...], \"tools\": [...]}")
+    prompt.add_argument("--user", action="append", metavar="TEXT",
+                        help="a user message to answer (implies --chat; repeat for several)")
+    p.add_argument("--chat", action="store_true",
+                   help="render the conversation (--messages, --user, or --prompt as one user message) with the "
+                        "tokenizer folder's chat template and a generation prompt; stop at its end-of-turn ids "
+                        "(generation_config.json's eos list, the tokenizer's end-of-turn tokens); print the answer")
     p.add_argument("--tokenizer", metavar="FOLDER",
                    help="a Hugging Face tokenizer folder (default: the --init-from folder's or the checkpoint's "
                         "tokenizer.json, when there is one)")
@@ -80,7 +95,10 @@ def main(argv: list[str]) -> int:
         _check_numbers(args)
         source = model_source(args)
         text = TextCodec.of(args, source)
-        prompt = prompt_ids(args, vocab_size=source.config.vocab_size, codec=text)
+        if wants_chat(args):
+            text, prompt = _chat(args, source, text)
+        else:
+            prompt = prompt_ids(args, vocab_size=source.config.vocab_size, codec=text)
         _check_length(len(prompt), args.max_new_tokens, limit=position_limit(source.config))
         state = source.read()
     except (ConfigError, CheckpointError, TokenizerError) as e:
@@ -101,11 +119,20 @@ def main(argv: list[str]) -> int:
     if text:
         whole, continuation = text.decode(prompt, new)
         result.update(text=continuation, stopped="eos" if new[-1] in text.stop_ids else "length")
-        print(whole)
+        print(continuation if wants_chat(args) else whole)
     else:
         print(" ".join(str(i) for i in new))
     print(json.dumps(result), flush=True)
     return 0
+
+
+def _chat(args: argparse.Namespace, source: ModelSource, codec: TextCodec | None) -> tuple[TextCodec, list[int]]:
+    """The chat prompt's ids, and the codec stopping at the end-of-turn ids too."""
+    folder = args.tokenizer or source.folder
+    if codec is None or codec.tokenizer is None or folder is None:
+        raise ConfigError("--chat needs the model's tokenizer folder with a chat template (--tokenizer FOLDER)")
+    chat = chat_prompt(conversation(args), folder=folder, tokenizer=codec.tokenizer)
+    return dataclasses.replace(codec, stop_ids=tuple(dict.fromkeys([*chat.stop_ids, *codec.stop_ids]))), chat.ids
 
 
 @dataclass(frozen=True)

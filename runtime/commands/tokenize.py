@@ -3,6 +3,7 @@
     python run.py tokenize --tokenizer ~/models/Llama-3.2-1B corpus/ --out data/corpus --format megatron
     python run.py tokenize --tokenizer gpt2-folder web.jsonl --out data/web --format nanogpt --val-fraction 0.005
     python run.py tokenize --tokenizer bytes notes.txt --out data/notes --format llmc      # byte-level ids
+    python run.py tokenize --chat --tokenizer ~/models/Qwen3-0.6B chat.jsonl --out data/chat --val-fraction 0.01
 
 Inputs are text files (one document each, or one per blank-line block with ``--split-documents``),
 JSON-lines files (one document per line, the string under ``--text-key``), folders and quoted globs.
@@ -11,6 +12,12 @@ every k-th document, written as each format names its validation data. The id dt
 vocabulary as each format's own tools choose it. ``--workers`` processes encode (default: every core);
 a progress line shows MB/s and the ETA; memory stays flat whatever the corpus size
 (runtime/engine/data/tokenize.py). The last line printed is JSON.
+
+``--chat`` reads JSON lines of conversations instead (runtime/engine/data/conversations.py), renders each with
+the tokenizer folder's chat template and writes its ids (no end-of-document id: the template ends each turn)
+plus a loss-mask file beside each token file (``NAME.mask``: a byte per token, bit 0 an assistant token, bit 1
+a conversation's first; runtime/engine/data/loss_mask.py), nanoGPT or Megatron: llm.c's fixed-size shards would
+cut conversations. ``--data`` trains on them as on the JSON lines themselves.
 """
 
 from __future__ import annotations
@@ -24,9 +31,19 @@ from pathlib import Path
 from runtime.commands.flags import HelpFormatter
 from runtime.config import ConfigError
 from runtime.engine.data import DataError
+from runtime.engine.data.chat_encoding import ChatEncoder, ChatWriter, encode_conversations
 from runtime.engine.data.documents import expand_inputs
+from runtime.engine.data.loss_mask import mask_path
 from runtime.engine.data.tokenize import BYTES, EncodeSettings, TokenizeResult, load, tokenize_files
-from runtime.engine.data.writers import FORMATS, LLMC_SHARD_TOKENS, LlmcWriter, MegatronWriter, NanoGPTWriter, token_dtype
+from runtime.engine.data.writers import (
+    FORMATS,
+    LLMC_SHARD_TOKENS,
+    LlmcWriter,
+    MaskWriter,
+    MegatronWriter,
+    NanoGPTWriter,
+    token_dtype,
+)
 from runtime.observe.progress import Progress
 from runtime.tokenizer import TokenizerError, special_ids
 
@@ -61,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the share of documents held out for validation (every k-th document)")
     p.add_argument("--workers", type=int, help="encoding processes (default: every core this process may use)")
     p.add_argument("--shard-tokens", type=int, default=LLMC_SHARD_TOKENS, help="--format llmc: ids per shard")
+    p.add_argument("--chat", action="store_true",
+                   help="the inputs are JSON lines of conversations ({\"messages\": [...]} or {\"prompt\": ..., "
+                        "\"completion\": ...}): rendered with the tokenizer folder's chat template, written with a "
+                        "loss mask beside each token file (NAME.mask: the assistant tokens); nanogpt or megatron")
     p.add_argument("--parse-special", action="store_true",
                    help="match special tokens written in the text (e.g. '<|endoftext|>') as their ids; by default "
                         "such text is ordinary text, as nanoGPT and llm.c encode corpora")
@@ -72,6 +93,8 @@ def main(argv: list[str]) -> int:
         args = build_parser().parse_args(argv)
         _check_numbers(args)
         files = expand_inputs(args.inputs, flag="tokenize")
+        if args.chat:
+            return _tokenize_chat(args, files)
         tokenizer = load(args.tokenizer) if args.tokenizer != BYTES else None
         vocab_size = tokenizer.vocab_size if tokenizer is not None else 256
         eod = args.eod_id if args.eod_id is not None else (
@@ -114,6 +137,50 @@ def main(argv: list[str]) -> int:
           + (f"; validation {result.val_documents:,} documents, {result.val_tokens:,} tokens" if val is not None else ""))
     print("train on it: " + _next_command(args.format, Path(args.out), dtype, val=val is not None and result.val_tokens > 0))
     print(json.dumps(_summary(args, result, written, dtype=dtype, vocab_size=vocab_size, eod=eod, workers=workers)))
+    return 0
+
+
+def _tokenize_chat(args: argparse.Namespace, files: list[Path]) -> int:
+    """``--chat``: conversations -> token files and their loss masks (raises ConfigError / DataError on bad input)."""
+    if args.format == "llmc":
+        raise ConfigError("--chat writes --format nanogpt or megatron: llm.c's fixed-size shards would cut conversations")
+    if args.eod_id is not None or args.tokenizer == BYTES:
+        raise ConfigError("--chat: the chat template ends each turn itself; give a tokenizer folder with a chat "
+                          "template and no --eod-id")
+    encoder = ChatEncoder.from_folder(args.tokenizer)
+    dtype = token_dtype(args.format, encoder.tokenizer.vocab_size)
+    out = Path(args.out)
+    paths = ([out / "train.bin", out / "val.bin"] if args.format == "nanogpt" else [Path(f"{out}.bin"), Path(f"{out}_val.bin")])
+    writer = lambda path: ChatWriter(NanoGPTWriter(path, dtype) if args.format == "nanogpt"  # noqa: E731
+                                     else MegatronWriter(path.with_suffix(""), dtype), MaskWriter(mask_path(path)))
+    train, val = writer(paths[0]), writer(paths[1]) if args.val_fraction > 0 else None
+    workers = args.workers or _cores()
+    print(f"tokenizing the conversations of {len(files)} file(s) with {args.tokenizer}'s chat template (vocabulary "
+          f"{encoder.tokenizer.vocab_size:,}, {dtype} ids, end of turn {' / '.join(encoder.end_markers)}) on "
+          f"{workers} worker(s)", flush=True)
+    try:
+        read = encode_conversations(files, folder=args.tokenizer, encoder=encoder, train=train, val=val,
+                                    val_fraction=args.val_fraction, workers=workers)
+        if train.conversations == 0:
+            raise DataError(f"the inputs hold no conversations ({len(files)} file(s))")
+        if val is not None and val.conversations == 0:
+            val.abort()
+            val = None
+        written = train.close() + (val.close() if val is not None else [])
+    except BaseException:
+        for w in (train, val):
+            if w is not None:
+                w.abort()
+        raise
+    split = {"train": train, **({"val": val} if val is not None else {})}
+    print(f"wrote {', '.join(map(str, written))}: " + "; ".join(
+        f"{name} {w.conversations:,} conversations, {w.tokens.tokens:,} tokens ({w.trained:,} trained)"
+        for name, w in split.items()))
+    print("train on it: " + _next_command(args.format, out, dtype, val=val is not None))
+    print(json.dumps({"format": args.format, "files": [str(p) for p in written], "dtype": dtype, "input_bytes": read,
+                      "workers": workers, **{f"{name}_{what}": value for name, w in split.items() for what, value in
+                                             (("conversations", w.conversations), ("tokens", w.tokens.tokens),
+                                              ("trained_tokens", w.trained))}}))
     return 0
 
 

@@ -38,6 +38,7 @@ from runtime.engine.optim import build_lr_schedule, build_optimizer
 from runtime.engine.replicate import ReplicatedGradients
 from runtime.engine.step import PipelineContext, StepContext
 from runtime.engine.tied import TiedWeights
+from runtime.engine.token_mean import TrainedTokens, trained_token_cross_entropy
 from runtime.observe.layer_timing import measure_layer_times
 from runtime.observe.profiling import Profiler, StepRecorder
 
@@ -214,9 +215,13 @@ def build_step_context(engine: Engine, *, profiler: Callable[[object], Profiler]
     per-step bookkeeping. ``profiler``: makes the step profiler from the schedule (``--profile``)."""
     cfg, plan = engine.cfg, engine.cfg.plan
     scaler = build_grad_scaler(plan.precision, engine.device.type)
-    loss_fn = scaled_cross_entropy(scaler, microbatches=plan.microbatches, vocab_mesh=engine.vocab_mesh(),
-                                   vocab_size=cfg.model.vocab_size,
-                                   over_every_position=cfg.data.no_loss_across_documents)
+    layout = engine.layout
+    # Chat data: a mean over the global batch's assistant tokens (runtime/engine/token_mean.py).
+    trained_tokens = TrainedTokens(replicas=layout.dp * layout.cp) if cfg.data.chat else None
+    loss_fn = (trained_token_cross_entropy(scaler, trained_tokens, vocab_mesh=engine.vocab_mesh(),
+                                           vocab_size=cfg.model.vocab_size) if trained_tokens else
+               scaled_cross_entropy(scaler, microbatches=plan.microbatches, vocab_mesh=engine.vocab_mesh(),
+                                    vocab_size=cfg.model.vocab_size, over_every_position=cfg.data.no_loss_across_documents))
     pipeline = engine.pipeline(loss_fn)
     profiling = profiler(pipeline.schedule) if profiler else None
     if profiling:
@@ -225,7 +230,6 @@ def build_step_context(engine: Engine, *, profiler: Callable[[object], Profiler]
     optimizer = build_optimizer([p for p in engine.stages.parameters() if p.requires_grad], lr=cfg.optim.lr,
                                 weight_decay=cfg.optim.weight_decay)
     lr_schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
-    layout = engine.layout
     experts = ExpertBalance.of(
         [(n, m) for module in engine.stages.modules for n, m in module.named_modules()],
         moe_layer_names=moe_layer_names(cfg.model),
@@ -234,5 +238,5 @@ def build_step_context(engine: Engine, *, profiler: Callable[[object], Profiler]
         bias_rate=cfg.expert_bias_rate, device=engine.device, context_parallel=plan.cp)
     ctx = StepContext(pipeline=pipeline, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
                       grad_clip=cfg.optim.grad_clip, loss_replicas=layout.plane_size, plane_size=layout.plane_size,
-                      microbatches=plan.microbatches, experts=experts)
+                      microbatches=plan.microbatches, experts=experts, trained_tokens=trained_tokens)
     return ctx, profiling

@@ -6,7 +6,8 @@ so bits per byte is the loss / ln 2 (the unit compression benchmarks and nanoGPT
 ``evaluate_windows`` runs every window of a corpus exactly once through the same pipeline as training
 (forward only). Batches keep the traced micro-batch shape, so the last one is filled with repeated
 windows whose targets are ignored; the schedule's loss function sums token losses (``summed_cross_entropy``),
-so the mean is over exactly the corpus's N x T predicted tokens.
+so the mean is over exactly the corpus's N x T predicted tokens; for chat data (packed conversations) over
+exactly its trained (assistant) targets: the loss training minimises.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from torch.distributed.device_mesh import DeviceMesh
 from compiler.parallelize.cross_entropy import IGNORE_INDEX, token_cross_entropy, vocabulary_shard
 from runtime.engine.data.batches import WindowColumns
 from runtime.engine.data.corpus import Corpus, restart_at_window
-from runtime.engine.data.inputs import ContextSlice, Inputs, chunked_model_batch, model_batch, without_loss_across_documents
+from runtime.engine.data.inputs import (
+    ContextSlice,
+    Inputs,
+    chunked_model_batch,
+    model_batch,
+    with_loss_mask,
+    without_loss_across_documents,
+)
+from runtime.engine.data.packed import PackedCorpus
 from runtime.engine.step import PipelineContext, run_schedule
 
 
@@ -49,24 +58,27 @@ class Evaluation:
     loss: float  # mean next-token loss over every predicted token, nats
     perplexity: float
     bits_per_byte: float | None  # byte-level tokens only
-    tokens: int  # predicted tokens: windows x T
+    tokens: int  # predicted tokens: windows x T (chat data: the trained targets)
     windows: int
 
 
-def window_batch(corpus: Corpus, windows: list[int], *, document_mask: bool,
+def window_batch(corpus: Corpus | PackedCorpus, windows: list[int], *, document_mask: bool,
                  context: ContextSlice | None) -> tuple[Inputs, torch.Tensor]:
     """Windows ``windows`` of ``corpus`` as this rank's (inputs, targets), as training makes them; a
     context-parallel rank reads only its chunks' columns of each window (runtime/engine/data/inputs.py)."""
     if context is not None and context.size > 1:
-        return chunked_model_batch(WindowColumns([(corpus, g) for g in windows]), seq_len=corpus.seq_len,
-                                   document_mask=document_mask, context=context)
-    rows = torch.stack([corpus.window(g) for g in windows])  # (B, T + 1)
-    positions = restart_at_window(torch.stack([corpus.positions(g) for g in windows])) if document_mask else None
-    return model_batch(rows, positions, context=context)
+        inputs, targets = chunked_model_batch(WindowColumns([(corpus, g) for g in windows]), seq_len=corpus.seq_len,
+                                              document_mask=document_mask, context=context)
+    else:
+        rows = torch.stack([corpus.window(g) for g in windows])  # (B, T + 1)
+        positions = restart_at_window(torch.stack([corpus.positions(g) for g in windows])) if document_mask else None
+        inputs, targets = model_batch(rows, positions, context=context)
+    mask = torch.stack([corpus.target_mask(g) for g in windows]) if isinstance(corpus, PackedCorpus) else None
+    return inputs, with_loss_mask(targets, mask, context=context)
 
 
-def evaluate_windows(ctx: PipelineContext, corpus: Corpus, *, global_batch_size: int, replica_rows: tuple[int, int],
-                     sum_copies: int, byte_level: bool, document_mask: bool = False,
+def evaluate_windows(ctx: PipelineContext, corpus: Corpus | PackedCorpus, *, global_batch_size: int,
+                     replica_rows: tuple[int, int], sum_copies: int, byte_level: bool, document_mask: bool = False,
                      context: ContextSlice | None = None, eod_without_loss: int | None = None) -> Evaluation:
     """Every window of ``corpus`` once, in file order; this replica reads rows ``replica_rows`` of each batch.
     ``sum_copies``: ranks reporting the same replica's sum (its mp last-stage ranks; context-parallel ranks sum
@@ -88,7 +100,7 @@ def evaluate_windows(ctx: PipelineContext, corpus: Corpus, *, global_batch_size:
             total += torch.stack(losses).detach().double().sum().to(ctx.device)
     if dist.is_initialized():
         dist.all_reduce(total)
-    tokens = n * corpus.seq_len
-    loss = float(total) / sum_copies / tokens
+    tokens = corpus.trained_total if isinstance(corpus, PackedCorpus) else n * corpus.seq_len
+    loss = float(total) / sum_copies / max(tokens, 1)
     metrics = language_model_metrics(loss, byte_level=byte_level)
     return Evaluation(loss, metrics["perplexity"], metrics.get("bits_per_byte"), tokens, n)

@@ -60,6 +60,13 @@ class Batches:
     def validation(self) -> list:
         return [self.of(self.data.val, i) for i in range(self.data_cfg.eval_batches)] if self.data_cfg.eval_every else []
 
+    def trained_tokens(self, source, step: int) -> int | None:
+        """Chat data: global batch ``step``'s count of trained targets (runtime/engine/token_mean.py); else None."""
+        return source.trained_targets(step) if self.data.chat else None
+
+    def validation_tokens(self) -> list[int] | None:
+        return [self.trained_tokens(self.data.val, i) for i in range(self.data_cfg.eval_batches)] if self.data.chat else None
+
 
 @dataclass
 class TrainingLoop:
@@ -78,7 +85,7 @@ class TrainingLoop:
     profile_memory: bool = False  # measure the peak tensor memory of the second step
 
     def run(self, *, start_step: int, last_step: int) -> dict:
-        val_batches = self.batches.validation()
+        val_batches, val_tokens = self.batches.validation(), self.batches.validation_tokens()
         # The second step is the first to hold AdamW's state alongside activations and gradients.
         memory_step = start_step + min(1, last_step - start_step - 1) if self.profile_memory else None
         peak_tensor_bytes, preempted_at, step = None, None, start_step
@@ -95,7 +102,7 @@ class TrainingLoop:
                                    loss_scale=self._loss_scale())
                 cfg = self.batches.data_cfg
                 if cfg.eval_every and (n % cfg.eval_every == 0 or n == last_step):
-                    self._validate(n, val_batches)
+                    self._validate(n, val_batches, val_tokens)
                 self._checkpoint(n, stats, last=n == last_step)
                 if stats.stop:  # every rank saw the same all-reduced flag
                     preempted_at = n
@@ -113,11 +120,12 @@ class TrainingLoop:
         """Train one step: (stats, seconds, peak tensor bytes over the ranks when ``measure_memory``)."""
         ctx, checkpointer = self.ctx, self.checkpointer
         inputs, targets = self.batches.of(self.batches.data.train, step)
+        trained = self.batches.trained_tokens(self.batches.data.train, step)
         profiling = self.profiler is not None and self.profiler.wants(step)
         if profiling:
             self.profiler.begin()
         run_step = lambda: train_step(ctx, inputs, targets, stop_requested=bool(self.stop and self.stop.requested),  # noqa: E731
-                                      writing=bool(checkpointer and checkpointer.writing))
+                                      writing=bool(checkpointer and checkpointer.writing), trained_tokens=trained)
         peak = None
         if measure_memory:
             live = live_tensor_bytes([*step_state_tensors(ctx.stages.parameters(), ctx.optimizer), inputs, targets])
@@ -134,10 +142,10 @@ class TrainingLoop:
         scaler = self.ctx.scaler
         return scaler.get_scale() if scaler.is_enabled() else 1.0
 
-    def _validate(self, n: int, val_batches: list) -> None:
+    def _validate(self, n: int, val_batches: list, val_tokens: list[int] | None) -> None:
         first = not self.reporter.val_losses
         with self.phases.during(STARTUP) if first else contextlib.nullcontext():
-            self.reporter.validation(n, evaluate(self.ctx, val_batches))
+            self.reporter.validation(n, evaluate(self.ctx, val_batches, val_tokens))
 
     def _checkpoint(self, n: int, stats: StepStats, *, last: bool) -> None:
         checkpointer = self.checkpointer

@@ -30,6 +30,7 @@ from runtime.engine.grad_clip import clip_grads_, local_grad_sq_norm
 from runtime.engine.partial_grads import sum_partial_gradients
 from runtime.engine.replicate import ReplicatedGradients
 from runtime.engine.tied import TiedWeights
+from runtime.engine.token_mean import TrainedTokens
 from runtime.observe.profiling import StepRecorder
 
 
@@ -72,6 +73,7 @@ class StepContext:
     plane_size: int  # dp x cp x mp: ranks sharing one pipeline stage
     microbatches: int = 1  # m per replica and step
     experts: ExpertBalance | None = None  # a mixture-of-experts model's per-step bookkeeping (runtime/engine/experts.py)
+    trained_tokens: TrainedTokens | None = None  # chat data: the loss's global count of trained targets (token_mean.py)
 
     @property
     def device(self) -> torch.device:
@@ -120,7 +122,9 @@ def scale_reduced_gradients(params: list[torch.nn.Parameter], factors: dict[int,
 
 
 def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *, stop_requested: bool = False,
-               writing: bool = False) -> StepStats:
+               writing: bool = False, trained_tokens: int | None = None) -> StepStats:
+    """``trained_tokens``: chat data's count of trained targets in the global batch (runtime/engine/token_mean.py)."""
+    _set_trained_tokens(ctx, trained_tokens)
     scale = ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0
     lr = ctx.optimizer.param_groups[0]["lr"]
     if ctx.experts is not None:
@@ -180,11 +184,21 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
                      writing=writing_anywhere)
 
 
-def evaluate(ctx: StepContext, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """Mean validation loss over the given replica batches (forward only, through the same pipeline)."""
+def _set_trained_tokens(ctx: StepContext, count: int | None) -> None:
+    if (ctx.trained_tokens is None) != (count is None):
+        raise ValueError("chat data's loss needs each batch's count of trained targets, and only chat data's loss takes one")
+    if ctx.trained_tokens is not None:
+        ctx.trained_tokens.set(count)
+
+
+def evaluate(ctx: StepContext, batches: list[tuple[torch.Tensor, torch.Tensor]],
+             trained_tokens: list[int] | None = None) -> float:
+    """Mean validation loss over the given replica batches (forward only, through the same pipeline); chat data:
+    the mean of each batch's mean over its ``trained_tokens``."""
     scale = ctx.scaler.get_scale() if ctx.scaler.is_enabled() else 1.0
     total = torch.zeros((), dtype=torch.float64, device=ctx.device)
-    for inputs, targets in batches:
+    for i, (inputs, targets) in enumerate(batches):
+        _set_trained_tokens(ctx, trained_tokens[i] if trained_tokens is not None else None)
         losses = run_schedule(ctx.pipeline, inputs, targets, train=False)
         if losses:
             total += loss_value(losses, scale=scale).to(ctx.device)

@@ -18,7 +18,8 @@ from runtime.tokenizer.json_fields import Node, TokenizerError
 from runtime.tokenizer.tokenizer import Tokenizer
 
 TOKENIZER_JSON = "tokenizer.json"
-TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json")
+# What a checkpoint and an export keep of a run's tokenizer folder; transformers 5 writes the chat template apart.
+TOKENIZER_FILES = (TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 GENERATION_CONFIG = "generation_config.json"
 
 

@@ -18,6 +18,7 @@ from torch.distributed.tensor import DTensor
 from compiler.torch_compat import stages_receive_integer_tensors
 from models import spec_of
 from runtime.commands.flags import parse_train_config
+from tests.chat_data import CHAT_TOKENIZERS, shared_chat_file
 from tests.launch import QUICK_RUN, spawn_ranks, train_each
 from tests.lora_adapters import write_random_adapter
 from tests.reference import train_reference
@@ -42,6 +43,11 @@ DEEPSEEK = ["--model", "deepseek-v3-debug"]
 GPT_OSS = ["--model", "gpt-oss-debug"]
 # LoRA from random non-zero adapters (tests/lora_adapters.py; peft's zero B would give every A a zero first gradient)
 LORA = ["--lora-rank", "4", "--lora-alpha", "8", "--lora-from", "ADAPTER"]
+# Chat data (SFT): conversations of mixed length (some truncated) rendered with Llama 3's template, packed into
+# windows of 64 + 1 tokens under the document mask, the loss a mean over the global batch's assistant tokens.
+# "{chat}" becomes tests/chat_data.py's shared file in _args.
+SFT = ["--data", "{chat}", "--tokenizer", str(CHAT_TOKENIZERS / "llama3-style"), "--vocab-size", "2048",
+       "--seq-len", "64"]
 
 # (dp, pp, mp, schedule, extra flags): every mesh of the issue, every schedule, activation checkpointing (full
 # and selective).
@@ -129,13 +135,17 @@ CASES = [
     (2, 2, 2, "interleaved-1f1b", [*LLAMA, "--sequence-parallel", *LORA]),
     (2, 1, 2, "1f1b", [*QWEN3_MOE, "--ep", "2", *LORA, "--lora-targets", "q,k,v,o,experts"]),
     (2, 2, 2, "zbv", [*LORA, "--dp-shard", "1"]),
+    # SFT: packed conversations under interleaved PP with TP and SP, and split over cp ranks (validation too).
+    (2, 2, 2, "interleaved-1f1b", [*SFT, "--sequence-parallel"]),
+    (1, 1, 2, "1f1b", [*SFT, "--cp", "2", "--eval-every", "2"]),
 ]
 if not stages_receive_integer_tensors():  # torch 2.11: --document-mask with --pp > 1 is refused (runtime/config.py)
-    CASES = [c for c in CASES if c[1] == 1 or "--document-mask" not in c[4]]
+    CASES = [c for c in CASES if c[1] == 1 or not ("--document-mask" in c[4] or c[4][:len(SFT)] == SFT)]
 
 
 def _args(dp, pp, mp, schedule, extra, logdir) -> list[str]:
     extra = [f"{logdir}-adapter" if x == "ADAPTER" else x for x in extra]  # written by the ``trained`` fixture
+    extra = [str(shared_chat_file()) if x == "{chat}" else x for x in extra]
     return [f"--dp={dp}", f"--pp={pp}", f"--mp={mp}", "--schedule", schedule, "--microbatches", str(2 * pp),
             "--logdir", str(logdir), *COMMON, *extra]
 
@@ -147,6 +157,8 @@ def _world(case) -> int:
 
 def _case_id(case) -> str:
     dp, pp, mp, schedule, extra = case
+    sft = extra[:len(SFT)] == SFT
+    extra = ["--sft"] * sft + extra[len(SFT) * sft:]
     # shape flags say nothing the family does not, nor LoRA's settings
     flags = [x for x in extra if x not in LLAMA[2:] + LORA[1:] and x not in ("10", "4")]
     return f"{dp}x{pp}x{mp}-{schedule}" + "".join(f"-{x.removeprefix('--').replace(',', '')}" for x in flags)

@@ -15,6 +15,7 @@ from fractions import Fraction
 import torch
 
 from runtime.engine.data.corpus import Corpus, positions_after_eod, restart_at_window
+from runtime.engine.data.packed import PackedCorpus
 from runtime.engine.data.sampling import Interleave, derive, epoch_order
 
 
@@ -22,7 +23,7 @@ from runtime.engine.data.sampling import Interleave, derive, epoch_order
 class Component:
     name: str  # the --data path, for reports
     weight: Fraction
-    corpus: Corpus
+    corpus: Corpus | PackedCorpus  # PackedCorpus: chat data (conversations with loss masks)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,18 @@ class CorpusBatches:
         true = torch.stack([corpus.positions(g) for corpus, g in self._windows(step, start, stop)])
         return true if from_document_start else restart_at_window(true)
 
+    def loss_mask(self, step: int, start: int, stop: int) -> torch.Tensor | None:
+        """Chat data: which targets of the same rows are trained (assistant tokens), bool (stop - start, T); else
+        None (every target is)."""
+        if not isinstance(self.components[0].corpus, PackedCorpus):  # build.py mixes no chat with plain data
+            return None
+        return torch.stack([corpus.target_mask(g) for corpus, g in self._windows(step, start, stop)])
+
+    def trained_targets(self, step: int) -> int:
+        """Chat data: the trained targets of the whole global batch ``step``, the count its loss is a mean over
+        (runtime/engine/token_mean.py): known to every rank from the windows' counts, no rank's rows read."""
+        return sum(corpus.trained_targets(g) for corpus, g in self._windows(step, 0, self.global_batch_size))
+
     def sequences(self, steps: int) -> list[int]:
         """Sequences each source has given after ``steps`` global batches."""
         n = steps * self.global_batch_size
@@ -119,6 +132,9 @@ class SyntheticBatches:
         if self.eod is None:
             return torch.arange(self.seq_len).expand(stop - start, -1).clone()
         return positions_after_eod(inputs, self.eod)
+
+    def loss_mask(self, step: int, start: int, stop: int) -> None:
+        return None  # every target is trained
 
     @property
     def components(self) -> list[Component]:

@@ -85,12 +85,24 @@ def rank_batch(source: CorpusBatches | SyntheticBatches, step: int, rows: tuple[
                context: ContextSlice | None) -> tuple[Inputs, torch.Tensor]:
     """Rows ``rows`` of global batch ``step`` of ``source`` as this rank's (inputs, targets). A context-parallel
     rank reads only its chunks' columns where the source reads columns (token files); other sources (synthetic
-    rows, drawn whole from a seed) give whole rows, cut here."""
+    rows, drawn whole from a seed) give whole rows, cut here. Chat data's untrained targets are ``IGNORE_INDEX``."""
     if context is not None and context.size > 1 and hasattr(source, "columns"):
-        return chunked_model_batch(source.columns(step, *rows), seq_len=source.seq_len,
-                                   document_mask=document_mask, context=context)
-    positions = source.positions(step, *rows) if document_mask else None
-    return model_batch(source.rows(step, *rows), positions, context=context)
+        inputs, targets = chunked_model_batch(source.columns(step, *rows), seq_len=source.seq_len,
+                                              document_mask=document_mask, context=context)
+    else:
+        positions = source.positions(step, *rows) if document_mask else None
+        inputs, targets = model_batch(source.rows(step, *rows), positions, context=context)
+    return inputs, with_loss_mask(targets, source.loss_mask(step, *rows), context=context)
+
+
+def with_loss_mask(targets: torch.Tensor, mask: torch.Tensor | None, *, context: ContextSlice | None) -> torch.Tensor:
+    """``targets`` with ``IGNORE_INDEX`` where the (B, T) ``mask`` of whole rows is False (chat data: the prompt's
+    tokens), cut as the targets are to a context-parallel rank's chunks; ``targets`` as they are without a mask."""
+    if mask is None:
+        return targets
+    if context is not None and context.size > 1:
+        mask = local_chunks(mask, rank=context.rank, cp=context.size)
+    return targets.masked_fill(~mask, IGNORE_INDEX)
 
 
 def without_loss_across_documents(inputs: Inputs, targets: torch.Tensor, eod: int) -> torch.Tensor:

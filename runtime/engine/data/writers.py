@@ -8,6 +8,7 @@ token_files.py, llmc.py and megatron.py, and as the tools that write them):
               dev/data/data_common.py write_datafile; fineweb.py fills 10^8-token shards)
     megatron  NAME.bin + NAME.idx (and NAME_val.*): MMIDIDX index of one sequence per document; uint16
               when the vocabulary is under 65,500, else int32 (Megatron-LM's DType.optimal_dtype)
+    masks     NAME.mask beside a token file of chat data: a byte per token (loss_mask.py)
 
 Memory does not grow with the corpus: ids go straight to the files; Megatron's index needs every
 document's length, kept as 4 bytes each (``array('i')``) and written at the end, pointers and document
@@ -185,6 +186,28 @@ class MegatronWriter(TokenWriter):
 
     def abort(self) -> None:
         self.bin.close()
+        self.files.discard()
+
+
+class MaskWriter:
+    """A loss-mask file (loss_mask.py) written streaming beside a token file: ``add`` each conversation's bytes,
+    then ``close`` (published under its final name) or ``abort``."""
+
+    def __init__(self, path: Path):
+        self.files = _Files()
+        self.out = self.files.open(path)
+        self.tokens = 0
+
+    def add(self, mask: bytes) -> None:
+        self.out.write(mask)
+        self.tokens += len(mask)
+
+    def close(self) -> list[Path]:
+        self.out.close()
+        return self.files.publish()
+
+    def abort(self) -> None:
+        self.out.close()
         self.files.discard()
 
 
