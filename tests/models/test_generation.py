@@ -132,7 +132,7 @@ def test_sampled_generation_repeats_with_its_seed(tmp_path, run_main):
 @pytest.mark.parametrize(("argv", "words"), [
     (["--prompt", "x"], ["one of the arguments --checkpoint --init-from is required"]),
     (["--init-from", "{bytes}", "--checkpoint", "c", "--prompt", "x"], ["--checkpoint", "not allowed with", "--init-from"]),
-    (["--init-from", "{bytes}"], ["one of the arguments --prompt --prompt-ids is required"]),
+    (["--init-from", "{bytes}"], ["one of the arguments --prompt --prompt-ids --messages --user is required"]),
     (["--init-from", "{bytes}", "--prompt", "x" * 33], ["the prompt has 33 tokens", "at most 32 positions"]),
     (["--init-from", "{bytes}", "--prompt", "x" * 30, "--max-new-tokens", "4"],
      ["--max-new-tokens 4", "need 33 positions", "has 32", "at most 3 new tokens"]),

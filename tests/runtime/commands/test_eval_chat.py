@@ -14,8 +14,8 @@ from runtime.commands import eval as eval_command
 from runtime.distributed.process_group import LaunchEnv, free_port, init_distributed, shutdown_distributed
 from tests.chat_data import CHAT_TOKENIZERS, mixed_conversations, write_chat
 from tests.hf_folders import llama_config, read_folder, reference_config_4x, write_folder
+from tests.models.llama3.test_llama3_hf import llama_forward
 from tests.models.test_generation import STD
-from tests.models.test_llama3 import llama_forward
 
 ONE_PROCESS = LaunchEnv(rank=0, world_size=1, local_rank=0, local_world_size=1)
 

@@ -18,8 +18,8 @@ from runtime.tokenizer.chat import ChatTemplate
 from tests.chat_data import CHAT_TOKENIZERS
 from tests.hf_folders import llama_config, read_folder, reference_config_4x, write_folder
 from tests.hf_reference import pack, write_safetensors
+from tests.models.llama3.test_llama3_hf import llama_forward
 from tests.models.test_generation import STD, full_sequence_greedy
-from tests.models.test_llama3 import llama_forward
 
 STYLE = CHAT_TOKENIZERS / "llama3-style"
 END_OF_TEXT, END_OF_TURN = 2033, 2041  # <|end_of_text|> (the tokenizer's eos), <|eot_id|>
