@@ -15,7 +15,9 @@ from typing import Any
 
 import torch
 
+from compiler.fp8 import RECIPES
 from compiler.parallel_plan import ParallelPlan
+from compiler.parallelize.float8 import fp8_shard_problem
 from compiler.partition import parse_split
 from compiler.planner.candidates import meshes
 from compiler.schedules import SCHEDULES
@@ -166,6 +168,7 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_data_parallel(plan)
     _check_pipeline(plan, cfg.model)
     _check_compile(cfg.compile_blocks, plan.schedule)
+    _check_fp8(plan, cfg.model, compile_blocks=cfg.compile_blocks)
     if cfg.data.tokenizer is not None and not has_tokenizer(cfg.data.tokenizer):
         raise ConfigError(f"--tokenizer {cfg.data.tokenizer}: no tokenizer.json there (a Hugging Face tokenizer folder)")
     _check_document_positions("--document-mask" if cfg.data.document_mask else f"--cp {plan.cp}"
@@ -181,6 +184,24 @@ def _check_compile(compile_blocks: bool, schedule: str) -> None:
         plain = ", ".join(n for n, s in SCHEDULES.items() if not s.split_backward)
         raise ConfigError(f"--compile cannot run with --schedule {schedule}: torch's split-backward schedules do not "
                           f"support compiled stages yet; use --schedule {plain}")
+
+
+def _check_fp8(plan: ParallelPlan, model: Any, *, compile_blocks: bool) -> None:
+    """--fp8 runs one of compiler/fp8's recipes on any mesh whose shards hold whole scaling blocks; --fp8 any is
+    the planner's to resolve."""
+    if plan.fp8 is not None and plan.fp8 not in RECIPES:
+        raise ConfigError(f"--fp8 {plan.fp8} lets the planner choose a recipe: give it with --auto; else --fp8 "
+                          f"{', '.join(RECIPES)}")
+    if plan.fp8 is None:
+        return
+    if compile_blocks:
+        raise ConfigError(f"--fp8 {plan.fp8} cannot run with --compile: its scales' reductions over ranks and its "
+                          f"kernel probes run eagerly; drop --compile")
+    problem = fp8_shard_problem(model, RECIPES[plan.fp8], mp=plan.mp, cp=plan.cp,
+                                sequence_parallel=plan.sequence_parallel)
+    if problem:
+        raise ConfigError(f"--fp8 {plan.fp8} on this mesh: {problem}; use --fp8 tensorwise or rowwise (scales reduced "
+                          f"over any shards) or another --mp / --cp")
 
 
 def _check_document_positions(flag: str | None, pp: int) -> None:

@@ -39,10 +39,12 @@ ExpertCompute = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (rows (R
 
 
 def dispatch_to_experts(x_sorted: torch.Tensor, counts: torch.Tensor, *, group: dist.ProcessGroup,
-                        compute: ExpertCompute) -> torch.Tensor:
+                        compute: ExpertCompute, by_source: bool = False) -> torch.Tensor:
     """The MoE layer's expert outputs for ``x_sorted`` (M, D) (rows sorted by global expert, ``counts`` (E,)
     rows per expert), computed by the ranks of ``group`` that hold each expert: ``compute`` is this rank's
-    local experts on rows sorted by local expert. Returns (M, D) in ``x_sorted``'s order."""
+    local experts on rows sorted by local expert, given their counts (L,), or with ``by_source`` (L, ep): each
+    local expert's rows from each peer (FP8 quantizes each peer's micro-batch apart, compiler/fp8/grouped.py).
+    Returns (M, D) in ``x_sorted``'s order."""
     ep = dist.get_world_size(group)
     local_experts = counts.numel() // ep
     send_counts = counts.reshape(ep, local_experts)  # rows for peer s's local expert l
@@ -52,7 +54,7 @@ def dispatch_to_experts(x_sorted: torch.Tensor, counts: torch.Tensor, *, group: 
     out_splits = recv_counts.sum(1).tolist()
     received = all_to_all_single_autograd(x_sorted, out_splits, in_splits, group)  # (R, D) source-major
     order = expert_major_order(recv_counts)
-    y = compute(received[order], recv_counts.sum(0))  # (R, D), expert-major
+    y = compute(received[order], recv_counts.t() if by_source else recv_counts.sum(0))  # (R, D), expert-major
     y = y[torch.argsort(order)]  # back to source-major
     return all_to_all_single_autograd(y, in_splits, out_splits, group)  # (M, D)
 
@@ -72,10 +74,11 @@ def expert_major_order(counts: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(starts_by_expert, sizes_by_expert, output_size=total) + within
 
 
-def apply_expert_parallel(experts: nn.Module, ep_mesh: DeviceMesh, *, local_compute: Callable[..., torch.Tensor]) -> nn.Module:
+def apply_expert_parallel(experts: nn.Module, ep_mesh: DeviceMesh, *, local_compute: Callable[..., torch.Tensor],
+                          by_source: bool = False) -> nn.Module:
     """Shard ``experts``' parameters (each [E, ...]) on their expert dimension over ``ep_mesh`` and route its
     calls through ``dispatch_to_experts``. ``local_compute(x, counts, *local_weights)`` computes with the local
-    experts' weights in the module's parameter order (the model's grouped product)."""
+    experts' weights in the module's parameter order (the model's grouped product); ``by_source``: counts (L, ep)."""
     names = [name for name, _ in experts.named_parameters(recurse=False)]
     for name in names:
         param = getattr(experts, name)
@@ -86,7 +89,7 @@ def apply_expert_parallel(experts: nn.Module, ep_mesh: DeviceMesh, *, local_comp
 
     def forward(x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         weights = [_local(getattr(experts, name)) for name in names]
-        return dispatch_to_experts(x_sorted, counts, group=group,
+        return dispatch_to_experts(x_sorted, counts, group=group, by_source=by_source,
                                    compute=lambda rows, local_counts: local_compute(rows, local_counts, *weights))
 
     experts.forward = forward
@@ -133,15 +136,17 @@ class StepBalanceLoss(nn.Module):
                          sum_over_shards=(lambda t: _summed(t, group)) if group is not None else None)
 
 
-def apply_moe_parallelism(stage_module: nn.Module, meshes: MoeMeshes, *, sequence_parallel: bool) -> list[MoE]:
-    """Expert parallelism over ``meshes.ep`` for every MoE layer of the stage, and its auxiliary loss wrapped
+def apply_moe_parallelism(stage_module: nn.Module, meshes: MoeMeshes, *, sequence_parallel: bool,
+                          local_compute: Callable[..., torch.Tensor] = experts_swiglu, by_source: bool = False) -> list[MoE]:
+    """Expert parallelism over ``meshes.ep`` for every MoE layer of the stage (its experts computed by
+    ``local_compute``, ``apply_expert_parallel``'s), and its auxiliary loss wrapped
     (``StepBalanceLoss``) to see the sequence splits, a sequence's tokens spread over ``meshes.sequence``, and
     the step's gradient scale. Under sequence parallelism the layer takes its input (the sequence-parallel
     norm's Shard(1) DTensor) as this rank's own (B, T/mp, D) tokens and routes them, returning a local shard."""
     layers = moe_modules(stage_module)
     for moe in layers:
         if meshes.ep is not None:
-            apply_expert_parallel(moe.experts, meshes.ep, local_compute=experts_swiglu)
+            apply_expert_parallel(moe.experts, meshes.ep, local_compute=local_compute, by_source=by_source)
         if moe.balance is not None:
             moe.balance = StepBalanceLoss(moe.balance, sequence=meshes.sequence)
         if sequence_parallel:

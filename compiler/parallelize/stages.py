@@ -23,6 +23,7 @@ from compiler.parallelize.compile import apply_compile
 from compiler.parallelize.context_parallel import ContextParallelAttention
 from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel, moe_gradient_factors
 from compiler.parallelize.expert_parallel import MoeMeshes, apply_moe_parallelism
+from compiler.parallelize.float8 import Fp8Options, expert_parallel_compute, maybe_apply_fp8
 from compiler.parallelize.materialize import materialize
 from compiler.parallelize.message_dtype import apply_message_dtype
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
@@ -79,6 +80,7 @@ def build_local_stages(
     model_inputs: int = 1,
     context_parallel: DeviceMesh | None = None,
     message_dtype: torch.dtype | None = None,
+    fp8: Fp8Options | None = None,
 ) -> LocalStages:
     """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of ``cfg``'s
     model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
@@ -88,7 +90,8 @@ def build_local_stages(
     tokens (1), with positions (2: a context-parallel slice of each sequence), and document ids (3: packed
     documents; runtime/engine/data/inputs.py). ``context_parallel``: the cp mesh; each rank holds 1/cp of every
     sequence and attention gathers keys and values over it. Activations and their gradients cross stages in
-    ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype)."""
+    ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype). ``fp8``: the linear and expert products
+    in FP8 (compiler/parallelize/float8.py), swapped in before TP."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
     spec = spec_of(cfg)
@@ -105,13 +108,17 @@ def build_local_stages(
         module = pipe.get_stage_module(index)
         restore_eager_modules(module, model)
         restore_linear_modules(module, model)
+        sequence = meshes.moe.sequence if meshes.moe is not None else None
+        maybe_apply_fp8(module, fp8, context_parallel=context_parallel, sequence=sequence)
         if context_parallel is not None:
             ContextParallelAttention.apply(module, context_parallel)
         if meshes.mp.size() > 1:
             apply_tp(module, meshes.mp, block_plan=spec.block_plan(sequence_parallel=sequence_parallel),
                      model_plan=spec.model_plan(sequence_parallel=sequence_parallel), sequence_parallel=sequence_parallel)
         if meshes.moe is not None:
-            apply_moe_parallelism(module, meshes.moe, sequence_parallel=sequence_parallel and meshes.mp.size() > 1)
+            experts = dict(local_compute=expert_parallel_compute(fp8, sequence=sequence), by_source=True) if fp8 else {}
+            apply_moe_parallelism(module, meshes.moe, sequence_parallel=sequence_parallel and meshes.mp.size() > 1,
+                                  **experts)
         share_tied_weights(module, tied)
         maybe_apply_ac(module, activation_checkpointing)
         if compile_blocks:
