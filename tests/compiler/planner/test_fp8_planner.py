@@ -86,3 +86,22 @@ def test_an_engine_that_gathers_fp8_weights_moves_half_the_bytes_of_bf16():
     gathered = dataclasses.replace(THIS_ENGINE, fp8_all_gather=True)
     assert exposed(gathered) < exposed(THIS_ENGINE)
     assert exposed(gathered, fp8=None) == exposed(THIS_ENGINE, fp8=None)  # weights without FP8 products: bf16
+
+
+def test_auto_holds_a_given_recipe_and_chooses_one_under_any(monkeypatch):
+    """--auto on an H100 (faked): no FP8 unless asked; --fp8 X held; --fp8 any lets the planner pick one."""
+    import torch
+
+    from runtime.commands import auto
+    from runtime.commands.flags import build_parser
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    base = ["--auto", "--model", "llama3-1b", "--precision", "bf16", "--global-batch-size", "16"]
+    chosen = {}
+    for extra in ([], ["--fp8", "rowwise"], ["--fp8", "any"]):
+        argv = [*base, *extra]
+        cfg, best, _ = auto.auto_config(build_parser().parse_args(argv), argv, world=8)
+        assert cfg.plan == best.plan and best.fits
+        chosen[" ".join(extra)] = cfg.plan.fp8
+    assert chosen == {"": None, "--fp8 rowwise": "rowwise", "--fp8 any": "tensorwise"}
