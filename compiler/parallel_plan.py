@@ -2,7 +2,7 @@
 config and the study alike.
 
 A plan is the mesh (dp x pp x cp x mp ranks; ep borrows its ranks from dp), the pipeline schedule, its
-stages per rank and the stage split, the micro-batching, the precision, activation checkpointing, how data
+stages per rank and the stage split, the micro-batching, the precision and FP8 recipe, activation checkpointing, how data
 parallelism holds the state (FSDP, ZeRO-3, replicate, HSDP) and in which dtype it reduces gradients, and
 sequence parallelism. Flags map onto its fields in one table (runtime/commands/flag_table.py); the planner's
 search builds plans (compiler/planner/), the engine validates and runs them (runtime/config.py).
@@ -53,6 +53,7 @@ class ParallelPlan:
     sequence_parallel: bool = False  # norms and residual stream on sequence shards (mp > 1)
     split: str = "auto"  # stage split: "auto" | "uniform" | "manual:4,4,3,1"
     chunked_loss: bool = True  # the loss a chunk of tokens at a time (the engine's always is; plans at scale may not)
+    fp8: str | None = None  # FP8 recipe of the linear and expert products (compiler/fp8 RECIPES); None: --precision's
 
     def __post_init__(self):
         object.__setattr__(self, "ac", AC(self.ac))  # accept the mode's name
@@ -101,6 +102,7 @@ class ParallelPlan:
         dp_mode += " zero3" if self.reshard_after_forward else ""
         dp_mode += " +SP" if self.sequence_parallel else ""
         dp_mode += " +chunked loss" if self.chunked_loss else ""
+        dp_mode += f" fp8={self.fp8}" if self.fp8 else ""
         return (f"{self.mesh_text()} {self.schedule} v={self.stages_per_rank} m={self.microbatches} "
                 f"mbs={self.micro_batch_size} {self.precision}{ac}{dp_mode}")
 

@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
+from compiler.fp8 import RECIPES
 from compiler.lora import BASE_DTYPES, LoraConfig, target_problem
 from compiler.parallel_plan import ParallelPlan
+from compiler.parallelize.float8 import fp8_shard_problem
 from compiler.partition import parse_split
 from compiler.planner.candidates import meshes
 from compiler.schedules import SCHEDULES
@@ -175,6 +177,7 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_compile(cfg.compile_blocks, plan.schedule)
     if cfg.lora is not None:
         check_lora(cfg.lora, cfg.model, precision=plan.precision)
+    _check_fp8(plan, cfg.model, compile_blocks=cfg.compile_blocks, lora=cfg.lora is not None)
     if cfg.data.tokenizer is not None and not has_tokenizer(cfg.data.tokenizer):
         raise ConfigError(f"--tokenizer {cfg.data.tokenizer}: no tokenizer.json there (a Hugging Face tokenizer folder)")
     _check_document_positions(_positions_flag(cfg), plan.pp)
@@ -216,6 +219,24 @@ def _positions_flag(cfg: TrainConfig) -> str | None:
     if cfg.data.document_mask:
         return "--document-mask"
     return f"--cp {cfg.plan.cp}" if cfg.plan.cp > 1 else None
+def _check_fp8(plan: ParallelPlan, model: Any, *, compile_blocks: bool, lora: bool) -> None:
+    """--fp8 runs one of compiler/fp8's recipes on any mesh whose shards hold whole scaling blocks; --fp8 any is
+    the planner's to resolve."""
+    if plan.fp8 is not None and plan.fp8 not in RECIPES:
+        raise ConfigError(f"--fp8 {plan.fp8} lets the planner choose a recipe: give it with --auto; else --fp8 "
+                          f"{', '.join(RECIPES)}")
+    if plan.fp8 is None:
+        return
+    if lora:
+        raise ConfigError(f"--fp8 {plan.fp8} with --lora-rank: LoRA's adapters have no FP8 path yet; drop one of them")
+    if compile_blocks:
+        raise ConfigError(f"--fp8 {plan.fp8} cannot run with --compile: its scales' reductions over ranks and its "
+                          f"kernel probes run eagerly; drop --compile")
+    problem = fp8_shard_problem(model, RECIPES[plan.fp8], mp=plan.mp, cp=plan.cp,
+                                sequence_parallel=plan.sequence_parallel)
+    if problem:
+        raise ConfigError(f"--fp8 {plan.fp8} on this mesh: {problem}; use --fp8 tensorwise or rowwise (scales reduced "
+                          f"over any shards) or another --mp / --cp")
 
 
 def _check_document_positions(flag: str | None, pp: int) -> None:

@@ -21,7 +21,7 @@ def pytest_collection_modifyitems(config, items):
         return
     skip = pytest.mark.skip(reason="needs a CUDA device: torch.cuda.is_available() is False")
     for item in items:
-        if "gpu" in item.keywords:
+        if item.get_closest_marker("gpu") is not None:  # a marker, not the tests/gpu folder's name
             item.add_marker(skip)
 
 

@@ -2,6 +2,10 @@
 
 A plain PyTorch loop, no engine code on the compute path: the whole model on one process, trained on
 the whole global batch with the same initial weights, data rows, optimizer settings and clipping.
+
+With ``--fp8`` the model's linears and experts are swapped to the recipe (compiler/fp8) and the global batch runs
+as the mesh's micro-batches, one forward and backward each, gradients accumulated: FP8 scales are taken per
+tensor of one product, so one process quantizes each micro-batch apart, as the mesh does.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from compiler.fp8 import RECIPES, swap_grouped_experts, swap_linears
 from compiler.lora import is_adapter
 from compiler.parallelize.lora import apply_lora
 from models import MoE, build_model, update_expert_bias
@@ -36,13 +41,15 @@ def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
     model = build_model(cfg.model, seed=cfg.seed)
     if cfg.lora is not None:
         _add_adapters(model, cfg)
+    if cfg.plan.fp8:
+        swap_linears(model, RECIPES[cfg.plan.fp8])
+        swap_grouped_experts(model, RECIPES[cfg.plan.fp8])
     optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], lr=cfg.optim.lr,
                                 weight_decay=cfg.optim.weight_decay)
     schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
     run = ReferenceRun([], [], {})
     for step in range(steps):
-        loss = _batch_loss(model, data.train, step, cfg)
-        loss.backward()
+        loss = _accumulated_loss(model, data.train, step, cfg)
         if step == 0:
             run.first_step_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
         max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
@@ -70,12 +77,45 @@ def _add_adapters(model: torch.nn.Module, cfg: TrainConfig) -> None:
                 param.copy_(value(name, tuple(param.shape)))
 
 
-def _batch_loss(model: torch.nn.Module, source, index: int, cfg: TrainConfig) -> torch.Tensor:
-    """The mean loss of global batch ``index`` of ``source`` (the training or validation corpus)."""
-    positions = source.positions(index, 0, cfg.global_batch_size) if cfg.data.document_mask else None
-    inputs, targets = model_batch(source.rows(index, 0, cfg.global_batch_size), positions)
-    trained = source.loss_mask(index, 0, cfg.global_batch_size)
-    if trained is not None:  # chat data: the mean over the whole batch's assistant targets (F.cross_entropy's rule)
+def _accumulated_loss(model: torch.nn.Module, source, index: int, cfg: TrainConfig) -> torch.Tensor:
+    """Backward of global batch ``index``'s mean loss, whole (fp32) or micro-batch by micro-batch (FP8: rows
+    [r B / dp + j mbs, + mbs) are replica r's micro-batch j); returns the loss."""
+    if not cfg.plan.fp8:
+        loss = _batch_loss(model, source, index, cfg)
+        loss.backward()
+        return loss
+    n, mbs = cfg.global_batch_size // cfg.plan.micro_batch_size, cfg.plan.micro_batch_size
+    for layer in (m for m in model.modules() if isinstance(m, MoE) and m.balance is not None):
+        if not isinstance(layer.balance, _ScaledBalance):
+            layer.balance = _ScaledBalance(layer.balance, 1 / n)  # each micro-batch's share of the mean over sequences
+    total = torch.zeros(())
+    for k in range(n):
+        loss = _batch_loss(model, source, index, cfg, rows=(k * mbs, mbs)) / n
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
+class _ScaledBalance(torch.nn.Module):
+    """A MoE layer's auxiliary loss (a mean over the batch's sequences) with its gradient scaled by ``scale``."""
+
+    def __init__(self, loss: torch.nn.Module, scale: float):
+        super().__init__()
+        self.loss, self.scale = loss, scale
+
+    def forward(self, *args, **kwargs):
+        return self.loss(*args, **kwargs, grad_scale=self.scale)
+
+
+def _batch_loss(model: torch.nn.Module, source, index: int, cfg: TrainConfig, *,
+                rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """The mean loss of global batch ``index`` of ``source`` (the training or validation corpus), or of its
+    ``rows`` (first row, count)."""
+    first, count = rows or (0, cfg.global_batch_size)
+    positions = source.positions(index, first, first + count) if cfg.data.document_mask else None
+    inputs, targets = model_batch(source.rows(index, first, first + count), positions)
+    trained = source.loss_mask(index, first, first + count)
+    if trained is not None:  # chat data: the mean over the batch's assistant targets (F.cross_entropy's rule)
         targets = targets.masked_fill(~trained, -100)
     logits = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
     if cfg.data.no_loss_across_documents:  # no loss where the input token ends a document; mean over every position

@@ -3,7 +3,9 @@
 A ``Float8Linear`` is an ``nn.Linear`` holding the very ``weight`` and ``bias`` Parameters of the module it
 replaces, so state dicts, tensor-parallel plans (keyed by module name, applied to ``nn.Linear``s) and optimizer
 state see the same names, shapes and tensors. Swap before tensor parallelism and FSDP, as torchtitan converts to
-float8 first: a new module does not carry the old one's hooks.
+float8 first: a new module does not carry the old one's hooks. Tensor parallelism then makes its parameters
+DTensors, which ``forward`` computes on as tensor_parallel.py says; ``shards`` holds what the placements cannot
+say (token shards).
 
 What stays in high precision (``keep_high_precision``, by the naming contract of models/spec.py): the LM head
 (``head``; its logits feed the loss directly), the token embedding (``tok_emb``, not a product), and every
@@ -18,10 +20,12 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from compiler.fp8.guard import AmaxGuard
 from compiler.fp8.linear import LinearShards, fp8_linear
 from compiler.fp8.recipe import Recipe
+from compiler.fp8.tensor_parallel import fp8_linear_dtensor
 from models.spec import LM_HEAD, TOKEN_EMBEDDING
 
 ROUTER = "router"  # models/common/moe.py: ``MoE.router``, whose ``gate`` is an nn.Linear read by the router in fp32
@@ -49,6 +53,8 @@ class Float8Linear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.weight, DTensor):  # tensor-parallel: scales over the whole tensor (tensor_parallel.py)
+            return fp8_linear_dtensor(x, self.weight, self.bias, self.recipe, shards=self.shards, guard=self.guard)
         return fp8_linear(x, self.weight, self.bias, self.recipe, shards=self.shards, guard=self.guard)
 
     def extra_repr(self) -> str:

@@ -39,10 +39,12 @@ ExpertCompute = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (rows (R
 
 
 def dispatch_to_experts(x_sorted: torch.Tensor, counts: torch.Tensor, *, group: dist.ProcessGroup,
-                        compute: ExpertCompute) -> torch.Tensor:
+                        compute: ExpertCompute, by_source: bool = False) -> torch.Tensor:
     """The MoE layer's expert outputs for ``x_sorted`` (M, D) (rows sorted by global expert, ``counts`` (E,)
     rows per expert), computed by the ranks of ``group`` that hold each expert: ``compute`` is this rank's
-    local experts on rows sorted by local expert. Returns (M, D) in ``x_sorted``'s order."""
+    local experts on rows sorted by local expert, given their counts (L,), or with ``by_source`` (L, ep): each
+    local expert's rows from each peer (FP8 quantizes each peer's micro-batch apart, compiler/fp8/grouped.py).
+    Returns (M, D) in ``x_sorted``'s order."""
     ep = dist.get_world_size(group)
     local_experts = counts.numel() // ep
     send_counts = counts.reshape(ep, local_experts)  # rows for peer s's local expert l
@@ -52,7 +54,7 @@ def dispatch_to_experts(x_sorted: torch.Tensor, counts: torch.Tensor, *, group: 
     out_splits = recv_counts.sum(1).tolist()
     received = all_to_all_single_autograd(x_sorted, out_splits, in_splits, group)  # (R, D) source-major
     order = expert_major_order(recv_counts)
-    y = compute(received[order], recv_counts.sum(0))  # (R, D), expert-major
+    y = compute(received[order], recv_counts.t() if by_source else recv_counts.sum(0))  # (R, D), expert-major
     y = y[torch.argsort(order)]  # back to source-major
     return all_to_all_single_autograd(y, in_splits, out_splits, group)  # (M, D)
 
@@ -72,11 +74,12 @@ def expert_major_order(counts: torch.Tensor) -> torch.Tensor:
     return torch.repeat_interleave(starts_by_expert, sizes_by_expert, output_size=total) + within
 
 
-def apply_expert_parallel(experts: nn.Module, ep_mesh: DeviceMesh, *, local_compute: Callable[..., torch.Tensor]) -> nn.Module:
+def apply_expert_parallel(experts: nn.Module, ep_mesh: DeviceMesh, *, local_compute: Callable[..., torch.Tensor],
+                          by_source: bool = False) -> nn.Module:
     """Shard ``experts``' parameters (each [E, ...]) on their expert dimension over ``ep_mesh`` and route its
     calls through ``dispatch_to_experts``. ``local_compute(x, counts, *local_weights)`` computes with the local
     experts' parameters in the module's registration order (the experts' ``compute``: the model's grouped product,
-    biases included, each rank's rows of every parameter being its own experts')."""
+    biases included, each rank's rows of every parameter being its own experts').; ``by_source``: counts (L, ep)."""
     names = [name for name, _ in experts.named_parameters(recurse=False)]
     for name in names:
         param = getattr(experts, name)
@@ -87,7 +90,7 @@ def apply_expert_parallel(experts: nn.Module, ep_mesh: DeviceMesh, *, local_comp
 
     def forward(x_sorted: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         weights = [_local(getattr(experts, name)) for name in names]
-        return dispatch_to_experts(x_sorted, counts, group=group,
+        return dispatch_to_experts(x_sorted, counts, group=group, by_source=by_source,
                                    compute=lambda rows, local_counts: local_compute(rows, local_counts, *weights))
 
     experts.forward = forward
@@ -134,17 +137,21 @@ class StepBalanceLoss(nn.Module):
                          sum_over_shards=(lambda t: _summed(t, group)) if group is not None else None)
 
 
-def apply_moe_parallelism(stage_module: nn.Module, meshes: MoeMeshes, *, sequence_parallel: bool) -> list[MoE]:
-    """Expert parallelism over ``meshes.ep`` for every MoE layer of the stage, and its auxiliary loss wrapped
+def apply_moe_parallelism(stage_module: nn.Module, meshes: MoeMeshes, *, sequence_parallel: bool,
+                          local_compute: Callable[..., torch.Tensor] | None = None,
+                          by_source: bool = False) -> list[MoE]:
+    """Expert parallelism over ``meshes.ep`` for every MoE layer of the stage (its experts computed by
+    ``local_compute``, ``apply_expert_parallel``'s; default: the experts module's own ``compute``), and its auxiliary loss wrapped
     (``StepBalanceLoss``) to see the sequence splits, a sequence's tokens spread over ``meshes.sequence``, and
     the step's gradient scale. Under sequence parallelism the layer takes its input (the sequence-parallel
     norm's Shard(1) DTensor) as this rank's own (B, T/mp, D) tokens and routes them, returning a local shard."""
     layers = moe_modules(stage_module)
     for moe in layers:
         if meshes.ep is not None:
-            # LoRA's experts (compiler/lora/modules.py) compute their adapters with the local experts' too
-            apply_expert_parallel(moe.experts, meshes.ep,
-                                  local_compute=getattr(moe.experts, "local_compute", moe.experts.compute))
+            # LoRA's experts (compiler/lora/modules.py) compute their adapters with the local experts' too; FP8's
+            # (compiler/parallelize/float8.py) quantize each source rank's rows apart
+            compute = local_compute or getattr(moe.experts, "local_compute", moe.experts.compute)
+            apply_expert_parallel(moe.experts, meshes.ep, local_compute=compute, by_source=by_source)
         if moe.balance is not None:
             moe.balance = StepBalanceLoss(moe.balance, sequence=meshes.sequence)
         if sequence_parallel:

@@ -23,13 +23,14 @@ from compiler.parallelize.activation_checkpointing import maybe_apply_ac, origin
 from compiler.parallelize.compile import apply_compile
 from compiler.parallelize.context_parallel import ContextParallelAttention
 from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel, moe_gradient_factors
-from compiler.parallelize.expert_parallel import MoeMeshes, apply_moe_parallelism
+from compiler.parallelize.expert_parallel import MoeMeshes, apply_moe_parallelism, moe_modules
+from compiler.parallelize.float8 import Fp8Options, expert_parallel_compute, maybe_apply_fp8
 from compiler.parallelize.lora import apply_lora, freeze_base
 from compiler.parallelize.materialize import materialize
 from compiler.parallelize.message_dtype import apply_message_dtype
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
 from compiler.trace import restore_eager_modules, trace_pipeline
-from models import spec_of
+from models import GroupedExperts, spec_of
 
 
 @dataclass
@@ -82,6 +83,7 @@ def build_local_stages(
     context_parallel: DeviceMesh | None = None,
     message_dtype: torch.dtype | None = None,
     lora: LoraConfig | None = None,
+    fp8: Fp8Options | None = None,
 ) -> LocalStages:
     """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of ``cfg``'s
     model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
@@ -92,7 +94,8 @@ def build_local_stages(
     documents; runtime/engine/data/inputs.py). ``context_parallel``: the cp mesh; each rank holds 1/cp of every
     sequence and attention gathers keys and values over it. Activations and their gradients cross stages in
     ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype). ``lora``: LoRA adapters on the targeted
-    modules, everything else frozen (compiler/parallelize/lora.py)."""
+    modules, everything else frozen (compiler/parallelize/lora.py). ``fp8``: the linear and expert products
+    in FP8 (compiler/parallelize/float8.py), swapped in before TP."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
     spec = spec_of(cfg)
@@ -111,13 +114,20 @@ def build_local_stages(
         restore_linear_modules(module, model)
         if lora is not None:
             apply_lora(module, lora)
+        sequence = meshes.moe.sequence if meshes.moe is not None else None
+        maybe_apply_fp8(module, fp8, context_parallel=context_parallel, sequence=sequence)
         if context_parallel is not None:
             ContextParallelAttention.apply(module, context_parallel)
         if meshes.mp.size() > 1:
             apply_tp(module, meshes.mp, block_plan=spec.block_plan(sequence_parallel=sequence_parallel),
                      model_plan=spec.model_plan(sequence_parallel=sequence_parallel), sequence_parallel=sequence_parallel)
         if meshes.moe is not None:
-            apply_moe_parallelism(module, meshes.moe, sequence_parallel=sequence_parallel and meshes.mp.size() > 1)
+            # FP8 computes SwiGLU experts (GroupedExperts); others (gpt-oss's) keep the run's precision
+            fp8_experts = fp8 and all(type(m.experts) is GroupedExperts for m in moe_modules(module))
+            experts = (dict(local_compute=expert_parallel_compute(fp8, sequence=sequence), by_source=True)
+                       if fp8_experts else {})
+            apply_moe_parallelism(module, meshes.moe, sequence_parallel=sequence_parallel and meshes.mp.size() > 1,
+                                  **experts)
         if lora is not None:
             freeze_base(module)  # TP's styles give the parameters they distribute requires_grad=True
         share_tied_weights(module, tied)

@@ -65,6 +65,8 @@ class Constraints:
     sequence_parallel: bool | None = None
     chunked_loss: bool | None = None
     precision: str | None = None
+    # The FP8 recipes the search may choose, None for none: FP8 is planned only when asked (--fp8 X, --fp8 any).
+    fp8: tuple[str | None, ...] = (None,)
     max_mp: int | None = None  # default: a node's devices
     max_cp: int | None = None  # default: compiler/planner/search.py ``default_max_cp``
     max_ep: int | None = None
@@ -75,7 +77,7 @@ class Constraints:
         return (self.schedule,) if isinstance(self.schedule, str) else self.schedule
 
     def admits(self, c: ParallelPlan) -> bool:
-        if self.schedule is not None and c.schedule not in self.schedules():
+        if self.schedule is not None and c.schedule not in self.schedules() or c.fp8 not in self.fp8:
             return False
         return all(want is None or want == got for want, got in (
             (self.dp, c.dp), (self.pp, c.pp), (self.mp, c.mp), (self.cp, c.cp), (self.ep, c.ep),
@@ -85,5 +87,5 @@ class Constraints:
 
     def fixes_layout(self) -> bool:
         """The user named a layout to price (any of the plan's own fields)."""
-        names = {f.name for f in fields(self)} - {"max_mp", "max_cp", "max_ep", "headroom", "ac_modes"}
+        names = {f.name for f in fields(self)} - {"max_mp", "max_cp", "max_ep", "headroom", "ac_modes", "fp8"}
         return any(getattr(self, n) is not None for n in names)

@@ -54,6 +54,7 @@ class LayerWork:
     counted_flops: float = 0.0  # forward + backward in FlopCounterMode's convention (what the CPU rate measures)
     counted_forward_flops: float = 0.0
     tensor_parallel_modules: int = 0  # mp > 1: the block's DTensor modules (shape.py ``tensor_parallel_modules``)
+    quantize_bytes: tuple[float, float] = (0.0, 0.0)  # --fp8: (forward, backward) bytes the quantizers move (work.py)
 
 
 @dataclass(frozen=True)
@@ -170,9 +171,9 @@ class GpuDevice:
             up_f, up_b = fused or (1.0, 1.0)
             fwd += work.attention_flops / (peak * e * up_f)
             bwd += 2.5 * work.attention_flops / (peak * e * up_b)
-        other = self.memory_seconds(work.elementwise_bytes + 9 * work.scores)
-        return ComputeSeconds(fwd + other, bwd + self.memory_seconds(2 * work.elementwise_bytes + 11 * work.scores),
-                              other)
+        other = self.memory_seconds(work.elementwise_bytes + 9 * work.scores + work.quantize_bytes[0])
+        backward_other = self.memory_seconds(2 * work.elementwise_bytes + 11 * work.scores + work.quantize_bytes[1])
+        return ComputeSeconds(fwd + other, bwd + backward_other, other)
 
     def optimizer_seconds(self, params: float) -> float:
         """AdamW over fp32 shards: 32 bytes per parameter through HBM (read parameter, gradient and two moments,

@@ -29,6 +29,9 @@ class EngineTraits:
     grad_reduce_bytes: int = 4  # data-parallel gradients travel in fp32 (--reduce-dtype fp32) or 2 bytes
     tp_overlap: bool = False  # TP collectives hidden behind the matrix products (async TP, TE comm overlap)
     float8_linears: bool = False  # linear layers' products at the device's fp8 peak (torchao Float8, TE fp8)
+    # FSDP gathers the FP8 weights of FP8 products (torchao's enable_fsdp_float8_all_gather): 1 byte a parameter.
+    # This engine gathers in the precision (compiler/parallelize/float8.py).
+    fp8_all_gather: bool = False
     sp_messages: bool = True  # under sequence parallelism pipeline messages are (B, T/mp, D) shards
     # How MoE tokens reach their experts (compiler/planner/layers.py): "all-to-all" sends one copy per
     # (token, expert) pair (this engine, Megatron's alltoall dispatcher); "deepep" one per destination rank,

@@ -74,6 +74,7 @@ class Setup:
     ac: str = "none"
     dp: int = 1
     pp: int = 1
+    fp8: str | None = None  # the FP8 recipe of the linear and expert products (compiler/fp8 RECIPES), or none
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,8 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
     a = PRECISIONS[s.precision].dtype.itemsize
     rows = s.micro_batch_size * shape.seq_len / s.cp
     ranks_on_node = min(topology.devices_per_node, s.dp * s.pp * s.mp * s.cp)
-    linear_peak = device.peak_flops.get("fp8") if traits.float8_linears else None
+    # FP8 products at the device's FP8 peak (a device without one is refused before: search.py ``fp8_error``)
+    linear_peak = device.peak_flops.get("fp8") if traits.float8_linears or s.fp8 else None
     tp_link = topology.group_link(s.mp, strides["mp"])
     one_tp = all_reduce_time(rows * shape.d_model * a, s.mp, tp_link)
     full = s.ac == "full"
@@ -127,7 +129,7 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
     out = {}
     for kind in set(shape.kinds()):
         work = block_work(shape, kind, micro_batch_size=s.micro_batch_size, mp=s.mp, cp=s.cp, ep=s.ep,
-                          precision=s.precision, sequence_parallel=s.sequence_parallel, traits=traits)
+                          precision=s.precision, sequence_parallel=s.sequence_parallel, traits=traits, fp8=s.fp8)
         compute = device.compute(work, s.precision, linear_peak=linear_peak, ranks_on_node=ranks_on_node)
         if full:
             compute = ComputeSeconds(compute.forward, compute.backward + compute.forward, compute.memory_bound_forward)

@@ -62,7 +62,7 @@ class Estimate:
         return {"dp": c.dp, "pp": c.pp, "mp": c.mp, "cp": c.cp, "ep": c.ep, "schedule": c.schedule,
                 "stages_per_rank": c.stages_per_rank, "micro_batch_size": c.micro_batch_size,
                 "activation_checkpointing": c.ac, "sequence_parallel": c.sequence_parallel,
-                "chunked_loss": c.chunked_loss, "dp_mode": c.dp_mode, "precision": c.precision,
+                "chunked_loss": c.chunked_loss, "dp_mode": c.dp_mode, "precision": c.precision, "fp8": c.fp8,
                 "step_time_s": self.step_time, "model_tflops_per_gpu": self.model_tflops_per_gpu,
                 "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
                 "memory_gib_per_gpu": (self.memory_per_rank or 0) / 2**30, "fits": self.fits,
@@ -118,7 +118,7 @@ class Pricer:
         return self._tables[s]
 
     def setup(self, c: ParallelPlan) -> Setup:
-        return Setup(c.micro_batch_size, c.precision, c.mp, c.cp, c.ep, c.sequence_parallel, c.ac, c.dp, c.pp)
+        return Setup(c.micro_batch_size, c.precision, c.mp, c.cp, c.ep, c.sequence_parallel, c.ac, c.dp, c.pp, c.fp8)
 
     def _load(self, c: ParallelPlan, h: Holding) -> RankLoad:
         fsdp = DataParallelGroups.of(c).dense_shard > 1

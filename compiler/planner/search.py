@@ -46,6 +46,15 @@ def default_max_cp(shape: DecoderShape) -> int:
     return max(1, min(16, shape.seq_len // 8192))
 
 
+def fp8_error(recipes: tuple[str | None, ...], cluster: Cluster) -> str | None:
+    """Why ``cluster`` cannot train with these FP8 recipes (its GPU has no FP8 matrix units: an A100), or None.
+    A CPU runs the recipes emulated, priced at its calibrated rate of the precision."""
+    if any(recipes) and cluster.is_gpu and "fp8" not in cluster.device.peak_flops:
+        return (f"--fp8: {cluster.name} has no FP8 matrix rate (no \"fp8\" in its peak_tflops: FP8 tensor cores "
+                f"came with Hopper and Ada); plan without --fp8")
+    return None
+
+
 def schedule_choices(pp: int, stages: int) -> list[tuple[str, int]]:
     """(schedule, v) for pp ranks and at most ``stages`` stages."""
     layers = stages
@@ -109,13 +118,13 @@ def unmatched(constraints: Constraints, shape: DecoderShape, *, world: int, glob
 
 def _plans(dp: int, pp: int, mp: int, schedule: str, v: int, modes: list[tuple[int | None, bool]],
            chunks: tuple[bool, ...], *, m: int, mbs: int, precision: str, ac: str, sp: bool, cp: int,
-           ep: int) -> list[ParallelPlan]:
+           ep: int, fp8: str | None = None) -> list[ParallelPlan]:
     """A group's plans of one schedule: one per DP mode and loss. Built only when the search prices that group
     (most are pruned by their bound; building millions of plans took most of a large search's time)."""
     ac = AC(ac)
     return [ParallelPlan(dp=dp, pp=pp, mp=mp, cp=cp, ep=ep, schedule=schedule, stages_per_rank=v, microbatches=m,
                          micro_batch_size=mbs, precision=precision, ac=ac, dp_shard=shard, reshard_after_forward=zero3,
-                         sequence_parallel=sp, chunked_loss=chunked) for shard, zero3 in modes for chunked in chunks]
+                         sequence_parallel=sp, chunked_loss=chunked, fp8=fp8) for shard, zero3 in modes for chunked in chunks]
 
 
 @dataclass(frozen=True)
@@ -146,7 +155,7 @@ def _expert_choices(shape: DecoderShape, dp: int, cp: int, mp: int, max_ep: int 
 
 def _groups(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: Cluster, precisions: tuple[str, ...],
             constraints: Constraints, infeasible: Counter):
-    """(dp, pp, mp, cp, ep, micro-batch, AC, precision, SP) groups the constraints admit."""
+    """(dp, pp, mp, cp, ep, micro-batch, AC, precision, SP, FP8 recipe) groups the constraints admit."""
     max_mp = constraints.max_mp or (cluster.devices_per_node if cluster.is_gpu else world)
     max_cp = constraints.max_cp or (default_max_cp(shape) if cluster.is_gpu else 1)
     for dp, pp, mp, cp in mesh_shapes(world, max_cp=max(max_cp, constraints.cp or 1)):
@@ -168,7 +177,8 @@ def _groups(shape: DecoderShape, *, world: int, global_batch_size: int, cluster:
                             if all(want is None or want == got for want, got in (
                                     (c.ep, ep), (c.micro_batch_size, mbs), (c.ac, ac), (c.precision, precision),
                                     (c.sequence_parallel, sp))):
-                                yield dp, pp, mp, cp, ep, mbs, ac, precision, sp
+                                for fp8 in c.fp8:
+                                    yield dp, pp, mp, cp, ep, mbs, ac, precision, sp, fp8
 
 
 def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: Cluster,
@@ -186,7 +196,10 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
     infeasible: Counter = Counter()
     groups = []
     considered = 0
-    for dp, pp, mp, cp, ep, mbs, ac, precision, sp in _groups(
+    error = fp8_error(constraints.fp8, cluster)
+    if error:
+        raise ValueError(error)
+    for dp, pp, mp, cp, ep, mbs, ac, precision, sp, fp8 in _groups(
             shape, world=world, global_batch_size=global_batch_size, cluster=cluster, precisions=precisions,
             constraints=constraints, infeasible=infeasible):
         m = global_batch_size // dp // mbs
@@ -195,7 +208,7 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
         modes = [(shard, zero3) for shard, zero3 in dp_modes(dp, cp=cp, per_node=per_node)
                  if constraints.dp_mode in (None, dp_mode_name(dp, cp, shard, zero3))]
         wanted = constraints.schedules()
-        plan_of = partial(_plans, dp, pp, mp, m=m, mbs=mbs, precision=precision, ac=ac, sp=sp, cp=cp, ep=ep)
+        plan_of = partial(_plans, dp, pp, mp, m=m, mbs=mbs, precision=precision, ac=ac, sp=sp, cp=cp, ep=ep, fp8=fp8)
         by_schedule = [(partial(plan_of, name, v, modes[:1], chunks[:1]), partial(plan_of, name, v, modes, chunks))
                        for name, v in schedule_choices(pp, shape.layers + traits.extra_stages)
                        if modes and (wanted is None or name in wanted)

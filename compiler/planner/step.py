@@ -122,6 +122,8 @@ def data_parallel_seconds(c: ParallelPlan, cluster: Cluster, traits: EngineTrait
         forward = backward = 0.0
     dtype = PRECISIONS[c.precision].autocast_dtype
     gather_bytes = dtype.itemsize if dtype else 4
+    if traits.fp8_all_gather and (c.fp8 or traits.float8_linears):
+        gather_bytes = 1  # the blocks' weights, nearly all of a stage's (the embedding and head counted so too)
 
     def dense_link(members: int):  # cp ranks (inner) times dp ranks
         return topology.dims_link([(min(members, c.cp), strides["cp"]), (max(1, members // c.cp), strides["dp"])])

@@ -17,10 +17,15 @@ Per rank: b sequences of T / cp tokens (context parallelism), M = b T / cp rows;
   softmax forward and backward); the embedding: a gather of rows.
 ``counted_flops`` is torch's FlopCounterMode count (3 x matmuls, 3.5 x attention without a causal
 discount), the unit of the CPU's calibrated rate.
+- ``--fp8``: the attention's and MLPs' linears and the experts run at the device's FP8 rate (layers.py); their
+  quantizers are memory-bound passes over each product's high-precision operands (``quantize_bytes``); the
+  router and the head stay in the precision.
 """
 
 from __future__ import annotations
 
+from compiler.fp8 import RECIPES
+from compiler.fp8.tensor import GRAD_DGRAD, GRAD_WGRAD
 from compiler.planner.devices import Gemm, LayerWork
 from compiler.planner.engines import EngineTraits
 from compiler.planner.shape import (
@@ -56,8 +61,23 @@ def _attention(shape: DecoderShape, kind: str, *, b: int, rows: float, t: int, c
     return products, 0.0, b * heads * q * keys, counted  # scores: elements (the device weighs their bytes)
 
 
+def quantize_bytes(gemms: list[Gemm], recipe: str, itemsize: int) -> tuple[float, float]:
+    """(forward, backward) bytes of the FP8 quantizers of these products (compiler/fp8/linear.py): each quantization
+    reads its high-precision operand once for the amax and once more to write one byte per element, 2a + 1 bytes
+    an element. Forward: x [m, k] and W [n, k]; backward: dy [m, n] once where the recipe's two layouts of it agree
+    (tensorwise) and twice elsewhere, W again for the input gradient and x again for the weight gradient."""
+    blocks = RECIPES[recipe].blocks
+    dy_passes = 1 if blocks[GRAD_DGRAD] == blocks[GRAD_WGRAD] else 2
+    per, forward, backward = 2 * itemsize + 1, 0.0, 0.0
+    for g in gemms:
+        x, w, dy = g.m * g.k * g.groups, g.n * g.k * g.groups, g.m * g.n * g.groups
+        forward += (x + w) * per
+        backward += (x + w + dy_passes * dy) * per
+    return forward, backward
+
+
 def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int, cp: int, ep: int, precision: str,
-               sequence_parallel: bool, traits: EngineTraits) -> LayerWork:
+               sequence_parallel: bool, traits: EngineTraits, fp8: str | None = None) -> LayerWork:
     b, t = micro_batch_size, mp
     a = PRECISIONS[precision].dtype.itemsize
     rows = b * shape.seq_len / cp
@@ -66,14 +86,17 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
     replicated = 10 * shape.d_model / (t if sequence_parallel else 1)
     split = 2 * (shape.q_width + 2 * shape.kv_width) / t + 2 * shape.q_width / t
     grouped: list[Gemm] = []
+    quantized = list(gemms)  # the linears FP8 runs: not the router
     if mlp_kind(kind) == DENSE:
         gemms += _linears(mlp_matrices(shape, shape.mlp_width, t), rows)
+        quantized = list(gemms)
         split += (3 if shape.mlp == "swiglu" else 2) * shape.mlp_width / t
         elementwise = rows * (replicated + split) * a
     else:
         moe = moe_mlp_work(shape, micro_batch_size=b, mp=t, cp=cp, ep=ep, precision=precision)
         gemms += list(moe.gemms)
         grouped = list(moe.grouped)
+        quantized += [*moe.gemms[1:], *grouped]  # moe.gemms[0]: the router
         elementwise = rows * (replicated + split) * a + moe.elementwise_bytes
     matmul_forward = sum(g.flops for g in gemms + grouped)
     return LayerWork(tuple(gemms + batched), tuple(grouped), attention_flops=flash, attention_head_dim=shape.head_dim,
@@ -82,7 +105,7 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
                      counted_flops=3 * matmul_forward + 3.5 * attention_counted,
                      counted_forward_flops=matmul_forward + attention_counted,
                      tensor_parallel_modules=tensor_parallel_modules(shape, kind, sequence_parallel=sequence_parallel)
-                     if mp > 1 else 0)
+                     if mp > 1 else 0, quantize_bytes=quantize_bytes(quantized, fp8, a) if fp8 else (0.0, 0.0))
 
 
 def moe_mlp_work(shape: DecoderShape, *, micro_batch_size: int, mp: int, cp: int, ep: int, precision: str) -> LayerWork:

@@ -11,6 +11,7 @@ from compiler.planner.cluster import resolve_cluster
 from compiler.planner.precision_probe import check_calibration
 from compiler.planner.search import Estimate
 from compiler.precisions import PRECISIONS
+from runtime.commands.flag_table import fp8_choices
 from runtime.commands.flags import AUTO_CHOSEN, build_config, explicit_flags, with_default_logdir
 from runtime.config import ConfigError, TrainConfig, plan_checker
 from runtime.config import validate as validate_config
@@ -21,9 +22,10 @@ def auto_config(args: argparse.Namespace, argv: list[str], *, world: int) -> tup
     machine (pure computation, the same on every rank), and lines to print.
 
     Mesh, schedule, virtual stages, micro-batching and activation checkpointing are chosen; the precision too
-    unless --precision is given. The global batch is --global-batch-size, else 32. One planner for every
-    device: on a CUDA machine the plan is priced on its GPU's preset, on CPU with this machine's calibration
-    (in fp32 only when the calibration is of another CPU, compiler/planner/precision_probe.py).
+    unless --precision is given; an FP8 recipe only under --fp8 any (--fp8 X is held). The global batch is
+    --global-batch-size, else 32. One planner for every device: on a CUDA machine the plan is priced on its GPU's
+    preset, on CPU with this machine's calibration (in fp32 only when the calibration is of another CPU,
+    compiler/planner/precision_probe.py).
     """
     given = explicit_flags(argv)
     clashes = [flag for flag in AUTO_CHOSEN if flag in given]
@@ -51,6 +53,8 @@ def auto_config(args: argparse.Namespace, argv: list[str], *, world: int) -> tup
     # What the user gave beside --auto is held: sequence parallelism, context and expert parallelism.
     held = {"sequence_parallel": True} if "--sequence-parallel" in given else {}
     held.update({dim: getattr(args, dim) for dim in ("cp", "ep") if f"--{dim}" in given})
+    if args.fp8:  # --fp8 X holds the recipe, --fp8 any lets the planner choose one or none
+        held["fp8"] = fp8_choices(args.fp8)
     try:
         best = best_plan(base.model, world=world, global_batch_size=gbs, cluster=cluster, precisions=precisions,
                          validate=plan_checker(base), held=held, lora=base.lora)

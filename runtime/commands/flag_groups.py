@@ -133,7 +133,7 @@ def add_placement_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_precision_flag(p: argparse.ArgumentParser) -> None:
-    add_plan_flags(p, ("precision",))
+    add_plan_flags(p, ("precision", "fp8"))
 
 
 def add_optim_flags(p: argparse.ArgumentParser) -> None:

@@ -11,9 +11,12 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from compiler.fp8 import RECIPES
 from compiler.parallel_plan import AC, AC_MODES, DEFAULT_SCHEDULE, ParallelPlan
 from compiler.precisions import PRECISIONS
 from compiler.schedules import SCHEDULES
+
+FP8_ANY = "any"  # --fp8 any: the planner chooses a recipe (or none)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,11 @@ PLAN_FLAGS: tuple[PlanFlag, ...] = (
              + ". Default: bf16 where the device computes it fast (CUDA compute capability >= 8.0, a CPU with AVX-512 "
              "BF16 or AMX), else fp32. fp32 on CUDA computes matrix products in TF32 (runtime/device.py)",
              type=None, choices=tuple(PRECISIONS)),
+    PlanFlag("fp8", "--fp8", None, "run the attention, MLP and expert matrix products in FP8 on top of --precision "
+             "(the embedding, LM head, routers and norms stay in it), scales over each whole tensor on any mesh: "
+             + "; ".join(f"{r.name} = {r.description}" for r in RECIPES.values())
+             + f"; {FP8_ANY} = let --auto (or run.py plan) choose a recipe or none", type=None,
+             choices=(*RECIPES, FP8_ANY)),
     PlanFlag("ac", "--activation-checkpointing", AC.NONE.value, "recompute in the backward pass to save activation "
              "memory: full (also the flag alone) keeps only each transformer block's input; selective keeps its matrix "
              "products' and attention's outputs and recomputes the rest (norms, activations, RoPE: little compute)",
@@ -96,10 +104,18 @@ def add_plan_flags(group: argparse._ActionsContainer, fields: tuple[str, ...], *
             group.add_argument(f.flag, dest=f.field, type=f.type, choices=f.choices, default=default, help=f.help)
 
 
+def fp8_choices(flag: str | None) -> tuple[str | None, ...]:
+    """The recipes a plan search may choose for --fp8 (None: no FP8): none without the flag, the one named, or any
+    recipe or none with ``--fp8 any``."""
+    if flag is None:
+        return (None,)
+    return (None, *RECIPES) if flag == FP8_ANY else (flag,)
+
+
 def plan_flags(plan: ParallelPlan) -> list[str]:
     """run.py flags that train exactly ``plan`` (model flags are the caller's). A field at the value the engine
-    takes without its flag is left out (cp, ep at 1, DP mode FSDP, reduce in fp32, the automatic split)."""
-    implied = {"cp": 1, "ep": 1, "dp_shard": None, "reduce_dtype": "fp32", "split": "auto", "ac": AC.NONE}
+    takes without its flag is left out (cp, ep at 1, DP mode FSDP, reduce in fp32, the automatic split, no FP8)."""
+    implied = {"cp": 1, "ep": 1, "dp_shard": None, "reduce_dtype": "fp32", "split": "auto", "ac": AC.NONE, "fp8": None}
     out: list[str] = []
     for f in PLAN_FLAGS:
         value = getattr(plan, f.field)

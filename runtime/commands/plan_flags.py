@@ -12,7 +12,7 @@ from compiler.planner.search import Estimate
 from compiler.planner.shape import DecoderShape, activated_parameter_count, default_mlp_width, parameter_count
 from models.spec import Experts
 from runtime.commands.flag_groups import add_model_shape_flags
-from runtime.commands.flag_table import add_plan_flags
+from runtime.commands.flag_table import add_plan_flags, fp8_choices
 from runtime.commands.flags import named_model
 from runtime.config import ConfigError
 
@@ -33,7 +33,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--first-dense-layers", type=int, default=0, help="the first K blocks keep the dense MLP")
     g = p.add_argument_group("a plan to price (what is left open is searched and printed)")
     add_plan_flags(g, ("dp", "pp", "mp", "cp", "ep", "micro_batch_size", "schedule", "stages_per_rank", "ac",
-                       "sequence_parallel"), searched=True)
+                       "sequence_parallel", "fp8"), searched=True)
     g.add_argument("--no-activation-checkpointing", dest="ac", action="store_const", const="none",
                    help="hold activation checkpointing off")
     g.add_argument("--dp-mode", help="none, fsdp, zero3, replicate or hsdp:N (FSDP runs over dp x cp: at --dp 1 "
@@ -108,7 +108,9 @@ def constraints_from_args(args: argparse.Namespace, world: int) -> Constraints:
                        micro_batch_size=args.micro_batch_size, schedule=args.schedule,
                        stages_per_rank=args.stages_per_rank, ac=args.ac, dp_mode=mode,
                        sequence_parallel=args.sequence_parallel, chunked_loss=args.chunked_loss,
-                       max_mp=args.max_mp, max_cp=args.max_cp, max_ep=args.max_ep, headroom=args.headroom)
+                       max_mp=args.max_mp, max_cp=args.max_cp, max_ep=args.max_ep, headroom=args.headroom,
+                       fp8=fp8_choices(args.fp8))
+
 
 
 def describe_shape(shape: DecoderShape) -> str:

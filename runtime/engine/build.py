@@ -16,8 +16,10 @@ from typing import Callable
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from compiler.fp8 import RECIPES
 from compiler.parallelize.data_parallel import DataParallelOptions
 from compiler.parallelize.expert_parallel import MoeMeshes, moe_modules
+from compiler.parallelize.float8 import Fp8Options
 from compiler.parallelize.stages import LocalStages, StageMeshes, build_local_stages
 from compiler.partition import rank_costs
 from compiler.precisions import PRECISIONS
@@ -60,6 +62,7 @@ class Engine:
     tied: TiedWeights | None
     replicated: ReplicatedGradients | None
     bound_cores: dict[int, int] | None
+    fp8: Fp8Options | None = None  # --fp8: the recipe and this rank's amax guard
 
     @property
     def dp_rank(self) -> int:
@@ -126,6 +129,7 @@ def build_engine(cfg: TrainConfig, *, env: LaunchEnv, device: torch.device, init
            if MOE in spec_of(cfg.model).block_kinds(cfg.model) else None)
     meshes = StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout), moe=moe)
     dtype = PRECISIONS[plan.precision].autocast_dtype
+    fp8 = Fp8Options(RECIPES[plan.fp8]) if plan.fp8 else None
     stages = build_local_stages(
         cfg.model, blocks_per_stage=stage_plan.blocks_per_stage,
         stage_indices=spec.stage_indices(pp_rank, pp=plan.pp, stages_per_rank=plan.stages_per_rank),
@@ -134,12 +138,12 @@ def build_engine(cfg: TrainConfig, *, env: LaunchEnv, device: torch.device, init
                                           reduce_dtype=reduce_dtype(plan.reduce_dtype)),
         initial_value=initial_value, compile_blocks=cfg.compile_blocks, sequence_parallel=plan.sequence_parallel,
         model_inputs=model_input_count(document_mask=cfg.data.document_mask, cp=plan.cp),
-        context_parallel=mesh["cp"] if plan.cp > 1 else None, message_dtype=dtype, lora=cfg.lora)
+        context_parallel=mesh["cp"] if plan.cp > 1 else None, message_dtype=dtype, lora=cfg.lora, fp8=fp8)
     tied = _tied_weights(cfg, stages, mesh, pp_rank, stage_plan.n_stages)
     replicated = (_replicated_gradients(cfg, stages, data_parallel_mesh(mesh, layout, timeout=timeout), tied)
                   if layout.replicated else None)
     return Engine(cfg=cfg, rank=env.rank, device=device, layout=layout, mesh=mesh, stage_plan=stage_plan, stages=stages,
-                  moe=moe, tied=tied, replicated=replicated, bound_cores=bound_cores)
+                  moe=moe, tied=tied, replicated=replicated, bound_cores=bound_cores, fp8=fp8)
 
 
 def reduce_dtype(name: str) -> torch.dtype | None:
@@ -238,5 +242,6 @@ def build_step_context(engine: Engine, *, profiler: Callable[[object], Profiler]
         bias_rate=cfg.expert_bias_rate, device=engine.device, context_parallel=plan.cp)
     ctx = StepContext(pipeline=pipeline, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
                       grad_clip=cfg.optim.grad_clip, loss_replicas=layout.plane_size, plane_size=layout.plane_size,
-                      microbatches=plan.microbatches, experts=experts, trained_tokens=trained_tokens)
+                      microbatches=plan.microbatches, experts=experts, trained_tokens=trained_tokens,
+                      fp8_guard=engine.fp8.guard if engine.fp8 else None)
     return ctx, profiling

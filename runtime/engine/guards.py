@@ -1,7 +1,8 @@
 """Divergence guards: stop a run that has silently stopped learning, before it overwrites a good checkpoint.
 
 fp32 / bf16: a step whose global loss or gradient norm is not finite would write NaN into every weight,
-so the trainer skips its update (like fp16's scaler does) and the guard counts it; ``max_bad_steps``
+so the trainer skips its update (like fp16's scaler does) and the guard counts it, as it counts a step skipped
+for an inf or NaN FP8 amax (--fp8); ``max_bad_steps``
 such steps in a row stop the run. One bad batch is survivable, a broken model is not.
 
 fp16: the grad scaler already skips overflowing steps and halves the loss scale. A few skips are how
@@ -38,7 +39,8 @@ class DivergenceGuard:
 
         ``loss_scale`` is the fp16 scale after this step's update (ignored without loss scaling).
         """
-        bad = skipped if self.loss_scaling else not (math.isfinite(loss) and math.isfinite(grad_norm))
+        # Without loss scaling a step is skipped for a non-finite loss or norm, or for a non-finite FP8 amax (--fp8).
+        bad = skipped if self.loss_scaling else skipped or not (math.isfinite(loss) and math.isfinite(grad_norm))
         if bad:
             self.streak_start = step if self.streak == 0 else self.streak_start
             self.streak += 1
@@ -56,8 +58,8 @@ class DivergenceGuard:
                     f"{self.max_bad_steps}; loss scale now {loss_scale:g}")
         elif self.streak >= self.max_bad_steps:
             raise DivergenceError(
-                f"training diverged at step {step}: non-finite loss or gradient norm for {self.streak} consecutive "
-                f"step(s) (steps {self.streak_start}-{step}, --max-bad-steps {self.max_bad_steps}); last: loss "
+                f"training diverged at step {step}: non-finite loss, gradient norm or FP8 amax for {self.streak} "
+                f"consecutive step(s) (steps {self.streak_start}-{step}, --max-bad-steps {self.max_bad_steps}); last: loss "
                 f"{loss}, gradient norm {grad_norm}")
 
     @property

@@ -2,10 +2,10 @@
 
 A step on every rank: run the pipeline schedule on this replica's micro-batches (under autocast),
 unscale fp16 gradients (world-wide found-inf vote), one world all-reduce of [grad-norm^2, loss, stop
-requested, ranks still writing a background checkpoint] (the last two: runtime/engine/preemption.py,
-runtime/checkpoint/saving.py),
-clip to the global norm, optimizer step (skipped together on fp16 overflow, or on a non-finite loss or
-norm otherwise), scale update, LR step (not after a skipped step).
+requested, ranks still writing a background checkpoint, ranks whose FP8 amaxes were not finite] (the stop and
+writing flags: runtime/engine/preemption.py, runtime/checkpoint/saving.py; the FP8 guard: compiler/fp8/guard.py),
+clip to the global norm, optimizer step (skipped together on fp16 overflow, on a non-finite FP8 amax anywhere, or
+on a non-finite loss or norm otherwise), scale update, LR step (not after a skipped step).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
+from compiler.fp8 import AmaxGuard
 from compiler.parallelize.stages import LocalStages
 from compiler.schedules import evaluation_pass
 from runtime.device import synchronize
@@ -43,6 +44,7 @@ class StepStats:
     lr: float
     stop: bool = False  # some rank asked to stop (a preemption signal) before this step's all-reduce
     writing: bool = False  # some rank was still writing a background checkpoint at this step's all-reduce
+    fp8_skipped: bool = False  # skipped because some rank's FP8 amax was inf or NaN (--fp8)
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,7 @@ class StepContext:
     microbatches: int = 1  # m per replica and step
     experts: ExpertBalance | None = None  # a mixture-of-experts model's per-step bookkeeping (runtime/engine/experts.py)
     trained_tokens: TrainedTokens | None = None  # chat data: the loss's global count of trained targets (token_mean.py)
+    fp8_guard: AmaxGuard | None = None  # --fp8: set when an amax of this rank's step was inf or NaN
 
     @property
     def device(self) -> torch.device:
@@ -129,6 +132,8 @@ def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *,
     lr = ctx.optimizer.param_groups[0]["lr"]
     if ctx.experts is not None:
         ctx.experts.before_step(loss_scale=scale, microbatches=ctx.microbatches)
+    if ctx.fp8_guard is not None:
+        ctx.fp8_guard.take()  # what validation's forwards saw is not this step's
     losses = forward_backward(ctx, inputs, targets)
 
     recorder = ctx.pipeline.recorder
@@ -152,18 +157,27 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
     tied = ctx.pipeline.tied
     distinct = [p for p in params if id(p) not in tied.duplicates] if tied else params
     local_loss = loss_value(losses, scale=scale) if losses else torch.zeros((), dtype=torch.float64)
-    # (stop requested, still writing): summed, so > 0 means "on some rank"
-    flag_values = torch.tensor([float(f) for f in flags], dtype=torch.float64, device=ctx.device)
+    # (stop requested, still writing, an FP8 amax not finite): summed, so > 0 means "on some rank"
+    fp8_found = ctx.fp8_guard.take() if ctx.fp8_guard is not None else None
+    flag_values = torch.tensor([float(f) for f in flags] + [0.0], dtype=torch.float64, device=ctx.device)
+    if fp8_found is not None:
+        flag_values[2] = fp8_found.to(ctx.device, torch.float64)
     packed = torch.cat([torch.stack([local_grad_sq_norm(distinct, plane_size=ctx.plane_size), local_loss.to(ctx.device)]),
                         flag_values])
     if dist.is_initialized():
         dist.all_reduce(packed)
     grad_norm = float(packed[0].sqrt())
     loss = float(packed[1]) / ctx.loss_replicas
-    stop_anywhere, writing_anywhere = bool(packed[2] > 0), bool(packed[3] > 0)
+    stop_anywhere, writing_anywhere, fp8_bad = bool(packed[2] > 0), bool(packed[3] > 0), bool(packed[4] > 0)
     clip_grads_(params, max_norm=ctx.grad_clip, total_norm=grad_norm)
 
-    if ctx.scaler.is_enabled():
+    if fp8_bad:
+        # A scale from an inf or NaN amax quantized a whole block to zeros or NaN: the gradients may look finite and
+        # still be wrong. Every rank saw the same vote and skips this update, as an fp16 overflow is skipped.
+        skipped = True
+        if ctx.scaler.is_enabled():
+            ctx.scaler.update()  # the scale follows its own found-inf vote
+    elif ctx.scaler.is_enabled():
         ctx.scaler.step(ctx.optimizer)  # skipped on every rank if any rank found inf/nan
         ctx.scaler.update()
         skipped = ctx.scaler.get_scale() < scale
@@ -181,7 +195,7 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
         ctx.lr_schedule.step()
     ctx.optimizer.zero_grad(set_to_none=True)
     return StepStats(loss=loss, grad_norm=grad_norm, loss_scale=scale, skipped=skipped, lr=lr, stop=stop_anywhere,
-                     writing=writing_anywhere)
+                     writing=writing_anywhere, fp8_skipped=fp8_bad)
 
 
 def _set_trained_tokens(ctx: StepContext, count: int | None) -> None:

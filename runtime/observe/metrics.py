@@ -9,7 +9,8 @@ import statistics
 from dataclasses import dataclass, field
 
 SCALAR_TAGS = (
-    "train/loss", "train/lr", "train/grad_norm", "train/loss_scale", "train/skipped_steps", "val/loss",
+    "train/loss", "train/lr", "train/grad_norm", "train/loss_scale", "train/skipped_steps", "train/fp8_skipped_steps",
+    "val/loss",
     "val/perplexity", "data/epoch",
     "perf/step_time_s", "perf/samples_per_sec", "perf/tokens_per_sec", "perf/mfu", "mem/peak_bytes",
 )

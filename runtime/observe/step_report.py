@@ -47,6 +47,7 @@ class StepReporter:
         self.grad_norms: list[float] = []
         self.val_losses: list[tuple[int, float]] = []
         self.skipped = 0
+        self.fp8_skipped = 0  # of those, skipped for an inf or NaN FP8 amax (--fp8)
         self.expert_loads: dict[int, dict[str, float]] = {}  # step -> max / mean tokens per expert of each MoE layer
         self.peak_by_step: dict[int, float] = {}
         self.started = time.perf_counter()
@@ -59,9 +60,13 @@ class StepReporter:
         self.losses.append(stats.loss)
         self.grad_norms.append(stats.grad_norm)
         self.skipped += stats.skipped
+        self.fp8_skipped += stats.fp8_skipped
+        if stats.fp8_skipped:
+            self.note(f"step {n}: skipped: an FP8 amax was inf or NaN ({self.fp8_skipped} such step(s) so far)")
         self.logger.scalars(n, {
             "train/loss": stats.loss, "train/lr": stats.lr, "train/grad_norm": stats.grad_norm,
             "train/loss_scale": stats.loss_scale, "train/skipped_steps": self.skipped,
+            "train/fp8_skipped_steps": self.fp8_skipped,
             "perf/step_time_s": step_time, "perf/samples_per_sec": t.samples_per_sec(step_time),
             "perf/tokens_per_sec": t.tokens_per_sec(step_time), "perf/mfu": t.mfu(step_time),
         })
@@ -122,4 +127,5 @@ class StepReporter:
             "tokens_per_sec": t.tokens_per_sec(steady),
             "mfu": t.mfu(steady),
             "skipped_steps": self.skipped,
+            "fp8_skipped_steps": self.fp8_skipped,
         }

@@ -4,6 +4,7 @@ LR schedule; a good step does both. (Skips on real ranks: tests/runtime/engine/t
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -59,3 +60,24 @@ def test_a_skipped_step_moves_neither_the_weights_nor_the_lr_schedule(world_of_o
     assert not _step(ctx, 0.5, 2.0).skipped  # the next good step takes the schedule's next rate
     assert ctx.lr_schedule.last_epoch == position + 1 and ctx.optimizer.param_groups[0]["lr"] > lr  # warming up
     assert not torch.equal(weight, before)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_an_fp8_amax_that_is_not_finite_skips_the_step_with_finite_gradients(world_of_one, precision):
+    """--fp8: an inf or NaN amax may leave finite (but wrong) gradients; the guard's vote skips the step anyway."""
+    from compiler.fp8 import AmaxGuard
+
+    guard = AmaxGuard()
+    ctx = dataclasses.replace(_context(precision, fused=False), fp8_guard=guard)
+    guard.observe(torch.tensor([1.0, 2.0]))
+    stats = _step(ctx, 0.5, 2.0)
+    assert not stats.skipped and not stats.fp8_skipped
+    (weight,) = ctx.stages.parameters()
+    before, position = weight.detach().clone(), ctx.lr_schedule.last_epoch
+    guard.observe(torch.tensor([1.0, float("inf")]))
+    guard.observe(torch.tensor([3.0]))  # a later finite amax does not clear it
+    stats = _step(ctx, 0.5, 2.0)
+    assert stats.skipped and stats.fp8_skipped
+    assert torch.equal(weight, before) and ctx.lr_schedule.last_epoch == position
+    assert guard.take() is None  # the step took the flag
+    assert not _step(ctx, 0.5, 2.0).skipped
