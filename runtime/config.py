@@ -115,6 +115,7 @@ class TrainConfig:
     checkpoint_timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S  # --checkpoint-timeout: saving and loading
     device: str = "cpu"  # --device, resolved: "cpu" (gloo) or the accelerator's type ("cuda": NCCL)
     expert_bias_rate: float = 0.0  # --expert-bias-rate: gamma of the MoE selection-bias update (0: none)
+    mtp_loss_weight: float = 0.3  # --mtp-loss-weight: the MTP depths' mean loss's weight (the model's mtp_depth: how many)
 
     @property
     def global_batch_size(self) -> int:

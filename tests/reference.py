@@ -6,7 +6,7 @@ the whole global batch with the same initial weights, data rows, optimizer setti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,7 @@ class ReferenceRun:
     grad_norms: list[float]
     first_step_grads: dict[str, torch.Tensor]  # by parameter name, before clipping
     final_val_loss: float | None = None  # the mean loss over --eval-batches validation batches after the last step
+    mtp_losses: list[float] = field(default_factory=list)  # the MTP depths' mean loss per step (--mtp-depth)
 
 
 def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
@@ -35,7 +36,10 @@ def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
     schedule = build_lr_schedule(optimizer, warmup_steps=cfg.optim.warmup_steps, total_steps=cfg.optim.steps)
     run = ReferenceRun([], [], {})
     for step in range(steps):
-        loss = _batch_loss(model, data.train, step, cfg)
+        loss, mtp = _batch_losses(model, data.train, step, cfg)
+        if mtp is not None:
+            run.mtp_losses.append(mtp.item())
+            loss = loss + cfg.mtp_loss_weight * mtp
         loss.backward()
         if step == 0:
             run.first_step_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -55,15 +59,54 @@ def train_reference(cfg: TrainConfig, *, steps: int) -> ReferenceRun:
 
 
 def _batch_loss(model: torch.nn.Module, source, index: int, cfg: TrainConfig) -> torch.Tensor:
-    """The mean loss of global batch ``index`` of ``source`` (the training or validation corpus)."""
+    """The mean next-token loss of global batch ``index`` of ``source`` (validation: no MTP term)."""
+    return _batch_losses(model, source, index, cfg, train=False)[0]
+
+
+def _batch_losses(model: torch.nn.Module, source, index: int, cfg: TrainConfig, *,
+                  train: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The mean next-token loss of global batch ``index`` of ``source`` (the training or validation corpus) and, in
+    training with MTP depths, their mean loss."""
     positions = source.positions(index, 0, cfg.global_batch_size) if cfg.data.document_mask else None
     inputs, targets = model_batch(source.rows(index, 0, cfg.global_batch_size), positions)
-    logits = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    hidden = model.hidden(*inputs)
+    logits = model.logits(hidden)
     if cfg.data.no_loss_across_documents:  # no loss where the input token ends a document; mean over every position
-        tokens = inputs[0] if isinstance(inputs, tuple) else inputs
         losses = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
-        return (losses * (tokens.flatten() != cfg.data.eod_token)).sum() / losses.numel()
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        loss = (losses * (inputs[0].flatten() != cfg.data.eod_token)).sum() / losses.numel()
+    else:
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    depth = cfg.model.mtp_depth
+    if not (train and depth):
+        return loss, None
+    return loss, _mtp_loss(model, hidden, inputs, targets, depth=depth, cfg=cfg)
+
+
+def _mtp_loss(model: torch.nn.Module, hidden: torch.Tensor, inputs: tuple, targets: torch.Tensor, *, depth: int,
+              cfg: TrainConfig) -> torch.Tensor:
+    """(1/D) sum_k of depth k's summed loss over the positions i with a token t_{i+k+1} in the window, in the same
+    document as t_i (packed documents), not following an end of document (--no-loss-across-documents), divided by
+    every position of the batch (DeepSeek-V3 eq. 24-25)."""
+    tokens, (b, t) = inputs[0], inputs[0].shape
+    documents = inputs[2] if len(inputs) == 3 else None
+    future = torch.zeros(b, t, depth, dtype=torch.long)
+    for k in range(1, depth + 1):
+        future[:, :t - k, k - 1] = tokens[:, k:]
+    depth_logits = model.mtp(hidden, future, model.head, *inputs[1:])
+    total = torch.zeros(())
+    for k in range(1, depth + 1):
+        keep = torch.zeros(b, t, dtype=torch.bool)
+        keep[:, :t - k] = True
+        if documents is not None:
+            keep[:, :t - k] &= documents[:, k:] == documents[:, :t - k]
+        if cfg.data.no_loss_across_documents:
+            keep[:, :t - k] &= tokens[:, k:] != cfg.data.eod_token
+        labels = torch.zeros(b, t, dtype=torch.long)
+        labels[:, :t - k] = targets[:, k:]
+        losses = F.cross_entropy(depth_logits[k - 1].flatten(0, 1), labels.flatten(), reduction="none")
+        total = total + (losses * keep.flatten()).sum() / losses.numel()
+    return total / depth
 
 
 def _update_expert_biases(model: torch.nn.Module, *, rate: float) -> None:

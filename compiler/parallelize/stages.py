@@ -27,7 +27,7 @@ from compiler.parallelize.materialize import materialize
 from compiler.parallelize.message_dtype import apply_message_dtype
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
 from compiler.trace import restore_eager_modules, trace_pipeline
-from models import spec_of
+from models import MTP, mtp_depth, mtp_model_plan, spec_of, tied_weights
 
 
 @dataclass
@@ -92,24 +92,31 @@ def build_local_stages(
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
     spec = spec_of(cfg)
-    tied = spec.tied_weights if cfg.tie_embeddings else {}
+    tied = tied_weights(cfg)
     with torch.device("meta"):
-        # A tied head gets a weight of its own: the two copies may live on different stages.
+        # A tied head (and the MTP depths' embedding) gets a weight of its own: the copies may live on other stages.
         model = spec.build(cfg, share_tied_weights=False)
         cp = context_parallel.size() if context_parallel is not None else 1
         tokens = torch.zeros(micro_batch_size, cfg.seq_len // cp, dtype=torch.long)  # (b, T/cp)
         example = (tokens, *(torch.zeros_like(tokens) for _ in range(model_inputs - 1))) if model_inputs > 1 else tokens
-    pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage)
+    depth = mtp_depth(cfg)
+    pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage, hidden_output=depth > 0)
+    model_plan = {**spec.model_plan(sequence_parallel=sequence_parallel),
+                  **mtp_model_plan(depth, sequence_parallel=sequence_parallel)}
     modules, stages, factors = [], [], {}
     for index in indices:
         module = pipe.get_stage_module(index)
+        if depth and index == n_stages - 1:
+            # The MTP depths run in the last stage's loss function (runtime/engine/mtp_loss.py), outside its graph:
+            # held here, every step below treats them as the stage's own modules.
+            module.add_module(MTP, getattr(model, MTP))
         restore_eager_modules(module, model)
         restore_linear_modules(module, model)
         if context_parallel is not None:
             ContextParallelAttention.apply(module, context_parallel)
         if meshes.mp.size() > 1:
             apply_tp(module, meshes.mp, block_plan=spec.block_plan(sequence_parallel=sequence_parallel),
-                     model_plan=spec.model_plan(sequence_parallel=sequence_parallel), sequence_parallel=sequence_parallel)
+                     model_plan=model_plan, sequence_parallel=sequence_parallel)
         if meshes.moe is not None:
             apply_moe_parallelism(module, meshes.moe, sequence_parallel=sequence_parallel and meshes.mp.size() > 1)
         share_tied_weights(module, tied)

@@ -4,11 +4,11 @@ YaRN, and a mixture of experts with DeepSeek-V3's router (sigmoid scores, group-
 ``e_score_correction_bias``, weights renormalised then times ``routed_scaling_factor``) and shared experts, after
 ``first_k_dense`` dense blocks (``first_k_dense_replace``).
 
-Sizes: ``deepseek-v3`` is the released 671B model (37B activated) without its multi-token-prediction module;
+Sizes: ``deepseek-v3`` is the released 671B model (37B activated; its one multi-token-prediction depth: ``--mtp-depth 1``);
 ``deepseek-v3-16b`` DeepSeek-V2-Lite's shape (torchtitan's "16B": 15.7B, 2.4B activated; no q LoRA rank) with V3's
 router and YaRN (V2-Lite's mscale 0.707); ``deepseek-v3-debug`` a tiny model for tests with every part of the real
 sizes (a q LoRA rank, dense and MoE blocks, groups, YaRN with its softmax factor, a v head dimension of its own).
-``num_nextn_predict_layers`` (multi-token prediction) is kept from config.json; its modules are not built.
+``mtp_depth`` is config.json's ``num_nextn_predict_layers`` (multi-token prediction, models/common/mtp.py).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class DeepseekV3Config:
     tie_embeddings: bool = False
     norm_eps: float = 1e-6
     max_position_embeddings: int = 4096
-    num_nextn_predict_layers: int = 0  # multi-token-prediction modules of the checkpoint (not built here)
+    mtp_depth: int = 0  # multi-token-prediction depths trained beside the model (models/common/mtp.py); 0: none
     router_init_std: float = 0.02  # the router's initial weights; the debug size's are wide apart
     family: str = field(default="deepseek_v3", init=False)
 
@@ -99,6 +99,9 @@ def latent_attention(cfg: DeepseekV3Config) -> LatentSizes:
 def config_from_dict(d: dict) -> DeepseekV3Config:
     """A checkpoint manifest's dict (``dataclasses.asdict`` made YaRN a dict) -> the config."""
     yarn = d.get("rope_yarn")
+    # Manifests written before multi-token prediction trained kept the folder's ``num_nextn_predict_layers`` but built
+    # no modules for it: those runs had none.
+    d = {k: v for k, v in d.items() if k != "num_nextn_predict_layers"}
     return DeepseekV3Config(**{**d, "rope_yarn": YaRN(**yarn) if isinstance(yarn, dict) else yarn})
 
 
@@ -123,7 +126,7 @@ MODEL_SIZES: dict[str, DeepseekV3Config] = {
     "deepseek-v3": DeepseekV3Config(
         n_layers=61, d_model=7168, n_heads=128, vocab_size=129280, mlp_width=18432, q_lora_rank=1536, n_experts=256,
         top_k=8, expert_width=2048, n_shared_experts=1, first_k_dense=3, n_group=8, topk_group=4,
-        routed_scaling_factor=2.5, num_nextn_predict_layers=1, rope_yarn=_YARN, **_PUBLISHED),
+        routed_scaling_factor=2.5, rope_yarn=_YARN, **_PUBLISHED),
 }
 
 _FLAG_FIELDS = ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "mlp_width", "tie_embeddings")

@@ -94,6 +94,14 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="mixture-of-experts models: auxiliary-loss-free load balancing (DeepSeek-V3): a selection-only "
                         "bias per expert, moved by GAMMA toward the mean load after every step (DeepSeek-V3: 0.001); "
                         "0: none")
+    g.add_argument("--mtp-depth", type=int, metavar="D",
+                   help="multi-token prediction (DeepSeek-V3 sec. 2.2), any family: D sequential modules (the family's "
+                        "block, a 2d -> d projection, norms; embedding and head shared) predict the tokens 2..D+1 "
+                        "ahead, trained beside the model on the last pipeline stage (default: the --init-from folder's "
+                        "num_nextn_predict_layers, else 0; generate and eval ignore them)")
+    g.add_argument("--mtp-loss-weight", type=float, default=0.3, metavar="W",
+                   help="with --mtp-depth: the loss is the next-token loss + W x the depths' mean loss (DeepSeek-V3: "
+                        "0.3, then 0.1)")
 
 
 def add_pipeline_flags(p: argparse.ArgumentParser) -> None:

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
+from compiler.parallelize.cross_entropy import vocabulary_shard
 from compiler.parallelize.data_parallel import DataParallelOptions
 from compiler.parallelize.expert_parallel import MoeMeshes, moe_modules
 from compiler.parallelize.stages import LocalStages, StageMeshes, build_local_stages
@@ -23,7 +24,7 @@ from compiler.partition import rank_costs
 from compiler.precisions import PRECISIONS
 from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import StagePlan, plan_stages
-from models import moe_layer_names, spec_of
+from models import moe_layer_names, mtp_depth, spec_of, tied_weights
 from models.spec import MOE
 from runtime.config import TrainConfig
 from runtime.distributed.collectives import broadcast_object
@@ -34,6 +35,7 @@ from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
 from runtime.engine.data.batches import replica_rows
 from runtime.engine.data.inputs import ContextSlice, model_input_count
 from runtime.engine.experts import ExpertBalance
+from runtime.engine.mtp_loss import MtpObjective, mtp_objective
 from runtime.engine.optim import build_lr_schedule, build_optimizer
 from runtime.engine.replicate import ReplicatedGradients
 from runtime.engine.step import PipelineContext, StepContext
@@ -170,11 +172,13 @@ def _agreed_stage_plan(cfg: TrainConfig, rank: int, device: torch.device) -> Sta
 
 def _tied_weights(cfg: TrainConfig, stages: LocalStages, mesh: DeviceMesh, pp_rank: int,
                   n_stages: int) -> TiedWeights | None:
-    """Tied embeddings with pp > 1: a copy on the first and the last stage, their gradients summed point to point."""
-    if not cfg.model.tie_embeddings:
+    """Tied embeddings (and the MTP depths' embedding) with pp > 1: a copy on the first and the last stage, their
+    gradients summed point to point."""
+    tied = tied_weights(cfg.model)
+    if not tied:
         return None
     plan, spec = cfg.plan, SCHEDULES[cfg.plan.schedule]
-    return TiedWeights(stages.named_parameters(), tied_weights=spec_of(cfg.model).tied_weights,
+    return TiedWeights(stages.named_parameters(), tied_weights=tied,
                        pp_group=mesh["pp"].get_group(), pp_rank=pp_rank,
                        first_pp=spec.stage_owner(0, pp=plan.pp, stages_per_rank=plan.stages_per_rank),
                        last_pp=spec.stage_owner(n_stages - 1, pp=plan.pp, stages_per_rank=plan.stages_per_rank))
@@ -214,9 +218,10 @@ def build_step_context(engine: Engine, *, profiler: Callable[[object], Profiler]
     per-step bookkeeping. ``profiler``: makes the step profiler from the schedule (``--profile``)."""
     cfg, plan = engine.cfg, engine.cfg.plan
     scaler = build_grad_scaler(plan.precision, engine.device.type)
+    mtp = _mtp_objective(engine)
     loss_fn = scaled_cross_entropy(scaler, microbatches=plan.microbatches, vocab_mesh=engine.vocab_mesh(),
                                    vocab_size=cfg.model.vocab_size,
-                                   over_every_position=cfg.data.no_loss_across_documents)
+                                   over_every_position=cfg.data.no_loss_across_documents, mtp=mtp)
     pipeline = engine.pipeline(loss_fn)
     profiling = profiler(pipeline.schedule) if profiler else None
     if profiling:
@@ -232,5 +237,16 @@ def build_step_context(engine: Engine, *, profiler: Callable[[object], Profiler]
         bias_rate=cfg.expert_bias_rate, device=engine.device, context_parallel=plan.cp)
     ctx = StepContext(pipeline=pipeline, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
                       grad_clip=cfg.optim.grad_clip, loss_replicas=layout.plane_size, plane_size=layout.plane_size,
-                      microbatches=plan.microbatches, experts=experts)
+                      microbatches=plan.microbatches, experts=experts, mtp_depth=mtp_depth(cfg.model), mtp=mtp)
     return ctx, profiling
+
+
+def _mtp_objective(engine: Engine) -> MtpObjective | None:
+    """The MTP depths' objective where this rank holds the last stage of a run with them (runtime/engine/mtp_loss.py)."""
+    stages, depth = engine.stages, mtp_depth(engine.cfg.model)
+    if not depth or not stages.has_last:
+        return None
+    mesh = engine.vocab_mesh()
+    return mtp_objective(stages.modules[stages.indices.index(stages.num_stages - 1)], depth=depth,
+                         weight=engine.cfg.mtp_loss_weight,
+                         shard=vocabulary_shard(mesh, engine.cfg.model.vocab_size) if mesh is not None else None)

@@ -27,6 +27,7 @@ from runtime.device import synchronize
 from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value
 from runtime.engine.experts import ExpertBalance
 from runtime.engine.grad_clip import clip_grads_, local_grad_sq_norm
+from runtime.engine.mtp_loss import MtpObjective
 from runtime.engine.partial_grads import sum_partial_gradients
 from runtime.engine.replicate import ReplicatedGradients
 from runtime.engine.tied import TiedWeights
@@ -42,6 +43,7 @@ class StepStats:
     lr: float
     stop: bool = False  # some rank asked to stop (a preemption signal) before this step's all-reduce
     writing: bool = False  # some rank was still writing a background checkpoint at this step's all-reduce
+    mtp_loss: float | None = None  # the MTP depths' mean loss over the global batch (``loss`` includes its weight)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,8 @@ class StepContext:
     plane_size: int  # dp x cp x mp: ranks sharing one pipeline stage
     microbatches: int = 1  # m per replica and step
     experts: ExpertBalance | None = None  # a mixture-of-experts model's per-step bookkeeping (runtime/engine/experts.py)
+    mtp_depth: int = 0  # multi-token-prediction depths (a run with them reports their loss)
+    mtp: MtpObjective | None = None  # their objective, on a rank holding the last stage (runtime/engine/mtp_loss.py)
 
     @property
     def device(self) -> torch.device:
@@ -150,8 +154,11 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
     local_loss = loss_value(losses, scale=scale) if losses else torch.zeros((), dtype=torch.float64)
     # (stop requested, still writing): summed, so > 0 means "on some rank"
     flag_values = torch.tensor([float(f) for f in flags], dtype=torch.float64, device=ctx.device)
+    # A run with MTP depths adds their loss (zero where this rank has no last stage: every rank sends one size)
+    local_mtp = ctx.mtp.take_mean() if ctx.mtp is not None else None
+    mtp = [(local_mtp if local_mtp is not None else torch.zeros(1, dtype=torch.float64)).reshape(1).to(ctx.device)]
     packed = torch.cat([torch.stack([local_grad_sq_norm(distinct, plane_size=ctx.plane_size), local_loss.to(ctx.device)]),
-                        flag_values])
+                        flag_values, *(mtp if ctx.mtp_depth else [])])
     if dist.is_initialized():
         dist.all_reduce(packed)
     grad_norm = float(packed[0].sqrt())
@@ -177,7 +184,7 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
         ctx.lr_schedule.step()
     ctx.optimizer.zero_grad(set_to_none=True)
     return StepStats(loss=loss, grad_norm=grad_norm, loss_scale=scale, skipped=skipped, lr=lr, stop=stop_anywhere,
-                     writing=writing_anywhere)
+                     writing=writing_anywhere, mtp_loss=float(packed[4]) / ctx.loss_replicas if ctx.mtp_depth else None)
 
 
 def evaluate(ctx: StepContext, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
