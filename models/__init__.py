@@ -20,8 +20,10 @@ from models.common.moe import MoE, experts_swiglu, inactive_expert_parameters
 from models.common.mtp import (
     MTP,
     MTP_EMBEDDING,
+    MTP_HF_COPIES,
     mtp_block_names,
     mtp_depth,
+    mtp_hf_prefix,
     mtp_model_plan,
     mtp_moe_names,
     with_multi_token_prediction,
@@ -142,7 +144,7 @@ def flops_per_token(cfg: Any) -> float:
 
 
 __all__ = ["BalanceLoss", "CausalAttention", "FAMILIES", "GROUPED_MM_FLOPS", "KVCache", "MODEL_NAMES", "MTP", "MTP_EMBEDDING",
-           "MoE", "ModelSpec", "mtp_block_names", "mtp_model_plan",
+           "MTP_HF_COPIES", "MoE", "ModelSpec", "mtp_block_names", "mtp_hf_prefix", "mtp_model_plan",
            "activated_parameter_count", "any_length_kernels", "build_model", "config_from_dict", "config_to_dict",
            "document_runs", "experts_swiglu", "flops_per_token", "generate", "init_weights", "mixture_of_experts_families",
            "moe_layer_names", "mtp_depth", "named_config", "parameter_count", "parameter_shapes", "spec_of",

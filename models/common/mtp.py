@@ -31,7 +31,6 @@ them. ``with_multi_token_prediction`` gives a family's spec all of this (models/
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import re
@@ -40,6 +39,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from models.common.norm import RMSNorm
 from models.spec import MOE, SEQUENCE_LINEAR, SEQUENCE_NORM, TOKEN_EMBEDDING, VOCAB_EMBEDDING, HFAdapter, ModelSpec
 
 MTP = "mtp"  # the model's attribute
@@ -47,7 +47,18 @@ MTP_EMBEDDING = f"{MTP}.embed"  # the token embedding's tied copy
 MTP_BLOCK = re.compile(r"mtp\.layers\.(\d+)\.block")
 _PARAMETER = re.compile(r"mtp\.layers\.(\d+)\.(enorm|hnorm|eh_proj|block|norm)\.(.+)")
 _HF_PARTS = {"enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "norm": "shared_head.norm"}
-HF_COPIES = ("embed_tokens.weight", "shared_head.head.weight")  # the release's copies of the shared tensors
+MTP_HF_COPIES = ("embed_tokens.weight", "shared_head.head.weight")  # the release's copies of the shared tensors
+
+
+def norm_like(norm: nn.Module) -> nn.Module:
+    """A new norm of ``norm``'s kind and settings (the family's final norm), on the default device. (Not a deep copy:
+    that reads a fake tensor's data pointer, which the cost model's FakeTensorMode build forbids.)"""
+    if isinstance(norm, RMSNorm):
+        return RMSNorm(norm.weight.shape[0], norm.eps)
+    if isinstance(norm, nn.LayerNorm):
+        return nn.LayerNorm(norm.normalized_shape, eps=norm.eps, elementwise_affine=norm.elementwise_affine,
+                            bias=norm.bias is not None)
+    raise TypeError(f"multi-token prediction: no rule to make a norm like {type(norm).__name__}")
 
 
 class MTPLayer(nn.Module):
@@ -55,11 +66,11 @@ class MTPLayer(nn.Module):
 
     def __init__(self, *, block: nn.Module, norm: nn.Module, d_model: int):
         super().__init__()
-        self.enorm = copy.deepcopy(norm)
-        self.hnorm = copy.deepcopy(norm)
+        self.enorm = norm_like(norm)
+        self.hnorm = norm_like(norm)
         self.eh_proj = nn.Linear(2 * d_model, d_model, bias=False)
         self.block = block
-        self.norm = copy.deepcopy(norm)
+        self.norm = norm_like(norm)
 
     def forward(self, hidden: torch.Tensor, embedded: torch.Tensor, *extras: torch.Tensor) -> torch.Tensor:
         """h^{k-1} (B, T, d) and Emb(t_{i+k}) (B, T, d) -> h^k (B, T, d); ``extras``: the block's positions and
@@ -156,7 +167,7 @@ def mtp_moe_names(spec: ModelSpec, cfg: Any) -> list[str]:
     return [f"{MTP}.layers.{k}.block.moe" for k, kind in enumerate(kinds) if kind == MOE]
 
 
-def hf_layer_prefix(hf: HFAdapter, cfg: Any, k: int) -> str:
+def mtp_hf_prefix(hf: HFAdapter, cfg: Any, k: int) -> str:
     """Where depth k's tensors live in Hugging Face files ("model.layers.61"), through ``hf``'s names."""
     (name,), _ = hf.from_hf(f"{MTP}.layers.{k}.eh_proj.weight", cfg)
     return name.removesuffix(".eh_proj.weight")

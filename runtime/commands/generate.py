@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from models import config_from_dict, generate, spec_of
+from models import MTP, config_from_dict, generate, spec_of, without_mtp
 from runtime.checkpoint.files import CheckpointError, verify_files
 from runtime.checkpoint.hf_weights import check_weights, position_limit, read_hf_model, read_state_dict
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
@@ -173,13 +173,16 @@ def model_source(args: argparse.Namespace) -> ModelSource:
         problems = verify_files(info, sorted(info.files))
         if problems:
             raise CheckpointError(problems[0])
-        return ModelSource(config_from_dict(info.config["model"]), f"{info.path} (step {info.step})",
-                           lambda: load_model_weights(info), info.path)
+        # generation ignores multi-token prediction: the model alone, without its MTP depths' tensors
+        model = config_from_dict(info.config["model"])
+        return ModelSource(without_mtp(model), f"{info.path} (step {info.step})",
+                           lambda: {n: t for n, t in load_model_weights(info).items() if not n.startswith(f"{MTP}.")},
+                           info.path)
     folder = Path(args.init_from)
     if not folder.is_dir():
         raise CheckpointError(f"--init-from {folder}: not a folder; generate reads a Hugging Face model folder "
                               f"(`run.py export --format hf` writes one) or a checkpoint (--checkpoint)")
-    weights = check_weights(read_hf_model(folder))
+    weights = check_weights(read_hf_model(folder, mtp_depth=0))
     cfg = weights.model.config
     return ModelSource(cfg, str(folder), lambda: read_state_dict(weights, cfg), folder)
 
