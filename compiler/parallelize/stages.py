@@ -5,7 +5,10 @@ The order is a checklist (as in torchtitan's ``parallelize_*``): tensor parallel
 ``nn.Linear`` modules, activation checkpointing wraps the sharded blocks, data parallelism shards last,
 over whatever parameters (plain or already TP-sharded DTensors) the stage then holds. Nothing has
 storage until ``materialize``, which allocates only this rank's shards: start-up memory is the rank's
-share of the model, not the whole model on every rank.
+share of the model, not the whole model on every rank. A model with multi-token-prediction depths
+(models/common/mtp.py) is traced returning its hidden state too, and its last stage holds the untraced ``mtp``
+module, which every step of the checklist treats as the stage's own (its blocks take the block plan, AC and FSDP
+units as the stage's blocks do).
 """
 
 from __future__ import annotations
@@ -88,7 +91,8 @@ def build_local_stages(
     tokens (1), with positions (2: a context-parallel slice of each sequence), and document ids (3: packed
     documents; runtime/engine/data/inputs.py). ``context_parallel``: the cp mesh; each rank holds 1/cp of every
     sequence and attention gathers keys and values over it. Activations and their gradients cross stages in
-    ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype)."""
+    ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype). With MTP depths the last stage returns
+    (logits, hidden state) and holds ``mtp`` (runtime/engine/mtp_loss.py runs it)."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
     spec = spec_of(cfg)
