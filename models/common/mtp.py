@@ -44,7 +44,6 @@ from models.spec import MOE, SEQUENCE_LINEAR, SEQUENCE_NORM, TOKEN_EMBEDDING, VO
 
 MTP = "mtp"  # the model's attribute
 MTP_EMBEDDING = f"{MTP}.embed"  # the token embedding's tied copy
-MTP_BLOCK = re.compile(r"mtp\.layers\.(\d+)\.block")
 _PARAMETER = re.compile(r"mtp\.layers\.(\d+)\.(enorm|hnorm|eh_proj|block|norm)\.(.+)")
 _HF_PARTS = {"enorm": "enorm", "hnorm": "hnorm", "eh_proj": "eh_proj", "norm": "shared_head.norm"}
 MTP_HF_COPIES = ("embed_tokens.weight", "shared_head.head.weight")  # the release's copies of the shared tensors
