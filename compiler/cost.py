@@ -127,9 +127,9 @@ def _mtp_cost(model: nn.Module, spec, *, mp: int, seq_len: int, micro_batch_size
     embedding's copy, the depth's norms, projection and block, the head again and the loss, per TP shard."""
     mtp = getattr(model, MTP)
     for layer in mtp.layers.values():
-        layer.block = tensor_parallel_shard(layer.block, spec.block_tp_plan, mp)
-    if mp > 1:
-        mtp.embed = nn.Embedding(-(-mtp.embed.num_embeddings // mp), mtp.embed.embedding_dim)
+        layer.set_submodule("block", tensor_parallel_shard(layer.block, spec.block_tp_plan, mp))
+    if mp > 1:  # the embedding's copy: its vocabulary shard, as the embedding's
+        mtp.set_submodule("embed", nn.Embedding(-(-mtp.embed.num_embeddings // mp), mtp.embed.embedding_dim))
     tokens = torch.randint(0, mtp.embed.num_embeddings, (micro_batch_size, seq_len))  # [b, t]
     future = torch.randint(0, mtp.embed.num_embeddings, (micro_batch_size, seq_len, len(mtp.layers)))  # [b, t, D]
     hidden = torch.randn(micro_batch_size, seq_len, mtp.embed.embedding_dim, requires_grad=True)  # [b, t, d]
