@@ -94,6 +94,11 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="mixture-of-experts models: auxiliary-loss-free load balancing (DeepSeek-V3): a selection-only "
                         "bias per expert, moved by GAMMA toward the mean load after every step (DeepSeek-V3: 0.001); "
                         "0: none")
+
+
+def add_mtp_flags(p: argparse.ArgumentParser) -> None:
+    """Multi-token prediction, a training objective (eval and generate build no depth)."""
+    g = p.add_argument_group("multi-token prediction")
     g.add_argument("--mtp-depth", type=int, metavar="D",
                    help="multi-token prediction (DeepSeek-V3 sec. 2.2), any family: D sequential modules (the family's "
                         "block, a 2d -> d projection, norms; embedding and head shared) predict the tokens 2..D+1 "
@@ -258,8 +263,8 @@ FlagGroup = Callable[[argparse.ArgumentParser], None]
 
 # Training reads every group; subcommands that build the engine name theirs (runtime/commands/eval.py).
 TRAINING_FLAG_GROUPS: tuple[FlagGroup, ...] = (
-    add_mesh_flags, add_data_parallel_flags, add_auto_flag, add_model_flags, add_pipeline_flags, add_layout_flags,
-    add_placement_flags,
+    add_mesh_flags, add_data_parallel_flags, add_auto_flag, add_model_flags, add_mtp_flags, add_pipeline_flags,
+    add_layout_flags, add_placement_flags,
     add_precision_flag, add_optim_flags, add_run_flags, add_init_flag, add_checkpoint_flags, add_data_flags,
     add_validation_flags, add_metrics_flags)
 

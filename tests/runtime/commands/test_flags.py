@@ -25,7 +25,8 @@ TRAINING_ONLY = ("--lr", "--warmup-steps", "--weight-decay", "--grad-clip", "--s
                  "--checkpoint-every", "--keep-checkpoints", "--async-checkpoint", "--resume", "--resume-from",
                  "--max-bad-steps", "--min-loss-scale", "--val-fraction", "--eval-every", "--eval-batches",
                  "--logdir", "--log-every", "--peak-tflops", "--profile", "--profile-memory", "--split-cost",
-                 "--bind-cores", "--compact-cpu-memory", "--skip-memory-check", "--compile", "--auto")
+                 "--bind-cores", "--compact-cpu-memory", "--skip-memory-check", "--compile", "--auto",
+                 "--mtp-loss-weight")
 
 # What each subcommand's documentation (README, its module docstring) runs it with.
 ACCEPTED = {
