@@ -29,7 +29,6 @@ from runtime.lab.study import (
     experts,
     hparams,
     long_context,
-    mtp,
     plan,
     report,
     sharding,
@@ -152,11 +151,6 @@ def _long_context_specs(o: StudyOptions) -> list[RunSpec]:
                                            longest_cap=s.long_context_longest_cap)
 
 
-def _mtp_specs(o: StudyOptions) -> list[RunSpec]:
-    s = o.settings
-    return mtp.mtp_specs(s.mtp_rounds, steps=s.steps + 1) if s.mtp_rounds else []
-
-
 def _no_specs(o: StudyOptions) -> list[RunSpec]:
     return []  # the memory section: its batch search decides its runs as it goes
 
@@ -166,7 +160,7 @@ SECTION_SPECS: dict[str, Callable[[StudyOptions], list[RunSpec]]] = {
     "throughput": _throughput_specs, "memory": _no_specs, "scaling": _scaling_specs, "overhead": _overhead_specs,
     "split": _split_specs, "sharding": _sharding_specs, "replicate": _replicate_specs,
     "zero_bubble": _zero_bubble_specs, "checkpointing": _checkpointing_specs, "experts": _experts_specs,
-    "mtp": _mtp_specs, "long_context": _long_context_specs,
+    "long_context": _long_context_specs,
 }
 
 

@@ -75,8 +75,6 @@ class StudySettings:
     experts_rounds: int = 0
     experts_steps: int = 6
     experts_balance_steps: int = 0
-    # Multi-token prediction's overhead (study/mtp.py): alternated repetitions; 0 skips the section.
-    mtp_rounds: int = 0
     # Long sequences (study/long_context.py): the cp rows' sequence length; 0 skips the section.
     long_context_seq_len: int = 0
     # ... and the longest T checked by a run: each cp group trains one step at the memory model's longest T
@@ -103,7 +101,7 @@ FULL = StudySettings(
     sharding_model=named_config("small", seq_len=128), sharding_large=True, sharding_other_shapes=True,
     replicate_model=named_config("tiny", n_layers=8, d_model=256, n_heads=4, seq_len=128), replicate_rounds=3,
     zero_bubble_model=named_config("tiny", n_layers=8, d_model=256, n_heads=4, seq_len=128), zero_bubble_rounds=3,
-    experts_rounds=2, experts_steps=8, experts_balance_steps=100, mtp_rounds=5, long_context_seq_len=8192,
+    experts_rounds=2, experts_steps=8, experts_balance_steps=100, long_context_seq_len=8192,
     long_context_longest_cap=32768,
     checkpoint_bench=CheckpointBench(
         model=named_config("tiny", n_layers=8, d_model=512, n_heads=8, seq_len=32, vocab_size=8192), steps=16, every=4,
@@ -126,7 +124,7 @@ QUICK = StudySettings(
     throughput_world=4, zero_bubble_compiled=False, zero_bubble_1f1b=False, sharding_world=4,
     replicate_model=named_config("tiny", n_layers=4, d_model=128, n_heads=4, seq_len=64), replicate_rounds=2,
     zero_bubble_model=named_config("tiny", n_layers=8, d_model=128, n_heads=8, seq_len=64),
-    experts_rounds=1, experts_steps=5, experts_balance_steps=40, mtp_rounds=2, long_context_seq_len=2048,
+    experts_rounds=1, experts_steps=5, experts_balance_steps=40, long_context_seq_len=2048,
     checkpoint_bench=CheckpointBench(
         model=named_config("tiny", n_layers=4, d_model=256, n_heads=4, seq_len=32, vocab_size=4096), steps=8, every=4,
         rounds=1, modes=("none", "foreground", "background"), steady_steps=None),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runtime.lab.study import charts, checkpointing, experts, long_context, mtp, sharding, zero_bubble
+from runtime.lab.study import charts, checkpointing, experts, long_context, sharding, zero_bubble
 from runtime.observe.profiling import CATEGORIES
 
 TARGETS = (
@@ -188,8 +188,6 @@ def render(results: dict, *, cores: int) -> str:
         lines += zero_bubble.zero_bubble_markdown(results["zero_bubble"])
     if ran(results, "experts"):
         lines += experts.experts_markdown(results["experts"])
-    if ran(results, "mtp"):
-        lines += mtp.mtp_markdown(results["mtp"])
     if ran(results, "long_context"):
         lines += long_context.long_context_markdown(results["long_context"])
     if ran(results, "checkpointing"):

@@ -13,7 +13,7 @@ import torch
 from runtime.commands.flags import model_flags
 from runtime.commands.launch import RunSpec
 from runtime.device import has_accelerator, select_device
-from runtime.lab.study import analysis, checkpointing, experts, long_context, mtp, plan, sharding, zero_bubble
+from runtime.lab.study import analysis, checkpointing, experts, long_context, plan, sharding, zero_bubble
 from runtime.lab.study.memory_search import search_max_batch
 from runtime.lab.study.plan import StudySettings, model_summary
 from runtime.lab.study.runner import StudyRunner, samples_per_sec, tokens_per_sec
@@ -213,12 +213,6 @@ def experts_results(specs: list[RunSpec], runner: StudyRunner, settings: StudySe
         "balance run.")}}
 
 
-def mtp_results(specs: list[RunSpec], runner: StudyRunner, settings: StudySettings) -> dict:
-    raw = [runner.run(spec, samples_per_sec) for spec in specs]
-    return {"mtp": {"runs": raw, "summary": mtp.mtp_summary(raw), "method": (
-        _method_paragraph(mtp.__doc__) + f" {settings.steps + 1} steps per run, {settings.mtp_rounds} repetitions.")}}
-
-
 def long_context_results(specs: list[RunSpec], runner: StudyRunner, settings: StudySettings) -> dict:
     raw = [runner.run(spec, tokens_per_sec) for spec in specs]
     return {"long_context": {"runs": raw, "summary": long_context.long_context_summary(raw), "method": (
@@ -236,5 +230,5 @@ SECTION_RESULTS: dict[str, Callable[[list[RunSpec], StudyRunner, StudySettings],
     "throughput": throughput_results, "memory": memory_results, "scaling": scaling_results,
     "overhead": overhead_results, "split": split_results, "sharding": sharding_results,
     "replicate": replicate_results, "zero_bubble": zero_bubble_results, "checkpointing": checkpointing_results,
-    "experts": experts_results, "mtp": mtp_results, "long_context": long_context_results,
+    "experts": experts_results, "long_context": long_context_results,
 }
