@@ -24,6 +24,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 
 from compiler.parallelize.cross_entropy import VocabularyShard, token_cross_entropy
 from models import MTP
@@ -34,10 +35,13 @@ NextTokenLoss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits,
 
 
 class MtpObjective:
-    """The last stage's depths and head, and the step's MTP losses as it records them."""
+    """The last stage's depths and head, and the step's MTP losses as it records them. ``gather``: makes the stage's
+    own parameters whole before the depths use them (the head, the embedding's copy: FSDP's root unit, which ZeRO-3
+    reshards after the stage's forward); None where nothing is sharded."""
 
-    def __init__(self, mtp: nn.Module, head: nn.Module, *, depth: int, weight: float, shard: VocabularyShard | None):
-        self.mtp, self.head, self.depth, self.weight, self.shard = mtp, head, depth, weight, shard
+    def __init__(self, mtp: nn.Module, head: nn.Module, *, depth: int, weight: float, shard: VocabularyShard | None,
+                 gather: Callable[[], None] | None = None):
+        self.mtp, self.head, self.depth, self.weight, self.shard, self.gather = mtp, head, depth, weight, shard, gather
         self._recorded: list[torch.Tensor] = []
 
     def loss(self, output: tuple[torch.Tensor, torch.Tensor], target: torch.Tensor,
@@ -48,6 +52,8 @@ class MtpObjective:
         main = next_token(logits, parts.labels[..., 0])
         if not torch.is_grad_enabled():
             return main
+        if self.gather is not None:
+            self.gather()  # a no-op where the root kept them gathered; its backward reshards them as usual
         # A copy: after the input pass of a split backward (zero-bubble schedules) torch's stage detaches the last
         # stage's outputs in place, and the weight pass still needs what the depths' first ops saved of h^0.
         depth_logits = self.mtp(hidden.clone(), parts.future, self.head, *parts.extras)  # D x (b, t, V or V/mp)
@@ -70,5 +76,6 @@ class MtpObjective:
 def mtp_objective(stage_module: nn.Module, *, depth: int, weight: float,
                   shard: VocabularyShard | None) -> MtpObjective:
     """The objective over the last stage's ``mtp`` module and LM head."""
+    gather = (lambda: stage_module.unshard()) if isinstance(stage_module, FSDPModule) else None
     return MtpObjective(stage_module.get_submodule(MTP), stage_module.get_submodule(LM_HEAD), depth=depth,
-                        weight=weight, shard=shard)
+                        weight=weight, shard=shard, gather=gather)

@@ -108,13 +108,14 @@ CASES = [
     (1, 1, 1, "1f1b", [*DEEPSEEK, "--cp", "2"]),
     (2, 2, 2, "interleaved-1f1b", [*DEEPSEEK, "--layers", "4", "--ep", "2", "--sequence-parallel"]),
     # Multi-token prediction (DeepSeek-V3 sec. 2.2): the depths on the last stage, their embedding a third copy of the
-    # tied one, with SP over 2x2x2; Llama's RoPE with depth 2 over pp 2 x cp 2 and packed documents (shifted tokens
-    # read across chunks, no prediction across a boundary or after an end of document; validation without the depths);
-    # DeepSeek's MoE depth with EP and TP, no q LoRA rank (16b's shape); the V placements (the last stage on pp rank 0).
-    (2, 2, 2, "interleaved-1f1b", ["--mtp-depth", "1", "--sequence-parallel"]),
+    # tied one, with SP and ZeRO-3 over 2x2x2 (the loss gathers the stage's resharded head); Llama's RoPE with depth 2
+    # over pp 2 x cp 2 and packed documents (shifted tokens read across chunks, no prediction across a boundary or
+    # after an end of document; validation without the depths); DeepSeek's MoE depth with EP, TP and replicated dense
+    # parameters, no q LoRA rank (16b's shape); the V placements (the last stage on pp rank 0).
+    (2, 2, 2, "interleaved-1f1b", ["--mtp-depth", "1", "--sequence-parallel", "--reshard-after-forward"]),
     (1, 2, 1, "interleaved-1f1b", [*LLAMA, "--cp", "2", *DOCUMENTS, "--no-loss-across-documents", "--mtp-depth", "2",
                                    "--eval-every", "2"]),
-    (2, 1, 2, "1f1b", ["--model", "deepseek-v3-16b-debug", "--ep", "2", "--mtp-depth", "1"]),
+    (2, 1, 2, "1f1b", ["--model", "deepseek-v3-16b-debug", "--ep", "2", "--dp-shard", "1", "--mtp-depth", "1"]),
     (1, 2, 1, "zbv", [*DEEPSEEK, "--layers", "4", "--mtp-depth", "1"]),
     (1, 2, 1, "dualpipev", ["--mtp-depth", "1"]),
     # Validation through the V placements (a forward-only action list: torch's V schedules cannot eval()).
