@@ -16,6 +16,8 @@ record:
   recorded by a dispatch mode as the checkpoint's own caching mode sees them); other layers keep their
   activation bytes (only blocks are checkpointed). Recomputing such a block allocates what autograd saves
   less the kept outputs it saves too (``selective_recompute_bytes``);
+- multi-token prediction's depths (models/common/mtp.py), which the last stage runs after its head: counted
+  with the head (their blocks, projections, the head and loss again, the embedding's copy);
 - transient bytes: what a layer's backward holds at once beyond that: the loss's gradient of the logits
   (in their dtype) and its fp32 working chunks (compiler/parallelize/cross_entropy.py). At GPT-2's
   vocabulary the loss sets the step's peak: on an H200, GPT-2 small (mbs 8, T 1024, bf16) peaked 4.7 GiB
@@ -44,7 +46,7 @@ from compiler.parallelize.activation_checkpointing import SAVED_OPS
 from compiler.parallelize.cross_entropy import CPU_CHUNK_BYTES, chunk_rows, chunked_cross_entropy
 from compiler.precisions import PRECISIONS
 from compiler.torch_compat import CPU_FLASH_ATTENTION, FakeTensorMode, TorchDispatchMode, tensor_base
-from models import BANDED_ATTENTION_FLOPS, GROUPED_MM_FLOPS, spec_of
+from models import BANDED_ATTENTION_FLOPS, GROUPED_MM_FLOPS, MTP, mtp_depth, spec_of
 from models.spec import COLWISE, FINAL_NORM, HEADWISE, LM_HEAD, ROWWISE, TOKEN_EMBEDDING
 
 
@@ -109,11 +111,37 @@ def layer_costs(cfg, *, micro_batch_size: int, precision: str = "fp32", mp: int 
                                  checkpointed_input_bytes=block_input)
                   for kind, i in first_of_kind.items()}
         head = _profile("head", first["head"], groups["head"], precision)
+        depths = _mtp_cost(model, spec, mp=mp, seq_len=cfg.seq_len, micro_batch_size=micro_batch_size,
+                           precision=precision) if mtp_depth(cfg) else None
     # The hooks saw the logits (the loss saves them): only the backward's transient is added.
     _, transient = head_loss_bytes(micro_batch_size * cfg.seq_len, vocab_rows=-(-cfg.vocab_size // mp),
                                    precision=precision)
     head = replace(head, transient_bytes=transient)
+    if depths is not None:  # the last stage runs the MTP depths after the head: one layer of the split with it
+        head = replace(head, flops=head.flops + depths.flops, params=head.params + depths.params,
+                       activation_bytes=head.activation_bytes + depths.activation_bytes,
+                       weight_copy_bytes=head.weight_copy_bytes + depths.weight_copy_bytes,
+                       selective_activation_bytes=head.selective_activation_bytes + depths.activation_bytes)
     return [embed, *(replace(blocks[kind], name=f"layers.{i}") for i, kind in enumerate(kinds)), head]
+
+
+def _mtp_cost(model: nn.Module, spec, *, mp: int, seq_len: int, micro_batch_size: int, precision: str) -> LayerCost:
+    """Every MTP depth's forward and backward as the last stage's loss runs them (runtime/engine/mtp_loss.py): the
+    embedding's copy, the depth's norms, projection and block, the head again and the loss, per TP shard."""
+    mtp = getattr(model, MTP)
+    for layer in mtp.layers.values():
+        layer.set_submodule("block", tensor_parallel_shard(layer.block, spec.block_tp_plan, mp))
+    if mp > 1:  # the embedding's copy: its vocabulary shard, as the embedding's
+        mtp.set_submodule("embed", nn.Embedding(-(-mtp.embed.num_embeddings // mp), mtp.embed.embedding_dim))
+    tokens = torch.randint(0, mtp.embed.num_embeddings, (micro_batch_size, seq_len))  # [b, t]
+    future = torch.randint(0, mtp.embed.num_embeddings, (micro_batch_size, seq_len, len(mtp.layers)))  # [b, t, D]
+    hidden = torch.randn(micro_batch_size, seq_len, mtp.embed.embedding_dim, requires_grad=True)  # [b, t, d]
+    head = getattr(model, LM_HEAD)
+
+    def forward():
+        return sum(chunked_cross_entropy(logits.flatten(0, 1), tokens.flatten()) for logits in mtp(hidden, future, head))
+
+    return _profile("mtp", forward, [mtp], precision)
 
 
 def head_loss_bytes(tokens: int, *, vocab_rows: int, precision: str,
@@ -134,7 +162,7 @@ def layer_group_modules(model: nn.Module) -> dict[str, list[nn.Module]]:
     """The head group (the final norm and the head: what the last stage holds after its blocks) and the
     embedding group (every other top-level module but the blocks)."""
     ends = (FINAL_NORM, LM_HEAD)
-    return {"embedding": [m for n, m in model.named_children() if n not in (*ends, "layers")],
+    return {"embedding": [m for n, m in model.named_children() if n not in (*ends, "layers", MTP)],
             "head": [m for n, m in model.named_children() if n in ends]}
 
 

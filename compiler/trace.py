@@ -25,10 +25,12 @@ logging.getLogger("torch.distributed.pipelining._IR").setLevel(logging.ERROR)
 
 
 def trace_pipeline(model: nn.Module, *, example_microbatch: torch.Tensor | tuple[torch.Tensor, ...],
-                   blocks_per_stage: list[int]) -> Pipe:
+                   blocks_per_stage: list[int], hidden_output: bool = False) -> Pipe:
     """Split ``model`` into len(blocks_per_stage) stages; stage s holds blocks_per_stage[s] blocks.
     ``example_microbatch``: the model's input (tokens), or its inputs (tokens, positions) for packed
     documents; the positions then travel from stage to stage with the activations (models/spec.py run_blocks).
+    ``hidden_output``: the last stage returns (logits, the hidden state before the final norm), what multi-token
+    prediction starts from (runtime/engine/mtp_loss.py), instead of the logits.
 
     The embedding lands on stage 0 and the final norm + LM head on the last stage; either stage may
     hold no block (a split before block 0, or before the final norm).
@@ -38,7 +40,7 @@ def trace_pipeline(model: nn.Module, *, example_microbatch: torch.Tensor | tuple
     split_spec = {(f"layers.{i}" if i < n_blocks else "norm"): SplitPoint.BEGINNING
                   for i in split_points(blocks_per_stage)}
     args = example_microbatch if isinstance(example_microbatch, tuple) else (example_microbatch,)
-    with traced_as_stand_ins(model):
+    with traced_as_stand_ins(model), returning_hidden(model, hidden_output):
         pipe = pipeline(model, mb_args=args, split_spec=split_spec)
     if pipe.num_stages != len(blocks_per_stage):
         raise RuntimeError(f"tracer produced {pipe.num_stages} stages, expected {len(blocks_per_stage)}")
@@ -61,6 +63,28 @@ def traced_as_stand_ins(model: nn.Module) -> Iterator[None]:
     finally:
         for module in eager:
             del module.forward
+
+
+@contextlib.contextmanager
+def returning_hidden(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """While tracing (``enabled``), the model's forward returns (logits, hidden) (models/spec.py: ``hidden``, then
+    ``logits``)."""
+    if enabled:
+        model.forward = functools.partial(_logits_and_hidden, model)  # an instance attribute: __call__ finds it first
+    try:
+        yield
+    finally:
+        if enabled:
+            del model.forward
+
+
+def _logits_and_hidden(model: nn.Module, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                       documents: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    hidden = model.hidden(tokens, positions, documents)  # (B, T, D)
+    logits = model.logits(hidden)
+    # A copy made after the final norm's split point: the last stage returns it, also when it holds no block (the
+    # hidden state itself would be the previous stage's output, which the pipeline gives no loss function).
+    return logits, hidden.clone()
 
 
 def _with_marked_inputs(trace_forward, *args):

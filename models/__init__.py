@@ -18,12 +18,26 @@ from models.common.banded_attention import BANDED_ATTENTION_FLOPS, banded_attent
 from models.common.grouped_mm import GROUPED_MM_FLOPS, grouped_mm
 from models.common.load_balance import BalanceLoss, update_expert_bias
 from models.common.moe import GroupedExperts, MoE, experts_swiglu, inactive_expert_parameters
+from models.common.mtp import (
+    MTP,
+    MTP_EMBEDDING,
+    MTP_HF_COPIES,
+    mtp_block_names,
+    mtp_depth,
+    mtp_hf_prefix,
+    mtp_model_plan,
+    mtp_moe_names,
+    with_multi_token_prediction,
+    without_mtp,
+)
 from models.generation import generate
 from models.kv_cache import KVCache
-from models.spec import MOE, ModelSpec
+from models.spec import MOE, TOKEN_EMBEDDING, ModelSpec
 
-FAMILIES: dict[str, ModelSpec] = {spec.family: spec for spec in (gpt2.SPEC, llama3.SPEC, qwen3.SPEC, qwen3_moe.SPEC,
-                                                                  mixtral.SPEC, deepseek_v3.SPEC, gpt_oss.SPEC)}
+# Every family may train with multi-token prediction: its spec builds, initialises and names the depths too.
+FAMILIES: dict[str, ModelSpec] = {spec.family: with_multi_token_prediction(spec)
+                                  for spec in (gpt2.SPEC, llama3.SPEC, qwen3.SPEC, qwen3_moe.SPEC, mixtral.SPEC,
+                                               deepseek_v3.SPEC, gpt_oss.SPEC)}
 
 # Every named size of every family: the ``--model`` choices.
 MODEL_NAMES: dict[str, tuple[ModelSpec, Any]] = {
@@ -112,8 +126,18 @@ def mixture_of_experts_families() -> list[str]:
 
 
 def moe_layer_names(cfg: Any) -> list[str]:
-    """The model's mixture-of-experts modules ("layers.3.moe"), in order; none in a dense model."""
-    return [f"layers.{i}.moe" for i, kind in enumerate(spec_of(cfg).block_kinds(cfg)) if kind == MOE]
+    """The model's mixture-of-experts modules ("layers.3.moe"), in order, then its MTP depths' ("mtp.layers.0.block.moe");
+    none in a dense model."""
+    spec = spec_of(cfg)
+    return [f"layers.{i}.moe" for i, kind in enumerate(spec.block_kinds(cfg)) if kind == MOE] + mtp_moe_names(spec, cfg)
+
+
+def tied_weights(cfg: Any) -> dict[str, str]:
+    """{copy: source} of the weights the model uses in two places: a tied head's (``tie_embeddings``) and the MTP
+    depths' embedding, both the token embedding's. One Parameter in the whole model; copies kept equal where a
+    pipeline puts them on other stages (runtime/engine/tied.py)."""
+    tied = dict(spec_of(cfg).tied_weights) if cfg.tie_embeddings else {}
+    return {**tied, **({f"{MTP_EMBEDDING}.weight": f"{TOKEN_EMBEDDING}.weight"} if mtp_depth(cfg) else {})}
 
 
 def flops_per_token(cfg: Any) -> float:
@@ -121,8 +145,9 @@ def flops_per_token(cfg: Any) -> float:
 
 
 __all__ = ["BANDED_ATTENTION_FLOPS", "BalanceLoss", "CausalAttention", "FAMILIES", "GROUPED_MM_FLOPS", "GroupedExperts",
-           "KVCache", "MODEL_NAMES", "MoE", "ModelSpec", "SinkAttention", "activated_parameter_count", "any_length_kernels",
-           "banded_attention", "build_model", "config_from_dict", "config_to_dict", "document_runs", "experts_swiglu",
-           "flops_per_token", "generate", "grouped_mm", "init_weights", "mixture_of_experts_families", "moe_layer_names",
-           "named_config", "parameter_count", "parameter_shapes", "spec_of", "update_expert_bias", "visible_keys",
-           "with_window"]
+           "KVCache", "MODEL_NAMES", "MTP", "MTP_EMBEDDING", "MTP_HF_COPIES", "MoE", "ModelSpec", "SinkAttention",
+           "activated_parameter_count", "any_length_kernels", "banded_attention", "build_model", "config_from_dict",
+           "config_to_dict", "document_runs", "experts_swiglu", "flops_per_token", "generate", "grouped_mm",
+           "init_weights", "mixture_of_experts_families", "moe_layer_names", "mtp_block_names", "mtp_depth",
+           "mtp_hf_prefix", "mtp_model_plan", "named_config", "parameter_count", "parameter_shapes", "spec_of",
+           "tied_weights", "update_expert_bias", "visible_keys", "with_window", "without_mtp"]

@@ -28,8 +28,10 @@ facts and functions, read by everyone:
 The module a family builds follows one naming contract, so that splitting, tying and vocabulary
 parallelism are generic: the token embedding is ``tok_emb`` (an ``nn.Embedding``), the blocks live in a
 ``ModuleDict`` ``layers`` keyed "0".."L-1", the final norm is ``norm`` and the LM head ``head`` (an
-``nn.Linear``). ``embed(tokens)`` is everything before block 0, ``logits(hidden)`` the final norm and head,
-and ``forward(tokens) == logits(blocks(embed(tokens)))``. Attention reshapes with ``-1`` heads, so a
+``nn.Linear``). ``embed(tokens)`` is everything before block 0, ``hidden(tokens)`` the residual stream after the last block,
+``logits(hidden)`` the final norm and head, and ``forward(tokens) == logits(hidden(tokens))``. A model of
+``mtp_depth`` D > 0 also holds ``mtp``, its multi-token-prediction depths (models/common/mtp.py), which
+``forward`` does not run. Attention reshapes with ``-1`` heads, so a
 tensor-parallel shard holding H/mp heads traces the same graph.
 """
 
@@ -65,6 +67,9 @@ HEADWISE = "headwise"
 # A linear layer replicated on every mp rank that takes the sequence-parallel gather (a Replicate DTensor) as input
 # (multi-head latent attention's down projections under --sequence-parallel): weight Replicate, output local.
 REPLICATED = "replicated"
+# A linear layer replicated on every mp rank and applied to (B, T/mp, .) sequence shards, its output a local shard (the
+# multi-token-prediction depths' projection under --sequence-parallel): its gradient summed over mp, as an SP norm's.
+SEQUENCE_LINEAR = "sequence_linear"
 
 # Block kinds (``ModelSpec.block_kinds``): a block's feed-forward part is a dense MLP (``mlp``) or a mixture of
 # experts (``moe``, models/common/moe.py). Costs differ by kind (compiler/cost.py profiles one block of each).

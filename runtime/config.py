@@ -124,6 +124,7 @@ class TrainConfig:
     device: str = "cpu"  # --device, resolved: "cpu" (gloo) or the accelerator's type ("cuda": NCCL)
     expert_bias_rate: float = 0.0  # --expert-bias-rate: gamma of the MoE selection-bias update (0: none)
     lora: LoraConfig | None = None  # --lora-*: train low-rank adapters on a frozen model (compiler/lora/)
+    mtp_loss_weight: float = 0.3  # --mtp-loss-weight: the MTP depths' mean loss's weight (the model's mtp_depth: how many)
 
     @property
     def global_batch_size(self) -> int:

@@ -8,11 +8,14 @@
   the shard group and all-reduced across groups.
 Plain replication (a shard group of one, DDP's layout) does not go through FSDP: runtime/engine/replicate.py.
 
-Each block of a stage is its own FSDP unit (gathered and freed as a group) and the stage module is the
-root unit. Under pipelining the schedule decides when gradients are reduced: torch's PipelineStage runs
-every micro-batch's backward with gradient sync off and gathered parameters kept, and reduces once per
-unit after the last micro-batch (its REDUCE_GRAD action), i.e. once per step, as torchtitan does. That
-saves communication and keeps, for the whole step, the gathered parameters and unsharded gradients.
+Each block of a stage is its own FSDP unit (gathered and freed as a group), so is each MTP depth's block on the last
+stage, and the stage module is the root unit: it holds the rest of the depths (the embedding's copy, which a single
+stage shares with the embedding, norms, projections), which the loss function uses after the stage's forward, while
+the root's parameters stay gathered (FSDP never reshards the root after forward). Under pipelining the schedule decides when
+gradients are reduced: torch's PipelineStage runs every micro-batch's backward with gradient sync off and gathered
+parameters kept, and reduces once per unit after the last micro-batch (its REDUCE_GRAD action), i.e. once per step,
+as torchtitan does. That saves communication and keeps, for the whole step, the gathered parameters and unsharded
+gradients.
 
 ``zero3`` keeps every rank's memory at its shards (ZeRO stage 3, Rajbhandari et al. 2020): parameters
 are freed after each unit's forward and after its backward and gathered again when needed, and gradients

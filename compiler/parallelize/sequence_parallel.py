@@ -99,10 +99,12 @@ def shard_stage_boundaries(stage_module: fx.GraphModule, mesh: DeviceMesh, *, em
     nodes = list(stage_module.graph.nodes)
     holds_head = head in dict(stage_module.named_modules())
     _shard_example_values([n for n in nodes if n.op == "placeholder"], mp)
-    if not holds_head:  # the last stage sends nothing on: its outputs are the logits
-        (output,) = [n for n in nodes if n.op == "output"]
+    (output,) = [n for n in nodes if n.op == "output"]
+    if not holds_head:
         _shard_example_values(list(output.all_input_nodes), mp)
         stage_module.register_forward_hook(lambda _m, _a, out: _local(out))
+    else:  # the last stage sends nothing on; beside its logits it may return the hidden state (MTP), a shard
+        _shard_example_values([n for n in output.all_input_nodes if not (n.op == "call_module" and n.target == head)], mp)
     if embedding_module is None:
         return
     if _feeds_blocks_directly(stage_module.graph, embedding):

@@ -1,11 +1,14 @@
 """Build this rank's pipeline stages: on the meta device, trace, keep the local stages, then
-LoRA -> TP -> AC -> data parallelism -> real storage for the local shards -> PipelineStage.
+LoRA -> FP8 -> TP -> AC -> data parallelism -> real storage for the local shards -> PipelineStage.
 
 The order is a checklist (as in torchtitan's ``parallelize_*``): tensor parallelism must see real
 ``nn.Linear`` modules, activation checkpointing wraps the sharded blocks, data parallelism shards last,
 over whatever parameters (plain or already TP-sharded DTensors) the stage then holds. Nothing has
 storage until ``materialize``, which allocates only this rank's shards: start-up memory is the rank's
-share of the model, not the whole model on every rank.
+share of the model, not the whole model on every rank. A model with multi-token-prediction depths
+(models/common/mtp.py) is traced returning its hidden state too, and its last stage holds the untraced ``mtp``
+module, which every step of the checklist treats as the stage's own (its blocks take the block plan, AC and FSDP
+units as the stage's blocks do).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from compiler.parallelize.materialize import materialize
 from compiler.parallelize.message_dtype import apply_message_dtype
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
 from compiler.trace import restore_eager_modules, trace_pipeline
-from models import GroupedExperts, spec_of
+from models import MTP, GroupedExperts, mtp_depth, mtp_model_plan, spec_of, tied_weights
 
 
 @dataclass
@@ -95,21 +98,29 @@ def build_local_stages(
     sequence and attention gathers keys and values over it. Activations and their gradients cross stages in
     ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype). ``lora``: LoRA adapters on the targeted
     modules, everything else frozen (compiler/parallelize/lora.py). ``fp8``: the linear and expert products
-    in FP8 (compiler/parallelize/float8.py), swapped in before TP."""
+    in FP8 (compiler/parallelize/float8.py), swapped in before TP. With MTP depths the last stage returns
+    (logits, hidden state) and holds ``mtp`` (runtime/engine/mtp_loss.py runs it)."""
     n_stages = len(blocks_per_stage)
     indices = sorted(stage_indices)
     spec = spec_of(cfg)
-    tied = spec.tied_weights if cfg.tie_embeddings else {}
+    tied = tied_weights(cfg)
     with torch.device("meta"):
-        # A tied head gets a weight of its own: the two copies may live on different stages.
+        # A tied head (and the MTP depths' embedding) gets a weight of its own: the copies may live on other stages.
         model = spec.build(cfg, share_tied_weights=False)
         cp = context_parallel.size() if context_parallel is not None else 1
         tokens = torch.zeros(micro_batch_size, cfg.seq_len // cp, dtype=torch.long)  # (b, T/cp)
         example = (tokens, *(torch.zeros_like(tokens) for _ in range(model_inputs - 1))) if model_inputs > 1 else tokens
-    pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage)
+    depth = mtp_depth(cfg)
+    pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage, hidden_output=depth > 0)
+    model_plan = {**spec.model_plan(sequence_parallel=sequence_parallel),
+                  **mtp_model_plan(depth, sequence_parallel=sequence_parallel)}
     modules, stages, factors = [], [], {}
     for index in indices:
         module = pipe.get_stage_module(index)
+        if depth and index == n_stages - 1:
+            # The MTP depths run in the last stage's loss function (runtime/engine/mtp_loss.py), outside its graph:
+            # held here, every step below treats them as the stage's own modules.
+            module.add_module(MTP, getattr(model, MTP))
         restore_eager_modules(module, model)
         restore_linear_modules(module, model)
         if lora is not None:
@@ -120,7 +131,7 @@ def build_local_stages(
             ContextParallelAttention.apply(module, context_parallel)
         if meshes.mp.size() > 1:
             apply_tp(module, meshes.mp, block_plan=spec.block_plan(sequence_parallel=sequence_parallel),
-                     model_plan=spec.model_plan(sequence_parallel=sequence_parallel), sequence_parallel=sequence_parallel)
+                     model_plan=model_plan, sequence_parallel=sequence_parallel)
         if meshes.moe is not None:
             # FP8 computes SwiGLU experts (GroupedExperts); others (gpt-oss's) keep the run's precision
             fp8_experts = fp8 and all(type(m.experts) is GroupedExperts for m in moe_modules(module))

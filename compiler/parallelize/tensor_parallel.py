@@ -21,6 +21,7 @@ from compiler.parallelize.lora import with_adapters
 from compiler.parallelize.replicated_modules import ReplicatedLinear, SumGradientOverHeads
 from compiler.parallelize.sequence_parallel import GatherSequence, shard_stage_boundaries
 from compiler.parallelize.vocab_parallel import VocabParallelEmbedding
+from models import MTP_EMBEDDING, mtp_block_names
 from models.spec import (
     COLWISE,
     GATHER_SEQUENCE,
@@ -31,6 +32,7 @@ from models.spec import (
     REPLICATED,
     ROWWISE,
     ROWWISE_SCATTER,
+    SEQUENCE_LINEAR,
     SEQUENCE_NORM,
     TOKEN_EMBEDDING,
     VOCAB_EMBEDDING,
@@ -60,6 +62,9 @@ _STYLES = {
     HEADWISE: HeadwiseParallel,
     # The head after a sequence-parallel final norm: all-gather the sequence (backward: reduce-scatter).
     VOCAB_HEAD_FROM_SEQUENCE: lambda: ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1)),
+    # A replicated linear on sequence shards (the MTP depths' projection): DTensor's SequenceParallel keeps the weight
+    # Replicate and leaves its gradient a partial sum over mp; the output a local (B, T/mp, D) shard.
+    SEQUENCE_LINEAR: lambda: SequenceParallel(use_local_output=True),
 }
 _HEAD_STYLES = (VOCAB_HEAD, VOCAB_HEAD_FROM_SEQUENCE)
 
@@ -114,9 +119,11 @@ def _embedding_like(traced: nn.Module, original: nn.Embedding) -> nn.Embedding:
 
 
 def block_names(stage_module: nn.Module) -> list[str]:
-    """Names of the transformer blocks ("layers.<i>") that live in this stage."""
+    """Names of the transformer blocks ("layers.<i>") that live in this stage, in order, then the MTP depths' blocks
+    ("mtp.layers.<k>.block") of a last stage: what the block plan, checkpointing, compiling and FSDP units take."""
     layers = getattr(stage_module, "layers", None)
-    return [f"layers.{key}" for key in sorted((k for k, _ in layers.named_children()), key=int)] if layers is not None else []
+    names = [f"layers.{key}" for key in sorted((k for k, _ in layers.named_children()), key=int)] if layers is not None else []
+    return names + mtp_block_names(stage_module)
 
 
 def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[str, str],
@@ -145,6 +152,8 @@ def apply_tp(stage_module: nn.Module, mp_mesh: DeviceMesh, *, block_plan: dict[s
     if sequence_parallel:
         shard_stage_boundaries(stage_module, mp_mesh, embedding=TOKEN_EMBEDDING, head=LM_HEAD,
                                blocks=block_names(stage_module), embedding_module=held.get(TOKEN_EMBEDDING))
+        if MTP_EMBEDDING in held:  # the MTP depths run on sequence shards as the blocks do
+            held[MTP_EMBEDDING].scatter_sequence = True
     return stage_module
 
 

@@ -72,6 +72,7 @@ from compiler.planner.shape import (
     head_params,
     mlp_kind,
     mlp_matrices,
+    mtp_params,
     shared_width,
 )
 from compiler.precisions import PRECISIONS
@@ -322,4 +323,26 @@ def analytic_layer_costs(shape: DecoderShape, *, micro_batch_size: int, precisio
     head_cost = LayerCost("head", 6.0 * tokens * shape.d_model * rows, head_params(shape, mp), int(head.saved),
                           rows * shape.d_model * a if autocast else 0, int(head.transient),
                           selective_activation_bytes=int(head.saved))
-    return [embed, *blocks, head_cost]
+    return [embed, *blocks, with_mtp(head_cost, shape, c)]
+
+
+def mtp_saved_bytes(shape: DecoderShape, c: Context) -> float:
+    """What the MTP depths keep for backward on the last stage (models/common/mtp.py): per depth its block's, its
+    input's (the embedding and h^{k-1}, three norms, the projection's input 2d) and a second head's with its logits."""
+    per_depth_input = (2 * shape.d_model * c.a + 3 * shape.d_model * 4 + 2 * shape.d_model * c.a) * c.tokens(shape)
+    return sum(block_memory(shape, kind, c).saved + per_depth_input + head_memory(shape, c).saved
+               for kind in shape.mtp_kinds())
+
+
+def with_mtp(head: LayerCost, shape: DecoderShape, c: Context) -> LayerCost:
+    """The head's cost with the MTP depths it runs after it (nothing without them)."""
+    if not shape.mtp_depth:
+        return head
+    flops = 0.0
+    for kind in shape.mtp_kinds():  # the block, the projection, the head again (FlopCounterMode's 3x and 3.5x)
+        matmul, attention = block_forward_flops(shape, micro_batch_size=c.micro_batch_size, mp=c.mp, kind=kind)
+        flops += 3 * matmul + 3.5 * attention + 6.0 * c.tokens(shape) * 2 * shape.d_model ** 2 + head.flops
+    saved = int(mtp_saved_bytes(shape, c))
+    return replace(head, flops=head.flops + flops, params=head.params + mtp_params(shape, c.mp).total,
+                   activation_bytes=head.activation_bytes + saved,
+                   selective_activation_bytes=head.selective_activation_bytes + saved)

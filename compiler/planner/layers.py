@@ -16,6 +16,8 @@ devices.py) of the layer's work (work.py), and the layer's collectives on the li
   collectives, a second K/V gather, six all-to-alls); selective recompute the memory-bound forward only
   (Megatron's ``--recompute-modules moe``, engines.py ``recomputes_moe``: and a MoE block's whole MLP, its
   products and its two forward all-to-alls).
+- multi-token prediction (DeepSeek-V3 sec. 2.2): the head's layer also runs each depth on the last stage, its
+  input (embedding, norms, projection), a block of the family's kind and the head and loss again.
 
 Groups and links: ranks are numbered by the engine's mesh order (compiler/planner/engines.py); the TP
 group is ``mp`` ranks ``stride_mp`` apart, CP ``cp`` ranks ``stride_cp`` apart; EP takes its ranks from
@@ -32,7 +34,15 @@ from compiler.planner.devices import ComputeSeconds
 from compiler.planner.engines import EngineTraits
 from compiler.planner.shape import DENSE, MOE, DecoderShape, mlp_kind
 from compiler.planner.split import Holding
-from compiler.planner.work import EMBEDDING, HEAD, block_work, embedding_work, head_work, moe_mlp_work
+from compiler.planner.work import (
+    EMBEDDING,
+    HEAD,
+    block_work,
+    embedding_work,
+    head_work,
+    moe_mlp_work,
+    mtp_input_work,
+)
 from compiler.precisions import PRECISIONS
 from models.spec import Experts
 
@@ -127,7 +137,7 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
     full = s.ac == "full"
     recompute_moe = s.ac == "selective" and traits.recomputes_moe
     out = {}
-    for kind in set(shape.kinds()):
+    for kind in {*shape.kinds(), *shape.mtp_kinds()}:
         work = block_work(shape, kind, micro_batch_size=s.micro_batch_size, mp=s.mp, cp=s.cp, ep=s.ep,
                           precision=s.precision, sequence_parallel=s.sequence_parallel, traits=traits, fp8=s.fp8)
         compute = device.compute(work, s.precision, linear_peak=linear_peak, ranks_on_node=ranks_on_node)
@@ -161,5 +171,10 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
     head = device.compute(head_work(shape, micro_batch_size=s.micro_batch_size, mp=s.mp, cp=s.cp,
                                     precision=s.precision), s.precision, ranks_on_node=ranks_on_node)
     out[HEAD] = LayerSeconds(head, one_tp)
+    if shape.mtp_depth:  # each depth on the last stage: its input, its block, the head and loss again
+        depth_input = device.compute(mtp_input_work(shape, micro_batch_size=s.micro_batch_size, cp=s.cp,
+                                                    precision=s.precision), s.precision, ranks_on_node=ranks_on_node)
+        one_depth = LayerSeconds(depth_input, one_tp) + LayerSeconds(head, one_tp)  # the embedding's and head's sums
+        out[HEAD] = out[HEAD] + sum((one_depth + out[kind] for kind in shape.mtp_kinds()), ZERO)
     out.setdefault(DENSE, ZERO)
     return LayerTable(out)

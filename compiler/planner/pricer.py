@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from compiler.lora import LoraConfig
 from compiler.parallel_plan import ParallelPlan
 from compiler.parallelize.cross_entropy import loss_chunk_bytes
-from compiler.planner.activations import Context, block_memory, embedding_memory, head_memory
+from compiler.planner.activations import Context, block_memory, embedding_memory, head_memory, mtp_saved_bytes
 from compiler.planner.cluster import Cluster
 from compiler.planner.engines import THIS_ENGINE, EngineTraits
 from compiler.planner.layers import LayerTable, Setup, layer_table
@@ -27,6 +27,7 @@ from compiler.planner.shape import (
     lora_block_params,
     mlp_kind,
     model_flops_per_token,
+    mtp_params,
 )
 from compiler.planner.split import Holding, blocks_per_stage, rank_holdings
 from compiler.planner.step import DataParallelGroups, StepBreakdown, StepTerms, step_time
@@ -156,6 +157,12 @@ class Pricer:
             backward -= head.saved - head.kept  # the blocks' backward runs after the head's has freed its tensors
             copies += -(-shape.vocab_size // c.mp) * shape.d_model * a
             units.append(head_params(shape, c.mp))
+            if shape.mtp_depth:  # the MTP depths beside the head (models/common/mtp.py), held by the last stage
+                mtp = mtp_params(shape, c.mp, ep=c.ep)
+                dense, experts = dense + mtp.dense, experts + mtp.experts
+                depths = mtp_saved_bytes(shape, ctx)
+                saved, head_saved = saved + depths, head_saved + depths
+                units.extend(block_params(shape, c.mp, kind=k, ep=c.ep).total for k in shape.mtp_kinds())
         if shape.tied and h.embedding and h.head:  # one copy of a tied weight on a rank holding both ends
             dense -= -(-shape.vocab_size // c.mp) * shape.d_model
         transient = max(transient, backward)  # the peak is in one phase: the head's backward or a block's

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from models import spec_of
+from models import mtp_depth, spec_of
 from models.spec import Experts, LatentSizes
 
 DENSE, MOE = "dense", "moe"  # the two kinds of block's MLP
@@ -72,6 +72,7 @@ class DecoderShape:
     latent: LatentSizes | None = None  # multi-head latent attention (models/spec.py), None: grouped-query attention
     windows: tuple[int | None, ...] = ()  # each block's sliding window, None for full attention (empty: all full)
     sinks: bool = False  # a learned sink logit per head (gpt-oss)
+    mtp_depth: int = 0  # multi-token-prediction depths on the last stage (models/common/mtp.py): priced with the head
 
     @property
     def position_rows(self) -> int:
@@ -89,7 +90,7 @@ class DecoderShape:
             head_dim=head_dim, mlp_width=cfg.mlp_width, mlp=arch.mlp, seq_len=cfg.seq_len,
             vocab_size=cfg.vocab_size, tied=cfg.tie_embeddings, biases=arch.biases, norm=arch.norm,
             positions=arch.positions, fused_qkv=arch.fused_qkv, qk_norm=arch.qk_norm, experts=spec.experts(cfg),
-            context=cfg.context, latent=latent, sinks=arch.sinks,
+            context=cfg.context, latent=latent, sinks=arch.sinks, mtp_depth=mtp_depth(cfg),
             windows=() if not any(spec.attention_windows(cfg)) else spec.attention_windows(cfg))
 
     @staticmethod
@@ -120,7 +121,7 @@ class DecoderShape:
     def kind(self, layer: int) -> str:
         """DENSE or MOE, the MLP block ``layer`` has, and its attention window if it slides ("moe@128")."""
         mlp = DENSE if self.experts is None or layer in self.experts.dense_layers else MOE
-        window = self.windows[layer] if self.windows else None
+        window = self.windows[layer] if layer < len(self.windows) else None  # MTP depths past L: full attention
         return mlp if window is None else f"{mlp}{_WINDOW}{window}"
 
     def keys(self, kind: str) -> int:
@@ -131,6 +132,10 @@ class DecoderShape:
 
     def kinds(self) -> list[str]:
         return list(self._kinds)
+
+    def mtp_kinds(self) -> list[str]:
+        """The MTP depths' blocks' kinds: the family's blocks L .. L + D - 1 (DeepSeek-V3's: a mixture of experts)."""
+        return [self.kind(self.layers + k) for k in range(self.mtp_depth)]
 
     @cached_property
     def _kinds(self) -> tuple[str, ...]:
@@ -276,6 +281,23 @@ def head_params(shape: DecoderShape, mp: int = 1) -> int:
     return _norm_params(shape) + -(-shape.vocab_size // mp) * shape.d_model
 
 
+def mtp_params(shape: DecoderShape, mp: int = 1, *, ep: int = 1) -> BlockParams:
+    """The MTP depths' parameters on the last stage's rank beside the head's: each depth's block, its 2d -> d
+    projection and three norms (replicated over mp), and the embedding's copy (its vocabulary rows)."""
+    if not shape.mtp_depth:
+        return BlockParams(0, 0)
+    blocks = [block_params(shape, mp, kind=kind, ep=ep) for kind in shape.mtp_kinds()]
+    own = shape.mtp_depth * (2 * shape.d_model * shape.d_model + 3 * _norm_params(shape))
+    return BlockParams(sum(b.dense for b in blocks) + own + -(-shape.vocab_size // mp) * shape.d_model,
+                       sum(b.experts for b in blocks))
+
+
+def _mtp_active(shape: DecoderShape) -> int:
+    """One token's MTP parameters in matrix products: each depth's activated block, projection and the head again."""
+    return sum(_active_block_params(shape, k) + 2 * shape.d_model * shape.d_model + head_params(shape)
+               for k in shape.mtp_kinds())
+
+
 def _per_kind(shape: DecoderShape, f) -> float:
     """The sum of ``f(kind)`` over the blocks (one evaluation per kind)."""
     kinds = shape.kinds()
@@ -286,7 +308,8 @@ def parameter_count(shape: DecoderShape) -> int:
     """Every distinct parameter (a tied head counted once; every expert)."""
     head = head_params(shape) - (shape.vocab_size * shape.d_model if shape.tied else 0)
     blocks = _per_kind(shape, lambda k: block_params(shape, kind=k).total)
-    return embedding_params(shape) + blocks + head
+    mtp = mtp_params(shape).total - (shape.vocab_size * shape.d_model if shape.mtp_depth else 0)  # a tied copy
+    return embedding_params(shape) + blocks + head + mtp
 
 
 def _active_block_params(shape: DecoderShape, kind: str) -> int:
@@ -300,13 +323,15 @@ def _active_block_params(shape: DecoderShape, kind: str) -> int:
 
 def activated_parameter_count(shape: DecoderShape) -> int:
     head = head_params(shape) - (shape.vocab_size * shape.d_model if shape.tied else 0)
-    return embedding_params(shape) + _per_kind(shape, lambda k: _active_block_params(shape, k)) + head
+    mtp = sum(_active_block_params(shape, k) + 2 * shape.d_model * shape.d_model + 3 * _norm_params(shape)
+              for k in shape.mtp_kinds())
+    return embedding_params(shape) + _per_kind(shape, lambda k: _active_block_params(shape, k)) + head + mtp
 
 
 def matmul_params(shape: DecoderShape) -> int:
     """N of MFU's 6N: activated block parameters, final norm and head, not the embedding lookups
     (compiler/flops.py's count; for a MoE the routed experts a token uses)."""
-    return _per_kind(shape, lambda k: _active_block_params(shape, k)) + head_params(shape)
+    return _per_kind(shape, lambda k: _active_block_params(shape, k)) + head_params(shape) + _mtp_active(shape)
 
 
 def attention_keys(shape: DecoderShape) -> float:
@@ -316,8 +341,9 @@ def attention_keys(shape: DecoderShape) -> float:
 
 def model_flops_per_token(shape: DecoderShape) -> float:
     """PaLM's count (Chowdhery et al. 2022, appendix B): 6N + 12 L T (H hd), no recompute; a sliding block's T is
-    its window (``attention_keys``)."""
-    return 6.0 * matmul_params(shape) + 12.0 * attention_keys(shape) * shape.q_width
+    its window (``attention_keys``), the MTP depths' blocks count as layers."""
+    depth_keys = sum(shape.keys(kind) for kind in shape.mtp_kinds())
+    return 6.0 * matmul_params(shape) + 12.0 * (attention_keys(shape) + depth_keys) * shape.q_width
 
 
 def hardware_flops_per_token(shape: DecoderShape, *, activation_checkpointing: bool) -> float:

@@ -140,6 +140,16 @@ def head_work(shape: DecoderShape, *, micro_batch_size: int, mp: int, cp: int, p
                      counted_forward_flops=gemm.flops)
 
 
+def mtp_input_work(shape: DecoderShape, *, micro_batch_size: int, cp: int, precision: str) -> LayerWork:
+    """One MTP depth's input, besides its block and its pass through the head (models/common/mtp.py): the embedding's
+    gather, three norms over d (read and written) and the [M, 2d] x [2d, d] projection (replicated over mp)."""
+    a = PRECISIONS[precision].dtype.itemsize
+    rows = micro_batch_size * shape.seq_len / cp
+    gemm = Gemm(rows, shape.d_model, 2 * shape.d_model)
+    return LayerWork((gemm,), elementwise_bytes=rows * shape.d_model * (a + 4 + 6 * a), counted_flops=3 * gemm.flops,
+                     counted_forward_flops=gemm.flops)
+
+
 def embedding_work(shape: DecoderShape, *, micro_batch_size: int, cp: int, precision: str) -> LayerWork:
     """A gather of rows (memory-bound)."""
     a = PRECISIONS[precision].dtype.itemsize

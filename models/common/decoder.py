@@ -74,11 +74,16 @@ class Decoder(nn.Module):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(x))  # (B, T, D) -> (B, T, V)
 
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+               documents: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) -> the residual stream after the last block (B, T, D), before the final norm."""
+        return run_blocks(self.layers, self.embed(tokens, positions), positions, documents)
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, documents: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
         if cache is not None:
             return self.decode(tokens, cache)
-        return self.logits(run_blocks(self.layers, self.embed(tokens, positions), positions, documents))
+        return self.logits(self.hidden(tokens, positions, documents))
 
     def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """(B, t) new tokens after the cache's positions -> their logits (B, t, V). RoPE rotates each at its

@@ -8,7 +8,8 @@ from models.spec import Architecture, HFAdapter, ModelSpec
 
 SPEC = ModelSpec(
     family="deepseek_v3",
-    description="DeepSeek-V3: deepseek-v3-debug (tests), deepseek-v3-16b (DeepSeek-V2-Lite's shape), deepseek-v3",
+    description="DeepSeek-V3: deepseek-v3-debug, deepseek-v3-16b-debug (tests), deepseek-v3-16b (DeepSeek-V2-Lite's "
+                "shape), deepseek-v3",
     config_type=config.DeepseekV3Config,
     sizes=config.MODEL_SIZES,
     debug_size="deepseek-v3-debug",

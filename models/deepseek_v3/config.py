@@ -4,11 +4,12 @@ YaRN, and a mixture of experts with DeepSeek-V3's router (sigmoid scores, group-
 ``e_score_correction_bias``, weights renormalised then times ``routed_scaling_factor``) and shared experts, after
 ``first_k_dense`` dense blocks (``first_k_dense_replace``).
 
-Sizes: ``deepseek-v3`` is the released 671B model (37B activated) without its multi-token-prediction module;
+Sizes: ``deepseek-v3`` is the released 671B model (37B activated; its one multi-token-prediction depth: ``--mtp-depth 1``);
 ``deepseek-v3-16b`` DeepSeek-V2-Lite's shape (torchtitan's "16B": 15.7B, 2.4B activated; no q LoRA rank) with V3's
 router and YaRN (V2-Lite's mscale 0.707); ``deepseek-v3-debug`` a tiny model for tests with every part of the real
-sizes (a q LoRA rank, dense and MoE blocks, groups, YaRN with its softmax factor, a v head dimension of its own).
-``num_nextn_predict_layers`` (multi-token prediction) is kept from config.json; its modules are not built.
+sizes (a q LoRA rank, dense and MoE blocks, groups, YaRN with its softmax factor, a v head dimension of its own),
+``deepseek-v3-16b-debug`` the 16b's structure at that scale (no q LoRA rank, two shared experts).
+``mtp_depth`` is config.json's ``num_nextn_predict_layers`` (multi-token prediction, models/common/mtp.py).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class DeepseekV3Config:
     tie_embeddings: bool = False
     norm_eps: float = 1e-6
     max_position_embeddings: int = 4096
-    num_nextn_predict_layers: int = 0  # multi-token-prediction modules of the checkpoint (not built here)
+    mtp_depth: int = 0  # multi-token-prediction depths trained beside the model (models/common/mtp.py); 0: none
     router_init_std: float = 0.02  # the router's initial weights; the debug size's are wide apart
     family: str = field(default="deepseek_v3", init=False)
 
@@ -99,6 +100,9 @@ def latent_attention(cfg: DeepseekV3Config) -> LatentSizes:
 def config_from_dict(d: dict) -> DeepseekV3Config:
     """A checkpoint manifest's dict (``dataclasses.asdict`` made YaRN a dict) -> the config."""
     yarn = d.get("rope_yarn")
+    # Manifests written before multi-token prediction trained kept the folder's ``num_nextn_predict_layers`` but built
+    # no modules for it: those runs had none.
+    d = {k: v for k, v in d.items() if k != "num_nextn_predict_layers"}
     return DeepseekV3Config(**{**d, "rope_yarn": YaRN(**yarn) if isinstance(yarn, dict) else yarn})
 
 
@@ -116,6 +120,13 @@ MODEL_SIZES: dict[str, DeepseekV3Config] = {
         qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, n_experts=8, top_k=2, expert_width=32, first_k_dense=1,
         n_group=4, topk_group=2, routed_scaling_factor=1.5, max_position_embeddings=64, router_init_std=0.5,
         rope_yarn=YaRN(factor=4.0, original_context=64, mscale=1.0, mscale_all_dim=1.0)),
+    # For tests: deepseek-v3-16b's structure (no q LoRA rank, two shared experts, no expert groups, V2-Lite's YaRN
+    # mscale) at the debug size's scale.
+    "deepseek-v3-16b-debug": DeepseekV3Config(
+        n_layers=3, d_model=64, n_heads=4, seq_len=64, vocab_size=256, mlp_width=128, q_lora_rank=0, kv_lora_rank=16,
+        qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12, n_experts=8, top_k=2, expert_width=32, n_shared_experts=2,
+        first_k_dense=1, max_position_embeddings=64, router_init_std=0.5,
+        rope_yarn=YaRN(factor=4.0, original_context=64, mscale=0.707, mscale_all_dim=0.707)),
     "deepseek-v3-16b": DeepseekV3Config(
         n_layers=27, d_model=2048, n_heads=16, vocab_size=102400, mlp_width=10944, q_lora_rank=0, n_experts=64,
         top_k=6, expert_width=1408, n_shared_experts=2, first_k_dense=1,
@@ -123,7 +134,7 @@ MODEL_SIZES: dict[str, DeepseekV3Config] = {
     "deepseek-v3": DeepseekV3Config(
         n_layers=61, d_model=7168, n_heads=128, vocab_size=129280, mlp_width=18432, q_lora_rank=1536, n_experts=256,
         top_k=8, expert_width=2048, n_shared_experts=1, first_k_dense=3, n_group=8, topk_group=4,
-        routed_scaling_factor=2.5, num_nextn_predict_layers=1, rope_yarn=_YARN, **_PUBLISHED),
+        routed_scaling_factor=2.5, rope_yarn=_YARN, **_PUBLISHED),
 }
 
 _FLAG_FIELDS = ("n_layers", "d_model", "n_heads", "seq_len", "vocab_size", "mlp_width", "tie_embeddings")

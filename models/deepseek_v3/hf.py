@@ -6,8 +6,8 @@ kv_b_proj, o_proj}``; the rope features stay as the file stores them (interleave
 attention de-interleaves at run time, as transformers does). Dense blocks ``mlp.{gate,up,down}_proj``; a mixture's
 router ``mlp.gate.weight`` and its selection bias ``mlp.gate.e_score_correction_bias`` (a buffer there, which
 picks the experts), ``mlp.experts.N.{gate,up,down}_proj`` (stacked here) and ``mlp.shared_experts.{gate,up,down}_proj``.
-Multi-token-prediction tensors (``model.layers.{num_hidden_layers}.*`` in DeepSeek's own release; transformers saves
-none) are no part of this model: a folder's reader passes over them.
+Multi-token prediction: ``num_nextn_predict_layers`` is the model's ``mtp_depth``; its tensors (``model.layers.{num_hidden_layers
++ k}.*`` in DeepSeek's own release; transformers saves none) are named by models/common/mtp.py for every family.
 
 ``config.json``: a folder is this family's when its ``architectures`` names ``DeepseekV3ForCausalLM`` (Kimi K2 and
 Moonlight keep that architecture under their own ``model_type``). Read from transformers 4.x (``rope_theta`` +
@@ -71,7 +71,7 @@ def config_to_hf(cfg: DeepseekV3Config) -> dict:
             "max_position_embeddings": cfg.max_position_embeddings, "rms_norm_eps": cfg.norm_eps,
             **rope_to_hf(cfg.rope_theta, cfg.rope_yarn), "rope_interleave": cfg.rope_interleave,
             "attention_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02,
-            "tie_word_embeddings": cfg.tie_embeddings, "num_nextn_predict_layers": cfg.num_nextn_predict_layers,
+            "tie_word_embeddings": cfg.tie_embeddings, "num_nextn_predict_layers": cfg.mtp_depth,
             **dtype_to_hf(), "use_cache": True}
 
 
@@ -97,6 +97,6 @@ def config_from_hf(config: dict) -> DeepseekV3Config:
             routed_scaling_factor=float(config.get("routed_scaling_factor", 2.5)), rope_theta=theta,
             rope_interleave=bool(config.get("rope_interleave", True)), norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             tie_embeddings=bool(config.get("tie_word_embeddings", False)), max_position_embeddings=context,
-            num_nextn_predict_layers=int(config.get("num_nextn_predict_layers") or 0), **rope)
+            mtp_depth=int(config.get("num_nextn_predict_layers") or 0), **rope)
     except KeyError as e:
         raise ValueError(f"missing key {e.args[0]!r}") from None

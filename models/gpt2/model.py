@@ -40,6 +40,7 @@ class GPTConfig:
     # The model's context: rows of the learned position table (Hugging Face's n_positions). None: seq_len, as
     # in configs recorded before the two were told apart (their tables had seq_len rows).
     n_positions: int | None = None
+    mtp_depth: int = 0  # multi-token-prediction depths trained beside the model (models/common/mtp.py); 0: none
     family: str = field(default="gpt2", init=False)
 
     def __post_init__(self) -> None:
@@ -156,14 +157,19 @@ class GPT(nn.Module):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(x))  # (B, T, D) -> (B, T, V)
 
+    def hidden(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+               documents: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T) -> the residual stream after the last block (B, T, D), before the final norm."""
+        x = self.embed(tokens, positions)
+        if documents is None:  # the blocks need no positions: the embedding used them
+            return run_blocks(self.layers, x, None)
+        return run_blocks(self.layers, x, positions, documents)
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, documents: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
         if cache is not None:
             return self.decode(tokens, cache)
-        x = self.embed(tokens, positions)
-        if documents is None:  # the blocks need no positions: the embedding used them
-            return self.logits(run_blocks(self.layers, x, None))
-        return self.logits(run_blocks(self.layers, x, positions, documents))
+        return self.logits(self.hidden(tokens, positions, documents))
 
     def decode(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """(B, t) new tokens after the cache's positions -> their logits (B, t, V). Each token's learned

@@ -56,6 +56,7 @@ class GptOssConfig:
     rope_theta: float = 150000.0
     rope_yarn: YaRN | None = None  # rope_type "yarn" (models/common/rope.py); None: plain RoPE
     max_position_embeddings: int = 131072
+    mtp_depth: int = 0  # multi-token-prediction depths trained beside the model (models/common/mtp.py); 0: none
     family: str = field(default="gpt_oss", init=False)
 
     def __post_init__(self):

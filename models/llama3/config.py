@@ -54,6 +54,7 @@ class LlamaConfig:
     # The width rule's inputs, so that an override of d_model recomputes the width the size's way.
     ffn_dim_multiplier: float | None = None
     multiple_of: int = DEFAULT_MULTIPLE_OF
+    mtp_depth: int = 0  # multi-token-prediction depths trained beside the model (models/common/mtp.py); 0: none
     family: str = field(default="llama3", init=False)
 
     @property

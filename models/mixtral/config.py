@@ -35,6 +35,7 @@ class MixtralConfig:
     norm_eps: float = 1e-5
     rope_theta: float = 1000000.0
     max_position_embeddings: int = 32768
+    mtp_depth: int = 0  # multi-token-prediction depths trained beside the model (models/common/mtp.py); 0: none
     family: str = field(default="mixtral", init=False)
 
     @property

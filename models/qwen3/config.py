@@ -33,6 +33,7 @@ class Qwen3Config:
     norm_eps: float = 1e-6  # every RMSNorm, the q/k norms too
     rope_theta: float = 1000000.0
     max_position_embeddings: int = 40960  # the model's context (config.json's), never changed by the window
+    mtp_depth: int = 0  # multi-token-prediction depths trained beside the model (models/common/mtp.py); 0: none
     family: str = field(default="qwen3", init=False)
 
     @property

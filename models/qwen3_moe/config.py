@@ -39,6 +39,7 @@ class Qwen3MoeConfig:
     norm_eps: float = 1e-6
     rope_theta: float = 1000000.0
     max_position_embeddings: int = 40960
+    mtp_depth: int = 0  # multi-token-prediction depths trained beside the model (models/common/mtp.py); 0: none
     family: str = field(default="qwen3_moe", init=False)
 
     @property

@@ -58,7 +58,8 @@ _MODEL_FLAGS = {"family": "--model (family)", "n_kv_heads": "--kv-heads", "n_lay
                 "n_heads": "--heads", "seq_len": "--seq-len", "vocab_size": "--vocab-size", "mlp_width": "--mlp-width",
                 "tie_embeddings": "tied embeddings (--untie-embeddings)",
                 "n_positions": "the model's context (n_positions)",
-                "max_position_embeddings": "the model's context (max_position_embeddings)"}
+                "max_position_embeddings": "the model's context (max_position_embeddings)",
+                "mtp_depth": "--mtp-depth"}
 
 
 class CheckpointError(RuntimeError):

@@ -26,6 +26,7 @@ reads only the tensors of its own stages and holds at most one full tensor beyon
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import Any, Mapping
 
 import torch
 
-from models import FAMILIES, ModelSpec, named_config, parameter_shapes, with_window
+from models import FAMILIES, MTP, MTP_HF_COPIES, ModelSpec, mtp_depth, mtp_hf_prefix, named_config, parameter_shapes, with_window
 from runtime.checkpoint.hf_folder import CONFIG_FILE, HFFolder, read_config
 from runtime.checkpoint.quantized.folder import QuantizedFolder, open_folder
 from runtime.checkpoint.safetensors import TensorFileError
@@ -55,8 +56,9 @@ class HFModel:
     config: Any  # the model its config.json describes; seq_len: the family's default training window
 
 
-def read_hf_model(path: str | Path) -> HFModel:
-    """The family and model config of a Hugging Face folder (reads config.json only)."""
+def read_hf_model(path: str | Path, *, mtp_depth: int | None = None) -> HFModel:
+    """The family and model config of a Hugging Face folder (reads config.json only); ``mtp_depth``: the MTP depths
+    to build and read (None: the folder's ``num_nextn_predict_layers``; 0 for generation and evaluation)."""
     path = Path(path)
     config = read_config(path)
     spec = family_of(config, path / CONFIG_FILE)
@@ -64,6 +66,8 @@ def read_hf_model(path: str | Path) -> HFModel:
         cfg = spec.hf.config_from_hf(config)
     except ValueError as e:
         raise TensorFileError(f"{path / CONFIG_FILE}: {e}") from None
+    if mtp_depth is not None and mtp_depth != getattr(cfg, "mtp_depth", 0):
+        cfg = dataclasses.replace(cfg, mtp_depth=mtp_depth)
     return HFModel(path=path, spec=spec, config=cfg)
 
 
@@ -130,29 +134,44 @@ def run_name(path: str | Path) -> str:
 @dataclass(frozen=True)
 class HFWeights:
     """A folder whose tensors were checked against a model: ``names`` maps each Hugging Face name the model
-    needs (``to_hf``'s) to the folder's own name for it."""
+    needs (``to_hf``'s) to the folder's own name for it; ``fresh``: the MTP depths the folder holds none of, which
+    start from name-seeded values."""
 
     model: HFModel
     folder: HFFolder | QuantizedFolder  # a quantized folder shows its logical float32 tensors
     names: dict[str, str]
     unused: tuple[str, ...]  # tensors of the folder no parameter is made of
+    fresh: tuple[int, ...] = ()  # MTP depths (0-based) absent from the folder
 
     def note(self) -> str | None:
-        if not self.unused:
-            return None
-        shown = ", ".join(self.unused[:_SHOWN]) + (", ..." if len(self.unused) > _SHOWN else "")
-        return f"--init-from {self.model.path}: passing over {len(self.unused)} tensors the model does not use ({shown})"
+        lines = []
+        if self.fresh:
+            lines.append(f"--init-from {self.model.path}: no tensors of multi-token-prediction depth(s) "
+                         f"{', '.join(str(k + 1) for k in self.fresh)} in the folder (transformers' saves drop them): "
+                         f"they start from fresh values")
+        if self.unused:
+            shown = ", ".join(self.unused[:_SHOWN]) + (", ..." if len(self.unused) > _SHOWN else "")
+            lines.append(f"--init-from {self.model.path}: passing over {len(self.unused)} tensors the model does not "
+                         f"use ({shown})")
+        return "\n".join(lines) or None
 
 
 def check_weights(hf: HFModel) -> HFWeights:
     """Open the folder (headers only) and check every tensor the model needs: present, of the shape
-    ``to_hf`` gives for our parameter shapes, floating point. TensorFileError naming the file and tensor."""
+    ``to_hf`` gives for our parameter shapes, floating point. TensorFileError naming the file and tensor.
+    An MTP depth is read whole or not at all (``mtp_tensors``)."""
     folder = open_folder(hf.path)
     meta = {name: torch.empty(shape, device="meta") for name, shape in parameter_shapes(hf.config).items()}
     expected = {name: tuple(t.shape) for name, t in hf.spec.hf.to_hf(meta, hf.config).items()}
+    depths = mtp_tensors(hf, expected, lambda name: _find(folder, name) is not None)
+    fresh = tuple(k for k, (needed, _) in enumerate(depths) if needed and all(_find(folder, n) is None for n in needed))
+    skipped = {n for k in fresh for group in depths[k] for n in group}
+    optional = {n for _, copies in depths for n in copies}  # the release's copies of shared tensors: not read
     names = {}
     for name, shape in expected.items():
         found = _find(folder, name)
+        if name in skipped or (found is None and name in optional):
+            continue
         if found is None:
             raise TensorFileError(f"{folder.weights}: no tensor {name!r}, which this {hf.config.family} model needs "
                                   f"(the folder holds {len(folder.names())} tensors; {hf.path / CONFIG_FILE} "
@@ -166,7 +185,29 @@ def check_weights(hf: HFModel) -> HFWeights:
                                   f"not a floating-point type")
         names[name] = found
     used = set(names.values())
-    return HFWeights(model=hf, folder=folder, names=names, unused=tuple(n for n in folder.names() if n not in used))
+    return HFWeights(model=hf, folder=folder, names=names, unused=tuple(n for n in folder.names() if n not in used),
+                     fresh=fresh)
+
+
+def mtp_tensors(hf: HFModel, expected: Mapping[str, Any], present) -> list[tuple[list[str], list[str]]]:
+    """Per MTP depth of ``hf.config``, the Hugging Face names among ``expected`` it reads and the copies of shared
+    tensors the release also stores there (models/common/mtp.py). A depth the folder holds part of (``present``
+    says which) is a TensorFileError: its tensors do not match the config."""
+    depths = []
+    for k in range(mtp_depth(hf.config)):
+        prefix = mtp_hf_prefix(hf.spec.hf, hf.config, k) + "."
+        names = [n for n in expected if n.startswith(prefix)]
+        copies = [n for n in names if n.removeprefix(prefix) in MTP_HF_COPIES]
+        needed = [n for n in names if n not in copies]
+        held = [n for n in needed if present(n)]
+        if held and len(held) < len(needed):
+            missing = next(n for n in needed if not present(n))
+            raise TensorFileError(f"{hf.path}: multi-token-prediction depth {k + 1} ({prefix}*) has {len(held)} of its "
+                                  f"{len(needed)} tensors ({missing!r} missing): the folder's tensors do not match "
+                                  f"{hf.path / CONFIG_FILE} (num_nextn_predict_layers {mtp_depth(hf.config)}); "
+                                  f"--mtp-depth {k} reads the depths before it")
+        depths.append((needed, copies))
+    return depths
 
 
 def _find(folder: HFFolder | QuantizedFolder, name: str) -> str | None:
@@ -184,11 +225,15 @@ class FolderValues:
     so a rank holding experts a..b-1 reads only theirs (compiler/parallelize/materialize.py asks for them).
     Values keep the folder's dtype; the shard they are copied into converts them (fp32 parameters)."""
 
-    def __init__(self, weights: HFWeights):
-        self.weights = weights
+    def __init__(self, weights: HFWeights, *, seed: int = 0):
+        self.weights, self.seed = weights, seed
+        self.fresh = {f"{MTP}.layers.{k}." for k in weights.fresh}
 
     def __call__(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        hf_names, combine = self.weights.model.spec.hf.from_hf(name, self.weights.model.config)
+        model = self.weights.model
+        if name.startswith(tuple(self.fresh)):  # an MTP depth the folder does not hold: name-seeded
+            return model.spec.initial_value(name, shape, seed=self.seed, cfg=model.config)
+        hf_names, combine = model.spec.hf.from_hf(name, model.config)
         full = combine(*self._read(hf_names))
         if tuple(full.shape) != tuple(shape):  # the run's model is the folder's: its window changes no shape
             raise TensorFileError(f"{name}: the folder gives shape {list(full.shape)}, the model needs {list(shape)}")
@@ -197,6 +242,8 @@ class FolderValues:
     def rows(self, name: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) of dim 0 of ``name``'s value."""
         spec = self.weights.model.spec
+        if name.startswith(tuple(self.fresh)):
+            return self(name, shape)[start:stop]
         if spec.hf.row_wise(name):  # rows of each tensor: a quantized folder dequantizes only those
             hf_names, combine = spec.hf.from_hf(name, self.weights.model.config)
             return combine(*(self.weights.folder.read_rows(self.weights.names[n], start, stop) for n in hf_names))
@@ -214,14 +261,15 @@ class FolderValues:
         return [self.weights.folder.read(self.weights.names[n]) for n in hf_names]
 
 
-def initial_values(weights: HFWeights) -> FolderValues:
-    return FolderValues(weights)
+def initial_values(weights: HFWeights, *, seed: int = 0) -> FolderValues:
+    """The folder's values; ``seed`` those of the MTP depths it does not hold."""
+    return FolderValues(weights, seed=seed)
 
 
-def read_state_dict(weights: HFWeights, run_cfg: Any) -> dict[str, torch.Tensor]:
+def read_state_dict(weights: HFWeights, run_cfg: Any, *, seed: int = 0) -> dict[str, torch.Tensor]:
     """Every parameter of ``run_cfg``'s model (the folder's, at any window; both copies of a tied weight), fp32,
     for one process."""
-    value = initial_values(weights)
+    value = initial_values(weights, seed=seed)
     return {name: value(name, shape).float() for name, shape in parameter_shapes(run_cfg).items()}
 
 

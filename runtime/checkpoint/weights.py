@@ -15,7 +15,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from compiler.lora import LoraConfig, adapter_initial_value, is_adapter
-from models import spec_of
+from models import mtp_depth, spec_of
 from runtime.checkpoint.files import (
     MARKER,
     CheckpointError,
@@ -77,15 +77,16 @@ def _check_shapes(weights: dict, path: Path, model_cfg) -> None:
     for name in sorted(set(expected) | set(weights)):
         got = tuple(weights[name].shape) if name in weights else "missing"
         if got != expected.get(name):
+            hint = " (a multi-token-prediction depth's: --mtp-depth sets how many)" if name.startswith("mtp.") else ""
             raise CheckpointError(f"--init-from {path} does not fit this model: {name} has shape {got}, this model "
-                                  f"needs {expected.get(name, 'no such parameter')}")
+                                  f"needs {expected.get(name, 'no such parameter')}{hint}")
 
 
 def check_init_from(init_from: str | None, model_cfg) -> str | None:
     """Headers and shapes of ``--init-from`` (a Hugging Face folder or an export) checked before any process
     group; returns a note to print (tensors of a folder the model does not use), or None."""
     if init_from and Path(init_from).is_dir():
-        return check_weights(read_hf_model(init_from)).note()
+        return check_weights(read_hf_model(init_from, mtp_depth=mtp_depth(model_cfg))).note()
     if init_from:
         read_init_weights(Path(init_from), model_cfg)
     return None
@@ -97,7 +98,7 @@ def initial_values(init_from: str | None, model_cfg, *, seed: int, lora: LoraCon
     with ``lora``, the adapters' from its peft folder (``--lora-from``), else name-seeded (compiler/lora/modules.py).
     Training and evaluation read weights through this one function."""
     if init_from and Path(init_from).is_dir():
-        base = hf_initial_values(check_weights(read_hf_model(init_from)))
+        base = hf_initial_values(check_weights(read_hf_model(init_from, mtp_depth=mtp_depth(model_cfg))), seed=seed)
     elif init_from:
         weights = read_init_weights(Path(init_from), model_cfg)
         base = lambda name, shape: weights[name]  # noqa: E731

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from compiler.lora import LoraConfig
-from models import config_from_dict, with_window
+from models import config_from_dict, with_window, without_mtp
 from runtime.checkpoint.files import CheckpointError, CheckpointInfo
 from runtime.checkpoint.state import load_model_only
 from runtime.checkpoint.weights import check_init_from, initial_values, resolve_checkpoint
@@ -83,10 +83,11 @@ def check_inputs(argv: list[str], env: LaunchEnv) -> EvalInputs:
     if (args.checkpoint is None) == (args.init_from is None):
         raise ConfigError("run.py eval needs exactly one of --checkpoint DIR and --init-from FILE")
     cfg = config_from_args(groups.with_training_defaults(args), world_size=env.world_size)
+    cfg = dataclasses.replace(cfg, model=without_mtp(cfg.model))  # the next-token loss: no MTP depth is built
     checkpoint = None
     if args.checkpoint:
         checkpoint = resolve_checkpoint(Path(args.checkpoint))
-        model = config_from_dict(checkpoint.config["model"])  # the checkpoint's shape, at --seq-len if given
+        model = without_mtp(config_from_dict(checkpoint.config["model"]))  # its shape, at --seq-len if given
         try:
             model = with_window(model, args.seq_len) if args.seq_len else model
         except ValueError as e:

@@ -96,6 +96,19 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                         "0: none")
 
 
+def add_mtp_flags(p: argparse.ArgumentParser) -> None:
+    """Multi-token prediction, a training objective (eval and generate build no depth)."""
+    g = p.add_argument_group("multi-token prediction")
+    g.add_argument("--mtp-depth", type=int, metavar="D",
+                   help="multi-token prediction (DeepSeek-V3 sec. 2.2), any family: D sequential modules (the family's "
+                        "block, a 2d -> d projection, norms; embedding and head shared) predict the tokens 2..D+1 "
+                        "ahead, trained beside the model on the last pipeline stage (default: the --init-from folder's "
+                        "num_nextn_predict_layers, else 0; generate and eval ignore them)")
+    g.add_argument("--mtp-loss-weight", type=float, default=0.3, metavar="W",
+                   help="with --mtp-depth: the loss is the next-token loss + W x the depths' mean loss (DeepSeek-V3: "
+                        "0.3, then 0.1)")
+
+
 def add_pipeline_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("pipeline and batch")
     add_plan_flags(g, ("schedule", "stages_per_rank", "microbatches", "micro_batch_size"))
@@ -277,9 +290,10 @@ FlagGroup = Callable[[argparse.ArgumentParser], None]
 
 # Training reads every group; subcommands that build the engine name theirs (runtime/commands/eval.py).
 TRAINING_FLAG_GROUPS: tuple[FlagGroup, ...] = (
-    add_mesh_flags, add_data_parallel_flags, add_auto_flag, add_model_flags, add_pipeline_flags, add_layout_flags,
-    add_placement_flags,
-    add_precision_flag, add_optim_flags, add_run_flags, add_init_flag, add_lora_flags, add_checkpoint_flags, add_data_flags,
+    add_mesh_flags, add_data_parallel_flags, add_auto_flag, add_model_flags, add_mtp_flags, add_pipeline_flags,
+    add_layout_flags, add_placement_flags,
+    add_precision_flag, add_optim_flags, add_run_flags, add_init_flag, add_lora_flags, add_checkpoint_flags,
+    add_data_flags,
     add_validation_flags, add_metrics_flags)
 
 

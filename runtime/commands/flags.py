@@ -101,8 +101,12 @@ def build_config(args: argparse.Namespace, *, world_size: int | None = None, now
         checkpoint_timeout_s=args.checkpoint_timeout,
         device=device,
         expert_bias_rate=getattr(args, "expert_bias_rate", 0.0),
+        mtp_loss_weight=getattr(args, "mtp_loss_weight", 0.3),
     )
-    cfg = dataclasses.replace(cfg, lora=lora_config(args, cfg.model))
+    cfg = _fine_tuning_without_mtp(dataclasses.replace(cfg, lora=lora_config(args, cfg.model)),
+                                   asked=getattr(args, "mtp_depth", None))
+    if not cfg.mtp_loss_weight >= 0:
+        raise ConfigError(f"--mtp-loss-weight must be >= 0, got {cfg.mtp_loss_weight}")
     vocab_size = cfg.model.vocab_size
     if args.eod_token is not None and not 0 <= args.eod_token < vocab_size:
         raise ConfigError(f"--eod-token {args.eod_token} must be a token id in [0, {vocab_size}) (--vocab-size {vocab_size})")
@@ -171,15 +175,38 @@ def model_config(args: argparse.Namespace):
     overrides = dict(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads, n_kv_heads=args.kv_heads,
                      seq_len=args.seq_len, vocab_size=args.vocab_size, mlp_width=args.mlp_width)
     if _init_folder(args):
-        return _with_expert_bias(run_model_config(read_hf_model(args.init_from), model_name=args.model,
-                                                  overrides=overrides, untie=args.untie_embeddings),
-                                 getattr(args, "expert_bias_rate", 0.0))
-    try:
-        cfg = named_config(args.model or DEFAULT_MODEL, **overrides,
-                           tie_embeddings=False if args.untie_embeddings else None)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    return _with_expert_bias(cfg, getattr(args, "expert_bias_rate", 0.0))
+        cfg = run_model_config(read_hf_model(args.init_from), model_name=args.model, overrides=overrides,
+                               untie=args.untie_embeddings)
+    else:
+        try:
+            cfg = named_config(args.model or DEFAULT_MODEL, **overrides,
+                               tie_embeddings=False if args.untie_embeddings else None)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    return _with_mtp_depth(_with_expert_bias(cfg, getattr(args, "expert_bias_rate", 0.0)), getattr(args, "mtp_depth", None))
+
+
+def _with_mtp_depth(cfg, depth: int | None):
+    """``--mtp-depth``: the model's multi-token-prediction depths (None: the folder's, or 0)."""
+    if depth is None:
+        return cfg
+    if depth < 0:
+        raise ConfigError(f"--mtp-depth must be >= 0 (0: no multi-token prediction), got {depth}")
+    if not hasattr(cfg, "mtp_depth"):
+        raise ConfigError(f"--mtp-depth {depth}: the {cfg.family} family does not build multi-token-prediction depths")
+    return dataclasses.replace(cfg, mtp_depth=depth)
+
+
+def _fine_tuning_without_mtp(cfg: TrainConfig, *, asked: int | None) -> TrainConfig:
+    """Fine-tuning (LoRA, chat data) trains the next-token objective alone, as DeepSeek-V3's post-training does: a
+    folder's multi-token-prediction depths are left out; asked for with ``--mtp-depth``, they are refused."""
+    tuning = [flag for flag, on in (("--lora-rank", cfg.lora is not None), ("chat data", cfg.data.chat)) if on]
+    if not tuning or not getattr(cfg.model, "mtp_depth", 0):
+        return cfg
+    if asked:
+        raise ConfigError(f"--mtp-depth {asked} with {' and '.join(tuning)}: fine-tuning trains without "
+                          f"multi-token prediction; use --mtp-depth 0")
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, mtp_depth=0))
 
 
 def _with_expert_bias(cfg, rate: float):
@@ -258,6 +285,7 @@ def model_flags(cfg) -> list[str]:
             if field != "n_kv_heads" or grouped:
                 flags += [flag, str(getattr(cfg, field))]
         flags += [] if cfg.tie_embeddings else ["--untie-embeddings"]
+        flags += ["--mtp-depth", str(cfg.mtp_depth)] if getattr(cfg, "mtp_depth", 0) else []
         if model_config(build_parser().parse_args(flags)) == cfg:
             return flags
     raise ValueError(f"no --model size of the {spec.family} family plus shape flags builds {cfg}")

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 
 from compiler.lora import LoraConfig, merged_weights
-from models import config_from_dict, generate, spec_of
+from models import MTP, config_from_dict, generate, spec_of, without_mtp
 from runtime.checkpoint.files import CheckpointError, verify_files
 from runtime.checkpoint.hf_weights import check_weights, position_limit, read_hf_model, read_state_dict
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
@@ -202,14 +202,19 @@ def model_source(args: argparse.Namespace) -> ModelSource:
         if problems:
             raise CheckpointError(problems[0])
         lora = LoraConfig.from_dict(info.config.get("lora"))  # a LoRA run's: its adapters merged into the weights
-        return ModelSource(config_from_dict(info.config["model"]), f"{info.path} (step {info.step})",
-                           lambda: merged_weights(load_model_weights(info), scale=lora.scale) if lora else
-                           load_model_weights(info), info.path)
+        # generation ignores multi-token prediction: the model alone, without its MTP depths' tensors
+        model = config_from_dict(info.config["model"])
+
+        def weights() -> dict[str, torch.Tensor]:
+            values = merged_weights(load_model_weights(info), scale=lora.scale) if lora else load_model_weights(info)
+            return {n: t for n, t in values.items() if not n.startswith(f"{MTP}.")}
+
+        return ModelSource(without_mtp(model), f"{info.path} (step {info.step})", weights, info.path)
     folder = Path(args.init_from)
     if not folder.is_dir():
         raise CheckpointError(f"--init-from {folder}: not a folder; generate reads a Hugging Face model folder "
                               f"(`run.py export --format hf` writes one) or a checkpoint (--checkpoint)")
-    weights = check_weights(read_hf_model(folder))
+    weights = check_weights(read_hf_model(folder, mtp_depth=0))
     cfg = weights.model.config
     return ModelSource(cfg, str(folder), lambda: read_state_dict(weights, cfg), folder)
 

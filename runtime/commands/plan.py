@@ -200,8 +200,9 @@ def cpu_model(args: argparse.Namespace):
         raise ConfigError("--experts describes a hypothetical mixture for a GPU cluster's planner; on this machine "
                           "plan a mixture-of-experts --model (qwen3-moe-*, mixtral-*) with its shape flags")
     try:
-        return named_config(args.model, n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
-                            n_kv_heads=args.kv_heads, seq_len=args.seq_len, vocab_size=args.vocab_size,
-                            mlp_width=args.mlp_width)
+        cfg = named_config(args.model, n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
+                           n_kv_heads=args.kv_heads, seq_len=args.seq_len, vocab_size=args.vocab_size,
+                           mlp_width=args.mlp_width)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    return dataclasses.replace(cfg, mtp_depth=args.mtp_depth) if args.mtp_depth else cfg

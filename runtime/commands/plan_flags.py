@@ -31,6 +31,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--expert-width", type=int, help="one expert's hidden width (default --mlp-width)")
     g.add_argument("--shared-experts", type=int, default=0, help="experts every token passes through")
     g.add_argument("--first-dense-layers", type=int, default=0, help="the first K blocks keep the dense MLP")
+    g.add_argument("--mtp-depth", type=int, default=0, metavar="D",
+                   help="multi-token-prediction depths on the last stage (a block, a projection and the head each), "
+                        "priced as given, never searched")
     g = p.add_argument_group("a plan to price (what is left open is searched and printed)")
     add_plan_flags(g, ("dp", "pp", "mp", "cp", "ep", "micro_batch_size", "schedule", "stages_per_rank", "ac",
                        "sequence_parallel", "fp8"), searched=True)
@@ -55,6 +58,8 @@ def check_positive(args: argparse.Namespace) -> None:
         if isinstance(value, int) and not isinstance(value, bool) and value < 1 and flag not in (
                 "shared_experts", "first_dense_layers"):
             raise ConfigError(f"--{flag.replace('_', '-')} must be positive, got {value}")
+    if args.mtp_depth < 0:
+        raise ConfigError(f"--mtp-depth must be >= 0, got {args.mtp_depth}")
     if not 0 <= args.headroom < 1:
         raise ConfigError(f"--headroom must be a fraction in [0, 1), got {args.headroom}")
 
@@ -93,7 +98,7 @@ def shape_from_args(args: argparse.Namespace) -> DecoderShape:
                                head_dim=d // heads if (args.d_model or args.heads) and not latent else base.head_dim,
                                mlp_width=width, seq_len=args.seq_len or base.seq_len,
                                vocab_size=args.vocab_size or base.vocab_size,
-                               experts=_experts(args, base, width, layers))
+                               experts=_experts(args, base, width, layers), mtp_depth=args.mtp_depth)
 
 
 def constraints_from_args(args: argparse.Namespace, world: int) -> Constraints:

@@ -21,7 +21,7 @@ from compiler.lora import is_adapter
 from compiler.parallelize.lora import lora_parameter_shapes
 from compiler.parallelize.materialize import local_parameter_count
 from compiler.precisions import PRECISIONS
-from models import parameter_count
+from models import mtp_depth, parameter_count
 from runtime.checkpoint.files import CheckpointError, StartPoint, resolve_start
 from runtime.checkpoint.saving import Checkpointer
 from runtime.checkpoint.state import TrainState, init_optimizer_state, load_checkpoint
@@ -230,7 +230,7 @@ def _train(cfg: TrainConfig, data: DataSources, start: StartPoint, *, env: Launc
     # 7. Train (a SIGTERM or SIGUSR1 now stops every rank after the current step, with a checkpoint).
     reporter = StepReporter(logger=logger, throughput=throughput, is_logging_rank=env.rank == logging_rank,
                             log_every=cfg.metrics.log_every, steps=cfg.optim.steps, data=data)
-    batches = Batches(data, cfg.data, engine.replica_rows(), device, engine.context_slice())
+    batches = Batches(data, cfg.data, engine.replica_rows(), device, engine.context_slice(), mtp_depth(cfg.model))
     try:
         with stop_on_signals() as stop:
             loop = TrainingLoop(ctx, batches, reporter, guard, phases, checkpointer=checkpointer, profiler=profiler,

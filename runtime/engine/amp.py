@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor
 from compiler.parallelize.cross_entropy import token_cross_entropy, vocabulary_shard
 from compiler.precisions import PRECISIONS
 from compiler.torch_compat import MultiDeviceReplicator, non_finite_check_and_unscale_, replicated_tensors
+from runtime.engine.mtp_loss import MtpObjective
 
 
 def autocast(device_type: str, precision: str) -> contextlib.AbstractContextManager:
@@ -75,7 +76,8 @@ def ensure_scale_initialised(scaler: ShardedGradScaler, device: torch.device) ->
 
 
 def scaled_cross_entropy(scaler: ShardedGradScaler, *, microbatches: int, vocab_mesh: DeviceMesh | None = None,
-                         vocab_size: int | None = None, over_every_position: bool = False):
+                         vocab_size: int | None = None, over_every_position: bool = False,
+                         mtp: MtpObjective | None = None):
     """The schedule's loss function: next-token cross-entropy of one micro-batch, divided by the
     number of micro-batches and loss-scaled.
 
@@ -92,14 +94,19 @@ def scaled_cross_entropy(scaler: ShardedGradScaler, *, microbatches: int, vocab_
     losses over the micro-batch's mb x T positions, an ignored one counting zero. Every micro-batch and rank then
     has the same denominator, so the gradient is the same on any mesh; a mean over each micro-batch's own
     unignored tokens would weigh micro-batches by how many they hold.
+
+    ``mtp``: the multi-token-prediction objective of this rank's last stage (runtime/engine/mtp_loss.py); the loss
+    function then takes the stage's (logits, h^0) and the stacked targets.
     """
     shard = vocabulary_shard(vocab_mesh, vocab_size) if vocab_mesh is not None else None
 
-    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def next_token(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if over_every_position:
-            loss = token_cross_entropy(logits, targets, shard=shard, reduction="sum") / targets.numel()
-        else:
-            loss = token_cross_entropy(logits, targets, shard=shard)
+            return token_cross_entropy(logits, targets, shard=shard, reduction="sum") / targets.numel()
+        return token_cross_entropy(logits, targets, shard=shard)
+
+    def loss_fn(output, targets: torch.Tensor) -> torch.Tensor:
+        loss = mtp.loss(output, targets, next_token) if mtp is not None else next_token(output, targets)
         return scaler.scale(loss / microbatches)
 
     return loss_fn

@@ -17,6 +17,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from compiler.fp8 import RECIPES
+from compiler.parallelize.cross_entropy import vocabulary_shard
 from compiler.parallelize.data_parallel import DataParallelOptions
 from compiler.parallelize.expert_parallel import MoeMeshes, moe_modules
 from compiler.parallelize.float8 import Fp8Options
@@ -25,7 +26,7 @@ from compiler.partition import rank_costs
 from compiler.precisions import PRECISIONS
 from compiler.schedules import SCHEDULES, build_schedule
 from compiler.stage_plan import StagePlan, plan_stages
-from models import moe_layer_names, spec_of
+from models import moe_layer_names, mtp_depth, spec_of, tied_weights
 from models.spec import MOE
 from runtime.config import TrainConfig
 from runtime.distributed.collectives import broadcast_object
@@ -36,6 +37,7 @@ from runtime.engine.amp import build_grad_scaler, scaled_cross_entropy
 from runtime.engine.data.batches import replica_rows
 from runtime.engine.data.inputs import ContextSlice, model_input_count
 from runtime.engine.experts import ExpertBalance
+from runtime.engine.mtp_loss import MtpObjective, mtp_objective
 from runtime.engine.optim import build_lr_schedule, build_optimizer
 from runtime.engine.replicate import ReplicatedGradients
 from runtime.engine.step import PipelineContext, StepContext
@@ -175,11 +177,13 @@ def _agreed_stage_plan(cfg: TrainConfig, rank: int, device: torch.device) -> Sta
 
 def _tied_weights(cfg: TrainConfig, stages: LocalStages, mesh: DeviceMesh, pp_rank: int,
                   n_stages: int) -> TiedWeights | None:
-    """Tied embeddings with pp > 1: a copy on the first and the last stage, their gradients summed point to point."""
-    if not cfg.model.tie_embeddings or cfg.lora is not None:  # LoRA: both copies frozen, no gradient to sum
+    """Tied embeddings (and the MTP depths' embedding) with pp > 1: a copy on the first and the last stage, their
+    gradients summed point to point."""
+    tied = tied_weights(cfg.model)
+    if not tied or cfg.lora is not None:  # LoRA: every copy frozen, no gradient to sum
         return None
     plan, spec = cfg.plan, SCHEDULES[cfg.plan.schedule]
-    return TiedWeights(stages.named_parameters(), tied_weights=spec_of(cfg.model).tied_weights,
+    return TiedWeights(stages.named_parameters(), tied_weights=tied,
                        pp_group=mesh["pp"].get_group(), pp_rank=pp_rank,
                        first_pp=spec.stage_owner(0, pp=plan.pp, stages_per_rank=plan.stages_per_rank),
                        last_pp=spec.stage_owner(n_stages - 1, pp=plan.pp, stages_per_rank=plan.stages_per_rank))
@@ -220,12 +224,15 @@ def build_step_context(engine: Engine, *, profiler: Callable[[object], Profiler]
     cfg, plan = engine.cfg, engine.cfg.plan
     scaler = build_grad_scaler(plan.precision, engine.device.type)
     layout = engine.layout
-    # Chat data: a mean over the global batch's assistant tokens (runtime/engine/token_mean.py).
+    # Chat data: a mean over the global batch's assistant tokens (runtime/engine/token_mean.py); no MTP depths
+    # (runtime/config.py refuses them).
     trained_tokens = TrainedTokens(replicas=layout.dp * layout.cp) if cfg.data.chat else None
+    mtp = _mtp_objective(engine)
     loss_fn = (trained_token_cross_entropy(scaler, trained_tokens, vocab_mesh=engine.vocab_mesh(),
                                            vocab_size=cfg.model.vocab_size) if trained_tokens else
                scaled_cross_entropy(scaler, microbatches=plan.microbatches, vocab_mesh=engine.vocab_mesh(),
-                                    vocab_size=cfg.model.vocab_size, over_every_position=cfg.data.no_loss_across_documents))
+                                    vocab_size=cfg.model.vocab_size,
+                                    over_every_position=cfg.data.no_loss_across_documents, mtp=mtp))
     pipeline = engine.pipeline(loss_fn)
     profiling = profiler(pipeline.schedule) if profiler else None
     if profiling:
@@ -243,5 +250,16 @@ def build_step_context(engine: Engine, *, profiler: Callable[[object], Profiler]
     ctx = StepContext(pipeline=pipeline, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
                       grad_clip=cfg.optim.grad_clip, loss_replicas=layout.plane_size, plane_size=layout.plane_size,
                       microbatches=plan.microbatches, experts=experts, trained_tokens=trained_tokens,
-                      fp8_guard=engine.fp8.guard if engine.fp8 else None)
+                      fp8_guard=engine.fp8.guard if engine.fp8 else None, mtp_depth=mtp_depth(cfg.model), mtp=mtp)
     return ctx, profiling
+
+
+def _mtp_objective(engine: Engine) -> MtpObjective | None:
+    """The MTP depths' objective where this rank holds the last stage of a run with them (runtime/engine/mtp_loss.py)."""
+    stages, depth = engine.stages, mtp_depth(engine.cfg.model)
+    if not depth or not stages.has_last:
+        return None
+    mesh = engine.vocab_mesh()
+    return mtp_objective(stages.modules[stages.indices.index(stages.num_stages - 1)], depth=depth,
+                         weight=engine.cfg.mtp_loss_weight,
+                         shard=vocabulary_shard(mesh, engine.cfg.model.vocab_size) if mesh is not None else None)

@@ -46,13 +46,14 @@ class Batches:
     replica_rows: tuple[int, int]
     device: torch.device
     context: ContextSlice | None = None
+    mtp_depth: int = 0  # the targets carry the MTP depths' (runtime/engine/data/future_tokens.py)
 
     def of(self, source, step: int):
         cfg = self.data_cfg
         inputs, targets = rank_batch(source, step, self.replica_rows, document_mask=cfg.document_mask,
-                                     context=self.context)
+                                     context=self.context, mtp_depth=self.mtp_depth)
         if cfg.no_loss_across_documents:
-            targets = without_loss_across_documents(inputs, targets, cfg.eod_token)
+            targets = without_loss_across_documents(inputs, targets, cfg.eod_token, mtp_depth=self.mtp_depth)
         inputs = (tuple(host_to_device(t, self.device) for t in inputs) if isinstance(inputs, tuple)
                   else host_to_device(inputs, self.device))
         return inputs, host_to_device(targets, self.device)

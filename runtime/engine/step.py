@@ -28,6 +28,7 @@ from runtime.device import synchronize
 from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value
 from runtime.engine.experts import ExpertBalance
 from runtime.engine.grad_clip import clip_grads_, local_grad_sq_norm
+from runtime.engine.mtp_loss import MtpObjective
 from runtime.engine.partial_grads import sum_partial_gradients
 from runtime.engine.replicate import ReplicatedGradients
 from runtime.engine.tied import TiedWeights
@@ -45,6 +46,7 @@ class StepStats:
     stop: bool = False  # some rank asked to stop (a preemption signal) before this step's all-reduce
     writing: bool = False  # some rank was still writing a background checkpoint at this step's all-reduce
     fp8_skipped: bool = False  # skipped because some rank's FP8 amax was inf or NaN (--fp8)
+    mtp_loss: float | None = None  # the MTP depths' mean loss over the global batch (``loss`` includes its weight)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,8 @@ class StepContext:
     experts: ExpertBalance | None = None  # a mixture-of-experts model's per-step bookkeeping (runtime/engine/experts.py)
     trained_tokens: TrainedTokens | None = None  # chat data: the loss's global count of trained targets (token_mean.py)
     fp8_guard: AmaxGuard | None = None  # --fp8: set when an amax of this rank's step was inf or NaN
+    mtp_depth: int = 0  # multi-token-prediction depths (a run with them reports their loss)
+    mtp: MtpObjective | None = None  # their objective, on a rank holding the last stage (runtime/engine/mtp_loss.py)
 
     @property
     def device(self) -> torch.device:
@@ -162,8 +166,11 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
     flag_values = torch.tensor([float(f) for f in flags] + [0.0], dtype=torch.float64, device=ctx.device)
     if fp8_found is not None:
         flag_values[2] = fp8_found.to(ctx.device, torch.float64)
+    # A run with MTP depths adds their loss (zero where this rank has no last stage: every rank sends one size)
+    local_mtp = ctx.mtp.take_mean() if ctx.mtp is not None else None
+    mtp = [(local_mtp if local_mtp is not None else torch.zeros(1, dtype=torch.float64)).reshape(1).to(ctx.device)]
     packed = torch.cat([torch.stack([local_grad_sq_norm(distinct, plane_size=ctx.plane_size), local_loss.to(ctx.device)]),
-                        flag_values])
+                        flag_values, *(mtp if ctx.mtp_depth else [])])
     if dist.is_initialized():
         dist.all_reduce(packed)
     grad_norm = float(packed[0].sqrt())
@@ -195,7 +202,8 @@ def _optimizer_step(ctx: StepContext, losses: list[torch.Tensor], *, scale: floa
         ctx.lr_schedule.step()
     ctx.optimizer.zero_grad(set_to_none=True)
     return StepStats(loss=loss, grad_norm=grad_norm, loss_scale=scale, skipped=skipped, lr=lr, stop=stop_anywhere,
-                     writing=writing_anywhere, fp8_skipped=fp8_bad)
+                     writing=writing_anywhere, fp8_skipped=fp8_bad,
+                     mtp_loss=float(packed[5]) / ctx.loss_replicas if ctx.mtp_depth else None)
 
 
 def _set_trained_tokens(ctx: StepContext, count: int | None) -> None:

@@ -44,6 +44,7 @@ class StepReporter:
         self.logger, self.throughput, self.is_logging_rank = logger, throughput, is_logging_rank
         self.log_every, self.steps, self.data = log_every, steps, data
         self.losses: list[float] = []
+        self.mtp_losses: list[float] = []  # the MTP depths' mean loss per step (runs with --mtp-depth)
         self.grad_norms: list[float] = []
         self.val_losses: list[tuple[int, float]] = []
         self.skipped = 0
@@ -63,12 +64,15 @@ class StepReporter:
         self.fp8_skipped += stats.fp8_skipped
         if stats.fp8_skipped:
             self.note(f"step {n}: skipped: an FP8 amax was inf or NaN ({self.fp8_skipped} such step(s) so far)")
+        if stats.mtp_loss is not None:
+            self.mtp_losses.append(stats.mtp_loss)
         self.logger.scalars(n, {
             "train/loss": stats.loss, "train/lr": stats.lr, "train/grad_norm": stats.grad_norm,
             "train/loss_scale": stats.loss_scale, "train/skipped_steps": self.skipped,
             "train/fp8_skipped_steps": self.fp8_skipped,
             "perf/step_time_s": step_time, "perf/samples_per_sec": t.samples_per_sec(step_time),
             "perf/tokens_per_sec": t.tokens_per_sec(step_time), "perf/mfu": t.mfu(step_time),
+            **({"train/mtp_loss": stats.mtp_loss} if stats.mtp_loss is not None else {}),
         })
         if n % self.log_every and n != last_step:
             return
@@ -117,6 +121,7 @@ class StepReporter:
             "final_val": language_model_metrics(val[-1][1], byte_level=self.data.byte_level) if val else None,
             "data": data_summary(self.data, last_step),
             "losses": self.losses,
+            "mtp_losses": self.mtp_losses,
             "grad_norms": self.grad_norms,
             "val_losses": val,
             "expert_loads": self.expert_loads,

@@ -70,6 +70,9 @@ CASES = {
     "zero3-with-replicate": (2, ["--dp", "2", "--dp-shard", "1", "--reshard-after-forward"],
                              ["--reshard-after-forward", "--dp-shard 1", "--dp-shard > 1"]),
     "unknown-device": (2, ["--dp", "2", "--device", "tpu"], ["--device", "auto", "cpu", "cuda"]),
+    "negative-mtp-depth": (2, ["--dp", "2", "--mtp-depth", "-1"], ["--mtp-depth", ">= 0", "got -1"]),
+    "negative-mtp-loss-weight": (2, ["--dp", "2", "--mtp-depth", "1", "--mtp-loss-weight", "-0.3"],
+                                 ["--mtp-loss-weight", ">= 0", "got -0.3"]),
     "unknown-reduce-dtype": (2, ["--dp", "2", "--reduce-dtype", "fp8"], ["--reduce-dtype", "fp32", "bf16", "fp16"]),
     # We run as root, which ignores permissions; nobody can create a folder inside /proc.
     "unwritable-checkpoint-dir": (2, ["--dp", "2", "--checkpoint-dir", "/proc/engine-checkpoints"],
@@ -113,3 +116,20 @@ def test_data_with_fewer_tokens_than_one_sequence(tmp_path):
     short.write_text("far too short for a sequence of 64 tokens\n")
     line = error_line(2, [*TINY, "--dp", "2", "--data", str(short)])
     assert f"--data {short}" in line and "fewer than one sequence" in line, line
+
+
+def test_a_folder_whose_mtp_tensors_do_not_match_its_config(tmp_path):
+    """DeepSeek-V3's config names one MTP depth; the folder holds its projection and norms but not its block."""
+    import math
+    import shutil
+
+    from tests.hf_reference import pack, parse_safetensors, write_safetensors
+    from tests.paths import FIXTURE_ROOT
+
+    fixture = FIXTURE_ROOT / "hf-models" / "deepseek-v3"
+    shutil.copy(fixture / "config.json", tmp_path / "config.json")
+    _, _, tensors = parse_safetensors(fixture / "model.safetensors")
+    part = {"model.layers.3.eh_proj.weight": ("F32", [48, 96], pack("F32", [0.0] * math.prod([48, 96])))}
+    write_safetensors(tmp_path / "model.safetensors", {**tensors, **part})
+    line = error_line(1, ["--init-from", str(tmp_path), "--steps", "1"])
+    assert "multi-token-prediction depth 1 (model.layers.3.*) has 1 of its" in line and "num_nextn_predict_layers 1" in line

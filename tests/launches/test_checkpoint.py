@@ -188,6 +188,21 @@ def test_an_expert_parallel_checkpoint_resumes_on_other_ep_and_cp_exactly(tmp_pa
             assert got == pytest.approx(want, rel=1e-6)
 
 
+def test_a_checkpoint_with_mtp_depths_resumes_on_another_mesh_exactly(tmp_path):
+    """Llama 3 with two MTP depths: 1x2x2 (the depths on the last stage, their embedding a third copy of the tied one,
+    TP) saves at step 3; 4x1x1 (one stage: the three names share one Parameter) continues, the depths' losses too."""
+    llama = ["--model", "llama3-debug", "--layers", "4", "--heads", "8", "--kv-heads", "4", "--steps", "6",
+             "--mtp-depth", "2"]
+    (a, _), (resumed, output) = _train_in_turn([
+        ((1, 2, 2), tmp_path / "log_a", (*llama, "--checkpoint-dir", str(tmp_path / "a"), "--checkpoint-every", "3")),
+        ((4, 1, 1), tmp_path / "log_b", (*llama, "--schedule", "1f1b", "--resume-from", str(tmp_path / "a" / "step-000003")))])
+    assert "resharding: saved on (dp, pp, mp) = (1, 2, 2)" in output and resumed["start_step"] == 3
+    for key in ("losses", "mtp_losses"):
+        assert len(resumed[key]) == 3
+        for got, want in zip(resumed[key], a[key][3:]):
+            assert got == pytest.approx(want, rel=1e-6)
+
+
 # --- export and --init-from -------------------------------------------------------------------------------
 
 def test_export_writes_full_tensors_that_start_a_run_on_another_mesh(runs, tmp_path):

@@ -16,7 +16,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from compiler.torch_compat import stages_receive_integer_tensors
-from models import spec_of
+from models import tied_weights
 from runtime.commands.flags import parse_train_config
 from tests.chat_data import CHAT_TOKENIZERS, shared_chat_file
 from tests.launch import QUICK_RUN, spawn_ranks, train_each
@@ -126,6 +126,17 @@ CASES = [
     (1, 1, 2, "1f1b", [*GPT_OSS, "--cp", "2", *DOCUMENTS, "--seq-len", "64", "--activation-checkpointing", "selective"]),
     (1, 1, 2, "1f1b", [*GPT_OSS, "--cp", "2", *DOCUMENTS, "--seq-len", "16"]),
     (2, 2, 1, "zbv", [*GPT_OSS, "--ep", "2"]),
+    # Multi-token prediction (DeepSeek-V3 sec. 2.2): the depths on the last stage, their embedding a third copy of the
+    # tied one, with SP and ZeRO-3 over 2x2x2 (the loss gathers the stage's resharded head); Llama's RoPE with depth 2
+    # over pp 2 x cp 2 and packed documents (shifted tokens read across chunks, no prediction across a boundary or
+    # after an end of document; validation without the depths); DeepSeek's MoE depth with EP, TP and replicated dense
+    # parameters, no q LoRA rank (16b's shape); the V placements (the last stage on pp rank 0).
+    (2, 2, 2, "interleaved-1f1b", ["--mtp-depth", "1", "--sequence-parallel", "--reshard-after-forward"]),
+    (1, 2, 1, "interleaved-1f1b", [*LLAMA, "--cp", "2", *DOCUMENTS, "--no-loss-across-documents", "--mtp-depth", "2",
+                                   "--eval-every", "2"]),
+    (2, 1, 2, "1f1b", ["--model", "deepseek-v3-16b-debug", "--ep", "2", "--dp-shard", "1", "--mtp-depth", "1"]),
+    (1, 2, 1, "zbv", [*DEEPSEEK, "--layers", "4", "--mtp-depth", "1"]),
+    (1, 2, 1, "dualpipev", ["--mtp-depth", "1"]),
     # Validation through the V placements (a forward-only action list: torch's V schedules cannot eval()).
     (1, 2, 1, "zbv", ["--eval-every", "2"]),
     (1, 2, 1, "dualpipev", ["--eval-every", "2"]),
@@ -216,11 +227,12 @@ def test_losses_and_gradients_match_single_process(trained, dp, pp, mp, schedule
     world = _world((dp, pp, mp, schedule, extra))
     cfg = parse_train_config(_args(dp, pp, mp, schedule, extra, logdir), world_size=world)
     reference = train_reference(cfg, steps=STEPS)
-    assert_gradients_match(gathered_gradients(logdir, world_size=world, tied=spec_of(cfg.model).tied_weights
-                                              if cfg.model.tie_embeddings else {}), reference.first_step_grads)
+    assert_gradients_match(gathered_gradients(logdir, world_size=world, tied=tied_weights(cfg.model)),
+                           reference.first_step_grads)
     assert len(summary["losses"]) == STEPS
     for step, (got, want) in enumerate(zip(summary["losses"], reference.losses)):
         assert got == pytest.approx(want, rel=1e-4), f"step {step}: mesh loss {got} vs single process {want}"
+    assert summary["mtp_losses"] == pytest.approx(reference.mtp_losses, rel=1e-4)  # the depths' part ([]: none)
     for step, (got, want) in enumerate(zip(summary["grad_norms"], reference.grad_norms)):
         assert got == pytest.approx(want, rel=1e-4), f"step {step}: global grad norm {got} vs {want}"
     if cfg.data.eval_every:  # the validation after the last step: the same weights on the same rows

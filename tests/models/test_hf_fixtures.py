@@ -77,7 +77,7 @@ def test_every_fixture_folder_has_a_family_and_every_family_its_folder():
 @pytest.mark.parametrize("name", PLAIN)
 def test_the_reader_finds_the_family_and_every_tensor_of_the_file(name):
     expected = _expected(name)
-    hf = read_hf_model(FIXTURES / name)
+    hf = read_hf_model(FIXTURES / name, mtp_depth=0)  # transformers' model: no multi-token-prediction depth
     assert hf.spec.family == FAMILY_OF[name]
     weights = check_weights(hf)
     assert weights.unused == ()  # every tensor transformers saved is one the model reads
@@ -117,7 +117,7 @@ def test_run_py_generate_on_the_folder_gives_transformers_greedy_ids(name, run_m
 
 @pytest.mark.parametrize("name", PLAIN)
 def test_the_adapter_writes_the_files_tensors_and_config_back(name):
-    hf = read_hf_model(FIXTURES / name)
+    hf = read_hf_model(FIXTURES / name, mtp_depth=0)  # transformers saves no multi-token-prediction depth
     ours = read_state_dict(check_weights(hf), hf.config)
     written = hf.spec.hf.to_hf(ours, hf.config)
     _, _, saved = parse_safetensors(FIXTURES / name / "model.safetensors")  # the reference parser

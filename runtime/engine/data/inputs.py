@@ -20,6 +20,7 @@ import torch
 from compiler.parallelize.context_parallel import local_chunks
 from compiler.parallelize.cross_entropy import IGNORE_INDEX
 from runtime.engine.data.batches import CorpusBatches, SyntheticBatches
+from runtime.engine.data.future_tokens import future_columns, mask_after_end_of_document, stack_targets
 
 Inputs = torch.Tensor | tuple[torch.Tensor, ...]
 
@@ -30,9 +31,10 @@ class ContextSlice:
     size: int  # cp
 
 
-def model_batch(rows: torch.Tensor, positions: torch.Tensor | None, *,
-                context: ContextSlice | None = None) -> tuple[Inputs, torch.Tensor]:
-    """(B, T+1) token rows and, for packed documents, their (B, T) positions within documents -> (inputs, targets)."""
+def model_batch(rows: torch.Tensor, positions: torch.Tensor | None, *, context: ContextSlice | None = None,
+                mtp_depth: int = 0) -> tuple[Inputs, torch.Tensor]:
+    """(B, T+1) token rows and, for packed documents, their (B, T) positions within documents -> (inputs, targets);
+    with ``mtp_depth`` D > 0 the targets are the (B, T, 2D + 1 + E) stack of runtime/engine/data/future_tokens.py."""
     # Copies with a fresh tensor's strides: a stage checks its inputs' strides against the traced example's, and
     # .contiguous() keeps a (1, T) slice's row stride T + 1 (a size-1 dimension's stride does not count).
     tokens, targets = (rows[:, cols].clone(memory_format=torch.contiguous_format)
@@ -42,6 +44,10 @@ def model_batch(rows: torch.Tensor, positions: torch.Tensor | None, *,
         extras = [positions, document_ids(positions)]
     elif context is not None and context.size > 1:
         extras = [torch.arange(tokens.shape[1]).expand_as(tokens).contiguous()]
+    if mtp_depth:
+        labels, future = future_columns(tokens, targets, depth=mtp_depth, length=tokens.shape[1],
+                                        documents=extras[1] if positions is not None else None)
+        targets = stack_targets(labels, future, extras)
     if context is not None and context.size > 1:
         tokens, targets, *extras = (local_chunks(t, rank=context.rank, cp=context.size) for t in (tokens, targets, *extras))
     return (tokens, *extras) if extras else tokens, targets
@@ -64,40 +70,49 @@ def chunk_columns(seq_len: int, context: ContextSlice) -> list[tuple[int, int]]:
     return [(c * length, (c + 1) * length) for c in (context.rank, 2 * cp - 1 - context.rank)]
 
 
-def chunked_model_batch(columns: ColumnReader, *, seq_len: int, document_mask: bool,
-                        context: ContextSlice) -> tuple[Inputs, torch.Tensor]:
-    """``model_batch(rows, positions, context=context)`` of the whole rows, reading only this rank's two chunks:
-    chunk [lo, hi) takes row columns [lo, hi + 1) (its targets are the next tokens), so the rank copies
-    T/cp + 2 tokens of each row, not T + 1. Document ids come counted over the whole window (``columns.documents``)."""
+def chunked_model_batch(columns: ColumnReader, *, seq_len: int, document_mask: bool, context: ContextSlice,
+                        mtp_depth: int = 0) -> tuple[Inputs, torch.Tensor]:
+    """``model_batch(rows, positions, context=context, mtp_depth=...)`` of the whole rows, reading only this rank's two
+    chunks: chunk [lo, hi) takes row columns [lo, hi + 1) (its targets are the next tokens), so the rank copies
+    T/cp + 2 tokens of each row, not T + 1; with D MTP depths, D columns more where the window has them (the depths'
+    shifted tokens, runtime/engine/data/future_tokens.py). Document ids come counted over the whole window
+    (``columns.documents``)."""
     pieces = []
     for lo, hi in chunk_columns(seq_len, context):
-        rows = columns.tokens(lo, hi)  # (B, L + 1): the chunk's inputs, then its last target
+        end = min(hi + mtp_depth, seq_len)  # past the last input column a depth needs (t_{hi-1+D}), or the window's end
+        rows = columns.tokens(lo, end)  # (B, end - lo + 1): the inputs, then the last target
         if document_mask:
-            extras = columns.documents(lo, hi)  # (B, L) positions within documents, (B, L) document ids
+            positions, ids = columns.documents(lo, end)  # (B, end - lo) positions within documents, document ids
+            extras = [positions[:, :hi - lo], ids[:, :hi - lo]]
         else:
-            extras = (torch.arange(lo, hi).expand(rows.shape[0], -1),)  # (B, L) global positions
-        pieces.append((rows[:, :-1], rows[:, 1:], *extras))
+            ids, extras = None, [torch.arange(lo, hi).expand(rows.shape[0], -1)]  # (B, L) global positions
+        tokens, targets = rows[:, :-1], rows[:, 1:]
+        if mtp_depth:
+            labels, future = future_columns(tokens, targets, depth=mtp_depth, length=hi - lo, documents=ids)
+            targets = stack_targets(labels, future, extras)
+        pieces.append((tokens[:, :hi - lo], targets[:, :hi - lo], *extras))
     tokens, targets, *extras = (torch.cat(parts, dim=1) for parts in zip(*pieces))  # (B, T/cp) each
     return (tokens, *extras), targets
 
 
 def rank_batch(source: CorpusBatches | SyntheticBatches, step: int, rows: tuple[int, int], *, document_mask: bool,
-               context: ContextSlice | None) -> tuple[Inputs, torch.Tensor]:
+               context: ContextSlice | None, mtp_depth: int = 0) -> tuple[Inputs, torch.Tensor]:
     """Rows ``rows`` of global batch ``step`` of ``source`` as this rank's (inputs, targets). A context-parallel
     rank reads only its chunks' columns where the source reads columns (token files); other sources (synthetic
     rows, drawn whole from a seed) give whole rows, cut here. Chat data's untrained targets are ``IGNORE_INDEX``."""
     if context is not None and context.size > 1 and hasattr(source, "columns"):
         inputs, targets = chunked_model_batch(source.columns(step, *rows), seq_len=source.seq_len,
-                                              document_mask=document_mask, context=context)
+                                              document_mask=document_mask, context=context, mtp_depth=mtp_depth)
     else:
         positions = source.positions(step, *rows) if document_mask else None
-        inputs, targets = model_batch(source.rows(step, *rows), positions, context=context)
+        inputs, targets = model_batch(source.rows(step, *rows), positions, context=context, mtp_depth=mtp_depth)
     return inputs, with_loss_mask(targets, source.loss_mask(step, *rows), context=context)
 
 
 def with_loss_mask(targets: torch.Tensor, mask: torch.Tensor | None, *, context: ContextSlice | None) -> torch.Tensor:
     """``targets`` with ``IGNORE_INDEX`` where the (B, T) ``mask`` of whole rows is False (chat data: the prompt's
-    tokens), cut as the targets are to a context-parallel rank's chunks; ``targets`` as they are without a mask."""
+    tokens), cut as the targets are to a context-parallel rank's chunks; ``targets`` as they are without a mask.
+    (Chat data trains without MTP depths, runtime/config.py: the targets are then (B, T).)"""
     if mask is None:
         return targets
     if context is not None and context.size > 1:
@@ -105,11 +120,14 @@ def with_loss_mask(targets: torch.Tensor, mask: torch.Tensor | None, *, context:
     return targets.masked_fill(~mask, IGNORE_INDEX)
 
 
-def without_loss_across_documents(inputs: Inputs, targets: torch.Tensor, eod: int) -> torch.Tensor:
+def without_loss_across_documents(inputs: Inputs, targets: torch.Tensor, eod: int, *, mtp_depth: int = 0) -> torch.Tensor:
     """``targets`` with ``IGNORE_INDEX`` wherever the input token is ``eod``: the token after an end of document
-    is the next document's first, not predicted from the previous one (Megatron-LM's eod_mask_loss). Per position,
-    so a context-parallel rank's chunks get what cutting the masked whole rows gives."""
+    is the next document's first, not predicted from the previous one (Megatron-LM's eod_mask_loss); likewise every
+    MTP depth's label (``mtp_depth``). Per position, so a context-parallel rank's chunks get what cutting the masked
+    whole rows gives."""
     tokens = inputs[0] if isinstance(inputs, tuple) else inputs  # (B, T) or (B, T/cp)
+    if mtp_depth:
+        return mask_after_end_of_document(targets, tokens, eod, mtp_depth)
     return targets.masked_fill(tokens == eod, IGNORE_INDEX)
 
 

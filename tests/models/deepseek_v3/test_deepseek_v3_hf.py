@@ -1,7 +1,7 @@
 """DeepSeek-V3's Hugging Face adapter (models/deepseek_v3/hf.py) beyond its transformers fixtures
 (tests/models/test_hf_fixtures.py) and the checks every family's config.json passes (tests/models/test_family_hf_config.py):
 the YaRN written, a q LoRA rank of null, folders of DeepseekV3ForCausalLM under another model_type (Kimi K2's), and
-multi-token-prediction tensors passed over."""
+folders with none or part of their multi-token-prediction tensors."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from models import named_config, parameter_shapes, spec_of
-from runtime.checkpoint.hf_weights import check_weights, family_of, read_hf_model
+from runtime.checkpoint.hf_weights import check_weights, family_of, initial_values, read_hf_model
+from runtime.checkpoint.safetensors import TensorFileError
 from tests.hf_reference import pack, parse_safetensors, write_safetensors
 from tests.paths import FIXTURE_ROOT
 
@@ -53,20 +54,45 @@ def test_kimi_k2s_folder_is_a_deepseek_v3_by_its_architecture():
     assert (cfg.n_group, cfg.rope_theta, cfg.rope_yarn.factor, cfg.rope_yarn.beta_fast) == (1, 50000.0, 32.0, 1.0)
 
 
-def test_multi_token_prediction_tensors_are_passed_over(tmp_path):
-    """num_nextn_predict_layers 1 is kept; DeepSeek's release stores the MTP module as layer num_hidden_layers
-    (transformers saves none, as the fixture): its tensors are no part of this model."""
+def _with_mtp_tensors(tmp_path: Path, names_and_shapes) -> Path:
     folder = tmp_path / "with-mtp"
     folder.mkdir()
     shutil.copy(FIXTURE / "config.json", folder / "config.json")
     _, _, tensors = parse_safetensors(FIXTURE / "model.safetensors")
     mtp = {f"model.layers.3.{name}": ("F32", shape, pack("F32", [0.5] * math.prod(shape)))
-           for name, shape in (("enorm.weight", [48]), ("hnorm.weight", [48]), ("eh_proj.weight", [48, 96]),
-                               ("shared_head.norm.weight", [48]))}
+           for name, shape in names_and_shapes}
     write_safetensors(folder / "model.safetensors", {**tensors, **mtp})
-    hf = read_hf_model(folder)
+    return folder
+
+
+def test_a_folder_without_multi_token_prediction_tensors_starts_its_depths_fresh():
+    """num_nextn_predict_layers 1 is the model's MTP depth; transformers saves no MTP tensors (as the fixture): the
+    depth starts from name-seeded values, said in one line; --mtp-depth 0 reads the model alone."""
     assert json.loads((FIXTURE / "config.json").read_text())["num_nextn_predict_layers"] == 1
-    assert hf.config.num_nextn_predict_layers == 1 and hf.config.n_layers == 3
+    hf = read_hf_model(FIXTURE)
+    assert hf.config.mtp_depth == 1 and hf.config.n_layers == 3
     weights = check_weights(hf)
-    assert sorted(weights.unused) == sorted(mtp) and "passing over 4 tensors" in weights.note()
-    assert HF.config_to_hf(hf.config)["num_nextn_predict_layers"] == 1
+    assert weights.fresh == (0,) and weights.note().count("\n") == 0
+    assert "multi-token-prediction depth(s) 1" in weights.note() and "fresh values" in weights.note()
+    value = initial_values(weights, seed=7)
+    shapes = parameter_shapes(hf.config)
+    for name in ("mtp.layers.0.eh_proj.weight", "mtp.layers.0.block.moe.experts.w1"):
+        assert torch.equal(value(name, shapes[name]), spec_of(hf.config).initial_value(name, shapes[name], seed=7,
+                                                                                        cfg=hf.config))
+    assert torch.equal(value("mtp.embed.weight", shapes["mtp.embed.weight"]), value("tok_emb.weight",
+                                                                                     shapes["tok_emb.weight"]))
+    alone = check_weights(read_hf_model(FIXTURE, mtp_depth=0))
+    assert alone.fresh == () and alone.note() is None and HF.config_to_hf(hf.config)["num_nextn_predict_layers"] == 1
+
+
+def test_a_folder_holding_part_of_a_depth_is_refused_and_passed_over_without_mtp(tmp_path):
+    """Some of layer 3's MTP tensors but not its block: the folder does not match its config (one error naming the
+    depth); with --mtp-depth 0 they are tensors the model does not use."""
+    parts = (("enorm.weight", [48]), ("hnorm.weight", [48]), ("eh_proj.weight", [48, 96]),
+             ("shared_head.norm.weight", [48]))
+    folder = _with_mtp_tensors(tmp_path, parts)
+    with pytest.raises(TensorFileError, match=r"depth 1 \(model\.layers\.3\.\*\) has 4 of its \d+ tensors"):
+        check_weights(read_hf_model(folder))
+    weights = check_weights(read_hf_model(folder, mtp_depth=0))
+    assert sorted(weights.unused) == sorted(f"model.layers.3.{n}" for n, _ in parts)
+    assert "passing over 4 tensors" in weights.note()

@@ -26,7 +26,8 @@ TRAINING_ONLY = ("--lr", "--warmup-steps", "--weight-decay", "--grad-clip", "--s
                  "--checkpoint-every", "--keep-checkpoints", "--async-checkpoint", "--resume", "--resume-from",
                  "--max-bad-steps", "--min-loss-scale", "--val-fraction", "--eval-every", "--eval-batches",
                  "--logdir", "--log-every", "--peak-tflops", "--profile", "--profile-memory", "--split-cost",
-                 "--bind-cores", "--compact-cpu-memory", "--skip-memory-check", "--compile", "--auto")
+                 "--bind-cores", "--compact-cpu-memory", "--skip-memory-check", "--compile", "--auto",
+                 "--mtp-loss-weight")
 
 # What each subcommand's documentation (README, its module docstring) runs it with.
 ACCEPTED = {
@@ -127,3 +128,17 @@ def test_lora_from_a_peft_folder_takes_its_settings():
 def test_bad_lora_flags_are_one_line_naming_the_flag(argv, message):
     with pytest.raises(ConfigError, match=message):
         _lora(["--model", "tiny", *argv] if "--init-from" not in argv else argv)
+
+
+def test_fine_tuning_leaves_a_folders_mtp_depths_out_and_refuses_them_asked_for():
+    """DeepSeek-V3's folder names one MTP depth (num_nextn_predict_layers): pre-training trains it, LoRA trains the
+    next-token objective alone; --mtp-depth 1 with LoRA is one line naming both flags."""
+    folder = str(FIXTURE_ROOT / "hf-models" / "deepseek-v3")
+
+    def config(*argv: str):
+        return config_from_args(build_parser().parse_args(["--init-from", folder, *argv]), world_size=1)
+
+    assert config().model.mtp_depth == 1
+    assert config("--lora-rank", "4").model.mtp_depth == 0
+    with pytest.raises(ConfigError, match="--mtp-depth 1 with --lora-rank: .* use --mtp-depth 0"):
+        config("--lora-rank", "4", "--mtp-depth", "1")

@@ -63,3 +63,48 @@ def test_no_process_group_is_created_for_the_pairs(monkeypatch):
         assert calls == []
         assert tied.peer == 1 and dist.get_global_rank(tied.group, tied.peer) == 7  # dp 1, pp 1, mp 1
         assert tied.copies == [weight]
+
+
+MTP_TIED = {**TIED, "mtp.embed.weight": "tok_emb.weight"}  # models.tied_weights of a tied model with MTP depths
+
+
+def _three_copies(out_dir: str) -> None:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    rank = dist.get_rank()
+    # pp rank 0: the embedding; pp rank 1: the head and the MTP depths' embedding, two Parameters of one weight
+    names = ["tok_emb.weight"] if rank == 0 else ["head.weight", "mtp.embed.weight"]
+    params = [torch.nn.Parameter(torch.zeros(3, 2)) for _ in names]
+    for i, p in enumerate(params):
+        p.grad = torch.full((3, 2), 10.0 ** (rank + i))  # 1 on rank 0; 10 and 100 on rank 1
+    tied = TiedWeights(list(zip(names, params)), tied_weights=MTP_TIED, pp_group=dist.group.WORLD, pp_rank=rank,
+                       first_pp=0, last_pp=1)
+    tied.sync_grads()
+    with open(f"{out_dir}/rank{rank}.json", "w") as f:
+        json.dump({"grads": [p.grad.tolist() for p in params], "duplicates": len(tied.duplicates)}, f)
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_the_last_stage_sums_its_two_copies_before_the_exchange(tmp_path):
+    spawn_ranks(_three_copies, world_size=2, args=(str(tmp_path),), timeout=120)
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert all(g == torch.full((3, 2), 111.0).tolist() for r in range(2) for g in got[r]["grads"])
+    assert (got[0]["duplicates"], got[1]["duplicates"]) == (0, 2)  # the norm counts the embedding's copy only
+
+
+def test_copies_on_one_rank_are_summed_and_a_shared_parameter_is_left_alone():
+    """A V placement's rank 0 holds the first and last stages: three copies, summed there, two of them duplicates.
+    One pipeline stage shares one Parameter under all three names: nothing to sum."""
+    names = ("tok_emb.weight", "head.weight", "mtp.embed.weight")
+    params = [torch.nn.Parameter(torch.zeros(2)) for _ in names]
+    for i, p in enumerate(params):
+        p.grad = torch.full((2,), 10.0 ** i)
+    tied = TiedWeights(list(zip(names, params)), tied_weights=MTP_TIED, pp_group=None, pp_rank=0, first_pp=0,
+                       last_pp=0)
+    tied.sync_grads()
+    assert all(torch.equal(p.grad, torch.full((2,), 111.0)) for p in params)
+    assert tied.duplicates == {id(params[1]), id(params[2])}
+    shared = torch.nn.Parameter(torch.zeros(2))
+    alone = TiedWeights([(n, shared) for n in names], tied_weights=MTP_TIED, pp_group=None, pp_rank=0, first_pp=0,
+                        last_pp=0)
+    assert alone.copies == [] and alone.duplicates == set()
