@@ -125,7 +125,7 @@ CASES = [
     (2, 2, 2, "interleaved-1f1b", [*GPT_OSS, "--ep", "2", "--sequence-parallel"]),
     (1, 1, 2, "1f1b", [*GPT_OSS, "--cp", "2", *DOCUMENTS, "--seq-len", "64", "--activation-checkpointing", "selective"]),
     (1, 1, 2, "1f1b", [*GPT_OSS, "--cp", "2", *DOCUMENTS, "--seq-len", "16"]),
-    (2, 2, 1, "zbv", [*GPT_OSS, "--ep", "2"]),
+    (2, 2, 1, "zbv", [*GPT_OSS, "--ep", "2", "--mtp-depth", "1"]),  # with an MTP depth: gpt-oss block L
     # Multi-token prediction (DeepSeek-V3 sec. 2.2): the depths on the last stage, their embedding a third copy of the
     # tied one, with SP and ZeRO-3 over 2x2x2 (the loss gathers the stage's resharded head); Llama's RoPE with depth 2
     # over pp 2 x cp 2 and packed documents (shifted tokens read across chunks, no prediction across a boundary or
