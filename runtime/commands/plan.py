@@ -10,6 +10,7 @@ import json
 import sys
 import time
 
+from compiler.lora import LoraConfig, target_problem
 from compiler.planner.advice import MEMORY_BINDS_BELOW, binding_constraint, cheapest_fit, why_slower
 from compiler.planner.auto import DEFAULT_GLOBAL_BATCH, ENGINE_RUNS
 from compiler.planner.candidates import Constraints
@@ -20,9 +21,11 @@ from compiler.planner.search import Estimate, SearchResult, search
 from compiler.planner.shape import DecoderShape
 from compiler.precisions import PRECISIONS
 from models import MODEL_NAMES, named_config, spec_of
+from runtime.commands.flag_groups import add_lora_flags
 from runtime.commands.flags import (
     HelpFormatter,
     default_config,
+    lora_config,
     named_model,
 )
 from runtime.commands.plan_flags import add_flags, constraints_from_args, describe_estimate, describe_shape, shape_from_args
@@ -56,6 +59,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--fit", action="store_true", help="with --reproduce: refit the GEMM efficiency constant to the "
                                                       "in-sample (fitted) tables given")
     add_flags(p)
+    add_lora_flags(p)
     return p
 
 
@@ -112,13 +116,16 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
         validate_plan = plan_checker(base)
         limits = dataclasses.replace(ENGINE_RUNS, headroom=given.headroom, max_mp=given.max_mp, fp8=given.fp8)
 
+    lora = planned_lora(args)
+
     def run(constraints: Constraints, ranks: int, model: DecoderShape | None = None, **kw) -> SearchResult:
         return search(model or shape, world=ranks, global_batch_size=args.global_batch_size, cluster=cluster, traits=traits,
-                      precisions=precisions, constraints=constraints, validate=validate_plan, **kw)
+                      precisions=precisions, constraints=constraints, validate=validate_plan, lora=lora, **kw)
 
     print(f"cluster: {cluster.name}, {cluster.topology.nodes_for(world)} node(s) x {cluster.devices_per_node} "
           f"({cluster.source or 'preset'})")
-    print(f"model: {describe_shape(shape)}; global batch {args.global_batch_size} sequences")
+    print(f"model: {describe_shape(shape)}; global batch {args.global_batch_size} sequences"
+          + (f"; LoRA rank {lora.rank} on {','.join(lora.targets)}, the rest frozen" if lora else ""))
     start = time.perf_counter()
     result = run(limits, world, keep=args.top or (5 if cluster.is_gpu else 15), collect=not cluster.is_gpu)
     seconds = time.perf_counter() - start
@@ -170,6 +177,16 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
                       f, indent=2)
         print(f"wrote {args.json}")
     return 0
+
+
+def planned_lora(args: argparse.Namespace) -> LoraConfig | None:
+    """``--lora-*`` as training reads them (the targets by --model's family): the model frozen, the adapters trained,
+    priced by the memory model (compiler/planner/pricer.py); None without --lora-rank / --lora-from."""
+    model = named_model(args.model)
+    lora = lora_config(args, model)
+    if lora is not None and (problem := target_problem(lora.targets, model)):
+        raise ConfigError(f"--lora-targets {','.join(lora.targets)}: {problem}")
+    return lora
 
 
 def padded_vocabulary_line(shape: DecoderShape, best: Estimate, search_padded) -> str | None:
