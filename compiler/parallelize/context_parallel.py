@@ -24,8 +24,11 @@ banded_attention.py, the one place that computes it, for the model's own core an
 1), b) for a run [a, b) of a document starting at s. Such a run, and any run of a core with sinks, is one call of the
 banded operator with the queries at offset a - lo of those keys: the window's band, the causal diagonal and each
 query's sink in one softmax, so the sink joins each query's denominator exactly once, never per part. The keys are
-all-gathered as for full attention (a halo of the previous W - 1 keys would do for a sliding layer: ``visible_keys``
-says which).
+all-gathered as for full attention, except on a sliding layer whose window reaches only the chunk before (W - 1 <=
+L): there each local chunk receives just the W - 1 keys and values before it, its halo, from the neighbour rank
+holding them (halo.py), and its runs attend over [halo | chunk] (``ChunkKeys``: the keys and their first position),
+so the traffic and the keys held depend on W, not on T. A document that starts before the halo is seen from the
+halo's first key on, which its windows never reach before anyway.
 """
 
 from __future__ import annotations
