@@ -24,8 +24,11 @@ banded_attention.py, the one place that computes it, for the model's own core an
 1), b) for a run [a, b) of a document starting at s. Such a run, and any run of a core with sinks, is one call of the
 banded operator with the queries at offset a - lo of those keys: the window's band, the causal diagonal and each
 query's sink in one softmax, so the sink joins each query's denominator exactly once, never per part. The keys are
-all-gathered as for full attention (a halo of the previous W - 1 keys would do for a sliding layer: ``visible_keys``
-says which).
+all-gathered as for full attention, except on a sliding layer whose window reaches only the chunk before (W - 1 <=
+L): there each local chunk receives just the W - 1 keys and values before it, its halo, from the neighbour rank
+holding them (halo.py), and its runs attend over [halo | chunk] (``ChunkKeys``: the keys and their first position),
+so the traffic and the keys held depend on W, not on T. A document that starts before the halo is seen from the
+halo's first key on, which its windows never reach before anyway.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.attention.bias import causal_lower_right
 
+from compiler.parallelize.halo import ChunkKeys, halo_keys, halo_width
 from compiler.torch_compat import cpu_flash_attention, cpu_flash_attention_backward
 from compiler.trace import take_arguments_in_order
 from models import CausalAttention, SinkAttention, any_length_kernels, banded_attention, document_runs, visible_keys
@@ -167,28 +171,38 @@ class ContextParallelAttention(nn.Module):
         cp, rank = self.mesh.size(), self.mesh.get_local_rank()
         run = q.shape[2] // 2  # L: the two chunks' length
         starts = [rank * run, (2 * cp - 1 - rank) * run]  # each local chunk's first global position
-        k_all, v_all = gather_sequence(k, self.mesh, dim=2), gather_sequence(v, self.mesh, dim=2)  # (B, Hkv, T, hd)
+        width = halo_width(self.window, run)
+        if width is not None:  # a sliding layer whose window reaches only the chunk before: halos (halo.py)
+            keys = halo_keys(k, v, documents, mesh=self.mesh, width=width)
+        else:
+            docs_all = None if documents is None else gather_sequence(documents, self.mesh, dim=1)  # (B, T)
+            every = ChunkKeys(gather_sequence(k, self.mesh, dim=2), gather_sequence(v, self.mesh, dim=2), docs_all, 0)
+            keys = [every, every]  # (B, Hkv, T, hd): every position from 0
 
-        def attend(rows: slice, local: slice, first: int, stop: int, start: int) -> torch.Tensor:
-            """Queries ``local`` of ``rows``, at global positions [first, stop) of a document starting at ``start``."""
+        def attend(rows: slice, local: slice, chunk: int, first: int, stop: int, start: int) -> torch.Tensor:
+            """Queries ``local`` of ``rows`` (of local chunk ``chunk``), at global positions [first, stop) of a document
+            starting at ``start``."""
             lo, hi = visible_keys(first, stop, window=self.window, start=start)
-            return run_attention(q[rows, :, local], k_all[rows, :, lo:hi], v_all[rows, :, lo:hi], prefix=first - lo,
-                                 window=self.window, sinks=None if sinks is None else sinks[rows, :, local])
+            seen, base = keys[chunk], keys[chunk].base
+            return run_attention(q[rows, :, local], seen.k[rows, :, lo - base:hi - base],
+                                 seen.v[rows, :, lo - base:hi - base], prefix=first - lo, window=self.window,
+                                 sinks=None if sinks is None else sinks[rows, :, local])
 
         if documents is None:
             whole = slice(None)
-            return torch.cat([attend(whole, slice(i * run, (i + 1) * run), a, a + run, 0) for i, a in enumerate(starts)],
+            return torch.cat([attend(whole, slice(i * run, (i + 1) * run), i, a, a + run, 0) for i, a in enumerate(starts)],
                              dim=2)
-        docs_all = gather_sequence(documents, self.mesh, dim=1)  # (B, T)
         rows = []
         with any_length_kernels():  # every document run is a new shape (models/common/attention_core.py)
             for b in range(q.shape[0]):
-                first = _document_starts(docs_all[b])  # (T,) each token's document's first position
                 pieces = []
                 for i, a in enumerate(starts):
-                    for lo, hi in document_runs(docs_all[b, a:a + run]):  # runs of one document within the chunk
-                        pieces.append(attend(slice(b, b + 1), slice(i * run + lo, i * run + hi), a + lo, a + hi,
-                                             int(first[a + lo])))
+                    seen = keys[i]
+                    # each token's document's first position, clamped to the first key held (the window's reach)
+                    first = _document_starts(seen.documents[b]) + seen.base
+                    for lo, hi in document_runs(documents[b, i * run:(i + 1) * run]):  # one document's runs
+                        pieces.append(attend(slice(b, b + 1), slice(i * run + lo, i * run + hi), i, a + lo, a + hi,
+                                             int(first[a + lo - seen.base])))
                 rows.append(torch.cat(pieces, dim=2))
         return torch.cat(rows, dim=0)
 

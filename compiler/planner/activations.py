@@ -60,6 +60,7 @@ from dataclasses import dataclass, replace
 
 from compiler.cost import LayerCost, head_loss_bytes
 from compiler.parallelize.cross_entropy import CPU_CHUNK_BYTES, SAVED_BYTES_PER_TOKEN
+from compiler.parallelize.halo import halo_width
 from compiler.planner.shape import (
     DENSE,
     MOE,
@@ -74,6 +75,7 @@ from compiler.planner.shape import (
     mlp_matrices,
     mtp_params,
     shared_width,
+    window_of,
 )
 from compiler.precisions import PRECISIONS
 
@@ -95,6 +97,7 @@ class Context:
     split_cp_attention: bool = False
     selective_policy: str = "products"  # what selective recompute keeps (engines.py ``selective_policy``)
     loss_chunk_bytes: int = CPU_CHUNK_BYTES  # the chunked loss's fp32 chunk on this device (``loss_chunk_bytes``)
+    cp_halos: bool = False  # sliding layers under CP hold halos, not the gathered sequence (engines.py ``cp_halos``)
 
     @property
     def a(self) -> int:
@@ -170,6 +173,13 @@ def _readers(shape: DecoderShape, c: Context, kind: str) -> float:
     return (attention + mlp) * shape.d_model * c.a
 
 
+def _kv_positions_held(shape: DecoderShape, kind: str, c: Context) -> float:
+    """Key positions a rank's attention of ``kind`` holds under CP: the whole sequence gathered, or where halos serve
+    the layer, its two chunks each after its W - 1 halo keys."""
+    width = halo_width(window_of(kind), shape.seq_len // (2 * c.cp)) if c.cp_halos else None
+    return shape.seq_len if width is None else shape.seq_len / c.cp + 2 * width
+
+
 def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     """One block's saved, recompute and transient bytes for one micro-batch on one rank (module docstring)."""
     t, d, a = c.mp, shape.d_model, c.a
@@ -200,7 +210,8 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     # the copy is part of what the block recomputes), and the backward holds the gradient beside it; in this
     # engine also the whole-size zero-filled gradient autograd's slice backward makes of each prefix /
     # diagonal view's gradient (compiler/parallelize/context_parallel.py; seen with torch's memory profiler)
-    gathered_kv = 2 * shape.kv_width / t * shape.seq_len * c.micro_batch_size * a if c.cp > 1 else 0.0
+    # (a sliding layer with halos holds only its chunks' keys and the W - 1 before each: compiler/parallelize/halo.py)
+    gathered_kv = 2 * shape.kv_width / t * _kv_positions_held(shape, kind, c) * c.micro_batch_size * a if c.cp > 1 else 0.0
     saved += gathered_kv if c.ac != "selective" else 0.0
     transient = gathered_kv * (2 if c.ac == "selective" and c.layout == "engine" else 1)
     if mlp_kind(kind) == MOE:

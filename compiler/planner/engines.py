@@ -55,6 +55,9 @@ class EngineTraits:
     # Stages beyond the blocks the engine's split allows (Megatron-Core's --account-for-embedding-in-pipeline-
     # split and -loss-: the embedding and the loss count as layers, 2); this engine's rule is pp x v <= layers.
     extra_stages: int = 0
+    # Under CP a sliding-window layer whose window reaches only the previous chunk exchanges W - 1 keys with each
+    # neighbour rank instead of all-gathering K and V (compiler/parallelize/halo.py); the published engines gather.
+    cp_halos: bool = False
 
     @property
     def recomputes_moe(self) -> bool:
@@ -82,7 +85,7 @@ class EngineTraits:
         return out
 
 
-THIS_ENGINE = EngineTraits()
+THIS_ENGINE = EngineTraits(cp_halos=True)
 
 # Narayanan et al. 2021 (SC'21, Megatron-LM): materialised attention with a fused softmax kernel, the
 # scatter/gather optimisation of pipeline messages (sec. 4.1), the data-parallel all-reduce after the

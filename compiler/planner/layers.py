@@ -8,7 +8,9 @@ devices.py) of the layer's work (work.py), and the layer's collectives on the li
   vocabulary-parallel embedding's output all-reduce (a reduce-scatter under sequence parallelism) and the
   head's input-gradient all-reduce. With ``tp_overlap`` they hide behind the layer's matrix products.
 - context parallelism: each attention all-gathers the sequence's K and V over cp forward and reduce-scatters
-  their gradients backward (torchtitan's and Llama 3's all-gather CP).
+  their gradients backward (torchtitan's and Llama 3's all-gather CP); in this engine a sliding layer whose window
+  reaches only the previous chunk receives just the W - 1 keys before each chunk from its neighbours, point to point
+  (compiler/parallelize/halo.py), and sends their gradients back.
 - expert parallelism: four all-to-alls per MoE block (dispatch and combine, forward and backward) of the
   rank's top_k token copies on the EP group's link; under DeepEP (engines.py ``ep_dispatch``) one copy per
   destination rank, and one per destination node across the network (collectives.py).
@@ -28,11 +30,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.parallelize.halo import halo_width, kv_values_received
 from compiler.planner.cluster import Cluster
-from compiler.planner.collectives import all_gather_time, all_reduce_time, all_to_all_time, deduplicated_dispatch_time
+from compiler.planner.collectives import Link, all_gather_time, all_reduce_time, all_to_all_time, deduplicated_dispatch_time
 from compiler.planner.devices import ComputeSeconds
 from compiler.planner.engines import EngineTraits
-from compiler.planner.shape import DENSE, MOE, DecoderShape, mlp_kind
+from compiler.planner.shape import DENSE, MOE, DecoderShape, mlp_kind, window_of
 from compiler.planner.split import Holding
 from compiler.planner.work import (
     EMBEDDING,
@@ -124,6 +127,19 @@ def _ep_dispatch_time(cluster: Cluster, traits: EngineTraits, s: Setup, strides:
     return all_to_all_time(token_bytes * experts.top_k, s.ep, t.spread_link(s.ep, per_node))
 
 
+def _kv_exchange_time(shape: DecoderShape, s: Setup, *, window: int | None, itemsize: int, link: Link) -> float:
+    """One exchange of an attention layer's K and V over cp (the forward's, or the backward's gradients): on a
+    sliding layer whose window reaches only the previous chunk, the halos from both neighbours at once
+    (compiler/parallelize/halo.py), else the all-gather of the sequence's."""
+    if s.cp <= 1:
+        return 0.0
+    if halo_width(window, shape.seq_len // (2 * s.cp)) is not None:
+        received = kv_values_received(window=window, seq_len=shape.seq_len, cp=s.cp, batch=s.micro_batch_size,
+                                      kv_heads=shape.kv_heads, head_dim=shape.head_dim)
+        return link.transfer(received / s.mp * itemsize)
+    return all_gather_time(s.micro_batch_size * shape.seq_len * 2 * shape.kv_width / s.mp * itemsize, s.cp, link)
+
+
 def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: Setup) -> LayerTable:
     device, topology = cluster.device, cluster.topology
     strides = traits.strides({"dp": s.dp, "pp": s.pp, "cp": s.cp, "mp": s.mp})
@@ -157,8 +173,9 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
             tp /= 2  # attention's collectives only
         if traits.tp_overlap:
             tp = max(0.0, tp - (compute.forward + compute.backward - 3 * compute.memory_bound_forward))
-        kv = s.micro_batch_size * shape.seq_len * 2 * shape.kv_width / s.mp * a
-        cp = (3 if full else 2) * all_gather_time(kv, s.cp, topology.group_link(s.cp, strides["cp"]))
+        window = window_of(kind) if traits.cp_halos else None
+        cp = (3 if full else 2) * _kv_exchange_time(shape, s, window=window, itemsize=a,
+                                                    link=topology.group_link(s.cp, strides["cp"]))
         ep = 0.0
         if mlp_kind(kind) == MOE:
             tokens = rows / s.mp * shape.d_model * a

@@ -133,7 +133,8 @@ class Pricer:
         residual = dtype.itemsize if dtype and fsdp else 4
         ctx = Context(c.micro_batch_size, c.precision, c.mp, c.cp, c.sequence_parallel, c.ac,
                       self.traits.activations, residual, c.chunked_loss, self.cluster.device.kind == "cpu",
-                      self.traits.selective_policy, loss_chunk_bytes(self.cluster.device.kind))
+                      self.traits.selective_policy, loss_chunk_bytes(self.cluster.device.kind),
+                      cp_halos=self.traits.cp_halos)
         dense = experts = saved = recompute = transient = backward = copies = head_saved = 0.0
         units = []
         a = PRECISIONS[c.precision].dtype.itemsize if dtype else 0

@@ -120,11 +120,13 @@ CASES = [
     (2, 2, 2, "interleaved-1f1b", [*DEEPSEEK, "--layers", "4", "--ep", "2", "--sequence-parallel"]),
     # gpt-oss (sinks split with the heads, o's bias added once after the row-parallel sum, experts' biases with their
     # experts): 2x2x2 with EP and SP; CP with packed documents and a window shorter than a chunk (T 64: chunks of 16;
-    # selective AC keeping the banded attention's outputs) and one longer (T 16: chunks of 4, the window reaching into
-    # the other rank's chunk); zbv's split backward with EP.
+    # selective AC keeping the banded attention's outputs: the sliding layers exchange halos) and one longer (T 16:
+    # chunks of 4, the window reaching into the other rank's chunk: all-gathered); cp 4 x pp 2 interleaved with
+    # documents (T 64: chunks of 8, halos from both neighbours on the middle ranks); zbv's split backward with EP.
     (2, 2, 2, "interleaved-1f1b", [*GPT_OSS, "--ep", "2", "--sequence-parallel"]),
     (1, 1, 2, "1f1b", [*GPT_OSS, "--cp", "2", *DOCUMENTS, "--seq-len", "64", "--activation-checkpointing", "selective"]),
     (1, 1, 2, "1f1b", [*GPT_OSS, "--cp", "2", *DOCUMENTS, "--seq-len", "16"]),
+    (1, 2, 1, "interleaved-1f1b", [*GPT_OSS, "--cp", "4", *DOCUMENTS, "--seq-len", "64"]),
     (2, 2, 1, "zbv", [*GPT_OSS, "--ep", "2", "--mtp-depth", "1"]),  # with an MTP depth: gpt-oss block L
     # Multi-token prediction (DeepSeek-V3 sec. 2.2): the depths on the last stage, their embedding a third copy of the
     # tied one, with SP and ZeRO-3 over 2x2x2 (the loss gathers the stage's resharded head); Llama's RoPE with depth 2

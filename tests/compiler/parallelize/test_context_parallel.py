@@ -169,6 +169,8 @@ def _cp_windows_and_sinks_match_dense(window: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("cp", "window"), [(2, 3), (2, 6), (4, 6), (2, None)])  # shorter and longer than a chunk of 4
+# windows reaching into the previous chunk of 4 only (halos: 3, and 5 whose W - 1 is the whole chunk) and further (the
+# all-gather: 6), and full attention
+@pytest.mark.parametrize(("cp", "window"), [(2, 3), (2, 6), (4, 5), (4, 6), (2, None)])
 def test_context_parallel_windows_and_sinks_equal_dense_attention(cp, window):
     spawn_ranks(_cp_windows_and_sinks_match_dense, world_size=cp, args=(window,), timeout=120)

@@ -11,6 +11,7 @@ import pytest
 from compiler.parallelize.cross_entropy import SAVED_BYTES_PER_TOKEN, chunk_rows
 from compiler.planner.activations import Context, block_memory, head_memory, mlp_backward_bytes
 from compiler.planner.shape import DENSE, MOE, DecoderShape
+from models import named_config
 from models.spec import Experts
 
 LLAMA = DecoderShape.from_flags(layers=2, d_model=4096, heads=32, kv_heads=8, mlp="swiglu", mlp_width=14336,
@@ -52,6 +53,18 @@ def test_torchtitans_op_policy_keeps_every_other_matrix_products_output():
     sp = dataclasses.replace(c, mp=8, sequence_parallel=True)
     per_token = (D / 8 + Q / 8 + KV / 8 + F / 8 + D + 2 * D / 8 + Q / 8) * 2 + 32 / 8 * 4
     assert block_memory(LLAMA, DENSE, sp).saved == pytest.approx(T * per_token)
+
+
+def test_sliding_layers_with_halos_hold_their_chunks_and_halos_not_the_gathered_sequence():
+    """gpt-oss-20b (window 128, K/V width 512) at T 32,768 over cp 4: a sliding block keeps T/4 + 2 x 127 keys and
+    values, a full block the whole sequence's; without halos (the published engines) both the whole sequence's."""
+    shape = dataclasses.replace(DecoderShape.from_config(named_config("gpt-oss-20b")), seq_len=32768)
+    c = Context(micro_batch_size=1, precision="bf16", cp=4)
+    halos = dataclasses.replace(c, cp_halos=True)
+    held = {kind: block_memory(shape, kind, halos).saved - block_memory(shape, kind, c).saved for kind in ("moe@128", "moe")}
+    assert held["moe@128"] == pytest.approx(2 * 512 * (32768 / 4 + 2 * 127 - 32768) * 2)
+    assert held["moe"] == 0
+    assert block_memory(shape, "moe@128", halos).transient < block_memory(shape, "moe@128", c).transient
 
 
 def test_context_parallelism_divides_what_every_token_saves_and_keeps_the_gathered_k_v():

@@ -14,6 +14,7 @@ from compiler.planner.engines import THIS_ENGINE, TORCHTITAN
 from compiler.planner.layers import Setup, layer_table
 from compiler.planner.shape import DENSE, MOE, DecoderShape, tensor_parallel_modules
 from compiler.planner.work import block_work, moe_mlp_work
+from models import named_config
 from models.spec import Experts
 
 H100 = load_cluster("h100-80gb")
@@ -68,6 +69,26 @@ def test_context_parallel_gathers_k_and_v_and_scatters_their_gradients():
     kv = 2 * 8192 * 2 * 1024 / 2 * 2  # b T (k and v) kv_width / mp, bf16
     assert _one(SHAPE, DENSE, micro_batch_size=2, mp=2, cp=4).cp == pytest.approx(2 * all_gather_time(kv, 4, link))
     assert _one(SHAPE, DENSE, micro_batch_size=2, mp=2, cp=1).cp == 0
+
+
+def test_context_parallel_sliding_layers_exchange_halos_where_the_window_fits_a_chunk():
+    """gpt-oss-20b (window 128, 8 K/V heads of 64) at T 32,768 over cp 4: a sliding block receives the 127 keys and
+    values before each of its chunks from both neighbours (one message each, at once), a full block all-gathers;
+    engines without halos, and a window longer than a chunk (T 512: chunks of 64), gather on both."""
+    shape = dataclasses.replace(DecoderShape.from_config(named_config("gpt-oss-20b")), seq_len=32768)
+    link = H100.topology.group_link(4, THIS_ENGINE.strides({"cp": 4})["cp"])
+    halo = link.transfer(2 * 127 * 8 * (64 + 64) * 2)  # both neighbours' W - 1 keys and values, bf16
+    gather = all_gather_time(32768 * 2 * 8 * 64 * 2, 4, link)
+    table = layer_table(shape, H100, THIS_ENGINE, Setup(precision="bf16", micro_batch_size=1, cp=4)).layers
+    assert table["moe@128"].cp == pytest.approx(2 * halo) and table["moe"].cp == pytest.approx(2 * gather)
+    assert halo < gather / 10
+    full_ac = layer_table(shape, H100, THIS_ENGINE, Setup(precision="bf16", micro_batch_size=1, cp=4, ac="full"))
+    assert full_ac.layers["moe@128"].cp == pytest.approx(3 * halo)  # the recomputed forward's exchange too
+    titan = layer_table(shape, H100, TORCHTITAN, Setup(precision="bf16", micro_batch_size=1, cp=4)).layers
+    assert titan["moe@128"].cp == pytest.approx(titan["moe"].cp)
+    short = dataclasses.replace(shape, seq_len=512)
+    table = layer_table(short, H100, THIS_ENGINE, Setup(precision="bf16", micro_batch_size=1, cp=4)).layers
+    assert table["moe@128"].cp == pytest.approx(table["moe"].cp)
 
 
 def test_expert_parallel_all_to_alls_per_moe_block():
