@@ -136,13 +136,16 @@ def banded_backward(dout, dlse, q, k, v, sinks, out, lse, q_offset, window, chun
     else:
         p_sink = torch.exp(_grouped(sinks, kv_heads).to(dtype) - lse_g)  # (B, Hkv, g, Lq)
         dsinks = (-p_sink * d).flatten(1, 2).to(sinks.dtype)  # (B, H, Lq)
-    return dq.flatten(1, 2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
+    # Contiguous, whatever the inputs' strides (q, k, v are often transposed views): what the fake kernel says.
+    return (dq.flatten(1, 2).to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous(),
+            dsinks.contiguous())
 
 
 @banded_backward.register_fake
 def _backward_shapes(dout, dlse, q, k, v, sinks, out, lse, q_offset, window, chunk):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), \
-        (q.new_empty(0) if sinks is None else torch.empty_like(sinks))
+    # new_empty, not empty_like: empty_like keeps a transposed input's strides, the kernel returns contiguous tensors
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), \
+        (q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape))
 
 
 def _save(ctx, inputs: tuple, output: tuple) -> None:

@@ -128,3 +128,20 @@ def test_the_cores_attend_within_documents_and_windows(window):
     # a KV cache's new queries after cached keys
     torch.testing.assert_close(SinkAttention(window=window).cached(q[:, :, 7:], k, v, q_offset=7, sinks=s[:, :, 7:]),
                                dense(q, k, v, sinks=s, window=window)[0][:, :, 7:], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_the_fake_kernels_agree_with_the_real_ones_on_transposed_inputs(sinks):
+    """torch.library's opcheck (shapes, strides, dtypes of the fake kernels vs the real ones; autograd registration):
+    q, k, v arrive as (B, T, H, hd) views transposed to (B, H, T, hd), as the model makes them, and inductor
+    (--compile) plans its buffers from the fake kernels' strides."""
+    b, t, hd = 2, 12, 8
+    q = torch.randn(b, t, 4, hd, dtype=torch.float64).transpose(1, 2).requires_grad_()
+    k = torch.randn(b, t, 2, hd, dtype=torch.float64).transpose(1, 2).requires_grad_()
+    v = torch.randn(b, t, 2, hd, dtype=torch.float64).transpose(1, 2).requires_grad_()
+    s = torch.randn(b, 4, t, dtype=torch.float64, requires_grad=True) if sinks else None
+    torch.library.opcheck(torch.ops.attention.banded, (q, k, v, s, 0, 5, 4))
+    out, lse = torch.ops.attention.banded(q, k, v, s, 0, 5, 4)
+    args = (torch.randn_like(out), torch.zeros_like(lse), q.detach(), k.detach(), v.detach(),
+            None if s is None else s.detach(), out.detach(), lse.detach(), 0, 5, 4)
+    torch.library.opcheck(torch.ops.attention.banded_backward, args)
