@@ -29,6 +29,11 @@ class ContextGather:
     values_per_token: int  # values one rank gathers per token of the sequence, per attention layer, forward
     kv_values_per_token: int  # what gathering the keys and values would take (the fallback)
 
+    def gathered_bytes(self, *, micro_batch_size: int, seq_len: int, itemsize: int) -> float:
+        """Bytes of one attention layer's gathered tensors, forward, for one micro-batch: the whole sequence's
+        values on every cp rank (each receives (cp - 1) / cp of them; the backward reduce-scatters as many)."""
+        return micro_batch_size * seq_len * self.values_per_token * itemsize
+
 
 def context_gather(latent: LatentSizes | None, *, kv_heads: int, head_dim: int, mp: int) -> ContextGather:
     """What a cp rank of an mp-way tensor-parallel attention gathers: the latent when the attention has one and it
