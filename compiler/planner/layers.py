@@ -8,7 +8,8 @@ devices.py) of the layer's work (work.py), and the layer's collectives on the li
   vocabulary-parallel embedding's output all-reduce (a reduce-scatter under sequence parallelism) and the
   head's input-gradient all-reduce. With ``tp_overlap`` they hide behind the layer's matrix products.
 - context parallelism: each attention all-gathers the sequence's K and V over cp forward and reduce-scatters
-  their gradients backward (torchtitan's and Llama 3's all-gather CP).
+  their gradients backward (torchtitan's and Llama 3's all-gather CP); multi-head latent attention its latent and
+  RoPE key instead where fewer (compiler/context_gather.py: r + rope values a token, whatever mp).
 - expert parallelism: four all-to-alls per MoE block (dispatch and combine, forward and backward) of the
   rank's top_k token copies on the EP group's link; under DeepEP (engines.py ``ep_dispatch``) one copy per
   destination rank, and one per destination node across the network (collectives.py).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.context_gather import context_gather
 from compiler.planner.cluster import Cluster
 from compiler.planner.collectives import all_gather_time, all_reduce_time, all_to_all_time, deduplicated_dispatch_time
 from compiler.planner.devices import ComputeSeconds
@@ -157,7 +159,8 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
             tp /= 2  # attention's collectives only
         if traits.tp_overlap:
             tp = max(0.0, tp - (compute.forward + compute.backward - 3 * compute.memory_bound_forward))
-        kv = s.micro_batch_size * shape.seq_len * 2 * shape.kv_width / s.mp * a
+        gathered = context_gather(shape.latent, kv_heads=shape.kv_heads, head_dim=shape.head_dim, mp=s.mp)
+        kv = gathered.gathered_bytes(micro_batch_size=s.micro_batch_size, seq_len=shape.seq_len, itemsize=a)
         cp = (3 if full else 2) * all_gather_time(kv, s.cp, topology.group_link(s.cp, strides["cp"]))
         ep = 0.0
         if mlp_kind(kind) == MOE:
