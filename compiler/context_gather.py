@@ -11,6 +11,10 @@ Every cp rank holds T/cp tokens and its queries need every token's keys and valu
 
 For DeepSeek-V3 (H 128, qk 192, v 128, r 512, rope 64) the latent is 576 values a token against 40,960 for the keys
 and values at mp 1 (5,120 at mp 8); only past mp 71 (H/mp (qk + v) < 576) would the keys and values be fewer.
+
+FP8 runs (compiler/fp8/) gather keys and values: the latent path leaves each cp rank a partial sum of kv_b's output
+gradient (its own queries' part), which FP8 would round on a grid of its own, where every operand FP8 quantizes in
+this engine is a whole tensor on the one process's grid (tests/launches/test_parity_fp8.py's premise).
 """
 
 from __future__ import annotations
@@ -35,21 +39,22 @@ class ContextGather:
         return micro_batch_size * seq_len * self.values_per_token * itemsize
 
 
-def context_gather(latent: LatentSizes | None, *, kv_heads: int, head_dim: int, mp: int) -> ContextGather:
-    """What a cp rank of an mp-way tensor-parallel attention gathers: the latent when the attention has one and it
-    is fewer values per token than the rank's heads' keys and values (``kv_heads`` and ``head_dim``: grouped-query
-    attention's sizes, unused with a latent)."""
+def context_gather(latent: LatentSizes | None, *, kv_heads: int, head_dim: int, mp: int,
+                   fp8: bool = False) -> ContextGather:
+    """What a cp rank of an mp-way tensor-parallel attention gathers: the latent when the attention has one, the run
+    is not ``fp8`` and it is fewer values per token than the rank's heads' keys and values (``kv_heads`` and
+    ``head_dim``: grouped-query attention's sizes, unused with a latent)."""
     if latent is None:
         kv = 2 * kv_heads // mp * head_dim
         return ContextGather(KV, kv, kv)
     kv = latent.n_heads // mp * (latent.qk_dim + latent.v_dim)
     compressed = latent.kv_lora_rank + latent.rope_dim  # replicated over mp: every TP rank gathers all of it
-    return ContextGather(LATENT, compressed, kv) if compressed < kv else ContextGather(KV, kv, kv)
+    return ContextGather(LATENT, compressed, kv) if compressed < kv and not fp8 else ContextGather(KV, kv, kv)
 
 
-def context_gather_of(cfg, *, mp: int) -> ContextGather:
+def context_gather_of(cfg, *, mp: int, fp8: bool = False) -> ContextGather:
     """``context_gather`` of a model config of any family (its spec's latent attention sizes, or its heads)."""
     latent = spec_of(cfg).latent_attention(cfg)
     if latent is not None:
-        return context_gather(latent, kv_heads=latent.n_heads, head_dim=latent.qk_dim, mp=mp)
-    return context_gather(None, kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, mp=mp)
+        return context_gather(latent, kv_heads=latent.n_heads, head_dim=latent.qk_dim, mp=mp, fp8=fp8)
+    return context_gather(None, kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, mp=mp, fp8=fp8)

@@ -113,7 +113,7 @@ def build_local_stages(
         cp = context_parallel.size() if context_parallel is not None else 1
         tokens = torch.zeros(micro_batch_size, cfg.seq_len // cp, dtype=torch.long)  # (b, T/cp)
         example = (tokens, *(torch.zeros_like(tokens) for _ in range(model_inputs - 1))) if model_inputs > 1 else tokens
-        if context_parallel is not None and context_gather_of(cfg, mp=meshes.mp.size()).gathers == LATENT:
+        if context_parallel is not None and context_gather_of(cfg, mp=meshes.mp.size(), fp8=fp8 is not None).gathers == LATENT:
             apply_latent_gather(model, context_parallel)  # before tracing: the graph takes the gathered lengths
     depth = mtp_depth(cfg)
     pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage, hidden_output=depth > 0)

@@ -159,7 +159,8 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
             tp /= 2  # attention's collectives only
         if traits.tp_overlap:
             tp = max(0.0, tp - (compute.forward + compute.backward - 3 * compute.memory_bound_forward))
-        gathered = context_gather(shape.latent, kv_heads=shape.kv_heads, head_dim=shape.head_dim, mp=s.mp)
+        gathered = context_gather(shape.latent, kv_heads=shape.kv_heads, head_dim=shape.head_dim, mp=s.mp,
+                                  fp8=bool(s.fp8))
         kv = gathered.gathered_bytes(micro_batch_size=s.micro_batch_size, seq_len=shape.seq_len, itemsize=a)
         cp = (3 if full else 2) * all_gather_time(kv, s.cp, topology.group_link(s.cp, strides["cp"]))
         ep = 0.0

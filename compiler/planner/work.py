@@ -85,8 +85,8 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
     a = PRECISIONS[precision].dtype.itemsize
     rows = b * shape.seq_len / cp
     # CP gathering a latent: kv_b expands, and its keys and values are reshaped, over the whole sequence
-    whole = cp > 1 and context_gather(shape.latent, kv_heads=shape.kv_heads, head_dim=shape.head_dim,
-                                      mp=t).gathers == LATENT
+    whole = cp > 1 and context_gather(shape.latent, kv_heads=shape.kv_heads, head_dim=shape.head_dim, mp=t,
+                                      fp8=fp8 is not None).gathers == LATENT
     gemms = [Gemm(rows * cp if whole and name == "kv_b" else rows, out, inp)
              for name, (inp, out) in attention_matrices(shape, t).items()]
     batched, flash, scores, attention_counted = _attention(shape, kind, b=b, rows=rows, t=t, cp=cp, traits=traits)

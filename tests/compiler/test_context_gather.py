@@ -38,3 +38,9 @@ def test_configs_of_every_family_read_the_same_rule():
     debug = context_gather_of(named_config("deepseek-v3-debug"), mp=2)  # r 16 + rope 8 against 2 heads x (16 + 12)
     assert (debug.gathers, debug.values_per_token, debug.kv_values_per_token) == (LATENT, 24, 56)
     assert context_gather_of(named_config("llama3-debug"), mp=1).gathers == KV
+
+
+def test_fp8_runs_gather_keys_and_values_whose_gradients_are_whole_before_kv_b_quantizes_them():
+    gather = context_gather(V3, kv_heads=128, head_dim=192, mp=8, fp8=True)
+    assert (gather.gathers, gather.values_per_token) == (KV, 16 * 320)
+    assert context_gather_of(named_config("deepseek-v3-debug"), mp=1, fp8=True).gathers == KV
