@@ -115,12 +115,14 @@ CASES = [
     # DeepSeek-V3's latent attention: TP (the shared RoPE key's gradient summed over mp), with SP (the replicated
     # down projections on the gathered sequence), under PP with EP, and with CP (values narrower than q and k). CP
     # gathers the latent and RoPE key (compiler/parallelize/latent_gather.py; 24 values a token against 112 for K/V
-    # at mp 1, 56 at mp 2): alone, with TP (each rank's kv_b shard expanding the whole sequence), with SP, packed
-    # documents and full recompute (the gather run again), under PP with documents and an MTP depth (its attention).
+    # at mp 1, 56 at mp 2): alone, with TP (each rank's kv_b shard expanding the whole sequence; validation too),
+    # with DP and selective recompute, with SP, packed documents and full recompute (the gather run again), and under
+    # PP with documents and an MTP depth (its attention).
     (1, 1, 2, "1f1b", DEEPSEEK),
     (1, 1, 2, "1f1b", [*DEEPSEEK, "--sequence-parallel"]),
     (1, 1, 1, "1f1b", [*DEEPSEEK, "--cp", "2"]),
-    (1, 1, 2, "1f1b", [*DEEPSEEK, "--cp", "2"]),
+    (1, 1, 2, "1f1b", [*DEEPSEEK, "--cp", "2", "--eval-every", "2"]),
+    (2, 1, 1, "1f1b", [*DEEPSEEK, "--cp", "2", "--activation-checkpointing", "selective"]),
     (1, 1, 2, "1f1b", [*DEEPSEEK, "--cp", "2", "--sequence-parallel", *DOCUMENTS, "--activation-checkpointing"]),
     (1, 2, 1, "1f1b", [*DEEPSEEK, "--cp", "2", *DOCUMENTS, "--mtp-depth", "1"]),
     (2, 2, 2, "interleaved-1f1b", [*DEEPSEEK, "--layers", "4", "--ep", "2", "--sequence-parallel"]),
