@@ -32,6 +32,8 @@ says which).
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -151,7 +153,7 @@ class ContextParallelAttention(nn.Module):
     (B, heads, T, hd), expanded from a gathered latent (latent_gather.py), and are used as they are."""
 
     @staticmethod
-    def apply(stage_module: nn.Module, mesh: DeviceMesh, *, whole_keys: set[str] = frozenset()) -> int:
+    def apply(stage_module: nn.Module, mesh: DeviceMesh, *, whole_keys: AbstractSet[str] = frozenset()) -> int:
         """Every attention core of the stage made context-parallel over ``mesh``; returns how many. ``whole_keys``:
         the cores (by name) whose keys and values arrive whole already (latent_gather.py)."""
         cores = [(name, m) for name, m in stage_module.named_modules() if isinstance(m, CausalAttention)]

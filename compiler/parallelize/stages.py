@@ -1,5 +1,6 @@
 """Build this rank's pipeline stages: on the meta device, trace, keep the local stages, then
-LoRA -> FP8 -> TP -> AC -> data parallelism -> real storage for the local shards -> PipelineStage.
+LoRA -> FP8 -> CP -> TP -> AC -> data parallelism -> real storage for the local shards -> PipelineStage. (Under CP,
+latent attention's latent gather is put in before tracing: compiler/parallelize/latent_gather.py.)
 
 The order is a checklist (as in torchtitan's ``parallelize_*``): tensor parallelism must see real
 ``nn.Linear`` modules, activation checkpointing wraps the sharded blocks, data parallelism shards last,
@@ -113,7 +114,8 @@ def build_local_stages(
         cp = context_parallel.size() if context_parallel is not None else 1
         tokens = torch.zeros(micro_batch_size, cfg.seq_len // cp, dtype=torch.long)  # (b, T/cp)
         example = (tokens, *(torch.zeros_like(tokens) for _ in range(model_inputs - 1))) if model_inputs > 1 else tokens
-        if context_parallel is not None and context_gather_of(cfg, mp=meshes.mp.size(), fp8=fp8 is not None).gathers == LATENT:
+        gathers = context_gather_of(cfg, mp=meshes.mp.size(), fp8=fp8 is not None).gathers
+        if context_parallel is not None and gathers == LATENT:
             apply_latent_gather(model, context_parallel)  # before tracing: the graph takes the gathered lengths
     depth = mtp_depth(cfg)
     pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage, hidden_output=depth > 0)
