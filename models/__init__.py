@@ -16,6 +16,7 @@ from models import deepseek_v3, gpt2, gpt_oss, llama3, mixtral, qwen3, qwen3_moe
 from models.common.attention_core import CausalAttention, SinkAttention, any_length_kernels, document_runs
 from models.common.banded_attention import BANDED_ATTENTION_FLOPS, banded_attention, visible_keys
 from models.common.grouped_mm import GROUPED_MM_FLOPS, grouped_mm
+from models.common.latent_attention import LatentKeys
 from models.common.load_balance import BalanceLoss, update_expert_bias
 from models.common.moe import GroupedExperts, MoE, experts_swiglu, inactive_expert_parameters
 from models.common.mtp import (
@@ -145,7 +146,7 @@ def flops_per_token(cfg: Any) -> float:
 
 
 __all__ = ["BANDED_ATTENTION_FLOPS", "BalanceLoss", "CausalAttention", "FAMILIES", "GROUPED_MM_FLOPS", "GroupedExperts",
-           "KVCache", "MODEL_NAMES", "MTP", "MTP_EMBEDDING", "MTP_HF_COPIES", "MoE", "ModelSpec", "SinkAttention",
+           "KVCache", "LatentKeys", "MODEL_NAMES", "MTP", "MTP_EMBEDDING", "MTP_HF_COPIES", "MoE", "ModelSpec", "SinkAttention",
            "activated_parameter_count", "any_length_kernels", "banded_attention", "build_model", "config_from_dict",
            "config_to_dict", "document_runs", "experts_swiglu", "flops_per_token", "generate", "grouped_mm",
            "init_weights", "mixture_of_experts_families", "moe_layer_names", "mtp_block_names", "mtp_depth",

@@ -1,7 +1,9 @@
 """Context parallelism: each of the ``cp`` ranks of a context-parallel group holds 1/cp of every sequence, and
 attention all-gathers keys and values over the group (as torchtitan's and Llama 3's long-context training do;
 Dubey et al. 2024 sec. 3.3.2): queries stay local, K and V are gathered (cheap under grouped-query attention:
-Hkv heads), and the backward reduce-scatters their gradients.
+Hkv heads), and the backward reduce-scatters their gradients. Multi-head latent attention gathers its latent instead
+where that is fewer values (compiler/context_gather.py chooses, latent_gather.py gathers): its core then receives
+whole-sequence keys and values and gathers nothing.
 
 **Load balance** (Llama 3; torch's head-tail balancer): a causal sequence is cut into 2·cp chunks of L = T/(2·cp)
 tokens and rank c keeps chunks c and 2·cp−1−c, so every rank's queries see the same number of keys in total.
@@ -32,6 +34,8 @@ halo's first key on, which its windows never reach before anyway.
 """
 
 from __future__ import annotations
+
+from collections.abc import Set as AbstractSet
 
 import torch
 import torch.distributed as dist
@@ -149,21 +153,24 @@ def run_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, prefix: 
 class ContextParallelAttention(nn.Module):
     """Replaces a model's attention core (models/common/attention_core.py ``CausalAttention``: q, k, v after RoPE,
     (B, heads, T/cp, hd), a ``SinkAttention``'s sinks (B, heads, T/cp), and the tokens' document ids (B, T/cp) or
-    None) in a context-parallel stage, with the core's window."""
+    None) in a context-parallel stage, with the core's window. ``whole_keys``: k and v come as the whole sequence
+    (B, heads, T, hd), expanded from a gathered latent (latent_gather.py), and are used as they are."""
 
     @staticmethod
-    def apply(stage_module: nn.Module, mesh: DeviceMesh) -> int:
-        """Every attention core of the stage made context-parallel over ``mesh``; returns how many."""
+    def apply(stage_module: nn.Module, mesh: DeviceMesh, *, whole_keys: AbstractSet[str] = frozenset()) -> int:
+        """Every attention core of the stage made context-parallel over ``mesh``; returns how many. ``whole_keys``:
+        the cores (by name) whose keys and values arrive whole already (latent_gather.py)."""
         cores = [(name, m) for name, m in stage_module.named_modules() if isinstance(m, CausalAttention)]
         for name, core in cores:
-            replacement = ContextParallelAttention(mesh, window=core.window, sinks=isinstance(core, SinkAttention))
+            replacement = ContextParallelAttention(mesh, window=core.window, sinks=isinstance(core, SinkAttention),
+                                                   whole_keys=name in whole_keys)
             take_arguments_in_order(replacement, core.traced_argument_order)  # as the core took them (compiler/trace.py)
             stage_module.set_submodule(name, replacement)
         return len(cores)
 
-    def __init__(self, mesh: DeviceMesh, *, window: int | None = None, sinks: bool = False):
+    def __init__(self, mesh: DeviceMesh, *, window: int | None = None, sinks: bool = False, whole_keys: bool = False):
         super().__init__()
-        self.mesh, self.window, self.sinks = mesh, window, sinks
+        self.mesh, self.window, self.sinks, self.whole_keys = mesh, window, sinks, whole_keys
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
         sinks, rest = (rest[0], rest[1:]) if self.sinks else (None, rest)
@@ -171,12 +178,18 @@ class ContextParallelAttention(nn.Module):
         cp, rank = self.mesh.size(), self.mesh.get_local_rank()
         run = q.shape[2] // 2  # L: the two chunks' length
         starts = [rank * run, (2 * cp - 1 - rank) * run]  # each local chunk's first global position
-        width = halo_width(self.window, run)
+        width = None if self.whole_keys else halo_width(self.window, run)
         if width is not None:  # a sliding layer whose window reaches only the chunk before: halos (halo.py)
             keys = halo_keys(k, v, documents, mesh=self.mesh, width=width)
         else:
             docs_all = None if documents is None else gather_sequence(documents, self.mesh, dim=1)  # (B, T)
-            every = ChunkKeys(gather_sequence(k, self.mesh, dim=2), gather_sequence(v, self.mesh, dim=2), docs_all, 0)
+            if self.whole_keys:  # expanded from a gathered latent (latent_gather.py): (B, H, T, hd) in sequence order
+                if k.shape[2] != 2 * cp * run:
+                    raise RuntimeError(f"whole-sequence keys expected: {2 * cp * run} positions, got {k.shape[2]}")
+                k_all, v_all = k, v
+            else:
+                k_all, v_all = gather_sequence(k, self.mesh, dim=2), gather_sequence(v, self.mesh, dim=2)
+            every = ChunkKeys(k_all, v_all, docs_all, 0)
             keys = [every, every]  # (B, Hkv, T, hd): every position from 0
 
         def attend(rows: slice, local: slice, chunk: int, first: int, stop: int, start: int) -> torch.Tensor:

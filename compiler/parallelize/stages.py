@@ -1,5 +1,6 @@
 """Build this rank's pipeline stages: on the meta device, trace, keep the local stages, then
-LoRA -> FP8 -> TP -> AC -> data parallelism -> real storage for the local shards -> PipelineStage.
+LoRA -> FP8 -> CP -> TP -> AC -> data parallelism -> real storage for the local shards -> PipelineStage. (Under CP,
+latent attention's latent gather is put in before tracing: compiler/parallelize/latent_gather.py.)
 
 The order is a checklist (as in torchtitan's ``parallelize_*``): tensor parallelism must see real
 ``nn.Linear`` modules, activation checkpointing wraps the sharded blocks, data parallelism shards last,
@@ -21,6 +22,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 
+from compiler.context_gather import LATENT, context_gather_of
 from compiler.lora import LoraConfig
 from compiler.parallelize.activation_checkpointing import maybe_apply_ac, original_name
 from compiler.parallelize.compile import apply_compile
@@ -28,6 +30,7 @@ from compiler.parallelize.context_parallel import ContextParallelAttention
 from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel, moe_gradient_factors
 from compiler.parallelize.expert_parallel import MoeMeshes, apply_moe_parallelism, moe_modules
 from compiler.parallelize.float8 import Fp8Options, expert_parallel_compute, maybe_apply_fp8
+from compiler.parallelize.latent_gather import apply_latent_gather, cores_with_whole_keys
 from compiler.parallelize.lora import apply_lora, freeze_base
 from compiler.parallelize.materialize import materialize
 from compiler.parallelize.message_dtype import apply_message_dtype
@@ -95,7 +98,8 @@ def build_local_stages(
     data-parallel, and filled from ``initial_value(model name, full shape)``. ``model_inputs``: the model takes
     tokens (1), with positions (2: a context-parallel slice of each sequence), and document ids (3: packed
     documents; runtime/engine/data/inputs.py). ``context_parallel``: the cp mesh; each rank holds 1/cp of every
-    sequence and attention gathers keys and values over it. Activations and their gradients cross stages in
+    sequence and attention gathers keys and values over it, or latent attention its latent where that is fewer values
+    (compiler/context_gather.py). Activations and their gradients cross stages in
     ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype). ``lora``: LoRA adapters on the targeted
     modules, everything else frozen (compiler/parallelize/lora.py). ``fp8``: the linear and expert products
     in FP8 (compiler/parallelize/float8.py), swapped in before TP. With MTP depths the last stage returns
@@ -110,6 +114,9 @@ def build_local_stages(
         cp = context_parallel.size() if context_parallel is not None else 1
         tokens = torch.zeros(micro_batch_size, cfg.seq_len // cp, dtype=torch.long)  # (b, T/cp)
         example = (tokens, *(torch.zeros_like(tokens) for _ in range(model_inputs - 1))) if model_inputs > 1 else tokens
+        gathers = context_gather_of(cfg, mp=meshes.mp.size(), fp8=fp8 is not None).gathers
+        if context_parallel is not None and gathers == LATENT:
+            apply_latent_gather(model, context_parallel)  # before tracing: the graph takes the gathered lengths
     depth = mtp_depth(cfg)
     pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage, hidden_output=depth > 0)
     model_plan = {**spec.model_plan(sequence_parallel=sequence_parallel),
@@ -128,7 +135,7 @@ def build_local_stages(
         sequence = meshes.moe.sequence if meshes.moe is not None else None
         maybe_apply_fp8(module, fp8, context_parallel=context_parallel, sequence=sequence)
         if context_parallel is not None:
-            ContextParallelAttention.apply(module, context_parallel)
+            ContextParallelAttention.apply(module, context_parallel, whole_keys=cores_with_whole_keys(module))
         if meshes.mp.size() > 1:
             apply_tp(module, meshes.mp, block_plan=spec.block_plan(sequence_parallel=sequence_parallel),
                      model_plan=model_plan, sequence_parallel=sequence_parallel)

@@ -40,8 +40,9 @@ T / mp tokens. The dispatch's send and receive buffers (2 top_k d a per token) a
 ``--recompute-modules moe`` (selective policy ``"products+moe"``) keeps only the MLP's input (d per token).
 
 Context parallelism (cp ranks) keeps T / cp tokens of every sequence per rank: every per-token term / cp;
-attention gathers the sequence's K and V (2 KV hd / t per token of the whole sequence) and keeps them to its
-backward in every layer, which builds their gradients whole (transient) before reduce-scattering them;
+attention gathers the sequence's K and V (2 KV hd / t per token of the whole sequence; latent attention gathering
+its latent expands them whole and keeps the latent too, r + rope more) and keeps them to its backward in every
+layer, which builds their gradients whole (transient) before reduce-scattering them;
 selective checkpointing gathers them again in the backward instead (recomputed with the block), and its
 backward holds their gradient (in the engine also a whole-size slice gradient); the CPU's split attention
 keeps both partial outputs of each chunk (one more attention output and log-sum-exp per token).
@@ -58,6 +59,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from compiler.context_gather import LATENT, context_gather
 from compiler.cost import LayerCost, head_loss_bytes
 from compiler.parallelize.cross_entropy import CPU_CHUNK_BYTES, SAVED_BYTES_PER_TOKEN
 from compiler.parallelize.halo import halo_width
@@ -210,8 +212,13 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     # the copy is part of what the block recomputes), and the backward holds the gradient beside it; in this
     # engine also the whole-size zero-filled gradient autograd's slice backward makes of each prefix /
     # diagonal view's gradient (compiler/parallelize/context_parallel.py; seen with torch's memory profiler)
-    # (a sliding layer with halos holds only its chunks' keys and the W - 1 before each: compiler/parallelize/halo.py)
-    gathered_kv = 2 * shape.kv_width / t * _kv_positions_held(shape, kind, c) * c.micro_batch_size * a if c.cp > 1 else 0.0
+    # (a sliding layer with halos holds only its chunks' keys and the W - 1 before each: compiler/parallelize/halo.py;
+    # multi-head latent attention gathering its latent, compiler/context_gather.py: the whole K and V its kv_b
+    # expands, and the gathered latent kv_b keeps for its weight's gradient)
+    gather = context_gather(shape.latent, kv_heads=shape.kv_heads, head_dim=shape.head_dim, mp=t)
+    latent = gather.values_per_token * shape.seq_len if gather.gathers == LATENT else 0
+    gathered_kv = ((2 * shape.kv_width / t * _kv_positions_held(shape, kind, c) + latent) * c.micro_batch_size * a
+                   if c.cp > 1 else 0.0)
     saved += gathered_kv if c.ac != "selective" else 0.0
     transient = gathered_kv * (2 if c.ac == "selective" and c.layout == "engine" else 1)
     if mlp_kind(kind) == MOE:

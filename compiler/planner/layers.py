@@ -10,7 +10,8 @@ devices.py) of the layer's work (work.py), and the layer's collectives on the li
 - context parallelism: each attention all-gathers the sequence's K and V over cp forward and reduce-scatters
   their gradients backward (torchtitan's and Llama 3's all-gather CP); in this engine a sliding layer whose window
   reaches only the previous chunk receives just the W - 1 keys before each chunk from its neighbours, point to point
-  (compiler/parallelize/halo.py), and sends their gradients back.
+  (compiler/parallelize/halo.py), and sends their gradients back; multi-head latent attention gathers its latent and
+  RoPE key instead where fewer (compiler/context_gather.py: r + rope values a token, whatever mp).
 - expert parallelism: four all-to-alls per MoE block (dispatch and combine, forward and backward) of the
   rank's top_k token copies on the EP group's link; under DeepEP (engines.py ``ep_dispatch``) one copy per
   destination rank, and one per destination node across the network (collectives.py).
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from compiler.context_gather import LATENT, context_gather
 from compiler.parallelize.halo import halo_width, kv_values_received
 from compiler.planner.cluster import Cluster
 from compiler.planner.collectives import Link, all_gather_time, all_reduce_time, all_to_all_time, deduplicated_dispatch_time
@@ -173,9 +175,16 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
             tp /= 2  # attention's collectives only
         if traits.tp_overlap:
             tp = max(0.0, tp - (compute.forward + compute.backward - 3 * compute.memory_bound_forward))
-        window = window_of(kind) if traits.cp_halos else None
-        cp = (3 if full else 2) * _kv_exchange_time(shape, s, window=window, itemsize=a,
-                                                    link=topology.group_link(s.cp, strides["cp"]))
+        cp_link = topology.group_link(s.cp, strides["cp"])
+        gathered = context_gather(shape.latent, kv_heads=shape.kv_heads, head_dim=shape.head_dim, mp=s.mp,
+                                  fp8=bool(s.fp8))
+        if gathered.gathers == LATENT and s.cp > 1:
+            kv_time = all_gather_time(gathered.gathered_bytes(micro_batch_size=s.micro_batch_size,
+                                                              seq_len=shape.seq_len, itemsize=a), s.cp, cp_link)
+        else:
+            window = window_of(kind) if traits.cp_halos else None
+            kv_time = _kv_exchange_time(shape, s, window=window, itemsize=a, link=cp_link)
+        cp = (3 if full else 2) * kv_time
         ep = 0.0
         if mlp_kind(kind) == MOE:
             tokens = rows / s.mp * shape.d_model * a

@@ -8,6 +8,8 @@ Per rank: b sequences of T / cp tokens (context parallelism), M = b T / cp rows;
   scores through HBM; memory-bound kernels move per row about 10 d values of the residual stream (two norms
   read and write it, two residual adds read two and write one; 1/t of it under sequence parallelism) plus
   2 (q + 2 kv) / t and 2 q / t for the attention's reshapes and 2 f / t (GELU) or 3 f / t (SwiGLU).
+- Multi-head latent attention under CP gathering its latent (compiler/context_gather.py): ``kv_b`` multiplies all
+  b T rows of the gathered latent, not b T / cp, and its keys' and values' reshapes run over them too.
 - A MoE block: attention as above; the router [M', d] x [d, E] on the M' = M / t rows a rank dispatches
   (expert tensor parallelism 1: the TP ranks take disjoint sequence shards); the routed experts as a grouped
   product of E / ep experts with M' top_k ep / E rows each (balanced routing); shared experts as TP-split
@@ -24,6 +26,7 @@ discount), the unit of the CPU's calibrated rate.
 
 from __future__ import annotations
 
+from compiler.context_gather import LATENT, context_gather
 from compiler.fp8 import RECIPES
 from compiler.fp8.tensor import GRAD_DGRAD, GRAD_WGRAD
 from compiler.planner.devices import Gemm, LayerWork
@@ -81,10 +84,14 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
     b, t = micro_batch_size, mp
     a = PRECISIONS[precision].dtype.itemsize
     rows = b * shape.seq_len / cp
-    gemms = _linears(attention_matrices(shape, t), rows)
+    # CP gathering a latent: kv_b expands, and its keys and values are reshaped, over the whole sequence
+    whole = cp > 1 and context_gather(shape.latent, kv_heads=shape.kv_heads, head_dim=shape.head_dim, mp=t,
+                                      fp8=fp8 is not None).gathers == LATENT
+    gemms = [Gemm(rows * cp if whole and name == "kv_b" else rows, out, inp)
+             for name, (inp, out) in attention_matrices(shape, t).items()]
     batched, flash, scores, attention_counted = _attention(shape, kind, b=b, rows=rows, t=t, cp=cp, traits=traits)
     replicated = 10 * shape.d_model / (t if sequence_parallel else 1)
-    split = 2 * (shape.q_width + 2 * shape.kv_width) / t + 2 * shape.q_width / t
+    split = 2 * (shape.q_width + 2 * shape.kv_width * (cp if whole else 1)) / t + 2 * shape.q_width / t
     grouped: list[Gemm] = []
     quantized = list(gemms)  # the linears FP8 runs: not the router
     if mlp_kind(kind) == DENSE:

@@ -17,6 +17,12 @@ tensor-parallel shard holding H/mp heads (``q`` and ``kv_b`` column-parallel, ``
 projections and their norms replicated) traces the same graph. ``rope_key`` is a module of its own so that the
 engine can sum its gradient over the ranks' heads: each rank's heads give only part of it (models/common/tp_plan.py).
 
+``kv_latent`` (``LatentKeys``) is the one point where every token's normalised latent and rotated RoPE key exist
+before ``kv_b`` expands them: an identity here, named so that an engine splitting the sequence over ranks can put
+there what makes the latent whole (compiler/parallelize/latent_gather.py: r + rope values per token to exchange,
+against heads x (qk + v) for the expanded keys and values). ``kv_b`` and the view after it read the sequence
+length from the latent, so they expand whatever length arrives.
+
 Causality is the core's (attention_core.py: packed documents, context parallelism). With a ``LayerCache``
 (models/kv_cache.py) the cache holds the normalised latent and the rotated k_rope of every token (kv_lora_rank + rope
 values, not per head), expanded through ``kv_b`` at each step.
@@ -44,6 +50,14 @@ class SharedRopeKey(nn.Module):
         return k_rope.unsqueeze(2)
 
 
+class LatentKeys(nn.Module):
+    """(latent (B, T, r), rotated k_rope (B, T, 1, rope)) -> the same: the latent and RoPE key ``kv_b`` expands into
+    keys and values (see the module docstring)."""
+
+    def forward(self, latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return latent, k_rope
+
+
 class LatentAttention(nn.Module):
     def __init__(self, *, d_model: int, shape: LatentSizes, rope: Rope, norm_eps: float, rope_interleave: bool,
                  softmax_factor: float = 1.0):
@@ -58,6 +72,7 @@ class LatentAttention(nn.Module):
         self.kv_a_norm = RMSNorm(s.kv_lora_rank, norm_eps)
         self.kv_b = nn.Linear(s.kv_lora_rank, s.n_heads * (s.nope_dim + s.v_dim), bias=False)
         self.rope_key = SharedRopeKey()
+        self.kv_latent = LatentKeys()
         self.o = nn.Linear(s.n_heads * s.v_dim, d_model, bias=False)
         self.core = CausalAttention()
 
@@ -73,6 +88,7 @@ class LatentAttention(nn.Module):
             q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
         cos, sin = rotary_cos_sin(q_rope, positions, self.rope)
         q_rope, k_rope = apply_rotary(q_rope, cos, sin), apply_rotary(k_rope, cos, sin)
+        latent, k_rope = self.kv_latent(latent, k_rope)  # (B, L, r), (B, L, 1, rope): L = T, or the whole sequence
         causal = {}
         if cache is not None:
             causal = cache.causal_arguments(T, x.device)  # before update: the new queries against cached keys

@@ -113,10 +113,18 @@ CASES = [
     (2, 1, 2, "1f1b", [*LLAMA, "--cp", "2", "--sequence-parallel", *DOCUMENTS, "--no-loss-across-documents"]),
     (2, 1, 1, "1f1b", [*QWEN3_MOE, "--cp", "2", "--ep", "2"]),
     # DeepSeek-V3's latent attention: TP (the shared RoPE key's gradient summed over mp), with SP (the replicated
-    # down projections on the gathered sequence), under PP with EP, and with CP (values narrower than q and k).
+    # down projections on the gathered sequence), under PP with EP, and with CP (values narrower than q and k). CP
+    # gathers the latent and RoPE key (compiler/parallelize/latent_gather.py; 24 values a token against 112 for K/V
+    # at mp 1, 56 at mp 2): alone, with TP (each rank's kv_b shard expanding the whole sequence; validation too),
+    # with DP and selective recompute, with SP, packed documents and full recompute (the gather run again), and under
+    # PP with documents and an MTP depth (its attention).
     (1, 1, 2, "1f1b", DEEPSEEK),
     (1, 1, 2, "1f1b", [*DEEPSEEK, "--sequence-parallel"]),
     (1, 1, 1, "1f1b", [*DEEPSEEK, "--cp", "2"]),
+    (1, 1, 2, "1f1b", [*DEEPSEEK, "--cp", "2", "--eval-every", "2"]),
+    (2, 1, 1, "1f1b", [*DEEPSEEK, "--cp", "2", "--activation-checkpointing", "selective"]),
+    (1, 1, 2, "1f1b", [*DEEPSEEK, "--cp", "2", "--sequence-parallel", *DOCUMENTS, "--activation-checkpointing"]),
+    (1, 2, 1, "1f1b", [*DEEPSEEK, "--cp", "2", *DOCUMENTS, "--mtp-depth", "1"]),
     (2, 2, 2, "interleaved-1f1b", [*DEEPSEEK, "--layers", "4", "--ep", "2", "--sequence-parallel"]),
     # gpt-oss (sinks split with the heads, o's bias added once after the row-parallel sum, experts' biases with their
     # experts): 2x2x2 with EP and SP; CP with packed documents and a window shorter than a chunk (T 64: chunks of 16;

@@ -1,11 +1,16 @@
 """The planner's shape of a multi-head latent attention family (compiler/planner/shape.py reading the spec's
 ``LatentSizes``): DeepSeek-V3's parameters, activated parameters and FLOPs are the model's, its attention matrices
-split over TP as the engine's plan splits them, and ``run.py plan`` prices it."""
+split over TP as the engine's plan splits them, context parallelism gathers its latent (the engine's rule,
+compiler/context_gather.py) and pays kv_b over the whole sequence, and ``run.py plan`` prices it."""
 
 from __future__ import annotations
 
 import pytest
 
+from compiler.planner.cluster import load_cluster
+from compiler.planner.collectives import all_gather_time
+from compiler.planner.engines import THIS_ENGINE
+from compiler.planner.layers import Setup, layer_table
 from compiler.planner.shape import (
     DecoderShape,
     activated_parameter_count,
@@ -14,6 +19,7 @@ from compiler.planner.shape import (
     model_flops_per_token,
     parameter_count,
 )
+from compiler.planner.work import block_work
 from models import activated_parameter_count as model_activated
 from models import flops_per_token, named_config
 from models import parameter_count as model_parameters
@@ -48,3 +54,23 @@ def test_run_py_plan_prices_deepseek_v3(run_main):
     code, out, err = run_main(plan.main, ["--model", "deepseek-v3", "--world", "2048", "--cluster", "h100-80gb", "--top", "1"])
     assert code == 0, err
     assert "671.03B parameters, 37.55B activated" in out and "s/step" in out
+
+
+def test_context_parallelism_gathers_the_latent_and_runs_kv_b_over_the_whole_sequence():
+    shape = DecoderShape.from_config(named_config("deepseek-v3"))  # T 4096, r 512 + rope 64, 128 heads x (192 + 128)
+    h100 = load_cluster("h100-80gb")
+    setup = dict(precision="bf16", micro_batch_size=1, mp=8, dp=1, pp=1)
+    latent = 4096 * 576 * 2  # b T (r + rope) bf16, whatever mp: 71x fewer than 4096 x 128 x 320 values at mp 1
+    link = h100.topology.group_link(4, 8)
+    table = layer_table(shape, h100, THIS_ENGINE, Setup(cp=4, **setup))
+    assert table.layers["moe"].cp == pytest.approx(2 * all_gather_time(latent, 4, link))
+    full = layer_table(shape, h100, THIS_ENGINE, Setup(cp=4, ac="full", **setup))
+    assert full.layers["moe"].cp == pytest.approx(3 * all_gather_time(latent, 4, link))  # gathered again
+
+    def kv_b_flops(cp: int) -> float:
+        work = block_work(shape, "moe", micro_batch_size=1, mp=8, cp=cp, ep=1, precision="bf16",
+                          sequence_parallel=False, traits=THIS_ENGINE)
+        return sum(g.flops for g in work.gemms if (g.k, g.n) == (512, 128 * 256 // 8))  # kv_b: [., r] x [r, H/mp 256]
+
+    # each of 4 ranks expands all 4096 tokens (T rows where its other products run T/4): 4x one rank's share
+    assert kv_b_flops(4) == kv_b_flops(1) == 2 * 4096 * 512 * 128 * 256 / 8
