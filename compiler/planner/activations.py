@@ -145,6 +145,22 @@ def _engine_attention(shape: DecoderShape, c: Context) -> float:
     return (heads + 2 * kv_heads + heads) * hd * a + heads * 4
 
 
+def _engine_latent_attention(shape: DecoderShape, c: Context) -> float:
+    """Per token: multi-head latent attention's saved tensors in the engine layout (one TP shard; the block's norm and
+    the copies of its output excluded; models/common/latent_attention.py), as autograd saves them:
+    - each latent's RMSNorm (q's r_q, kv's r_kv) its input in fp32 (autocast runs rms_norm in fp32: a copy; in fp32
+      kv_a's whole output, the latent a view of it), 1/rms, its normalised output (a) and the next projection's input
+      (a: the autocast copy, or in fp32 the norm's output);
+    - the rotated q and the concatenated k (H/mp x (nope + rope) each), kv_b's output (H/mp x (nope + v): v is a view
+      of it), attention's output (H/mp x v) and its fp32 log-sum-exp."""
+    s, a, t = shape.latent, c.a, c.mp
+    heads = max(1, s.n_heads // t)
+    rope_in_view = 0 if c.autocast else s.rope_dim  # fp32: the norm saves kv_a's output itself, its RoPE part too
+    q_latent = (4 + 2 * a) * s.q_lora_rank + 4 if s.q_lora_rank else 0
+    kv_latent = 4 * (s.kv_lora_rank + rope_in_view) + 4 + 2 * a * s.kv_lora_rank
+    return q_latent + kv_latent + heads * (2 * s.qk_dim + s.nope_dim + 2 * s.v_dim) * a + heads * 4
+
+
 def _megatron_attention(shape: DecoderShape, c: Context) -> float:
     t = c.mp
     return (shape.q_width + 2 * shape.kv_width + shape.q_width) / t * c.a + shape.heads / t * 4
@@ -170,7 +186,7 @@ def _readers(shape: DecoderShape, c: Context, kind: str) -> float:
     """Per token: the engine's compute-dtype copies of the two norms' outputs, one per projection reading them."""
     if not c.autocast:
         return 2 * shape.d_model * 4
-    attention = 1 if shape.fused_qkv else 3
+    attention = 2 if shape.latent is not None else 1 if shape.fused_qkv else 3  # latent: q_a (or q) and kv_a
     mlp = (2 if shape.mlp == "swiglu" else 1) if mlp_kind(kind) == DENSE else 1  # the router reads a MoE block's
     return (attention + mlp) * shape.d_model * c.a
 
@@ -194,7 +210,7 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
         selective_norms = 2 * d * a / shard
     else:
         norms = 2 * _norm_saved(shape, c.residual_bytes) / shard + _readers(shape, c, kind)
-        attention = _engine_attention(shape, c)
+        attention = _engine_attention(shape, c) if shape.latent is None else _engine_latent_attention(shape, c)
         selective_norms = 2 * shape.d_model * c.residual_bytes / shard
     if c.ac == "selective":
         norms = selective_norms
@@ -204,7 +220,8 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     if mlp_kind(kind) == MOE:  # with --recompute-modules moe its input only: the whole MLP runs again in the backward
         moe_mlp = d * a if c.ac == "selective" and c.selective_policy == "products+moe" else _moe_mlp(shape, c)
     saved = per_token * tokens + moe_mlp * moe_tokens
-    rope = 2 * shape.seq_len / c.cp * shape.head_dim * a if shape.positions == "rope" and c.layout == "engine" else 0
+    rope_dim = shape.head_dim if shape.latent is None else shape.latent.rope_dim  # cos and sin, [T, rope features]
+    rope = 2 * shape.seq_len / c.cp * rope_dim * a if shape.positions == "rope" and c.layout == "engine" else 0
     saved += rope
     # context parallelism: attention's backward keeps the sequence's gathered K and V (its prefix and diagonal
     # keys are views of them), and the backward builds their gradients whole before reduce-scattering them;

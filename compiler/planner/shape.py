@@ -15,7 +15,8 @@ bias (``biases``) one per expert.
 Multi-head latent attention (DeepSeek-V3; the spec's ``LatentSizes``) is priced by its own matrices: the replicated
 down projections ``q_a`` and ``kv_a``, the column-parallel ``q`` and ``kv_b`` and the row-parallel ``o``, and the two
 latent norms; its QK^T and AV take ``head_dim`` (q/k width + v width) / 2, which counts both products' FLOPs. Its
-activations are priced as grouped-query attention's of that head dimension (no latent cache of its own yet).
+saved activations have a closed form of their own (activations.py ``_engine_latent_attention``: the latents, their
+norms, q, k, kv_b's output).
 
 FLOPs (the FlopCounterMode convention, what compiler/cost.py counts on the engine's model): a matrix
 product [M, K] x [K, N] is 2MNK forward and 4MNK backward; attention's QK^T and AV are 4 T^2 (H hd) per

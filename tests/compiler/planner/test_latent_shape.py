@@ -5,13 +5,18 @@ compiler/context_gather.py) and pays kv_b over the whole sequence, and ``run.py 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from compiler.cost import layer_costs
+from compiler.planner.activations import analytic_layer_costs
 from compiler.planner.cluster import load_cluster
 from compiler.planner.collectives import all_gather_time
 from compiler.planner.engines import THIS_ENGINE
 from compiler.planner.layers import Setup, layer_table
 from compiler.planner.shape import (
+    DENSE,
     DecoderShape,
     activated_parameter_count,
     attention_matrices,
@@ -74,3 +79,20 @@ def test_context_parallelism_gathers_the_latent_and_runs_kv_b_over_the_whole_seq
 
     # each of 4 ranks expands all 4096 tokens (T rows where its other products run T/4): 4x one rank's share
     assert kv_b_flops(4) == kv_b_flops(1) == 2 * 4096 * 512 * 128 * 256 / 8
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("mp", [1, 2])
+@pytest.mark.parametrize("q_lora_rank", [0, 32])
+def test_a_latent_blocks_saved_bytes_are_what_the_engine_saves(precision, mp, q_lora_rank):
+    """The closed form of multi-head latent attention's saved tensors (compiler/planner/activations.py) against
+    compiler/cost.py's count on the engine's dense DeepSeek-V3 block. v's head dim equals q's and k's here, so the
+    CPU runs the flash kernel (output and log-sum-exp, as GPU kernels keep): with a narrower v it takes the math
+    path, which keeps the (T, T) probabilities no GPU run keeps."""
+    cfg = dataclasses.replace(named_config("deepseek-v3-debug"), v_head_dim=16, q_lora_rank=q_lora_rank)
+    counted = layer_costs(cfg, micro_batch_size=2, precision=precision, mp=mp)
+    analytic = analytic_layer_costs(DecoderShape.from_config(cfg), micro_batch_size=2, precision=precision, mp=mp)
+    dense = [i for i, kind in enumerate(DecoderShape.from_config(cfg).kinds()) if kind == DENSE]
+    assert dense
+    for i in dense:
+        assert analytic[1 + i].activation_bytes == pytest.approx(counted[1 + i].activation_bytes, rel=1e-3)
