@@ -102,7 +102,23 @@ class _SafetensorsFile:
         return self.reader.read(name)
 
 
-class HFFolder:
+class TensorLookup:
+    """A folder's per-tensor facts from its ``info``: shape, dtype and the file holding the tensor."""
+
+    def info(self, name: str) -> TensorInfo:
+        raise NotImplementedError
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.info(name).shape
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.info(name).dtype
+
+    def file_of(self, name: str) -> Path:
+        return self.info(name).file
+
+
+class HFFolder(TensorLookup):
     """``HFFolder.open(path)``: ``.config`` (dict), ``.weights`` (the file chosen), ``names()``,
     ``info(name)`` / ``shape`` / ``dtype`` / ``file_of``, and ``read(name)`` for one tensor."""
 
@@ -140,15 +156,6 @@ class HFFolder:
 
     def info(self, name: str) -> TensorInfo:
         return self._file(name).info(name)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.info(name).shape
-
-    def dtype(self, name: str) -> torch.dtype:
-        return self.info(name).dtype
-
-    def file_of(self, name: str) -> Path:
-        return self.info(name).file
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor, backed by its file's pages (copy-on-write; disk is read as it is touched): narrow

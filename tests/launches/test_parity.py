@@ -171,7 +171,8 @@ def _args(dp, pp, mp, schedule, extra, logdir) -> list[str]:
             "--logdir", str(logdir), *COMMON, *extra]
 
 
-def _world(case) -> int:
+def case_world(case) -> int:
+    """Processes a case launches: dp x pp x mp, times --cp when given."""
     dp, pp, mp, _, extra = case
     return dp * pp * mp * (int(extra[extra.index("--cp") + 1]) if "--cp" in extra else 1)
 
@@ -212,7 +213,7 @@ def trained(request, tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
     root = tmp_path_factory.mktemp("parity")
     by_world: dict[int, list[str]] = {}
     for case in _selected_cases(request.session):
-        by_world.setdefault(_world(case), []).append(_case_id(case))
+        by_world.setdefault(case_world(case), []).append(_case_id(case))
     out = {}
     for world, ids in by_world.items():
         argvs = [_args(*CASES_BY_ID[i], root / i) for i in ids]
@@ -234,7 +235,7 @@ def test_losses_and_gradients_match_single_process(trained, dp, pp, mp, schedule
     assert error is None, error
     summary = json.loads((logdir / "summary.json").read_text())
 
-    world = _world((dp, pp, mp, schedule, extra))
+    world = case_world((dp, pp, mp, schedule, extra))
     cfg = parse_train_config(_args(dp, pp, mp, schedule, extra, logdir), world_size=world)
     reference = train_reference(cfg, steps=STEPS)
     assert_gradients_match(gathered_gradients(logdir, world_size=world, tied=tied_weights(cfg.model)),
@@ -321,10 +322,10 @@ def test_sequence_parallel_stages_exchange_sequence_shards(trained, case):
     dp, pp, mp, _, _ = case
     logdir, error = trained[_case_id(case)]
     assert error is None, error
-    cfg = parse_train_config(_args(*case, logdir), world_size=_world(case))
+    cfg = parse_train_config(_args(*case, logdir), world_size=case_world(case))
     shard = [cfg.plan.micro_batch_size, cfg.model.seq_len // cfg.plan.cp // mp, cfg.model.d_model]
     received = {}
-    for rank in range(_world(case)):
+    for rank in range(case_world(case)):
         received.update(json.loads((logdir / f"received_rank{rank}.json").read_text()))
     assert sorted(int(i) for i in received) == list(range(pp * cfg.plan.stages_per_rank))
     for index, shapes in received.items():

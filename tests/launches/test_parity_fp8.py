@@ -51,7 +51,7 @@ from compiler.fp8 import RECIPES
 from models import spec_of
 from runtime.commands.flags import parse_train_config
 from tests.launch import spawn_ranks
-from tests.launches.test_parity import gathered_gradients, train_each_dumping_gradients
+from tests.launches.test_parity import case_world, gathered_gradients, train_each_dumping_gradients
 from tests.reference import train_reference
 
 pytestmark = pytest.mark.slow  # real multi-process jobs
@@ -82,11 +82,6 @@ def _args(case, logdir: Path) -> list[str]:
     dp, pp, mp, schedule, extra = case
     return [f"--dp={dp}", f"--pp={pp}", f"--mp={mp}", "--schedule", schedule, "--microbatches", str(2 * pp),
             "--logdir", str(logdir), *COMMON, *extra]
-
-
-def _world(case) -> int:
-    dp, pp, mp, _, extra = case
-    return dp * pp * mp * (int(extra[extra.index("--cp") + 1]) if "--cp" in extra else 1)
 
 
 def _case_id(case) -> str:
@@ -121,7 +116,7 @@ def trained(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
     runs = [(_case_id(c), c) for c in CASES] + [(f"{PER_SHARD}-{_case_id(c)}", c) for c in PER_SHARD_CASES]
     by_world: dict[int, list[tuple[str, tuple]]] = {}
     for name, case in runs:
-        by_world.setdefault(_world(case), []).append((name, case))
+        by_world.setdefault(case_world(case), []).append((name, case))
     out = {}
     for world, named in by_world.items():
         argvs = [_args(case, root / name) for name, case in named]
@@ -137,7 +132,7 @@ def trained(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
 
 def fp8_parity_failures(case, logdir: Path) -> list[str]:
     """What breaks the module docstring's tolerances in the run ``case`` trained into ``logdir`` (empty: parity)."""
-    world = _world(case)
+    world = case_world(case)
     cfg = parse_train_config(_args(case, logdir), world_size=world)
     recipe = RECIPES[cfg.plan.fp8]
     fp8 = train_reference(cfg, steps=STEPS)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from runtime.checkpoint.hf_folder import CONFIG_FILE, HFFolder, TensorInfo
+from runtime.checkpoint.hf_folder import CONFIG_FILE, HFFolder, TensorInfo, TensorLookup
 from runtime.checkpoint.quantized.layouts import Fp8Blocks, Mxfp4Experts, Stored, layout_of
 from runtime.checkpoint.safetensors import TensorFileError
 
@@ -36,7 +36,7 @@ def open_folder(path: str | os.PathLike) -> HFFolder | QuantizedFolder:
     return QuantizedFolder(folder, layout_of(folder.config[QUANTIZATION_CONFIG], folder.path / CONFIG_FILE))
 
 
-class QuantizedFolder:
+class QuantizedFolder(TensorLookup):
     """An HFFolder whose quantized tensors are read as float32 under their logical names (module docstring)."""
 
     def __init__(self, folder: HFFolder, layout: Fp8Blocks | Mxfp4Experts):
@@ -73,15 +73,6 @@ class QuantizedFolder:
         if stored is None:
             return self.folder.info(name)
         return TensorInfo(name=name, shape=stored.shape, dtype=torch.float32, file=self.folder.file_of(stored.parts[0]))
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return self.info(name).shape
-
-    def dtype(self, name: str) -> torch.dtype:
-        return self.info(name).dtype
-
-    def file_of(self, name: str) -> Path:
-        return self.info(name).file
 
     def read(self, name: str) -> torch.Tensor:
         """The tensor: dequantized to float32 if stored quantized, else the folder's own (memory-mapped)."""

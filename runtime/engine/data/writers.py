@@ -69,6 +69,21 @@ class _Files:
                 folder.rmdir()
 
 
+class _OneFile:
+    """A writer of one file at a time (``out``, opened by ``files``): ``close`` publishes, ``abort`` discards."""
+
+    out: object
+    files: _Files
+
+    def close(self) -> list[Path]:
+        self.out.close()
+        return self.files.publish()
+
+    def abort(self) -> None:
+        self.out.close()
+        self.files.discard()
+
+
 class TokenWriter:
     """``add(ids_bytes, ends_document)`` for every piece of every document, then ``close()`` (or ``abort()``).
     ``ids_bytes``: little-endian ids of ``dtype``, as array(TYPECODES[dtype]).tobytes() gives them."""
@@ -87,7 +102,7 @@ class TokenWriter:
         raise NotImplementedError
 
 
-class NanoGPTWriter(TokenWriter):
+class NanoGPTWriter(_OneFile, TokenWriter):
     def __init__(self, path: Path, dtype: str):
         self.dtype, self.files = dtype, _Files()
         self.out = self.files.open(path)
@@ -97,13 +112,6 @@ class NanoGPTWriter(TokenWriter):
         self.tokens += len(ids) // struct.calcsize(TYPECODES[self.dtype])
         self.documents += ends_document
 
-    def close(self) -> list[Path]:
-        self.out.close()
-        return self.files.publish()
-
-    def abort(self) -> None:
-        self.out.close()
-        self.files.discard()
 
 
 class LlmcWriter(TokenWriter):
@@ -189,7 +197,7 @@ class MegatronWriter(TokenWriter):
         self.files.discard()
 
 
-class MaskWriter:
+class MaskWriter(_OneFile):
     """A loss-mask file (loss_mask.py) written streaming beside a token file: ``add`` each conversation's bytes,
     then ``close`` (published under its final name) or ``abort``."""
 
@@ -202,13 +210,6 @@ class MaskWriter:
         self.out.write(mask)
         self.tokens += len(mask)
 
-    def close(self) -> list[Path]:
-        self.out.close()
-        return self.files.publish()
-
-    def abort(self) -> None:
-        self.out.close()
-        self.files.discard()
 
 
 def _write_little_endian(f, values: array) -> None:
