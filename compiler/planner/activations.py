@@ -100,6 +100,7 @@ class Context:
     selective_policy: str = "products"  # what selective recompute keeps (engines.py ``selective_policy``)
     loss_chunk_bytes: int = CPU_CHUNK_BYTES  # the chunked loss's fp32 chunk on this device (``loss_chunk_bytes``)
     cp_halos: bool = False  # sliding layers under CP hold halos, not the gathered sequence (engines.py ``cp_halos``)
+    moe_shards_need_sp: bool = False  # a MoE layer under TP routes sequence shards only under SP (engines.py)
 
     @property
     def a(self) -> int:
@@ -142,7 +143,10 @@ def _engine_attention(shape: DecoderShape, c: Context) -> float:
         return (qkv + rotated + heads * hd) * a + heads * 4
     # q, k and v with their own head counts (SDPA shares the grouped heads: enable_gqa, no H-wide copies), the
     # output, and a log-sum-exp per query head
-    return (heads + 2 * kv_heads + heads) * hd * a + heads * 4
+    qkv = (heads + 2 * kv_heads + heads) * hd * a + heads * 4
+    if shape.qk_norm:  # Qwen3's per-head RMSNorm of q and k: its fp32 input copy, 1/rms and normalised output (a)
+        qkv += (4 + a) * (heads + kv_heads) * hd + 4 * (heads + kv_heads)
+    return qkv
 
 
 def _engine_latent_attention(shape: DecoderShape, c: Context) -> float:
@@ -176,10 +180,24 @@ def _mlp_hidden(shape: DecoderShape, width: float, c: Context) -> float:
 
 
 def _moe_mlp(shape: DecoderShape, c: Context) -> float:
-    """Per local token of a MoE MLP (its router, dispatched copies, experts, shared experts)."""
+    """Per local token of a MoE MLP (its router, dispatched copies, experts, shared experts). In the engine
+    (models/common/moe.py, router.py) also: the weighted copy of each expert output the combine sums (d), each routed
+    copy's weight (a) and the routing's integer bookkeeping (top-k, sort and unsort indices, 8 bytes each, and the
+    fp32 top-k weights: 28 per routed copy, 8 per token)."""
     e, a, d = shape.experts, c.a, shape.d_model
-    routed = e.count * 4 + e.top_k * (2 * d * a + _mlp_hidden(shape, e.width, c))
-    return routed + e.shared * _mlp_hidden(shape, shared_width(e), c)
+    per_copy = 2 * d * a + _mlp_hidden(shape, e.width, c)
+    if c.layout == "engine":
+        per_copy += d * a + a + 28
+    routed = e.count * 4 + e.top_k * per_copy + (8 if c.layout == "engine" else 0)
+    shared = e.shared * _mlp_hidden(shape, shared_width(e), c)
+    if e.shared and c.layout == "engine":  # the shared MLP's input: its projections' copies, or in fp32 the norm's output
+        shared += (2 if shape.mlp == "swiglu" else 1) * d * a if c.autocast else d * 4
+    return routed + shared
+
+
+def moe_router_bytes(shape: DecoderShape, c: Context) -> float:
+    """Per micro-batch in the engine: the router's fp32 copy of its weight (d x E) and two E-long count vectors."""
+    return shape.experts.count * (shape.d_model + 2) * 4 if c.layout == "engine" else 0.0
 
 
 def _readers(shape: DecoderShape, c: Context, kind: str) -> float:
@@ -187,8 +205,9 @@ def _readers(shape: DecoderShape, c: Context, kind: str) -> float:
     if not c.autocast:
         return 2 * shape.d_model * 4
     attention = 2 if shape.latent is not None else 1 if shape.fused_qkv else 3  # latent: q_a (or q) and kv_a
-    mlp = (2 if shape.mlp == "swiglu" else 1) if mlp_kind(kind) == DENSE else 1  # the router reads a MoE block's
-    return (attention + mlp) * shape.d_model * c.a
+    if mlp_kind(kind) == DENSE:
+        return (attention + (2 if shape.mlp == "swiglu" else 1)) * shape.d_model * c.a
+    return attention * shape.d_model * c.a + shape.d_model * 4  # a MoE block's router reads an fp32 copy
 
 
 def _kv_positions_held(shape: DecoderShape, kind: str, c: Context) -> float:
@@ -203,7 +222,9 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     t, d, a = c.mp, shape.d_model, c.a
     tokens = c.tokens(shape)
     shard = t if c.sequence_parallel else 1
-    moe_tokens = tokens / t if mlp_kind(kind) == MOE and t > 1 else tokens  # expert TP 1: disjoint sequence shards
+    # expert TP 1: the TP ranks route disjoint sequence shards (this engine: under SP; without, each rank all tokens)
+    shards = t if mlp_kind(kind) == MOE and (c.sequence_parallel or not c.moe_shards_need_sp) else 1
+    moe_tokens = tokens / shards
     if c.layout == "megatron":
         norms = 4 * d * a / shard  # two norm inputs and two linear inputs
         attention = _megatron_attention(shape, c)
@@ -220,8 +241,11 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     if mlp_kind(kind) == MOE:  # with --recompute-modules moe its input only: the whole MLP runs again in the backward
         moe_mlp = d * a if c.ac == "selective" and c.selective_policy == "products+moe" else _moe_mlp(shape, c)
     saved = per_token * tokens + moe_mlp * moe_tokens
+    if mlp_kind(kind) == MOE and not (c.ac == "selective" and c.selective_policy == "products+moe"):
+        saved += moe_router_bytes(shape, c)
     rope_dim = shape.head_dim if shape.latent is None else shape.latent.rope_dim  # cos and sin, [T, rope features]
-    rope = 2 * shape.seq_len / c.cp * rope_dim * a if shape.positions == "rope" and c.layout == "engine" else 0
+    rope_bytes = 4 if shape.qk_norm else a  # normed q and k come out of an fp32 weight in fp32: RoPE's cos/sin too
+    rope = 2 * shape.seq_len / c.cp * rope_dim * rope_bytes if shape.positions == "rope" and c.layout == "engine" else 0
     saved += rope
     # context parallelism: attention's backward keeps the sequence's gathered K and V (its prefix and diagonal
     # keys are views of them), and the backward builds their gradients whole before reduce-scattering them;
@@ -336,7 +360,7 @@ def analytic_layer_costs(shape: DecoderShape, *, micro_batch_size: int, precisio
     """[embedding, block 0, ..., block L-1, head] as compiler/cost.py's ``layer_costs`` reports them for the
     engine's model (FLOPs per TP shard, parameters, saved activations, what selective checkpointing keeps and
     recomputes, autocast weight copies; the engine's chunked loss)."""
-    c = Context(micro_batch_size, precision, mp, chunked_loss=True)
+    c = Context(micro_batch_size, precision, mp, chunked_loss=True, moe_shards_need_sp=True)
     a, autocast = c.a, c.autocast
     tokens = micro_batch_size * shape.seq_len
     blocks = []

@@ -33,6 +33,10 @@ class EngineTraits:
     # This engine gathers in the precision (compiler/parallelize/float8.py).
     fp8_all_gather: bool = False
     sp_messages: bool = True  # under sequence parallelism pipeline messages are (B, T/mp, D) shards
+    # A MoE layer under TP routes its TP group's disjoint sequence shards (expert TP 1; Megatron requires SP with
+    # MoE and TP); this engine does so under SP only: without it every TP rank routes all the tokens
+    # (compiler/parallelize/expert_parallel.py), the same rows mp times.
+    moe_shards_need_sp: bool = False
     # How MoE tokens reach their experts (compiler/planner/layers.py): "all-to-all" sends one copy per
     # (token, expert) pair (this engine, Megatron's alltoall dispatcher); "deepep" one per destination rank,
     # and across nodes one per destination node, forwarded over NVLink there (DeepEP's normal kernels).
@@ -85,7 +89,7 @@ class EngineTraits:
         return out
 
 
-THIS_ENGINE = EngineTraits(cp_halos=True)
+THIS_ENGINE = EngineTraits(cp_halos=True, moe_shards_need_sp=True)
 
 # Narayanan et al. 2021 (SC'21, Megatron-LM): materialised attention with a fused softmax kernel, the
 # scatter/gather optimisation of pipeline messages (sec. 4.1), the data-parallel all-reduce after the

@@ -46,6 +46,7 @@ from compiler.planner.work import (
     embedding_work,
     head_work,
     moe_mlp_work,
+    moe_routed_shards,
     mtp_input_work,
 )
 from compiler.precisions import PRECISIONS
@@ -165,8 +166,9 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
             matmuls = compute.forward - compute.memory_bound_forward
             again = compute.memory_bound_forward + traits.selective_matmul_recompute * matmuls
             if recompute_moe and mlp_kind(kind) == MOE:  # its memory-bound part is in ``again`` already
+                shards = moe_routed_shards(traits, mp=s.mp, sequence_parallel=s.sequence_parallel)
                 moe = device.compute(moe_mlp_work(shape, micro_batch_size=s.micro_batch_size, mp=s.mp, cp=s.cp,
-                                                  ep=s.ep, precision=s.precision), s.precision,
+                                                  ep=s.ep, precision=s.precision, routed_shards=shards), s.precision,
                                      linear_peak=linear_peak, ranks_on_node=ranks_on_node)
                 again += moe.forward - moe.memory_bound_forward
             compute = ComputeSeconds(compute.forward, compute.backward + again, compute.memory_bound_forward)
@@ -187,7 +189,7 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
         cp = (3 if full else 2) * kv_time
         ep = 0.0
         if mlp_kind(kind) == MOE:
-            tokens = rows / s.mp * shape.d_model * a
+            tokens = rows / moe_routed_shards(traits, mp=s.mp, sequence_parallel=s.sequence_parallel) * shape.d_model * a
             one = _ep_dispatch_time(cluster, traits, s, strides, token_bytes=tokens, experts=shape.experts)
             ep = (6 if full or recompute_moe else 4) * one
         out[kind] = LayerSeconds(compute, tp, cp, ep)

@@ -134,7 +134,7 @@ class Pricer:
         ctx = Context(c.micro_batch_size, c.precision, c.mp, c.cp, c.sequence_parallel, c.ac,
                       self.traits.activations, residual, c.chunked_loss, self.cluster.device.kind == "cpu",
                       self.traits.selective_policy, loss_chunk_bytes(self.cluster.device.kind),
-                      cp_halos=self.traits.cp_halos)
+                      cp_halos=self.traits.cp_halos, moe_shards_need_sp=self.traits.moe_shards_need_sp)
         dense = experts = saved = recompute = transient = backward = copies = head_saved = 0.0
         units = []
         a = PRECISIONS[c.precision].dtype.itemsize if dtype else 0

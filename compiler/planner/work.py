@@ -100,7 +100,8 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
         split += (3 if shape.mlp == "swiglu" else 2) * shape.mlp_width / t
         elementwise = rows * (replicated + split) * a
     else:
-        moe = moe_mlp_work(shape, micro_batch_size=b, mp=t, cp=cp, ep=ep, precision=precision)
+        moe = moe_mlp_work(shape, micro_batch_size=b, mp=t, cp=cp, ep=ep, precision=precision,
+                           routed_shards=moe_routed_shards(traits, mp=t, sequence_parallel=sequence_parallel))
         gemms += list(moe.gemms)
         grouped = list(moe.grouped)
         quantized += [*moe.gemms[1:], *grouped]  # moe.gemms[0]: the router
@@ -115,12 +116,19 @@ def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int
                      if mp > 1 else 0, quantize_bytes=quantize_bytes(quantized, fp8, a) if fp8 else (0.0, 0.0))
 
 
-def moe_mlp_work(shape: DecoderShape, *, micro_batch_size: int, mp: int, cp: int, ep: int, precision: str) -> LayerWork:
+def moe_routed_shards(traits: EngineTraits, *, mp: int, sequence_parallel: bool) -> int:
+    """Into how many disjoint shards a TP group's MoE layer splits the tokens it routes (``moe_shards_need_sp``)."""
+    return 1 if traits.moe_shards_need_sp and not sequence_parallel else mp
+
+
+def moe_mlp_work(shape: DecoderShape, *, micro_batch_size: int, mp: int, cp: int, ep: int, precision: str,
+                 routed_shards: int | None = None) -> LayerWork:
     """A MoE block's MLP alone (module docstring): the router, the shared experts, the routed experts' grouped
-    products and their memory-bound kernels. What Megatron's ``--recompute-modules moe`` runs again."""
+    products and their memory-bound kernels. What Megatron's ``--recompute-modules moe`` runs again.
+    ``routed_shards``: the TP ranks' disjoint token shards (``moe_routed_shards``; None: mp)."""
     e, t, a = shape.experts, mp, PRECISIONS[precision].dtype.itemsize
     rows = micro_batch_size * shape.seq_len / cp
-    local = rows / t  # the rows this rank dispatches
+    local = rows / (routed_shards or t)  # the rows this rank dispatches
     gemms = [Gemm(local, e.count, shape.d_model)]  # the router (its bias, if any, is memory-bound)
     shared = 0.0
     for _ in range(e.shared):

@@ -160,7 +160,8 @@ def test_a_moe_search_considers_expert_parallelism_and_ep_trades_memory_for_all_
     result = search(MOE, world=64, global_batch_size=256, cluster=cluster, keep=200)
     assert {e.plan.ep for e in result.top} > {1}
     one = search(MOE, world=64, global_batch_size=256, cluster=cluster,
-                 constraints=Constraints(ep=1, dp=64, micro_batch_size=4, ac="none", dp_mode="fsdp")).best
+                 constraints=Constraints(ep=1, dp=64, micro_batch_size=4, ac="none", dp_mode="fsdp"),
+                 require_fit=False).best  # priced whether or not it fits: the comparison is what ep changes
     eight = Pricer(MOE, cluster).price(dataclasses.replace(one.plan, ep=8))
     assert eight.memory_per_rank < one.memory_per_rank and eight.breakdown.ep > 0 == one.breakdown.ep
 

@@ -3,6 +3,7 @@ and FlopCounterMode / autograd's saved tensors on a hand-written GQA + SwiGLU + 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -203,3 +204,23 @@ def test_first_k_dense_layers_keep_the_dense_mlp():
     assert moe.dense == attention + 2 * 256 + 256 * 8 + 3 * 256 * 128  # router and the shared expert
     assert moe.experts == 8 * 3 * 256 * 128
     assert parameter_count(shape) == 2 * dense.total + 4 * moe.total + 2 * 1000 * 256 + 256
+
+
+MOE_SHAPES = [named_config("qwen3-moe-debug"), named_config("mixtral-debug"), named_config("qwen3-debug", seq_len=32),
+              # v's head dim equal to q's and k's: the CPU's flash kernel (a narrower v takes the math path, which
+              # keeps (T, T) probabilities no GPU kernel keeps)
+              dataclasses.replace(named_config("deepseek-v3-16b-debug"), v_head_dim=16),
+              dataclasses.replace(named_config("deepseek-v3-debug"), v_head_dim=16)]
+
+
+@pytest.mark.parametrize("cfg", MOE_SHAPES, ids=lambda c: c.family)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("mp", [1, 2])
+def test_mixture_qk_norm_and_latent_blocks_save_what_the_engine_counts(cfg, precision, mp):
+    """Every block kind's saved bytes (MoE: the router's fp32 copies, the routed copies and their bookkeeping, the
+    shared MLP; Qwen3's q/k norms; latent attention) against compiler/cost.py's count. Without SP every TP rank
+    routes all the tokens (compiler/parallelize/expert_parallel.py), as counted here."""
+    counted = layer_costs(cfg, micro_batch_size=2, precision=precision, mp=mp)
+    analytic = analytic_layer_costs(DecoderShape.from_config(cfg), micro_batch_size=2, precision=precision, mp=mp)
+    for a, c in zip(analytic[1:-1], counted[1:-1]):
+        assert a.activation_bytes == pytest.approx(c.activation_bytes, rel=1e-2), a.name
