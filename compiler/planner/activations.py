@@ -36,7 +36,7 @@ A mixture-of-experts MLP saves per local token (both layouts): the router's fp32
 ``top_k`` dispatched copies of the token (d each), each expert's hidden activations (as a dense MLP of the
 expert width) and its output (d, for the weighted combine's backward); shared experts as dense MLPs. With
 expert tensor parallelism 1 a TP group's ranks dispatch disjoint sequence shards, so a rank's MoE MLP sees
-T / mp tokens. The dispatch's send and receive buffers (2 top_k d a per token) are transient. Megatron's
+T / mp tokens (in this engine under SP only: without it every TP rank routes all T, ``moe_shards_need_sp``). The dispatch's send and receive buffers (2 top_k d a per token) are transient. Megatron's
 ``--recompute-modules moe`` (selective policy ``"products+moe"``) keeps only the MLP's input (d per token).
 
 Context parallelism (cp ranks) keeps T / cp tokens of every sequence per rank: every per-token term / cp;
