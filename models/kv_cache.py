@@ -9,6 +9,17 @@ and values are made of instead: per token the normalised latent and the rotated 
 (``update_latent``: kv_lora_rank + rope values, not per head), as DeepSeek-V2 (sec. 2.1.1) caches them. Buffers
 are allocated once, for ``capacity`` positions, on the first update.
 
+**Sliding-window layers** (gpt-oss's, ``update(k, v, window=W)``) keep only what a later query can still see: a query
+at position p sees keys p - W < j <= p, so the next forward's first query needs the last W - 1 positions and nothing
+older. Such a layer's cache is a rolling buffer: a forward of t new tokens attends over the kept (at most W - 1)
+positions followed by its t new ones, one tensor of at most W - 1 + t positions in position order (the prefill of a
+prompt longer than the window attends over every prompt key, each query within its own window, exactly as a full
+forward), and the layer then keeps a view of its last W - 1 positions, so it holds W - 1 + t positions between
+forwards (W while decoding one token at a time) instead of ``capacity``. Keys keep their exact positions: they were
+rotated before caching, and the window's mask counts from the first returned key (the new queries stand after
+the kept ones, attention_core.py ``cached(q_offset=...)``). Rolling costs one copy of the kept positions per
+forward, no more than the attention reads from them.
+
 Nothing here is traced: the engine traces ``forward(tokens)`` (cache None), which never reaches this code.
 """
 
@@ -34,6 +45,11 @@ class KVCache:
     def layer(self, index: int) -> LayerCache:
         return LayerCache(self, index)
 
+    def held_bytes(self, index: int) -> int:
+        """Bytes layer ``index``'s buffers hold in memory (the storage under a sliding layer's views included)."""
+        buffers = self._buffers[index] or ()
+        return sum(t.untyped_storage().nbytes() for t in buffers)
+
     def advance(self, t: int) -> None:
         """After every layer has stored the t new positions (the model calls this once per forward)."""
         self.length += t
@@ -48,6 +64,15 @@ class KVCache:
             buffer.narrow(time_dim, self.length, t).copy_(values)
         return tuple(buffer.narrow(time_dim, 0, self.length + t) for buffer in self._buffers[index])
 
+    def _roll(self, index: int, new: tuple[torch.Tensor, ...], *, time_dim: int, window: int) -> tuple[torch.Tensor, ...]:
+        """Store a sliding layer's tensors of the new positions; the kept positions (at most ``window`` - 1) and the
+        new ones, in position order. Keeps views of the last ``window`` - 1 for the next forward (module docstring)."""
+        kept = self._buffers[index]
+        seen = new if kept is None else tuple(torch.cat([old, values], dim=time_dim) for old, values in zip(kept, new))
+        keep = min(window - 1, seen[0].shape[time_dim])
+        self._buffers[index] = tuple(t.narrow(time_dim, t.shape[time_dim] - keep, keep) for t in seen)
+        return seen
+
 
 class LayerCache:
     """One attention layer's part of a ``KVCache``."""
@@ -61,8 +86,13 @@ class LayerCache:
         """Positions cached before this forward's new tokens."""
         return self.cache.length
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """New keys and values (B, Hkv, t, hd) -> every position's so far (B, Hkv, length + t, hd)."""
+    def update(self, k: torch.Tensor, v: torch.Tensor, *,
+               window: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """New keys and values (B, Hkv, t, hd) -> every position's so far (B, Hkv, length + t, hd); on a layer of a
+        sliding ``window``, only the positions its new queries can see: the last min(length, window - 1) cached
+        ones and the t new ones (B, Hkv, kept + t, hd), the new queries standing after the kept keys."""
+        if window:
+            return self.cache._roll(self.index, (k, v), time_dim=2, window=window)
         return self.cache._append(self.index, (k, v), time_dim=2)
 
     def update_latent(self, latent: torch.Tensor, rope_key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

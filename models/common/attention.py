@@ -71,8 +71,10 @@ class Attention(nn.Module):
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hd)
         sinks = () if self.sinks is None else (self.sinks(q),)  # (B, H, T): each query's head's sink
         if cache is not None:
-            cached = cache.length  # before update: the new queries stand after the cached keys
-            k, v = cache.update(k, v)  # (B, Hkv, cached + T, hd): cached after RoPE, before any sharing
+            # (B, Hkv, cached + T, hd): cached after RoPE, before any sharing; a sliding layer's cache returns only
+            # the keys its new queries can see (models/kv_cache.py), so ``cached`` is what it kept, not its length
+            k, v = cache.update(k, v, window=self.core.window)
+            cached = k.shape[2] - T  # the new queries stand after the cached keys
             y = self.core.cached(q, k, v, q_offset=cached, sinks=sinks[0] if sinks else None)
         else:
             y = self.core(q, k, v, *sinks) if documents is None else self.core(q, k, v, *sinks, documents)  # (B, H, T, hd)
