@@ -36,7 +36,8 @@ A mixture-of-experts MLP saves per local token (both layouts): the router's fp32
 ``top_k`` dispatched copies of the token (d each), each expert's hidden activations (as a dense MLP of the
 expert width) and its output (d, for the weighted combine's backward); shared experts as dense MLPs. With
 expert tensor parallelism 1 a TP group's ranks dispatch disjoint sequence shards, so a rank's MoE MLP sees
-T / mp tokens (in this engine under SP only: without it every TP rank routes all T, ``moe_shards_need_sp``). The dispatch's send and receive buffers (2 top_k d a per token) are transient. Megatron's
+T / mp tokens (in this engine under SP only: without it every TP rank routes all T, ``moe_shards_need_sp``). The
+dispatch's send and receive buffers (2 top_k d a per token) are transient. Megatron's
 ``--recompute-modules moe`` (selective policy ``"products+moe"``) keeps only the MLP's input (d per token).
 
 Context parallelism (cp ranks) keeps T / cp tokens of every sequence per rank: every per-token term / cp;
@@ -63,6 +64,7 @@ from compiler.context_gather import LATENT, context_gather
 from compiler.cost import LayerCost, head_loss_bytes
 from compiler.parallelize.cross_entropy import CPU_CHUNK_BYTES, SAVED_BYTES_PER_TOKEN
 from compiler.parallelize.halo import halo_width
+from compiler.planner.attention_memory import engine_attention, engine_latent_attention, megatron_attention
 from compiler.planner.shape import (
     DENSE,
     MOE,
@@ -133,43 +135,6 @@ def _norm_saved(shape: DecoderShape, residual_bytes: int = 4) -> float:
     return residual_bytes * d + 8
 
 
-def _engine_attention(shape: DecoderShape, c: Context) -> float:
-    """Per token: attention's saved tensors in the engine layout (one TP shard), norms excluded."""
-    a, t, hd = c.a, c.mp, shape.head_dim
-    heads, kv_heads = shape.heads // t, max(1, shape.kv_heads // t)
-    if shape.fused_qkv:
-        qkv = (heads + 2 * kv_heads) * hd
-        rotated = (heads + kv_heads) * hd if shape.positions == "rope" else 0
-        return (qkv + rotated + heads * hd) * a + heads * 4
-    # q, k and v with their own head counts (SDPA shares the grouped heads: enable_gqa, no H-wide copies), the
-    # output, and a log-sum-exp per query head
-    qkv = (heads + 2 * kv_heads + heads) * hd * a + heads * 4
-    if shape.qk_norm:  # Qwen3's per-head RMSNorm of q and k: its fp32 input copy, 1/rms and normalised output (a)
-        qkv += (4 + a) * (heads + kv_heads) * hd + 4 * (heads + kv_heads)
-    return qkv
-
-
-def _engine_latent_attention(shape: DecoderShape, c: Context) -> float:
-    """Per token: multi-head latent attention's saved tensors in the engine layout (one TP shard; the block's norm and
-    the copies of its output excluded; models/common/latent_attention.py), as autograd saves them:
-    - each latent's RMSNorm (q's r_q, kv's r_kv) its input in fp32 (autocast runs rms_norm in fp32: a copy; in fp32
-      kv_a's whole output, the latent a view of it), 1/rms, its normalised output (a) and the next projection's input
-      (a: the autocast copy, or in fp32 the norm's output);
-    - the rotated q and the concatenated k (H/mp x (nope + rope) each), kv_b's output (H/mp x (nope + v): v is a view
-      of it), attention's output (H/mp x v) and its fp32 log-sum-exp."""
-    s, a, t = shape.latent, c.a, c.mp
-    heads = max(1, s.n_heads // t)
-    rope_in_view = 0 if c.autocast else s.rope_dim  # fp32: the norm saves kv_a's output itself, its RoPE part too
-    q_latent = (4 + 2 * a) * s.q_lora_rank + 4 if s.q_lora_rank else 0
-    kv_latent = 4 * (s.kv_lora_rank + rope_in_view) + 4 + 2 * a * s.kv_lora_rank
-    return q_latent + kv_latent + heads * (2 * s.qk_dim + s.nope_dim + 2 * s.v_dim) * a + heads * 4
-
-
-def _megatron_attention(shape: DecoderShape, c: Context) -> float:
-    t = c.mp
-    return (shape.q_width + 2 * shape.kv_width + shape.q_width) / t * c.a + shape.heads / t * 4
-
-
 def _mlp_hidden(shape: DecoderShape, width: float, c: Context) -> float:
     """Per token: one MLP's saved hidden activations of ``width`` (already per shard)."""
     if c.ac == "selective":  # the matrix products' outputs only: up (and gate)
@@ -227,11 +192,12 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     moe_tokens = tokens / shards
     if c.layout == "megatron":
         norms = 4 * d * a / shard  # two norm inputs and two linear inputs
-        attention = _megatron_attention(shape, c)
+        attention = megatron_attention(shape, a=c.a, mp=c.mp)
         selective_norms = 2 * d * a / shard
     else:
         norms = 2 * _norm_saved(shape, c.residual_bytes) / shard + _readers(shape, c, kind)
-        attention = _engine_attention(shape, c) if shape.latent is None else _engine_latent_attention(shape, c)
+        attention = (engine_attention(shape, a=c.a, mp=c.mp) if shape.latent is None
+                     else engine_latent_attention(shape, a=c.a, mp=c.mp, autocast=c.autocast))
         selective_norms = 2 * shape.d_model * c.residual_bytes / shard
     if c.ac == "selective":
         norms = selective_norms

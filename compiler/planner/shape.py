@@ -15,7 +15,7 @@ bias (``biases``) one per expert.
 Multi-head latent attention (DeepSeek-V3; the spec's ``LatentSizes``) is priced by its own matrices: the replicated
 down projections ``q_a`` and ``kv_a``, the column-parallel ``q`` and ``kv_b`` and the row-parallel ``o``, and the two
 latent norms; its QK^T and AV take ``head_dim`` (q/k width + v width) / 2, which counts both products' FLOPs. Its
-saved activations have a closed form of their own (activations.py ``_engine_latent_attention``: the latents, their
+saved activations have a closed form of their own (attention_memory.py ``engine_latent_attention``: the latents, their
 norms, q, k, kv_b's output).
 
 FLOPs (the FlopCounterMode convention, what compiler/cost.py counts on the engine's model): a matrix

@@ -11,7 +11,8 @@ Per rank: b sequences of T / cp tokens (context parallelism), M = b T / cp rows;
 - Multi-head latent attention under CP gathering its latent (compiler/context_gather.py): ``kv_b`` multiplies all
   b T rows of the gathered latent, not b T / cp, and its keys' and values' reshapes run over them too.
 - A MoE block: attention as above; the router [M', d] x [d, E] on the M' = M / t rows a rank dispatches
-  (expert tensor parallelism 1: the TP ranks take disjoint sequence shards; this engine only under SP, else M' = M); the routed experts as a grouped
+  (expert tensor parallelism 1: the TP ranks take disjoint sequence shards; this engine only under SP, else
+  M' = M); the routed experts as a grouped
   product of E / ep experts with M' top_k ep / E rows each (balanced routing); shared experts as TP-split
   dense MLPs on M rows; memory-bound: the dispatch's permute and un-permute (4 d per token copy), the
   experts' activation (3 w or 2 w) and the router's softmax and top-k over E fp32 logits.
