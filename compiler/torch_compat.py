@@ -161,9 +161,11 @@ def tensor_base(t: torch.Tensor) -> torch.Tensor | None:
 
 
 # A tensor subclass that wraps another (FSDP2's all-gather extensions, compiler/fp8/fsdp_all_gather.py): torch's
-# wrapper-subclass constructor, its "no __torch_function__" default, and pytree's typed map over op arguments.
+# wrapper-subclass constructor, its "no __torch_function__" default, and pytree's walks over op arguments (lists
+# of tensors in the optimizer's foreach ops).
 DISABLED_TORCH_FUNCTION = torch._C._disabled_torch_function_impl
 tree_map_only = _pytree.tree_map_only
+tree_leaves = _pytree.tree_leaves
 
 
 def make_wrapper_subclass(cls: type, like: torch.Tensor, *, dtype: torch.dtype, requires_grad: bool) -> torch.Tensor:

@@ -35,7 +35,7 @@ from compiler.fp8.guard import AmaxGuard
 from compiler.fp8.quantize import AmaxReduce
 from compiler.fp8.recipe import Recipe
 from compiler.fp8.tensor import WEIGHT_FORWARD, Fp8Tensor
-from compiler.torch_compat import DISABLED_TORCH_FUNCTION, dtensor_local, make_wrapper_subclass, tree_map_only
+from compiler.torch_compat import DISABLED_TORCH_FUNCTION, dtensor_local, make_wrapper_subclass, tree_leaves, tree_map_only
 
 aten = torch.ops.aten
 # Ops FSDP (sharding, padding, to_empty, copy-in) runs on the shard that must keep the wrapper (torchao's list)
@@ -78,7 +78,7 @@ class Fp8AllGatherWeight(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        first = next(a for a in args if isinstance(a, Fp8AllGatherWeight))
+        first = next(a for a in tree_leaves((args, kwargs)) if isinstance(a, Fp8AllGatherWeight))
         if func is aten.detach.default:
             return first._wrap(first._tensor.detach())
         args, kwargs = tree_map_only(Fp8AllGatherWeight, lambda t: t._tensor, (args, kwargs or {}))
@@ -161,7 +161,7 @@ class GatheredFp8Weight(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        first = next(a for a in args if isinstance(a, GatheredFp8Weight))
+        first = next(a for a in tree_leaves((args, kwargs)) if isinstance(a, GatheredFp8Weight))
         if func in (aten.detach.default, aten.alias.default, aten.view.default, aten.as_strided.default):
             # FSDP's as_strided to the unpadded size, nn.Parameter's detach, to_local's view_as: same bytes, reshaped
             data = func(first.data_fp8, *args[1:], **kwargs)
