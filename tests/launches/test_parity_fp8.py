@@ -3,6 +3,8 @@ micro-batches, one FP8 forward and backward each): losses, gradient norms and ev
 first step, for each recipe on 2x2x2 interleaved + SP, 2x1x2 --ep 2 (a mixture of experts) and 1x2x2 --cp 2. The
 nine cases and two with per-shard scales run in two launches (one of 8 ranks, one of 4), as test_parity.py
 batches its cases. fp32 (this CPU's bf16 is slow): the FP8 products' high precision follows --precision.
+``--fp8-all-gather`` (FSDP gathers the linears' weights as tensorwise FP8) has two cases of its own, 2x2x2 + SP and
+2x2x1 under ZeRO-3, in a fixture apart (``-k all-gather``).
 
 Tolerances, from the formats and the tensor sizes.
 
