@@ -54,6 +54,7 @@ class ParallelPlan:
     split: str = "auto"  # stage split: "auto" | "uniform" | "manual:4,4,3,1"
     chunked_loss: bool = True  # the loss a chunk of tokens at a time (the engine's always is; plans at scale may not)
     fp8: str | None = None  # FP8 recipe of the linear and expert products (compiler/fp8 RECIPES); None: --precision's
+    fp8_all_gather: bool = False  # FSDP all-gathers the FP8 linears' weights in FP8 (tensorwise, sharded data parallelism)
 
     def __post_init__(self):
         object.__setattr__(self, "ac", AC(self.ac))  # accept the mode's name
@@ -103,6 +104,7 @@ class ParallelPlan:
         dp_mode += " +SP" if self.sequence_parallel else ""
         dp_mode += " +chunked loss" if self.chunked_loss else ""
         dp_mode += f" fp8={self.fp8}" if self.fp8 else ""
+        dp_mode += " +fp8 all-gather" if self.fp8_all_gather else ""
         return (f"{self.mesh_text()} {self.schedule} v={self.stages_per_rank} m={self.microbatches} "
                 f"mbs={self.micro_batch_size} {self.precision}{ac}{dp_mode}")
 

@@ -49,6 +49,7 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 from torch.distributed.tensor.placement_types import _StridedShard
 from torch.export.unflatten import InterpreterModule
 from torch.optim.optimizer import _get_scalar_dtype
+from torch.utils import _pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import _CachedTorchDispatchMode
 
@@ -157,6 +158,27 @@ def non_finite_check_and_unscale_(grads: list[torch.Tensor], found_inf: torch.Te
 def tensor_base(t: torch.Tensor) -> torch.Tensor | None:
     """The tensor ``t`` is a view of, if any."""
     return t._base
+
+
+# A tensor subclass that wraps another (FSDP2's all-gather extensions, compiler/fp8/fsdp_all_gather.py): torch's
+# wrapper-subclass constructor, its "no __torch_function__" default, and pytree's walks over op arguments (lists
+# of tensors in the optimizer's foreach ops).
+DISABLED_TORCH_FUNCTION = torch._C._disabled_torch_function_impl
+tree_map_only = _pytree.tree_map_only
+tree_leaves = _pytree.tree_leaves
+
+
+def make_wrapper_subclass(cls: type, like: torch.Tensor, *, dtype: torch.dtype, requires_grad: bool) -> torch.Tensor:
+    """An instance of ``cls`` with ``like``'s size, strides and device and no storage of its own."""
+    return torch.Tensor._make_wrapper_subclass(cls, like.size(), strides=like.stride(), storage_offset=like.storage_offset(),
+                                               dtype=dtype, layout=like.layout, device=like.device,
+                                               requires_grad=requires_grad)
+
+
+def dtensor_local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's own local tensor object (``to_local`` returns a fresh view of it): what FSDP2 calls the sharded
+    parameter's local tensor and runs its all-gather extension hooks on (compiler/fp8/fsdp_all_gather.py)."""
+    return t._local_tensor
 
 
 # The CPU flash-attention kernels F.scaled_dot_product_attention runs on CPU (forward, backward).

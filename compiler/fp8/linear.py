@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from compiler.fp8.fsdp_all_gather import GatheredFp8Weight
 from compiler.fp8.guard import AmaxGuard
 from compiler.fp8.quantize import AmaxReduce
 from compiler.fp8.recipe import Recipe, autocast_dtype, autocast_off
@@ -50,7 +51,13 @@ class LinearShards:
 def quantize_operand(recipe: Recipe, t: torch.Tensor, role: Role, *, shards: tuple[Shards, ...] = (),
                      guard: AmaxGuard | None = None) -> Fp8Tensor:
     """``recipe.quantize`` with the MAX over each sharded dimension whose scales span it (composed, for a tensor
-    sharded along both dimensions); ValueError where a shard would split fixed-size blocks."""
+    sharded along both dimensions); ValueError where a shard would split fixed-size blocks. A weight FSDP gathered
+    in FP8 (fsdp_all_gather.py) is already quantized with the whole weight's scale: its bytes are used as they are."""
+    if isinstance(t, GatheredFp8Weight):
+        if recipe.block(role, tuple(t.shape)) != tuple(t.shape):
+            raise ValueError(f"--fp8 {recipe.name}: a weight all-gathered in FP8 has one scale per tensor; this recipe "
+                             f"scales it in blocks of {recipe.block(role, tuple(t.shape))}")
+        return t.fp8()
     reduces = []
     for shard in shards:
         if recipe.shards_share_scales(role, shard.dim):

@@ -16,8 +16,10 @@ does not carry the old one's hooks; torchtitan converts to float8 first too):
    source's micro-batch is quantized apart, as one process quantizes each micro-batch.
 
 Data parallelism needs nothing: FSDP gathers whole weights (in the precision) before the products, and a
-one-process run quantizes each micro-batch apart too. FSDP does not gather FP8 weights (torchao's
-``fsdp_pre_all_gather`` / ``fsdp_post_all_gather`` tensor subclass): not built.
+one-process run quantizes each micro-batch apart too. With ``--fp8-all-gather`` (tensorwise) FSDP gathers them in
+FP8 instead (compiler/fp8/fsdp_all_gather.py): after TP and before FSDP each ``Float8Linear``'s weight (its local
+TP shard) becomes an ``Fp8AllGatherWeight``, quantized before the gather with the whole weight's scale, and the
+step calls ``precompute_fp8_all_gather_amaxes`` first (one all-reduce per group for every weight's amax).
 Every rank's amax guard (``AmaxGuard``) joins the step's world-wide vote (runtime/engine/step.py).
 """
 
@@ -30,12 +32,15 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 from compiler.fp8 import AmaxGuard, Float8Linear, LinearShards, Recipe, Shards, fp8_experts_compute, swap_linears
+from compiler.fp8.fsdp_all_gather import Fp8AllGatherWeight, precompute_whole_amaxes
 from compiler.fp8.grouped import swap_grouped_experts
 from compiler.fp8.recipe import FULL
 from compiler.fp8.tensor import GRAD_DGRAD, GRAD_WGRAD, INPUT_FORWARD, INPUT_WGRAD, WEIGHT_DGRAD, WEIGHT_FORWARD, Role
 from compiler.fp8.tensor_parallel import max_over
+from compiler.torch_compat import dtensor_local
 from models import MoE, spec_of
 from models.spec import COLWISE, MOE, ROWWISE, ROWWISE_SCATTER
 
@@ -43,6 +48,7 @@ from models.spec import COLWISE, MOE, ROWWISE, ROWWISE_SCATTER
 @dataclass(frozen=True)
 class Fp8Options:
     recipe: Recipe
+    all_gather: bool = False  # FSDP gathers the Float8Linears' weights in FP8 (tensorwise; runtime/config.py checks)
     guard: AmaxGuard = field(default_factory=AmaxGuard)  # this rank's non-finite-amax flag, read by the step
 
 
@@ -60,6 +66,70 @@ def maybe_apply_fp8(stage_module: nn.Module, options: Fp8Options | None, *, cont
             module.shards = moe_tokens if id(module) in in_moe else dense_tokens
     swap_grouped_experts(stage_module, options.recipe, guard=options.guard, token_reduce=_token_reduce(sequence))
     return stage_module
+
+
+def maybe_apply_fp8_all_gather(stage_module: nn.Module, options: Fp8Options | None) -> nn.Module:
+    """After tensor parallelism, before FSDP: every ``Float8Linear`` weight (a DTensor's local shard under TP)
+    becomes an ``Fp8AllGatherWeight`` in a new Parameter (nothing when ``options`` does not ask for it)."""
+    if options is None or not options.all_gather:
+        return stage_module
+    for module in stage_module.modules():
+        if isinstance(module, Float8Linear):
+            weight = module.weight
+            module.weight = nn.Parameter(_fp8_all_gather_weight(weight.detach(), options), requires_grad=weight.requires_grad)
+    return stage_module
+
+
+def _fp8_all_gather_weight(weight: torch.Tensor, options: Fp8Options) -> torch.Tensor:
+    if not isinstance(weight, DTensor):
+        return Fp8AllGatherWeight(weight, options.recipe, guard=options.guard)
+    (placement,) = weight.placements  # tensor parallelism's 1-D mp mesh
+    tp_group = weight.device_mesh.get_group() if isinstance(placement, Shard) and weight.device_mesh.size() > 1 else None
+    local = Fp8AllGatherWeight(weight.to_local(), options.recipe, guard=options.guard, tp_group=tp_group)
+    return DTensor.from_local(local, weight.device_mesh, weight.placements, run_check=False, shape=weight.shape,
+                              stride=weight.stride())
+
+
+class Fp8AllGatherAmaxes:
+    """The step's whole-weight amaxes of the weights FSDP gathers in FP8 (compiler/fp8/fsdp_all_gather.py) on
+    ``stage_modules`` (FSDP-sharded): ``before_step`` reduces them over the mesh dimensions that shard each weight
+    (FSDP's, and mp's for a TP-sharded one) in one all-reduce per group; ``after_step`` (once the optimizer has
+    changed the weights) forgets them."""
+
+    def __init__(self, stage_modules: list[nn.Module]):
+        self.stage_modules = stage_modules
+
+    def _shards(self) -> list[tuple[Fp8AllGatherWeight, tuple]]:
+        shards = []
+        for stage_module in self.stage_modules:
+            for module in stage_module.modules():
+                weight = module.weight if isinstance(module, Float8Linear) else None
+                local = dtensor_local(weight) if isinstance(weight, DTensor) else None
+                # sharded now (a weight FSDP holds gathered keeps the scale it was gathered with)
+                if isinstance(local, Fp8AllGatherWeight):
+                    mesh = weight.device_mesh
+                    groups = tuple(mesh.get_group(d) for d, p in enumerate(weight.placements)
+                                   if not p.is_replicate() and mesh.size(d) > 1)
+                    shards.append((local, groups))
+        return shards
+
+    def before_step(self) -> None:
+        precompute_whole_amaxes(self._shards())
+
+    def after_step(self) -> None:
+        for shard, _ in self._shards():
+            shard.forget_whole_amax()
+
+
+def master_weight(t: torch.Tensor) -> torch.Tensor:
+    """A parameter as checkpoints hold it: an ``Fp8AllGatherWeight`` (or a DTensor of one) unwrapped to the
+    high-precision tensor it wraps (the same storage), anything else as it is."""
+    local = dtensor_local(t) if isinstance(t, DTensor) else t
+    if not isinstance(local, Fp8AllGatherWeight):
+        return t
+    if not isinstance(t, DTensor):
+        return local.master
+    return DTensor.from_local(local.master, t.device_mesh, t.placements, run_check=False, shape=t.shape, stride=t.stride())
 
 
 def expert_parallel_compute(options: Fp8Options, *, sequence: DeviceMesh | None) -> Callable[..., torch.Tensor]:

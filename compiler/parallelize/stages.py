@@ -29,7 +29,7 @@ from compiler.parallelize.compile import apply_compile
 from compiler.parallelize.context_parallel import ContextParallelAttention
 from compiler.parallelize.data_parallel import DataParallelOptions, apply_data_parallel, moe_gradient_factors
 from compiler.parallelize.expert_parallel import MoeMeshes, apply_moe_parallelism, moe_modules
-from compiler.parallelize.float8 import Fp8Options, expert_parallel_compute, maybe_apply_fp8
+from compiler.parallelize.float8 import Fp8Options, expert_parallel_compute, maybe_apply_fp8, maybe_apply_fp8_all_gather
 from compiler.parallelize.latent_gather import apply_latent_gather, cores_with_whole_keys
 from compiler.parallelize.lora import apply_lora, freeze_base
 from compiler.parallelize.materialize import materialize
@@ -153,6 +153,7 @@ def build_local_stages(
         if compile_blocks:
             apply_compile(module)
         if meshes.fsdp is not None or meshes.moe is not None:
+            maybe_apply_fp8_all_gather(module, fp8)
             apply_data_parallel(module, meshes.fsdp, data_parallel, moe=meshes.moe)
         materialize(module, device=device, initial_value=initial_value)
         if meshes.moe is not None:

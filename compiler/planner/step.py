@@ -121,18 +121,20 @@ def data_parallel_seconds(c: ParallelPlan, cluster: Cluster, traits: EngineTrait
     if not (cluster.device.dp_overlap and traits.dp_overlap):
         forward = backward = 0.0
     dtype = PRECISIONS[c.precision].autocast_dtype
-    gather_bytes = dtype.itemsize if dtype else 4
+    dense_bytes = expert_bytes = dtype.itemsize if dtype else 4
     if traits.fp8_all_gather and (c.fp8 or traits.float8_linears):
-        gather_bytes = 1  # the blocks' weights, nearly all of a stage's (the embedding and head counted so too)
+        dense_bytes = expert_bytes = 1  # the blocks' weights, nearly all of a stage's (the embedding and head counted so too)
+    elif c.fp8 and c.fp8_all_gather:
+        dense_bytes = 1  # this engine's --fp8-all-gather: the FP8 linears' weights; the experts' gather in the precision
 
     def dense_link(members: int):  # cp ranks (inner) times dp ranks
         return topology.dims_link([(min(members, c.cp), strides["cp"]), (max(1, members // c.cp), strides["dp"])])
 
     gather = scatter = replicas = allreduce = 0.0
-    for params, n, s, link, whole in (
-            (dense_params, g.dense, g.dense_shard, dense_link(g.dense_shard), dense_link(g.dense)),
+    for params, n, s, link, whole, gather_bytes in (
+            (dense_params, g.dense, g.dense_shard, dense_link(g.dense_shard), dense_link(g.dense), dense_bytes),
             (expert_params, g.experts, g.experts_shard, topology.group_link(g.experts_shard, c.ep),
-             topology.group_link(g.experts, c.ep))):
+             topology.group_link(g.experts, c.ep), expert_bytes)):
         if not params or n == 1:
             continue
         grads = params * traits.grad_reduce_bytes

@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.optim.lr_scheduler import LambdaLR
 
+from compiler.parallelize.float8 import master_weight
 from compiler.parallelize.stages import LocalStages
 from compiler.torch_compat import lr_schedule_state, optimizer_step_dtype, restore_lr_schedule
 from runtime.checkpoint.files import (
@@ -83,7 +84,7 @@ def tensor_state(state: TrainState) -> dict:
     """Model and optimizer tensors by original parameter name; DCP reads into / writes from them in place."""
     model, optim = {}, {}
     for name, p in state.params:
-        model[name] = p.detach()
+        model[name] = master_weight(p.detach())  # --fp8-all-gather's weight shards: the fp32 tensor they wrap
         s = state.optimizer.state.get(p)  # none for a frozen parameter (LoRA's base, a router's selection bias)
         if s:
             optim[name] = {"exp_avg": s["exp_avg"], "exp_avg_sq": s["exp_avg_sq"], "step": s["step"]}
@@ -172,7 +173,7 @@ def load_model_only(stages: LocalStages, info: CheckpointInfo) -> None:
     problems = gather_lists(verify_files(info, names[rank::world]))
     if problems:
         raise CheckpointError(problems[0])
-    state_dict = {"model": {name: p.detach() for name, p in stages.named_parameters()}}
+    state_dict = {"model": {name: master_weight(p.detach()) for name, p in stages.named_parameters()}}
     try:
         dcp.load(state_dict, storage_reader=_NamingReader(info.path))
     except CheckpointException as e:

@@ -146,7 +146,7 @@ def add_placement_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_precision_flag(p: argparse.ArgumentParser) -> None:
-    add_plan_flags(p, ("precision", "fp8"))
+    add_plan_flags(p, ("precision", "fp8", "fp8_all_gather"))
 
 
 def add_optim_flags(p: argparse.ArgumentParser) -> None:

@@ -61,6 +61,10 @@ PLAN_FLAGS: tuple[PlanFlag, ...] = (
              + "; ".join(f"{r.name} = {r.description}" for r in RECIPES.values())
              + f"; {FP8_ANY} = let --auto (or run.py plan) choose a recipe or none", type=None,
              choices=(*RECIPES, FP8_ANY)),
+    PlanFlag("fp8_all_gather", "--fp8-all-gather", False, "with --fp8 tensorwise and sharded data parallelism "
+             "(FSDP, HSDP, ZeRO-3): FSDP all-gathers the FP8 linears' weights as e4m3 bytes quantized with each whole "
+             "weight's scale (one all-reduce of every weight's amax per step), half of a bf16 gather's bytes; the "
+             "products are the same as without it", switch=True),
     PlanFlag("ac", "--activation-checkpointing", AC.NONE.value, "recompute in the backward pass to save activation "
              "memory: full (also the flag alone) keeps only each transformer block's input; selective keeps its matrix "
              "products' and attention's outputs and recomputes the rest (norms, activations, RoPE: little compute)",
@@ -115,7 +119,8 @@ def fp8_choices(flag: str | None) -> tuple[str | None, ...]:
 def plan_flags(plan: ParallelPlan) -> list[str]:
     """run.py flags that train exactly ``plan`` (model flags are the caller's). A field at the value the engine
     takes without its flag is left out (cp, ep at 1, DP mode FSDP, reduce in fp32, the automatic split, no FP8)."""
-    implied = {"cp": 1, "ep": 1, "dp_shard": None, "reduce_dtype": "fp32", "split": "auto", "ac": AC.NONE, "fp8": None}
+    implied = {"cp": 1, "ep": 1, "dp_shard": None, "reduce_dtype": "fp32", "split": "auto", "ac": AC.NONE, "fp8": None,
+               "fp8_all_gather": False}
     out: list[str] = []
     for f in PLAN_FLAGS:
         value = getattr(plan, f.field)

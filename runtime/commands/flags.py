@@ -330,4 +330,5 @@ def plan_from_args(args: argparse.Namespace, *, precision: str) -> ParallelPlan:
                         stages_per_rank=v, microbatches=m, micro_batch_size=mbs, precision=precision, ac=args.ac,
                         dp_shard=None if args.dp_shard in (None, args.dp) else args.dp_shard,
                         reshard_after_forward=args.reshard_after_forward, reduce_dtype=args.reduce_dtype,
-                        sequence_parallel=args.sequence_parallel, split=args.split, fp8=args.fp8)
+                        sequence_parallel=args.sequence_parallel, split=args.split, fp8=args.fp8,
+                        fp8_all_gather=args.fp8_all_gather)

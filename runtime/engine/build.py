@@ -20,7 +20,7 @@ from compiler.fp8 import RECIPES
 from compiler.parallelize.cross_entropy import vocabulary_shard
 from compiler.parallelize.data_parallel import DataParallelOptions
 from compiler.parallelize.expert_parallel import MoeMeshes, moe_modules
-from compiler.parallelize.float8 import Fp8Options
+from compiler.parallelize.float8 import Fp8AllGatherAmaxes, Fp8Options
 from compiler.parallelize.stages import LocalStages, StageMeshes, build_local_stages
 from compiler.partition import rank_costs
 from compiler.precisions import PRECISIONS
@@ -131,7 +131,7 @@ def build_engine(cfg: TrainConfig, *, env: LaunchEnv, device: torch.device, init
            if MOE in spec_of(cfg.model).block_kinds(cfg.model) else None)
     meshes = StageMeshes(pp=mesh["pp"], mp=mesh["mp"], fsdp=fsdp_mesh(mesh, layout, timeout=timeout), moe=moe)
     dtype = PRECISIONS[plan.precision].autocast_dtype
-    fp8 = Fp8Options(RECIPES[plan.fp8]) if plan.fp8 else None
+    fp8 = Fp8Options(RECIPES[plan.fp8], all_gather=plan.fp8_all_gather) if plan.fp8 else None
     stages = build_local_stages(
         cfg.model, blocks_per_stage=stage_plan.blocks_per_stage,
         stage_indices=spec.stage_indices(pp_rank, pp=plan.pp, stages_per_rank=plan.stages_per_rank),
@@ -250,7 +250,8 @@ def build_step_context(engine: Engine, *, profiler: Callable[[object], Profiler]
     ctx = StepContext(pipeline=pipeline, optimizer=optimizer, lr_schedule=lr_schedule, scaler=scaler,
                       grad_clip=cfg.optim.grad_clip, loss_replicas=layout.plane_size, plane_size=layout.plane_size,
                       microbatches=plan.microbatches, experts=experts, trained_tokens=trained_tokens,
-                      fp8_guard=engine.fp8.guard if engine.fp8 else None, mtp_depth=mtp_depth(cfg.model), mtp=mtp)
+                      fp8_guard=engine.fp8.guard if engine.fp8 else None, mtp_depth=mtp_depth(cfg.model), mtp=mtp,
+                      fp8_amaxes=Fp8AllGatherAmaxes(engine.stages.modules) if engine.fp8 and engine.fp8.all_gather else None)
     return ctx, profiling
 
 

@@ -22,6 +22,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
 from compiler.fp8 import AmaxGuard
+from compiler.parallelize.float8 import Fp8AllGatherAmaxes
 from compiler.parallelize.stages import LocalStages
 from compiler.schedules import evaluation_pass
 from runtime.device import synchronize
@@ -79,6 +80,7 @@ class StepContext:
     experts: ExpertBalance | None = None  # a mixture-of-experts model's per-step bookkeeping (runtime/engine/experts.py)
     trained_tokens: TrainedTokens | None = None  # chat data: the loss's global count of trained targets (token_mean.py)
     fp8_guard: AmaxGuard | None = None  # --fp8: set when an amax of this rank's step was inf or NaN
+    fp8_amaxes: Fp8AllGatherAmaxes | None = None  # --fp8-all-gather: the weights' whole amaxes, once per step
     mtp_depth: int = 0  # multi-token-prediction depths (a run with them reports their loss)
     mtp: MtpObjective | None = None  # their objective, on a rank holding the last stage (runtime/engine/mtp_loss.py)
 
@@ -138,11 +140,15 @@ def train_step(ctx: StepContext, inputs: torch.Tensor, targets: torch.Tensor, *,
         ctx.experts.before_step(loss_scale=scale, microbatches=ctx.microbatches)
     if ctx.fp8_guard is not None:
         ctx.fp8_guard.take()  # what validation's forwards saw is not this step's
+    if ctx.fp8_amaxes is not None:
+        ctx.fp8_amaxes.before_step()  # before any gather: every micro-batch's (and ZeRO-3's re-gathers') one scale
     losses = forward_backward(ctx, inputs, targets)
 
     recorder = ctx.pipeline.recorder
     with recorder.span("optimizer", "optimizer") if recorder else contextlib.nullcontext():
         stats = _optimizer_step(ctx, losses, scale=scale, lr=lr, flags=(stop_requested, writing))
+    if ctx.fp8_amaxes is not None:
+        ctx.fp8_amaxes.after_step()  # the weights changed: validation's gathers reduce their amaxes anew
     return stats
 
 

@@ -67,3 +67,31 @@ def test_export_of_an_fp8_run_writes_full_precision_tensors(runs, tmp_path):
     assert result.returncode == 0, result.stderr
     weights = torch.load(out, weights_only=True)
     assert weights and {t.dtype for t in weights.values()} == {torch.float32}
+
+
+@pytest.fixture(scope="module")
+def all_gather_runs(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """--fp8-all-gather's runs apart (``-k all_gather`` trains only them): the weights FSDP gathers in FP8 are
+    fp32 shards wrapped in a tensor subclass, which checkpoints must not see."""
+    root = tmp_path_factory.mktemp("fp8_all_gather_resume")
+    ag = ["--fp8", "tensorwise", "--fp8-all-gather"]
+    plan = {
+        "whole": ag,
+        "first_half": [*ag, "--stop-at-step", "2", "--checkpoint-dir", str(root / "ckpt")],
+        "resumed": [*ag, "--resume-from", str(root / "ckpt" / "step-000002")],
+        "resumed_gathering_in_fp32": ["--fp8", "tensorwise", "--resume-from", str(root / "ckpt" / "step-000002")],
+    }
+    train_runs([[*COMMON, "--logdir", str(root / name), *flags] for name, flags in plan.items()], world_size=2,
+               outputs=[root / name / "output" for name in plan], timeout=600)
+    return root, {name: json.loads((root / name / "summary.json").read_text()) for name in plan}
+
+
+def test_fp8_all_gather_checkpoints_hold_fp32_weights_and_resume_exactly(all_gather_runs):
+    root, summary = all_gather_runs
+    tensors = _all_tensors(root / "ckpt" / "step-000002")
+    assert any(key.startswith("model.") for key in tensors)
+    assert {t.dtype for t in tensors.values()} <= {torch.float32, torch.int64}
+    assert summary["resumed"]["start_step"] == 2
+    assert summary["resumed"]["losses"] == summary["whole"]["losses"][2:]
+    # gathering in fp32 quantizes the same whole weights with the same scales: the same products, the same losses
+    assert summary["resumed_gathering_in_fp32"]["losses"] == summary["whole"]["losses"][2:]

@@ -3,6 +3,8 @@ micro-batches, one FP8 forward and backward each): losses, gradient norms and ev
 first step, for each recipe on 2x2x2 interleaved + SP, 2x1x2 --ep 2 (a mixture of experts) and 1x2x2 --cp 2. The
 nine cases and two with per-shard scales run in two launches (one of 8 ranks, one of 4), as test_parity.py
 batches its cases. fp32 (this CPU's bf16 is slow): the FP8 products' high precision follows --precision.
+``--fp8-all-gather`` (FSDP gathers the linears' weights as tensorwise FP8) has two cases of its own, 2x2x2 + SP and
+2x2x1 under ZeRO-3, in a fixture apart (``-k all-gather``).
 
 Tolerances, from the formats and the tensor sizes.
 
@@ -75,6 +77,11 @@ CASES = [case for name in RECIPES for case in (
 PER_SHARD = "per-shard"  # a logdir naming this trains with every amax reduction left out (each shard its own scale)
 PER_SHARD_CASES = [(2, 2, 2, "interleaved-1f1b", [*LLAMA, "--sequence-parallel", "--fp8", "tensorwise"]),
                    (1, 2, 2, "interleaved-1f1b", [*LLAMA, *CP["tensorwise"], "--fp8", "tensorwise"])]
+# --fp8-all-gather: FSDP gathers the linears' weights as e4m3 bytes quantized with the whole weight's scale, the
+# bytes one process quantizes, so the same tolerances hold (with TP + SP + pipelining, and under ZeRO-3's re-gathers).
+ALL_GATHER = ["--fp8", "tensorwise", "--fp8-all-gather"]
+ALL_GATHER_CASES = [(2, 2, 2, "interleaved-1f1b", [*LLAMA, "--sequence-parallel", *ALL_GATHER]),
+                    (2, 2, 1, "interleaved-1f1b", [*LLAMA, "--reshard-after-forward", *ALL_GATHER])]
 MANTISSA_BITS = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}
 
 
@@ -87,7 +94,8 @@ def _args(case, logdir: Path) -> list[str]:
 def _case_id(case) -> str:
     dp, pp, mp, schedule, extra = case
     kind = "ep" if "--ep" in extra else "cp" if "--cp" in extra else "sp"
-    return f"{dp}x{pp}x{mp}-{kind}-{extra[extra.index('--fp8') + 1]}"
+    modes = "".join(f"-{flag[2:]}" for flag in ("--reshard-after-forward", "--fp8-all-gather") if flag in extra)
+    return f"{dp}x{pp}x{mp}-{kind}-{extra[extra.index('--fp8') + 1]}{modes}"
 
 
 def train_per_shard_where_named(argvs: list[list[str]], out_dirs: list[str]) -> None:
@@ -109,11 +117,7 @@ def train_per_shard_where_named(argvs: list[list[str]], out_dirs: list[str]) -> 
     train_each_dumping_gradients(argvs, out_dirs)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
-    """Case id -> (its logdir, the error of its job or None): one spawned job per world size."""
-    root = tmp_path_factory.mktemp("parity_fp8")
-    runs = [(_case_id(c), c) for c in CASES] + [(f"{PER_SHARD}-{_case_id(c)}", c) for c in PER_SHARD_CASES]
+def _train_by_world(root: Path, runs: list[tuple[str, tuple]]) -> dict[str, tuple[Path, str | None]]:
     by_world: dict[int, list[tuple[str, tuple]]] = {}
     for name, case in runs:
         by_world.setdefault(case_world(case), []).append((name, case))
@@ -128,6 +132,19 @@ def trained(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
             error = f"the {world}-rank job of cases {[n for n, _ in named]} failed:\n{str(e)[-4000:]}"
         out.update({name: (root / name, error) for name, _ in named})
     return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
+    """Case id -> (its logdir, the error of its job or None): one spawned job per world size."""
+    runs = [(_case_id(c), c) for c in CASES] + [(f"{PER_SHARD}-{_case_id(c)}", c) for c in PER_SHARD_CASES]
+    return _train_by_world(tmp_path_factory.mktemp("parity_fp8"), runs)
+
+
+@pytest.fixture(scope="module")
+def trained_all_gather(tmp_path_factory) -> dict[str, tuple[Path, str | None]]:
+    """The --fp8-all-gather cases, apart (``-k all-gather`` trains only them)."""
+    return _train_by_world(tmp_path_factory.mktemp("parity_fp8_all_gather"), [(_case_id(c), c) for c in ALL_GATHER_CASES])
 
 
 def fp8_parity_failures(case, logdir: Path) -> list[str]:
@@ -174,3 +191,10 @@ def test_scales_computed_per_shard_fail_the_tolerances(trained, case):
     logdir, error = trained[f"{PER_SHARD}-{_case_id(case)}"]
     assert error is None, error
     assert fp8_parity_failures(case, logdir), "per-shard scales passed the FP8 parity tolerances: they cannot tell"
+
+
+@pytest.mark.parametrize("case", ALL_GATHER_CASES, ids=[_case_id(c) for c in ALL_GATHER_CASES])
+def test_fp8_all_gather_matches_single_process_fp8(trained_all_gather, case):
+    logdir, error = trained_all_gather[_case_id(case)]
+    assert error is None, error
+    assert fp8_parity_failures(case, logdir) == []

@@ -56,3 +56,24 @@ def test_what_no_mesh_can_run_exactly_is_one_line_naming_the_flag(argv, world, w
 ])
 def test_meshes_that_keep_whole_blocks_or_reduce_their_scales_are_accepted(argv, world):
     assert parse_train_config([*argv, "--precision", "fp32"], world_size=world).plan.fp8 == argv[-1]
+
+
+def test_fp8_all_gather_is_a_plan_field_whose_flag_round_trips():
+    cfg = parse_train_config(["--dp", "2", "--fp8", "tensorwise", "--fp8-all-gather", "--precision", "fp32"], world_size=2)
+    assert cfg.plan.fp8_all_gather and "--fp8-all-gather" in plan_flags(cfg.plan)
+    assert parse_train_config(plan_flags(cfg.plan), world_size=2).plan == cfg.plan
+    assert "fp8 all-gather" in cfg.plan.describe()
+    plain = parse_train_config(["--dp", "2", "--fp8", "tensorwise"], world_size=2).plan
+    assert not plain.fp8_all_gather and "--fp8-all-gather" not in plan_flags(plain)
+
+
+@pytest.mark.parametrize(("argv", "world", "words"), [
+    (["--dp", "2", "--fp8", "rowwise", "--fp8-all-gather"], 2, ["--fp8-all-gather", "--fp8 tensorwise", "rowwise"]),
+    (["--dp", "2", "--fp8-all-gather"], 2, ["--fp8-all-gather", "no --fp8"]),
+    (["--fp8", "tensorwise", "--fp8-all-gather"], 1, ["--fp8-all-gather", "sharded", "--dp 1"]),
+    (["--dp", "2", "--dp-shard", "1", "--fp8", "tensorwise", "--fp8-all-gather"], 2, ["--fp8-all-gather", "--dp-shard 1"]),
+])
+def test_fp8_all_gather_needs_tensorwise_and_sharded_data_parallelism(argv, world, words):
+    with pytest.raises(ConfigError) as e:
+        parse_train_config(argv, world_size=world)
+    assert "\n" not in str(e.value) and all(w in str(e.value) for w in words), str(e.value)

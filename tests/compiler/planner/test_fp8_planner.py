@@ -86,6 +86,10 @@ def test_an_engine_that_gathers_fp8_weights_moves_half_the_bytes_of_bf16():
     gathered = dataclasses.replace(THIS_ENGINE, fp8_all_gather=True)
     assert exposed(gathered) < exposed(THIS_ENGINE)
     assert exposed(gathered, fp8=None) == exposed(THIS_ENGINE, fp8=None)  # weights without FP8 products: bf16
+    # this engine with --fp8-all-gather: the same bytes as an engine that always gathers FP8 (no experts here)
+    asked = data_parallel_seconds(dataclasses.replace(plan, fp8_all_gather=True), cluster, THIS_ENGINE, dense_params=8e9,
+                                  expert_params=0, units=32, forward=0.0, backward=0.0, strides=strides)
+    assert asked == exposed(gathered)
 
 
 def test_auto_holds_a_given_recipe_and_chooses_one_under_any(monkeypatch):
