@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:torch.distrib
 COMMON = ["--dp", "2", "--model", "tiny", "--precision", "fp32", "--steps", "4", "--micro-batch-size", "2",
           "--seq-len", "32", "--warmup-steps", "1", "--lr", "3e-3", "--log-every", "1", "--eval-every", "0",
           "--peak-tflops", "1"]
+AG = ["--fp8", "tensorwise", "--fp8-all-gather"]
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +31,12 @@ def runs(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
         "without_fp8": ["--resume-from", str(root / "fp8" / "step-000002")],
         "fp32_first_half": ["--stop-at-step", "2", "--checkpoint-dir", str(root / "fp32")],
         "into_fp8": ["--fp8", "rowwise", "--resume-from", str(root / "fp32" / "step-000002")],
+        # --fp8-all-gather: the weights FSDP gathers in FP8 are fp32 shards wrapped in a tensor subclass, which
+        # checkpoints must not see
+        "ag_whole": [*AG],
+        "ag_first_half": [*AG, "--stop-at-step", "2", "--checkpoint-dir", str(root / "ag")],
+        "ag_resumed": [*AG, "--resume-from", str(root / "ag" / "step-000002")],
+        "ag_resumed_gathering_in_fp32": ["--fp8", "tensorwise", "--resume-from", str(root / "ag" / "step-000002")],
     }
     train_runs([[*COMMON, "--logdir", str(root / name), *flags] for name, flags in plan.items()], world_size=2,
                outputs=[root / name / "output" for name in plan], timeout=600)
@@ -69,29 +76,12 @@ def test_export_of_an_fp8_run_writes_full_precision_tensors(runs, tmp_path):
     assert weights and {t.dtype for t in weights.values()} == {torch.float32}
 
 
-@pytest.fixture(scope="module")
-def all_gather_runs(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
-    """--fp8-all-gather's runs apart (``-k all_gather`` trains only them): the weights FSDP gathers in FP8 are
-    fp32 shards wrapped in a tensor subclass, which checkpoints must not see."""
-    root = tmp_path_factory.mktemp("fp8_all_gather_resume")
-    ag = ["--fp8", "tensorwise", "--fp8-all-gather"]
-    plan = {
-        "whole": ag,
-        "first_half": [*ag, "--stop-at-step", "2", "--checkpoint-dir", str(root / "ckpt")],
-        "resumed": [*ag, "--resume-from", str(root / "ckpt" / "step-000002")],
-        "resumed_gathering_in_fp32": ["--fp8", "tensorwise", "--resume-from", str(root / "ckpt" / "step-000002")],
-    }
-    train_runs([[*COMMON, "--logdir", str(root / name), *flags] for name, flags in plan.items()], world_size=2,
-               outputs=[root / name / "output" for name in plan], timeout=600)
-    return root, {name: json.loads((root / name / "summary.json").read_text()) for name in plan}
-
-
-def test_fp8_all_gather_checkpoints_hold_fp32_weights_and_resume_exactly(all_gather_runs):
-    root, summary = all_gather_runs
-    tensors = _all_tensors(root / "ckpt" / "step-000002")
+def test_fp8_all_gather_checkpoints_hold_fp32_weights_and_resume_exactly(runs):
+    root, summary = runs
+    tensors = _all_tensors(root / "ag" / "step-000002")
     assert any(key.startswith("model.") for key in tensors)
     assert {t.dtype for t in tensors.values()} <= {torch.float32, torch.int64}
-    assert summary["resumed"]["start_step"] == 2
-    assert summary["resumed"]["losses"] == summary["whole"]["losses"][2:]
+    assert summary["ag_resumed"]["start_step"] == 2
+    assert summary["ag_resumed"]["losses"] == summary["ag_whole"]["losses"][2:]
     # gathering in fp32 quantizes the same whole weights with the same scales: the same products, the same losses
-    assert summary["resumed_gathering_in_fp32"]["losses"] == summary["whole"]["losses"][2:]
+    assert summary["ag_resumed_gathering_in_fp32"]["losses"] == summary["ag_whole"]["losses"][2:]
