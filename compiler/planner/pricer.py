@@ -13,8 +13,8 @@ from compiler.parallelize.cross_entropy import loss_chunk_bytes
 from compiler.planner.activations import Context, block_memory, embedding_memory, head_memory, mtp_saved_bytes
 from compiler.planner.cluster import Cluster
 from compiler.planner.engines import THIS_ENGINE, EngineTraits
-from compiler.planner.layers import LayerTable, Setup, layer_table
 from compiler.planner.float8_weights import float8_block_weights, float8_mtp_weights
+from compiler.planner.layers import LayerTable, Setup, layer_table
 from compiler.planner.memory_model import NO_FP8_GATHER, DataParallelLayout, Fp8Gathered, RankLoad, rank_memory
 from compiler.planner.shape import (
     DENSE,
@@ -65,6 +65,7 @@ class Estimate:
                 "stages_per_rank": c.stages_per_rank, "micro_batch_size": c.micro_batch_size,
                 "activation_checkpointing": c.ac, "sequence_parallel": c.sequence_parallel,
                 "chunked_loss": c.chunked_loss, "dp_mode": c.dp_mode, "precision": c.precision, "fp8": c.fp8,
+                "fp8_all_gather": c.fp8_all_gather,
                 "step_time_s": self.step_time, "model_tflops_per_gpu": self.model_tflops_per_gpu,
                 "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
                 "memory_gib_per_gpu": (self.memory_per_rank or 0) / 2**30, "fits": self.fits,
