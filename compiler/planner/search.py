@@ -5,7 +5,8 @@ The plan space: every (dp, pp, mp, cp) of the world (mp within a node unless ``m
 to ``max_cp``), ep over the divisors of dp x cp x mp that divide the experts, every schedule of the registry
 but naive with its v (looped schedules: 2 to 8 stages per rank while the layers last), every micro-batch
 size dividing a replica's batch, activation checkpointing none / selective / full, the precisions asked
-for, sequence parallelism (mp > 1), the DP modes (FSDP, ZeRO-3, replicate, HSDP) and the chunked loss.
+for, sequence parallelism (mp > 1), the DP modes (FSDP, ZeRO-3, replicate, HSDP; under tensorwise FP8 a sharded one
+also with --fp8-all-gather) and the chunked loss.
 What the user fixed (``Constraints``) is held. ``validate`` adds the engine's own checks (``--auto`` and the
 CPU planner ask it; a GPU ``plan`` prices what the model can price, including what the engine lacks yet).
 
