@@ -119,6 +119,23 @@ class ParallelPlan:
         return ParallelPlan(**{k: v for k, v in d.items() if k in known})
 
 
+def fp8_all_gather_problem(plan: ParallelPlan) -> str | None:
+    """Why the engine cannot run ``plan`` with ``fp8_all_gather`` (None: it can, or the plan does not ask). FSDP can
+    gather a weight in FP8 only when one scale spans the whole weight (a shard quantized with it holds the whole's
+    bytes): tensorwise; rowwise and blockwise scale rows or blocks of the gathered weight. And only sharded data
+    parallelism gathers. One rule for train's check (runtime/config.py) and the planner's search."""
+    if not plan.fp8_all_gather:
+        return None
+    if plan.fp8 != "tensorwise":
+        got = f"--fp8 {plan.fp8}" if plan.fp8 else "no --fp8"
+        return (f"--fp8-all-gather needs --fp8 tensorwise (one scale per weight, which FSDP can apply to its shards), "
+                f"got {got}")
+    if plan.dp * plan.cp == 1 or plan.replicated:
+        return (f"--fp8-all-gather needs sharded data parallelism (FSDP, HSDP or ZeRO-3: --dp or --cp above 1, "
+                f"--dp-shard above 1), got --dp {plan.dp} --cp {plan.cp} --dp-shard {plan.dp_shard}")
+    return None
+
+
 def dp_mode_name(dp: int, cp: int, dp_shard: int | None, reshard_after_forward: bool) -> str:
     """``ParallelPlan.dp_mode`` of a plan with these fields."""
     return ParallelPlan(dp=dp, cp=cp, dp_shard=dp_shard, reshard_after_forward=reshard_after_forward).dp_mode

@@ -17,7 +17,7 @@ import torch
 
 from compiler.fp8 import RECIPES
 from compiler.lora import BASE_DTYPES, LoraConfig, target_problem
-from compiler.parallel_plan import ParallelPlan
+from compiler.parallel_plan import ParallelPlan, fp8_all_gather_problem
 from compiler.parallelize.float8 import fp8_shard_problem
 from compiler.partition import parse_split
 from compiler.planner.candidates import meshes
@@ -223,7 +223,7 @@ def _positions_flag(cfg: TrainConfig) -> str | None:
 def _check_fp8(plan: ParallelPlan, model: Any, *, compile_blocks: bool, lora: bool) -> None:
     """--fp8 runs one of compiler/fp8's recipes on any mesh whose shards hold whole scaling blocks; --fp8 any is
     the planner's to resolve."""
-    _check_fp8_all_gather(plan)
+    check_fp8_all_gather(plan)
     if plan.fp8 is not None and plan.fp8 not in RECIPES:
         raise ConfigError(f"--fp8 {plan.fp8} lets the planner choose a recipe: give it with --auto; else --fp8 "
                           f"{', '.join(RECIPES)}")
@@ -241,19 +241,12 @@ def _check_fp8(plan: ParallelPlan, model: Any, *, compile_blocks: bool, lora: bo
                           f"over any shards) or another --mp / --cp")
 
 
-def _check_fp8_all_gather(plan: ParallelPlan) -> None:
-    """FSDP can gather a weight in FP8 only when one scale spans the whole weight (a shard quantized with it holds
-    the whole's bytes): tensorwise; rowwise and blockwise scale rows or blocks of the gathered weight."""
-    if not plan.fp8_all_gather:
-        return
-    if plan.fp8 != "tensorwise":
-        got = f"--fp8 {plan.fp8}" if plan.fp8 else "no --fp8"
-        raise ConfigError(f"--fp8-all-gather needs --fp8 tensorwise (one scale per weight, which FSDP can apply to its "
-                          f"shards), got {got}")
-    replicated = plan.dp > 1 and plan.shard == 1
-    if plan.dp * plan.cp == 1 or replicated:
-        raise ConfigError(f"--fp8-all-gather needs sharded data parallelism (FSDP, HSDP or ZeRO-3: --dp or --cp above 1, "
-                          f"--dp-shard above 1), got --dp {plan.dp} --cp {plan.cp} --dp-shard {plan.dp_shard}")
+def check_fp8_all_gather(plan: ParallelPlan) -> None:
+    """--fp8-all-gather: tensorwise FP8 and sharded data parallelism (compiler/parallel_plan.py's rule); ``run.py
+    plan`` checks the layout its flags fix with it too."""
+    problem = fp8_all_gather_problem(plan)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _check_document_positions(flag: str | None, pp: int) -> None:

@@ -67,6 +67,9 @@ class Constraints:
     precision: str | None = None
     # The FP8 recipes the search may choose, None for none: FP8 is planned only when asked (--fp8 X, --fp8 any).
     fp8: tuple[str | None, ...] = (None,)
+    # --fp8-all-gather's choices: held on or off by the flag, else either where the engine runs it (tensorwise FP8,
+    # sharded data parallelism): it leaves the products' numbers as they are, so it is the search's like a DP mode.
+    fp8_all_gather: tuple[bool, ...] = (False, True)
     max_mp: int | None = None  # default: a node's devices
     max_cp: int | None = None  # default: compiler/planner/search.py ``default_max_cp``
     max_ep: int | None = None
@@ -79,6 +82,8 @@ class Constraints:
     def admits(self, c: ParallelPlan) -> bool:
         if self.schedule is not None and c.schedule not in self.schedules() or c.fp8 not in self.fp8:
             return False
+        if c.fp8_all_gather not in self.fp8_all_gather:
+            return False
         return all(want is None or want == got for want, got in (
             (self.dp, c.dp), (self.pp, c.pp), (self.mp, c.mp), (self.cp, c.cp), (self.ep, c.ep),
             (self.micro_batch_size, c.micro_batch_size), (self.stages_per_rank, c.stages_per_rank),
@@ -87,5 +92,6 @@ class Constraints:
 
     def fixes_layout(self) -> bool:
         """The user named a layout to price (any of the plan's own fields)."""
-        names = {f.name for f in fields(self)} - {"max_mp", "max_cp", "max_ep", "headroom", "ac_modes", "fp8"}
+        names = {f.name for f in fields(self)} - {"max_mp", "max_cp", "max_ep", "headroom", "ac_modes", "fp8",
+                                                 "fp8_all_gather"}
         return any(getattr(self, n) is not None for n in names)

@@ -31,7 +31,8 @@ class EngineTraits:
     float8_linears: bool = False  # linear layers' products at the device's fp8 peak (torchao Float8, TE fp8)
     # FSDP gathers the FP8 weights of FP8 products (torchao's enable_fsdp_float8_all_gather): 1 byte a parameter.
     # This engine gathers in the precision unless a plan asks for ``--fp8-all-gather`` (ParallelPlan.fp8_all_gather:
-    # its FP8 linears' weights in e4m3, compiler/fp8/fsdp_all_gather.py; step.py prices the dense weights so).
+    # its FP8 linears' weights in e4m3, compiler/fp8/fsdp_all_gather.py; step.py prices the dense weights so, and
+    # memory_model.py holds the Float8 linears' gathered weights so, float8_weights.py).
     fp8_all_gather: bool = False
     sp_messages: bool = True  # under sequence parallelism pipeline messages are (B, T/mp, D) shards
     # A MoE layer under TP routes its TP group's disjoint sequence shards (expert TP 1; Megatron requires SP with

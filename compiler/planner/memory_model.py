@@ -13,6 +13,9 @@
     (one micro-batch: each unit's gradient is reduce-scattered in its backward, two units at once).
   - ZeRO-3 (reshard after forward): the shards, plus the gathered parameters and unsharded gradient of the
     unit in use and of the one prefetched.
+  - ``--fp8-all-gather`` (``Fp8Gathered``): the Float8 linears' weights are gathered as e4m3 bytes, 1 byte a
+    parameter and one fp32 scale a weight (compiler/fp8/fsdp_all_gather.py ``GatheredFp8Weight``); the routed
+    experts, embedding, head, norms and routers are gathered in the precision.
   Context parallelism shards like data parallelism (FSDP over dp x cp: cp ranks hold the same parameters).
   Experts are held by ep ranks each and replicated over the rest of dp x cp x mp: their FSDP shards span
   that expert-data-parallel group. A tied embedding counts once on a rank that holds both ends.
@@ -58,6 +61,21 @@ def in_flight_stage_microbatches(schedule: str, *, p: int, m: int, v: int, rank:
 
 
 @dataclass(frozen=True)
+class Fp8Gathered:
+    """Of some parameters, those FSDP gathers as e4m3 bytes (``--fp8-all-gather``: the Float8 linears' weights)."""
+    params: float = 0.0
+    weights: int = 0  # how many weight tensors: one fp32 scale each rides with the gathered bytes
+
+    def gathered_bytes(self, params: float, gather_bytes: int) -> float:
+        """Bytes of ``params`` parameters gathered: these of them at 1 byte and their scales, the rest at
+        ``gather_bytes`` (the precision's)."""
+        return (params - self.params) * gather_bytes + self.params + 4 * self.weights
+
+
+NO_FP8_GATHER = Fp8Gathered()
+
+
+@dataclass(frozen=True)
 class DataParallelLayout:
     dp: int = 1  # ranks holding the same parameters (dp x cp for a dense parameter)
     shard: int = 1  # ranks a parameter is sharded over: dp (FSDP), 1 (replicate), or between (HSDP)
@@ -70,24 +88,27 @@ class DataParallelLayout:
 
 
 def weight_memory(params: float, largest_unit: float, layout: DataParallelLayout, *, accumulate: bool = True,
-                  frozen: float = 0.0, frozen_bytes: int = 4) -> float:
+                  frozen: float = 0.0, frozen_bytes: int = 4, fp8: Fp8Gathered = NO_FP8_GATHER,
+                  fp8_unit: Fp8Gathered = NO_FP8_GATHER) -> float:
     """Bytes of parameters, gradients and AdamW state of ``params`` elements (module docstring);
     ``largest_unit``: parameters of the largest FSDP unit (a block); ``accumulate``: several micro-batches.
     ``frozen`` of the ``params`` (LoRA's base) are weights alone, ``frozen_bytes`` each: no gradient, no AdamW state
-    (gathered like the others under FSDP)."""
+    (gathered like the others under FSDP). ``fp8`` / ``fp8_unit``: of ``params`` / ``largest_unit``, those gathered
+    in FP8."""
     trained = params - frozen
     if not layout.fsdp:
         return trained * (20 if layout.dp > 1 else 16) + frozen * frozen_bytes
     shards = (trained * 16 + frozen * frozen_bytes) / layout.shard
     trained_share = trained / params if params else 0.0  # of a unit's gradients
     if layout.zero3:
-        return shards + 2 * largest_unit * (layout.gather_bytes + 4 * trained_share)
+        return shards + 2 * (fp8_unit.gathered_bytes(largest_unit, layout.gather_bytes) + largest_unit * 4 * trained_share)
     gradients = trained * 4 if accumulate else 2 * largest_unit * 4 * trained_share
-    return shards + params * layout.gather_bytes + gradients
+    return shards + fp8.gathered_bytes(params, layout.gather_bytes) + gradients
 
 
 def unshard_memory(params: float, largest_unit: float, layout: DataParallelLayout, *, frozen: float = 0.0,
-                   frozen_bytes: int = 4) -> float:
+                   frozen_bytes: int = 4, fp8: Fp8Gathered = NO_FP8_GATHER,
+                   fp8_unit: Fp8Gathered = NO_FP8_GATHER) -> float:
     """Bytes while FSDP gathers a rank's stages at the step's start (the pipeline runtime's UNSHARD action issues
     every unit's all-gather at once; FSDP2 then copies each unit's output into its parameters): the shards (weights
     and AdamW state, no gradient yet), every unit's all-gather input (its shard in the gather dtype) and output (the
@@ -95,7 +116,8 @@ def unshard_memory(params: float, largest_unit: float, layout: DataParallelLayou
     training, it is the peak of a mostly frozen model (LoRA; on 2 CPU ranks, dp 2, Llama 3.2 1B blocks, fp32, the
     peaks this model gives were within 6% of those measured: compiler/README.md)."""
     shards = ((params - frozen) * 16 + frozen * frozen_bytes) / layout.shard
-    return shards + params * layout.gather_bytes * (1 + 1 / layout.shard) + largest_unit * layout.gather_bytes
+    gathered = fp8.gathered_bytes(params, layout.gather_bytes)  # under --fp8-all-gather its input is e4m3 too
+    return shards + gathered * (1 + 1 / layout.shard) + fp8_unit.gathered_bytes(largest_unit, layout.gather_bytes)
 
 
 @dataclass(frozen=True)
@@ -114,13 +136,15 @@ class RankLoad:
     frozen_dense: float = 0.0  # of dense_params, those not trained (LoRA's base): weights alone
     frozen_experts: float = 0.0  # of expert_params, likewise
     frozen_bytes: int = 4  # bytes of a frozen weight (LoRA's base in fp32, or bf16)
+    fp8_gathered: Fp8Gathered = NO_FP8_GATHER  # of dense_params, those gathered in FP8 (--fp8-all-gather)
+    fp8_gathered_unit: Fp8Gathered = NO_FP8_GATHER  # of largest_unit, likewise
 
 
 def rank_memory(load: RankLoad, *, schedule: str, p: int, m: int, v: int, rank: int, dense: DataParallelLayout,
                 experts: DataParallelLayout) -> MemoryEstimate:
     """Memory of pp rank ``rank`` across its v stages (module docstring)."""
     weights = weight_memory(load.dense_params, load.largest_unit, dense, accumulate=m > 1, frozen=load.frozen_dense,
-                            frozen_bytes=load.frozen_bytes)
+                            frozen_bytes=load.frozen_bytes, fp8=load.fp8_gathered, fp8_unit=load.fp8_gathered_unit)
     if load.expert_params:
         weights += weight_memory(load.expert_params, load.largest_unit, experts, accumulate=m > 1,
                                  frozen=load.frozen_experts, frozen_bytes=load.frozen_bytes)
@@ -132,9 +156,11 @@ def rank_memory(load: RankLoad, *, schedule: str, p: int, m: int, v: int, rank: 
     copies = 0.0 if dense.fsdp else load.weight_copy_bytes
     unshard = 0.0
     if dense.fsdp and not dense.zero3:  # ZeRO-3 gathers a unit at its use (module docstring)
-        groups = [(load.dense_params, load.frozen_dense, dense), (load.expert_params, load.frozen_experts, experts)]
-        unshard = sum((unshard_memory(params, load.largest_unit, layout, frozen=frozen, frozen_bytes=load.frozen_bytes)
+        fp8 = {"fp8": load.fp8_gathered, "fp8_unit": load.fp8_gathered_unit}
+        groups = [(load.dense_params, load.frozen_dense, dense, fp8), (load.expert_params, load.frozen_experts, experts, {})]
+        unshard = sum((unshard_memory(params, load.largest_unit, layout, frozen=frozen, frozen_bytes=load.frozen_bytes,
+                                      **gathered)
                        if layout.fsdp else weight_memory(params, load.largest_unit, layout, frozen=frozen,
-                                                         frozen_bytes=load.frozen_bytes))
-                      for params, frozen, layout in groups if params)
+                                                         frozen_bytes=load.frozen_bytes, **gathered))
+                      for params, frozen, layout, gathered in groups if params)
     return MemoryEstimate(weights, activations, copies, max(0.0, unshard - (weights + activations + copies)))

@@ -13,8 +13,9 @@ from compiler.parallelize.cross_entropy import loss_chunk_bytes
 from compiler.planner.activations import Context, block_memory, embedding_memory, head_memory, mtp_saved_bytes
 from compiler.planner.cluster import Cluster
 from compiler.planner.engines import THIS_ENGINE, EngineTraits
+from compiler.planner.float8_weights import float8_block_weights, float8_mtp_weights
 from compiler.planner.layers import LayerTable, Setup, layer_table
-from compiler.planner.memory_model import DataParallelLayout, RankLoad, rank_memory
+from compiler.planner.memory_model import NO_FP8_GATHER, DataParallelLayout, Fp8Gathered, RankLoad, rank_memory
 from compiler.planner.shape import (
     DENSE,
     MOE,
@@ -64,6 +65,7 @@ class Estimate:
                 "stages_per_rank": c.stages_per_rank, "micro_batch_size": c.micro_batch_size,
                 "activation_checkpointing": c.ac, "sequence_parallel": c.sequence_parallel,
                 "chunked_loss": c.chunked_loss, "dp_mode": c.dp_mode, "precision": c.precision, "fp8": c.fp8,
+                "fp8_all_gather": c.fp8_all_gather,
                 "step_time_s": self.step_time, "model_tflops_per_gpu": self.model_tflops_per_gpu,
                 "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
                 "memory_gib_per_gpu": (self.memory_per_rank or 0) / 2**30, "fits": self.fits,
@@ -123,7 +125,8 @@ class Pricer:
 
     def _load(self, c: ParallelPlan, h: Holding) -> RankLoad:
         fsdp = DataParallelGroups.of(c).dense_shard > 1
-        key = (h, c.micro_batch_size, c.precision, c.mp, c.cp, c.ep, c.sequence_parallel, c.ac, c.chunked_loss, fsdp)
+        key = (h, c.micro_batch_size, c.precision, c.mp, c.cp, c.ep, c.sequence_parallel, c.ac, c.chunked_loss, fsdp,
+               c.fp8, c.fp8_all_gather)
         if key not in self._loads:
             self._loads[key] = self._rank_load(c, h, fsdp)
         return self._loads[key]
@@ -134,9 +137,12 @@ class Pricer:
         ctx = Context(c.micro_batch_size, c.precision, c.mp, c.cp, c.sequence_parallel, c.ac,
                       self.traits.activations, residual, c.chunked_loss, self.cluster.device.kind == "cpu",
                       self.traits.selective_policy, loss_chunk_bytes(self.cluster.device.kind),
-                      cp_halos=self.traits.cp_halos, moe_shards_need_sp=self.traits.moe_shards_need_sp)
+                      cp_halos=self.traits.cp_halos, moe_shards_need_sp=self.traits.moe_shards_need_sp,
+                      fp8=c.fp8 is not None)
         dense = experts = saved = recompute = transient = backward = copies = head_saved = 0.0
-        units = []
+        units = []  # (parameters, those gathered in FP8) of each FSDP unit
+        gathers_fp8 = c.fp8 is not None and c.fp8_all_gather
+        fp8_params, fp8_weights = 0.0, 0
         a = PRECISIONS[c.precision].dtype.itemsize if dtype else 0
         for kind, n in h.kinds:
             p = block_params(shape, c.mp, kind=kind, ep=c.ep)
@@ -146,31 +152,40 @@ class Pricer:
             backward = max(backward, m.backward)
             mats = _block_matrices(shape, c.mp) if mlp_kind(kind) == DENSE else {}
             copies += n * (sum(i * o for i, o in mats.values()) + (p.experts if mlp_kind(kind) == MOE else 0)) * a
-            units.append(p.total)
+            fp8 = float8_block_weights(shape, c.mp, kind=kind) if gathers_fp8 else NO_FP8_GATHER
+            fp8_params, fp8_weights = fp8_params + n * fp8.params, fp8_weights + n * fp8.weights
+            units.append((p.total, fp8))
         if h.embedding:
             dense += embedding_params(shape, c.mp)
             saved += embedding_memory(shape, ctx)
-            units.append(embedding_params(shape, c.mp))
+            units.append((embedding_params(shape, c.mp), NO_FP8_GATHER))
         if h.head:
             dense += head_params(shape, c.mp)
             head = head_memory(shape, ctx)
             saved, transient, head_saved = saved + head.saved, max(transient, head.transient), head.saved
             backward -= head.saved - head.kept  # the blocks' backward runs after the head's has freed its tensors
             copies += -(-shape.vocab_size // c.mp) * shape.d_model * a
-            units.append(head_params(shape, c.mp))
+            units.append((head_params(shape, c.mp), NO_FP8_GATHER))
             if shape.mtp_depth:  # the MTP depths beside the head (models/common/mtp.py), held by the last stage
                 mtp = mtp_params(shape, c.mp, ep=c.ep)
                 dense, experts = dense + mtp.dense, experts + mtp.experts
                 depths = mtp_saved_bytes(shape, ctx)
                 saved, head_saved = saved + depths, head_saved + depths
-                units.extend(block_params(shape, c.mp, kind=k, ep=c.ep).total for k in shape.mtp_kinds())
+                units.extend((block_params(shape, c.mp, kind=k, ep=c.ep).total,
+                              float8_block_weights(shape, c.mp, kind=k) if gathers_fp8 else NO_FP8_GATHER)
+                             for k in shape.mtp_kinds())
+                if gathers_fp8:
+                    fp8 = float8_mtp_weights(shape, c.mp)
+                    fp8_params, fp8_weights = fp8_params + fp8.params, fp8_weights + fp8.weights
         if shape.tied and h.embedding and h.head:  # one copy of a tied weight on a rank holding both ends
             dense -= -(-shape.vocab_size // c.mp) * shape.d_model
         transient = max(transient, backward)  # the peak is in one phase: the head's backward or a block's
         buffers = self.cluster.device.tp_buffers_per_block if c.mp > 1 and c.ac != "full" else 0
         tokens = c.micro_batch_size * shape.seq_len / c.cp
-        load = RankLoad(dense, experts, max(units), saved, recompute, transient, copies, h.blocks,
-                        buffers * tokens * shape.d_model * 4, head_saved)
+        largest, largest_fp8 = max(units, key=lambda unit: unit[0])
+        load = RankLoad(dense, experts, largest, saved, recompute, transient, copies, h.blocks,
+                        buffers * tokens * shape.d_model * 4, head_saved,
+                        fp8_gathered=Fp8Gathered(fp8_params, fp8_weights), fp8_gathered_unit=largest_fp8)
         return self._with_adapters(load, c, h) if self.lora is not None else load
 
     def _with_adapters(self, load: RankLoad, c: ParallelPlan, h: Holding) -> RankLoad:

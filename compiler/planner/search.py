@@ -5,7 +5,8 @@ The plan space: every (dp, pp, mp, cp) of the world (mp within a node unless ``m
 to ``max_cp``), ep over the divisors of dp x cp x mp that divide the experts, every schedule of the registry
 but naive with its v (looped schedules: 2 to 8 stages per rank while the layers last), every micro-batch
 size dividing a replica's batch, activation checkpointing none / selective / full, the precisions asked
-for, sequence parallelism (mp > 1), the DP modes (FSDP, ZeRO-3, replicate, HSDP) and the chunked loss.
+for, sequence parallelism (mp > 1), the DP modes (FSDP, ZeRO-3, replicate, HSDP; under tensorwise FP8 a sharded one
+also with --fp8-all-gather) and the chunked loss.
 What the user fixed (``Constraints``) is held. ``validate`` adds the engine's own checks (``--auto`` and the
 CPU planner ask it; a GPU ``plan`` prices what the model can price, including what the engine lacks yet).
 
@@ -22,7 +23,7 @@ from functools import partial
 from typing import Callable
 
 from compiler.lora import LoraConfig
-from compiler.parallel_plan import AC, ParallelPlan, dp_mode_name
+from compiler.parallel_plan import AC, ParallelPlan, dp_mode_name, fp8_all_gather_problem
 from compiler.planner.candidates import Constraints, dp_modes, mesh_misfit, mesh_shapes
 from compiler.planner.cluster import Cluster
 from compiler.planner.engines import THIS_ENGINE, EngineTraits
@@ -116,15 +117,26 @@ def unmatched(constraints: Constraints, shape: DecoderShape, *, world: int, glob
     return UNMATCHED
 
 
-def _plans(dp: int, pp: int, mp: int, schedule: str, v: int, modes: list[tuple[int | None, bool]],
+def _gathering_modes(modes: list[tuple[int | None, bool]], gathers: tuple[bool, ...], *, dp: int, cp: int,
+                     fp8: str | None) -> list[tuple[int | None, bool, bool]]:
+    """(dp_shard, reshard_after_forward, fp8_all_gather): each DP mode with each --fp8-all-gather choice the engine
+    runs it with (compiler/parallel_plan.py ``fp8_all_gather_problem``)."""
+    return [(shard, zero3, gather) for shard, zero3 in modes for gather in gathers
+            if not gather or fp8_all_gather_problem(ParallelPlan(dp=dp, cp=cp, dp_shard=shard, fp8=fp8,
+                                                                 fp8_all_gather=True)) is None]
+
+
+def _plans(dp: int, pp: int, mp: int, schedule: str, v: int, modes: list[tuple[int | None, bool, bool]],
            chunks: tuple[bool, ...], *, m: int, mbs: int, precision: str, ac: str, sp: bool, cp: int,
            ep: int, fp8: str | None = None) -> list[ParallelPlan]:
-    """A group's plans of one schedule: one per DP mode and loss. Built only when the search prices that group
-    (most are pruned by their bound; building millions of plans took most of a large search's time)."""
+    """A group's plans of one schedule: one per DP mode (with or without --fp8-all-gather) and loss. Built only when
+    the search prices that group (most are pruned by their bound; building millions of plans took most of a large
+    search's time)."""
     ac = AC(ac)
     return [ParallelPlan(dp=dp, pp=pp, mp=mp, cp=cp, ep=ep, schedule=schedule, stages_per_rank=v, microbatches=m,
                          micro_batch_size=mbs, precision=precision, ac=ac, dp_shard=shard, reshard_after_forward=zero3,
-                         sequence_parallel=sp, chunked_loss=chunked, fp8=fp8) for shard, zero3 in modes for chunked in chunks]
+                         sequence_parallel=sp, chunked_loss=chunked, fp8=fp8, fp8_all_gather=gather)
+            for shard, zero3, gather in modes for chunked in chunks]
 
 
 @dataclass(frozen=True)
@@ -205,8 +217,9 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
         m = global_batch_size // dp // mbs
         per_node = max(1, cluster.devices_per_node // (pp * mp * cp))
         chunks = (False, True) if constraints.chunked_loss is None else (constraints.chunked_loss,)
-        modes = [(shard, zero3) for shard, zero3 in dp_modes(dp, cp=cp, per_node=per_node)
-                 if constraints.dp_mode in (None, dp_mode_name(dp, cp, shard, zero3))]
+        modes = _gathering_modes([(shard, zero3) for shard, zero3 in dp_modes(dp, cp=cp, per_node=per_node)
+                                  if constraints.dp_mode in (None, dp_mode_name(dp, cp, shard, zero3))],
+                                 constraints.fp8_all_gather, dp=dp, cp=cp, fp8=fp8)
         wanted = constraints.schedules()
         plan_of = partial(_plans, dp, pp, mp, m=m, mbs=mbs, precision=precision, ac=ac, sp=sp, cp=cp, ep=ep, fp8=fp8)
         by_schedule = [(partial(plan_of, name, v, modes[:1], chunks[:1]), partial(plan_of, name, v, modes, chunks))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from compiler.parallel_plan import ParallelPlan
 from compiler.planner.auto import DEFAULT_GLOBAL_BATCH, NoPlanError, best_plan
 from compiler.planner.cluster import resolve_cluster
 from compiler.planner.precision_probe import check_calibration
@@ -13,7 +14,7 @@ from compiler.planner.search import Estimate
 from compiler.precisions import PRECISIONS
 from runtime.commands.flag_table import fp8_choices
 from runtime.commands.flags import AUTO_CHOSEN, build_config, explicit_flags, with_default_logdir
-from runtime.config import ConfigError, TrainConfig, plan_checker
+from runtime.config import ConfigError, TrainConfig, check_fp8_all_gather, plan_checker
 from runtime.config import validate as validate_config
 
 
@@ -22,7 +23,8 @@ def auto_config(args: argparse.Namespace, argv: list[str], *, world: int) -> tup
     machine (pure computation, the same on every rank), and lines to print.
 
     Mesh, schedule, virtual stages, micro-batching and activation checkpointing are chosen; the precision too
-    unless --precision is given; an FP8 recipe only under --fp8 any (--fp8 X is held). The global batch is
+    unless --precision is given; an FP8 recipe only under --fp8 any (--fp8 X is held); --fp8-all-gather under
+    tensorwise FP8 with sharded data parallelism (held on when given). The global batch is
     --global-batch-size, else 32. One planner for every device: on a CUDA machine the plan is priced on its GPU's
     preset, on CPU with this machine's calibration (in fp32 only when the calibration is of another CPU,
     compiler/planner/precision_probe.py).
@@ -55,6 +57,9 @@ def auto_config(args: argparse.Namespace, argv: list[str], *, world: int) -> tup
     held.update({dim: getattr(args, dim) for dim in ("cp", "ep") if f"--{dim}" in given})
     if args.fp8:  # --fp8 X holds the recipe, --fp8 any lets the planner choose one or none
         held["fp8"] = fp8_choices(args.fp8)
+    if "--fp8-all-gather" in given:  # held on (train's check, at the most data parallelism --auto could choose)
+        check_fp8_all_gather(ParallelPlan(dp=max(1, world // args.cp), cp=args.cp, fp8=args.fp8, fp8_all_gather=True))
+        held["fp8_all_gather"] = (True,)  # else the planner gathers in FP8 where it may (tensorwise, sharded)
     try:
         best = best_plan(base.model, world=world, global_batch_size=gbs, cluster=cluster, precisions=precisions,
                          validate=plan_checker(base), held=held, lora=base.lora)

@@ -106,15 +106,15 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
     precisions = precisions_of(args, cluster)
     traits = dataclasses.replace(THIS_ENGINE, grad_reduce_bytes=4 if args.reduce_dtype == "fp32" else 2)
     validate_plan = None
-    limits = Constraints(headroom=given.headroom, max_mp=given.max_mp, max_cp=given.max_cp, max_ep=given.max_ep,
-                         fp8=given.fp8)
+    searched = {"headroom": given.headroom, "max_mp": given.max_mp, "fp8": given.fp8, "fp8_all_gather": given.fp8_all_gather}
+    limits = Constraints(max_cp=given.max_cp, max_ep=given.max_ep, **searched)
     if cluster.is_gpu:
         shape = shape_from_args(args)
     else:  # this machine: the engine's model, and what the engine runs here as it would run it
         base = default_config(cpu_model(args))
         shape = DecoderShape.from_config(base.model)
         validate_plan = plan_checker(base)
-        limits = dataclasses.replace(ENGINE_RUNS, headroom=given.headroom, max_mp=given.max_mp, fp8=given.fp8)
+        limits = dataclasses.replace(ENGINE_RUNS, **searched)
 
     lora = planned_lora(args)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from compiler.parallel_plan import is_dp_mode
+from compiler.parallel_plan import ParallelPlan, is_dp_mode
 from compiler.planner.candidates import Constraints
 from compiler.planner.search import Estimate
 from compiler.planner.shape import DecoderShape, activated_parameter_count, default_mlp_width, parameter_count
@@ -14,7 +14,7 @@ from models.spec import Experts
 from runtime.commands.flag_groups import add_model_shape_flags
 from runtime.commands.flag_table import add_plan_flags, fp8_choices
 from runtime.commands.flags import named_model
-from runtime.config import ConfigError
+from runtime.config import ConfigError, check_fp8_all_gather
 
 SHAPE_FLAGS = ("layers", "d_model", "heads", "kv_heads", "mlp_width", "mlp", "seq_len", "vocab_size", "experts",
                "top_k", "expert_width", "shared_experts", "first_dense_layers")
@@ -36,7 +36,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                         "priced as given, never searched")
     g = p.add_argument_group("a plan to price (what is left open is searched and printed)")
     add_plan_flags(g, ("dp", "pp", "mp", "cp", "ep", "micro_batch_size", "schedule", "stages_per_rank", "ac",
-                       "sequence_parallel", "fp8"), searched=True)
+                       "sequence_parallel", "fp8", "fp8_all_gather"), searched=True)
     g.add_argument("--no-activation-checkpointing", dest="ac", action="store_const", const="none",
                    help="hold activation checkpointing off")
     g.add_argument("--dp-mode", help="none, fsdp, zero3, replicate or hsdp:N (FSDP runs over dp x cp: at --dp 1 "
@@ -109,12 +109,29 @@ def constraints_from_args(args: argparse.Namespace, world: int) -> Constraints:
     mode = args.dp_mode
     if mode is not None and not is_dp_mode(mode):
         raise ConfigError(f"--dp-mode must be none, fsdp, zero3, replicate or hsdp:N, got {mode}")
+    if args.fp8_all_gather:
+        check_fp8_all_gather(_loosest_layout(args, world))
     return Constraints(dp=args.dp, pp=args.pp, mp=args.mp, cp=args.cp, ep=args.ep,
                        micro_batch_size=args.micro_batch_size, schedule=args.schedule,
                        stages_per_rank=args.stages_per_rank, ac=args.ac, dp_mode=mode,
                        sequence_parallel=args.sequence_parallel, chunked_loss=args.chunked_loss,
                        max_mp=args.max_mp, max_cp=args.max_cp, max_ep=args.max_ep, headroom=args.headroom,
-                       fp8=fp8_choices(args.fp8))
+                       fp8=fp8_choices(args.fp8),
+                       fp8_all_gather=(False, True) if args.fp8_all_gather is None else (args.fp8_all_gather,))
+
+
+def _loosest_layout(args: argparse.Namespace, world: int) -> ParallelPlan:
+    """The plan the flags fix with --fp8-all-gather, a data-parallel dimension left open at what admits the flag:
+    the ranks the fixed dimensions leave (dp first, then cp), sharded unless --dp-mode says otherwise (``none``: dp
+    and cp 1). Train's check of it fails when no layout the flags leave open could run the flag."""
+    if args.dp_mode == "none":
+        return ParallelPlan(fp8=args.fp8, fp8_all_gather=True)
+    left = max(1, world // ((args.pp or 1) * (args.mp or 1)))
+    dp = args.dp or max(1, left // (args.cp or 1))
+    cp = args.cp or max(1, left // dp)
+    mode = args.dp_mode or ""
+    shard = 1 if mode == "replicate" else int(mode[5:]) if mode.startswith("hsdp:") else None
+    return ParallelPlan(dp=dp, cp=cp, dp_shard=shard, fp8=args.fp8, fp8_all_gather=True)
 
 
 

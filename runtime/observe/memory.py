@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 import torch
 from torch.distributed.tensor import DTensor
 
+from compiler.parallelize.float8 import master_weight
 from runtime.device import current_memory_bytes, peak_memory_bytes, reset_peak_memory
 
 T = TypeVar("T")
@@ -22,9 +23,11 @@ T = TypeVar("T")
 
 def live_tensor_bytes(tensors: Iterable[torch.Tensor | tuple | list | None]) -> int:
     """Bytes of the distinct storages behind ``tensors`` (views and shards counted once). An item may be a
-    tuple or list of tensors (a batch's inputs with packed documents: (tokens, positions))."""
+    tuple or list of tensors (a batch's inputs with packed documents: (tokens, positions)). A weight FSDP gathers in
+    FP8 (--fp8-all-gather) is a wrapper with no storage of its own: its high-precision shard's is counted."""
     seen: dict[int, int] = {}
     for t in _flatten(tensors):
+        t = master_weight(t)
         local = t.to_local() if isinstance(t, DTensor) else t
         storage = local.untyped_storage()
         seen[storage.data_ptr()] = storage.nbytes()

@@ -52,6 +52,8 @@ CASES = [
                  precision="bf16", dp_shard=2, chunked_loss=False),  # HSDP, parameters gathered in bf16
     ParallelPlan(dp=2, pp=2, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=4, micro_batch_size=4,
                  precision="fp32", reshard_after_forward=True, chunked_loss=False),  # ZeRO-3, tied ends apart
+    ParallelPlan(dp=2, pp=1, mp=1, schedule="1f1b", stages_per_rank=1, microbatches=2, micro_batch_size=8,
+                 precision="bf16", fp8="tensorwise", fp8_all_gather=True),  # the FP8 linears' weights gathered in e4m3
 ]
 
 

@@ -109,3 +109,23 @@ def test_auto_holds_a_given_recipe_and_chooses_one_under_any(monkeypatch):
         assert cfg.plan == best.plan and best.fits
         chosen[" ".join(extra)] = cfg.plan.fp8
     assert chosen == {"": None, "--fp8 rowwise": "rowwise", "--fp8 any": "tensorwise"}
+
+
+def test_the_search_gathers_fp8_weights_where_the_engine_can_unless_held():
+    """--fp8-all-gather leaves the products' numbers as they are: the search may take it wherever the engine runs it
+    (tensorwise, sharded data parallelism), unless the flag holds it on or off."""
+    from compiler.parallel_plan import fp8_all_gather_problem
+
+    def top(**held):
+        return [e.plan for e in search(LLAMA_8B, world=8, global_batch_size=32, cluster=H100, keep=8,
+                                       constraints=Constraints(**held)).top]
+
+    chosen = top(fp8=("tensorwise",))[0]
+    assert chosen.fp8_all_gather and chosen.shard > 1  # less to gather, less held: where it can, it wins
+    assert search(LLAMA_8B, world=8, global_batch_size=32, cluster=H100, constraints=Constraints(
+        fp8=("tensorwise",))).best.to_json()["fp8_all_gather"] is True
+    assert not any(c.fp8_all_gather for c in top(fp8=("tensorwise",), fp8_all_gather=(False,)))
+    held = top(fp8=("tensorwise",), fp8_all_gather=(True,))
+    assert held and all(c.fp8_all_gather and fp8_all_gather_problem(c) is None for c in held)
+    for refused in (dict(fp8=("rowwise",)), dict(fp8=("tensorwise",), dp_mode="replicate"), dict(fp8=(None,))):
+        assert not any(c.fp8_all_gather for c in top(**refused)), refused

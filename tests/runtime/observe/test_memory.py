@@ -26,3 +26,14 @@ def test_live_bytes_take_a_packed_batch_of_tokens_and_positions():
     """With --document-mask a batch's inputs are a (tokens, positions) pair; the step's starting bytes count both."""
     tokens, positions, targets = torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8)
     assert live_tensor_bytes([(tokens, positions), targets]) == 2 * 128 + 64
+
+
+def test_live_bytes_count_an_fp8_all_gather_weight_by_its_shard():
+    """--fp8-all-gather's parameters wrap their fp32 shard (a wrapper subclass has no storage of its own: reading
+    it raised "invalid python storage" under --profile-memory)."""
+    from compiler.fp8 import RECIPES
+    from compiler.fp8.fsdp_all_gather import Fp8AllGatherWeight
+
+    shard = torch.zeros(4, 8)
+    weight = torch.nn.Parameter(Fp8AllGatherWeight(shard, RECIPES["tensorwise"]))
+    assert live_tensor_bytes([weight, shard]) == 4 * 8 * 4
