@@ -1,7 +1,7 @@
 """Context parallelism of one latent attention layer, gathering its latent against gathering its keys and values:
 ``python -m runtime.lab.latent_cp_benchmark``.
 
-Two gloo ranks (cp 2, one thread each) hold the two halves (load-balanced chunks) of every sequence and run the same
+``--cp`` gloo ranks (default 2, one thread each) hold the load-balanced chunks of every sequence and run the same
 ``LatentAttention`` (models/common/latent_attention.py) forward and backward both ways, alternately (the order
 reversed every other pair, so whatever else loads the machine loads both alike): with ``GatheredLatent`` (the latent
 and RoPE key all-gathered, kv_b over the whole sequence) and with the keys and values all-gathered (the fallback).
@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m runtime.lab.latent_cp_benchmark", description=__doc__.split("\n\n")[0])
     p.add_argument("--heads", type=int, default=16, help="attention heads (DeepSeek-V3: 128)")
     p.add_argument("--d-model", type=int, default=1024)
-    p.add_argument("--seq-len", type=int, default=2048, help="the whole sequence; each rank holds half")
+    p.add_argument("--seq-len", type=int, default=2048, help="the whole sequence; each rank holds 1/cp of it")
+    p.add_argument("--cp", type=int, default=2, help="context-parallel ranks (the sequence must split into 2 x cp chunks)")
     p.add_argument("--pairs", type=int, default=6, help="timed pairs of steps (after one warm-up pair)")
     return p
 
@@ -87,15 +88,19 @@ def _steps(heads: int, d_model: int, seq_len: int, pairs: int, out_file: str) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.cp < 2 or args.seq_len % (2 * args.cp):
+        parser.error(f"--cp {args.cp} --seq-len {args.seq_len}: cp must be at least 2 and the sequence a multiple of "
+                     "2 x cp (each rank holds two load-balanced chunks)")
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        spawn_ranks(_steps, world_size=2, args=(args.heads, args.d_model, args.seq_len, args.pairs, out.name),
+        spawn_ranks(_steps, world_size=args.cp, args=(args.heads, args.d_model, args.seq_len, args.pairs, out.name),
                     timeout=1800)
         seconds = json.loads(Path(out.name).read_text())
     gather = context_gather_of(_config(args.heads, args.d_model, args.seq_len), mp=1)
     latent_ms, kv_ms = (1e3 * statistics.median(seconds[k]) for k in ("latent", "kv"))
     print(json.dumps({
-        "heads": args.heads, "d_model": args.d_model, "seq_len": args.seq_len, "cp": 2, "pairs": args.pairs,
+        "heads": args.heads, "d_model": args.d_model, "seq_len": args.seq_len, "cp": args.cp, "pairs": args.pairs,
         "latent_ms": round(latent_ms, 1), "kv_ms": round(kv_ms, 1), "kv_over_latent": round(kv_ms / latent_ms, 3),
         "latent_values_per_token": gather.values_per_token, "kv_values_per_token": gather.kv_values_per_token,
         "latent_bytes_per_layer": gather.gathered_bytes(micro_batch_size=1, seq_len=args.seq_len, itemsize=4),
