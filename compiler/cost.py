@@ -36,6 +36,7 @@ runtime/observe/layer_timing.py: measuring needs a device, counting does not.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -91,7 +92,17 @@ def layer_costs(cfg, *, micro_batch_size: int, precision: str = "fp32", mp: int 
     """Costs of [embedding, block 0, ..., block L-1, head], in model order, for any registered family. Blocks of
     one kind (``ModelSpec.block_kinds``: dense, or a mixture of experts; and ``attention_windows``: full or sliding
     attention) have the same shape: the first block of each kind is profiled and its cost used for every block of
-    that kind."""
+    that kind. Counted once per process for each set of arguments (a pure function of them; every rank counts the
+    split of each run it builds)."""
+    try:
+        hash(cfg)
+    except TypeError:  # a config with a mutable field: counted every time
+        return list(_counted_layer_costs.__wrapped__(cfg, micro_batch_size, precision, mp))
+    return list(_counted_layer_costs(cfg, micro_batch_size, precision, mp))
+
+
+@functools.lru_cache(maxsize=16)
+def _counted_layer_costs(cfg, micro_batch_size: int, precision: str, mp: int) -> tuple[LayerCost, ...]:
     spec = spec_of(cfg)
     # A block's kind and its attention window (gpt-oss's sliding layers attend over W keys, the others over all).
     kinds = list(zip(spec.block_kinds(cfg), spec.attention_windows(cfg)))
@@ -122,7 +133,7 @@ def layer_costs(cfg, *, micro_batch_size: int, precision: str = "fp32", mp: int 
                        activation_bytes=head.activation_bytes + depths.activation_bytes,
                        weight_copy_bytes=head.weight_copy_bytes + depths.weight_copy_bytes,
                        selective_activation_bytes=head.selective_activation_bytes + depths.activation_bytes)
-    return [embed, *(replace(blocks[kind], name=f"layers.{i}") for i, kind in enumerate(kinds)), head]
+    return (embed, *(replace(blocks[kind], name=f"layers.{i}") for i, kind in enumerate(kinds)), head)
 
 
 def _mtp_cost(model: nn.Module, spec, *, mp: int, seq_len: int, micro_batch_size: int, precision: str) -> LayerCost:

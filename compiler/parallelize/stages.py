@@ -35,7 +35,8 @@ from compiler.parallelize.lora import apply_lora, freeze_base
 from compiler.parallelize.materialize import materialize
 from compiler.parallelize.message_dtype import apply_message_dtype
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
-from compiler.trace import restore_eager_modules, trace_pipeline
+from compiler.trace import restore_eager_modules
+from compiler.traced_model import traced_model
 from models import MTP, GroupedExperts, mtp_depth, mtp_model_plan, spec_of, tied_weights
 
 
@@ -108,17 +109,17 @@ def build_local_stages(
     indices = sorted(stage_indices)
     spec = spec_of(cfg)
     tied = tied_weights(cfg)
-    with torch.device("meta"):
-        # A tied head (and the MTP depths' embedding) gets a weight of its own: the copies may live on other stages.
-        model = spec.build(cfg, share_tied_weights=False)
-        cp = context_parallel.size() if context_parallel is not None else 1
-        tokens = torch.zeros(micro_batch_size, cfg.seq_len // cp, dtype=torch.long)  # (b, T/cp)
-        example = (tokens, *(torch.zeros_like(tokens) for _ in range(model_inputs - 1))) if model_inputs > 1 else tokens
-        gathers = context_gather_of(cfg, mp=meshes.mp.size(), fp8=fp8 is not None).gathers
-        if context_parallel is not None and gathers == LATENT:
-            apply_latent_gather(model, context_parallel)  # before tracing: the graph takes the gathered lengths
+    cp = context_parallel.size() if context_parallel is not None else 1
+    gathers = context_gather_of(cfg, mp=meshes.mp.size(), fp8=fp8 is not None).gathers
+    latent_gather = None
+    if context_parallel is not None and gathers == LATENT:  # before tracing: the graph takes the gathered lengths
+        def latent_gather(model: nn.Module) -> None:
+            apply_latent_gather(model, context_parallel)
     depth = mtp_depth(cfg)
-    pipe = trace_pipeline(model, example_microbatch=example, blocks_per_stage=blocks_per_stage, hidden_output=depth > 0)
+    # A tied head (and the MTP depths' embedding) gets a weight of its own: the copies may live on other stages.
+    model, pipe = traced_model(cfg, micro_batch_size=micro_batch_size, local_seq_len=cfg.seq_len // cp,
+                               model_inputs=model_inputs, blocks_per_stage=blocks_per_stage, hidden_output=depth > 0,
+                               before_trace=latent_gather)
     model_plan = {**spec.model_plan(sequence_parallel=sequence_parallel),
                   **mtp_model_plan(depth, sequence_parallel=sequence_parallel)}
     modules, stages, factors = [], [], {}
