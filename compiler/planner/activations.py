@@ -64,7 +64,12 @@ from compiler.context_gather import LATENT, context_gather
 from compiler.cost import LayerCost, head_loss_bytes
 from compiler.parallelize.cross_entropy import CPU_CHUNK_BYTES, SAVED_BYTES_PER_TOKEN
 from compiler.parallelize.halo import halo_width
-from compiler.planner.attention_memory import engine_attention, engine_latent_attention, megatron_attention
+from compiler.planner.attention_memory import (
+    banded_scores_bytes,
+    engine_attention,
+    engine_latent_attention,
+    megatron_attention,
+)
 from compiler.planner.shape import (
     DENSE,
     MOE,
@@ -230,6 +235,9 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     transient = gathered_kv * (2 if c.ac == "selective" and c.layout == "engine" else 1)
     if mlp_kind(kind) == MOE:
         transient += 2 * shape.experts.top_k * d * a * moe_tokens
+    if c.layout == "engine":  # the banded kernel's scores, beside the K/V the forward holds (selective: gathered again)
+        scores = banded_scores_bytes(shape, kind, micro_batch_size=c.micro_batch_size, mp=t)
+        transient = max(transient, scores + (gathered_kv if c.ac == "selective" else 0.0))
     backward = mlp_backward_bytes(shape, c) if c.layout == "engine" and mlp_kind(kind) == DENSE else 0.0
     if c.ac == "full":
         kept = tokens * d * (c.residual_bytes if c.layout == "engine" else a) / shard
