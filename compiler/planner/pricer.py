@@ -135,7 +135,7 @@ class Pricer:
                       self.traits.activations, residual, c.chunked_loss, self.cluster.device.kind == "cpu",
                       self.traits.selective_policy, loss_chunk_bytes(self.cluster.device.kind),
                       cp_halos=self.traits.cp_halos, moe_shards_need_sp=self.traits.moe_shards_need_sp)
-        dense = experts = saved = recompute = transient = backward = copies = head_saved = 0.0
+        dense = experts = saved = recompute = transient = backward = forward = copies = head_saved = 0.0
         units = []
         a = PRECISIONS[c.precision].dtype.itemsize if dtype else 0
         for kind, n in h.kinds:
@@ -143,7 +143,7 @@ class Pricer:
             m = block_memory(shape, kind, ctx)
             dense, experts = dense + n * p.dense, experts + n * p.experts
             saved, recompute, transient = saved + n * m.saved, max(recompute, m.recompute), max(transient, m.transient)
-            backward = max(backward, m.backward)
+            backward, forward = max(backward, m.backward), max(forward, m.forward)
             mats = _block_matrices(shape, c.mp) if mlp_kind(kind) == DENSE else {}
             copies += n * (sum(i * o for i, o in mats.values()) + (p.experts if mlp_kind(kind) == MOE else 0)) * a
             units.append(p.total)
@@ -167,6 +167,9 @@ class Pricer:
         if shape.tied and h.embedding and h.head:  # one copy of a tied weight on a rank holding both ends
             dense -= -(-shape.vocab_size // c.mp) * shape.d_model
         transient = max(transient, backward)  # the peak is in one phase: the head's backward or a block's
+        # or a block's forward (activations.py ``BlockMemory.forward``), before the head saves and, but under full
+        # checkpointing (its recompute runs the forward again), with no block recomputed
+        transient = max(transient, forward - head_saved - (recompute if c.ac != "full" else 0.0))
         buffers = self.cluster.device.tp_buffers_per_block if c.mp > 1 and c.ac != "full" else 0
         tokens = c.micro_batch_size * shape.seq_len / c.cp
         load = RankLoad(dense, experts, max(units), saved, recompute, transient, copies, h.blocks,

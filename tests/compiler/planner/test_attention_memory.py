@@ -19,7 +19,7 @@ def _gpt_oss() -> DecoderShape:
                                                  seq_len=T))
 
 
-def test_a_full_layers_transient_is_the_counted_forward_peak_of_its_last_queries():
+def test_a_full_layers_transient_is_the_counted_peak_of_its_last_queries_forward_and_backward():
     shape = _gpt_oss()
     full = [kind for kind in shape.kinds() if "@" not in kind][0]
     torch.manual_seed(0)
@@ -31,6 +31,10 @@ def test_a_full_layers_transient_is_the_counted_forward_peak_of_its_last_queries
                                              torch.device("cpu"))
     counted -= out.untyped_storage().nbytes() + lse.untyped_storage().nbytes()  # its outputs are saved, not transient
     priced = banded_scores_bytes(shape, full, micro_batch_size=1, mp=1)
+    assert abs(priced - counted) <= 0.05 * counted
+    _, counted = peak_growth_during(lambda: out.backward(torch.ones_like(out)), torch.device("cpu"))
+    counted -= sum(t.grad.untyped_storage().nbytes() for t in (q, k, v, sinks))  # the gradients outlive it
+    priced = banded_scores_bytes(shape, full, micro_batch_size=1, mp=1, backward=True)
     assert abs(priced - counted) <= 0.05 * counted
 
 
