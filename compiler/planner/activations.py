@@ -256,19 +256,19 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
             if c.cp > 1 and c.split_cp_attention:  # every flash call's output is a kept op: both partial
                 saved += tokens * (shape.heads // t * (shape.head_dim * a + 4))  # outputs, not the merged one
         elif c.layout == "engine" and c.selective_policy == "products":
-            saved = per_token * tokens + moe_selective_kept(shape) * moe_tokens + rope
+            saved = per_token * tokens + moe_selective_kept(shape, c) * moe_tokens + rope
         return BlockMemory(saved, block_memory(shape, kind, replace(c, ac="none")).saved - saved, transient, backward,
                            forward)
     return BlockMemory(saved, 0.0, transient, backward, forward)
 
 
-def moe_selective_kept(shape: DecoderShape) -> float:
+def moe_selective_kept(shape: DecoderShape, c: Context) -> float:
     """Per local token, what the engine's selective checkpointing keeps of a MoE MLP: the router's fp32 logits (a
-    matrix product); the routed experts run as one grouped product (models/common/grouped_mm.py), no kept op
-    (compiler/parallelize/activation_checkpointing.py ``SAVED_OPS``), so their tensors, the dispatched copies and
-    the combine's are recomputed in the backward (the engine's forward grows by the kept ops alone: 3.5 KB a token
-    and block for gpt-oss at d 256, with torch's memory profiler)."""
-    return shape.experts.count * 4
+    matrix product) and the shared experts' products; the routed experts run as one grouped product (models/common/
+    grouped_mm.py), no kept op (compiler/parallelize/activation_checkpointing.py ``SAVED_OPS``): their tensors, the
+    dispatched copies and the combine's are recomputed in the backward (the engine's forward grows by the kept ops
+    alone: 3.5 KB a token and block for gpt-oss at d 256, seen with torch's memory profiler)."""
+    return shape.experts.count * 4 + shape.experts.shared * _mlp_hidden(shape, shared_width(shape.experts), c)
 
 
 def every_other_mm_kept(shape: DecoderShape, c: Context) -> float:
