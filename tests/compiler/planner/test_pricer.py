@@ -17,6 +17,8 @@ GPT_OSS = ["--model", "gpt-oss-debug", "--layers", "4", "--d-model", "256", "--h
 # runtime.lab.long_context_limit --check gpt-oss-debug:CP:T, 2 CPU cores, 2026-11-29). The model had been 24-45%
 # under at cp 4 (the kernel's scores unpriced), then 12-58% over (stacked on every layer and the head).
 MEASURED = [  # (cp, T, checkpointing, bytes)
+    (1, 16384, "selective", 697090100),
+    (1, 30720, "selective", 1297481780),
     (2, 8192, "selective", 252339716),
     (2, 16384, "selective", 494818772),
     (4, 8192, "selective", 210437656),
