@@ -64,7 +64,12 @@ from compiler.context_gather import LATENT, context_gather
 from compiler.cost import LayerCost, head_loss_bytes
 from compiler.parallelize.cross_entropy import CPU_CHUNK_BYTES, SAVED_BYTES_PER_TOKEN
 from compiler.parallelize.halo import halo_width
-from compiler.planner.attention_memory import engine_attention, engine_latent_attention, megatron_attention
+from compiler.planner.attention_memory import (
+    banded_scores_bytes,
+    engine_attention,
+    engine_latent_attention,
+    megatron_attention,
+)
 from compiler.planner.shape import (
     DENSE,
     MOE,
@@ -125,6 +130,9 @@ class BlockMemory:
     recompute: float  # held while it is recomputed (full AC: its whole activations; else 0)
     transient: float  # held at once inside its forward or backward beyond that (K/V gathered, dispatch buffers)
     backward: float = 0.0  # gradients its backward holds at once beyond what it saved or recomputed (engine, dense)
+    # held at once in its forward beyond the saved bytes of the blocks so far (engine: the banded kernel's scores,
+    # and the K/V selective checkpointing gathers again); no block is recomputed then and the head has saved nothing
+    forward: float = 0.0
 
 
 def _norm_saved(shape: DecoderShape, residual_bytes: int = 4) -> float:
@@ -231,10 +239,16 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     transient = gathered_kv * (2 if c.ac == "selective" and c.layout == "engine" else 1)
     if mlp_kind(kind) == MOE:
         transient += 2 * shape.experts.top_k * d * a * moe_tokens
+    forward = 0.0
+    if c.layout == "engine":  # the banded kernel's scores (attention_memory.py): in its forward and in its backward
+        forward = banded_scores_bytes(shape, kind, micro_batch_size=c.micro_batch_size, mp=t)
+        forward += gathered_kv if forward and c.ac == "selective" else 0.0
+        transient = max(transient, banded_scores_bytes(shape, kind, micro_batch_size=c.micro_batch_size, mp=t,
+                                                       backward=True))
     backward = mlp_backward_bytes(shape, c) if c.layout == "engine" and mlp_kind(kind) == DENSE else 0.0
     if c.ac == "full":
         kept = tokens * d * (c.residual_bytes if c.layout == "engine" else a) / shard
-        return BlockMemory(kept, saved, transient, backward)
+        return BlockMemory(kept, saved, transient, backward, forward)
     if c.ac == "selective":  # its backward recomputes the rest of the block: all of it is held at once
         if c.selective_policy == "every-other-mm" and mlp_kind(kind) == DENSE:
             saved = every_other_mm_kept(shape, c) * tokens
@@ -242,8 +256,20 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
             saved = block_selective_bytes(shape, c)
             if c.cp > 1 and c.split_cp_attention:  # every flash call's output is a kept op: both partial
                 saved += tokens * (shape.heads // t * (shape.head_dim * a + 4))  # outputs, not the merged one
-        return BlockMemory(saved, block_memory(shape, kind, replace(c, ac="none")).saved - saved, transient, backward)
-    return BlockMemory(saved, 0.0, transient, backward)
+        elif c.layout == "engine" and c.selective_policy == "products":
+            saved = per_token * tokens + moe_selective_kept(shape, c) * moe_tokens + rope
+        return BlockMemory(saved, block_memory(shape, kind, replace(c, ac="none")).saved - saved, transient, backward,
+                           forward)
+    return BlockMemory(saved, 0.0, transient, backward, forward)
+
+
+def moe_selective_kept(shape: DecoderShape, c: Context) -> float:
+    """Per local token, what the engine's selective checkpointing keeps of a MoE MLP: the router's fp32 logits (a
+    matrix product) and the shared experts' products; the routed experts run as one grouped product (models/common/
+    grouped_mm.py), no kept op (compiler/parallelize/activation_checkpointing.py ``SAVED_OPS``): their tensors, the
+    dispatched copies and the combine's are recomputed in the backward (the engine's forward grows by the kept ops
+    alone: 3.5 KB a token and block for gpt-oss at d 256, seen with torch's memory profiler)."""
+    return shape.experts.count * 4 + shape.experts.shared * _mlp_hidden(shape, shared_width(shape.experts), c)
 
 
 def every_other_mm_kept(shape: DecoderShape, c: Context) -> float:

@@ -5,7 +5,8 @@ fp32), ``mp``: the TP ranks, ``autocast``: the run casts to a lower precision.""
 
 from __future__ import annotations
 
-from compiler.planner.shape import DecoderShape
+from compiler.planner.shape import DecoderShape, window_of
+from models import default_chunk
 
 
 def engine_attention(shape: DecoderShape, *, a: int, mp: int) -> float:
@@ -42,3 +43,28 @@ def engine_latent_attention(shape: DecoderShape, *, a: int, mp: int, autocast: b
 
 def megatron_attention(shape: DecoderShape, *, a: int, mp: int) -> float:
     return (shape.q_width + 2 * shape.kv_width + shape.q_width) / mp * a + shape.heads / mp * 4
+
+
+# Score-sized tensors live at once inside the banded kernel (models/common/banded_attention.py): in its forward the
+# previous chunk's scores, exponentials and probabilities (s, e, p: freed only when the loop rebinds them) while the
+# next chunk's product and its masked copy are made; in its backward 4 beside the gradients it returns (p, dP, dS
+# and the previous chunk's). Counted with torch's memory profiler on the operator alone and inside the engine's step
+# (a 128-query chunk of 8 heads over 2,048-8,192 keys: 5.03 and 3.97-4.0 chunks).
+BANDED_FORWARD_SCORES = 5.0
+BANDED_BACKWARD_SCORES = 4.0
+
+
+def banded_scores_bytes(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int,
+                        backward: bool = False) -> float:
+    """The banded kernel's transient scores in one attention call of a block of ``kind`` (one TP shard), in its
+    forward or ``backward``: it runs where a layer slides or has sinks, in chunks of ``default_chunk`` queries, each
+    over the keys its queries see and in fp32 (B, H / mp, chunk, keys). A full layer's last chunk meets all T keys,
+    under CP too (the rank holding the sequence's last chunk attends over every key before it): its transient grows
+    with T, not T / cp. 0 for SDPA's layers."""
+    window = window_of(kind)
+    if not (shape.sinks or window):
+        return 0.0
+    chunk = default_chunk(window)
+    keys = shape.seq_len if window is None else min(shape.seq_len, chunk + window - 1)
+    live = BANDED_BACKWARD_SCORES if backward else BANDED_FORWARD_SCORES
+    return live * micro_batch_size * (shape.heads // mp) * chunk * keys * 4

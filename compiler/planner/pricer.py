@@ -139,7 +139,7 @@ class Pricer:
                       self.traits.selective_policy, loss_chunk_bytes(self.cluster.device.kind),
                       cp_halos=self.traits.cp_halos, moe_shards_need_sp=self.traits.moe_shards_need_sp,
                       fp8=c.fp8 is not None)
-        dense = experts = saved = recompute = transient = backward = copies = head_saved = 0.0
+        dense = experts = saved = recompute = transient = backward = forward = copies = head_saved = 0.0
         units = []  # (parameters, those gathered in FP8) of each FSDP unit
         gathers_fp8 = c.fp8 is not None and c.fp8_all_gather
         fp8_params, fp8_weights = 0.0, 0
@@ -149,7 +149,7 @@ class Pricer:
             m = block_memory(shape, kind, ctx)
             dense, experts = dense + n * p.dense, experts + n * p.experts
             saved, recompute, transient = saved + n * m.saved, max(recompute, m.recompute), max(transient, m.transient)
-            backward = max(backward, m.backward)
+            backward, forward = max(backward, m.backward), max(forward, m.forward)
             mats = _block_matrices(shape, c.mp) if mlp_kind(kind) == DENSE else {}
             copies += n * (sum(i * o for i, o in mats.values()) + (p.experts if mlp_kind(kind) == MOE else 0)) * a
             fp8 = float8_block_weights(shape, c.mp, kind=kind) if gathers_fp8 else NO_FP8_GATHER
@@ -180,6 +180,9 @@ class Pricer:
         if shape.tied and h.embedding and h.head:  # one copy of a tied weight on a rank holding both ends
             dense -= -(-shape.vocab_size // c.mp) * shape.d_model
         transient = max(transient, backward)  # the peak is in one phase: the head's backward or a block's
+        # or a block's forward (activations.py ``BlockMemory.forward``), before the head saves and, but under full
+        # checkpointing (its recompute runs the forward again), with no block recomputed
+        transient = max(transient, forward - head_saved - (recompute if c.ac != "full" else 0.0))
         buffers = self.cluster.device.tp_buffers_per_block if c.mp > 1 and c.ac != "full" else 0
         tokens = c.micro_batch_size * shape.seq_len / c.cp
         largest, largest_fp8 = max(units, key=lambda unit: unit[0])

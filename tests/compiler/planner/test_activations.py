@@ -10,6 +10,7 @@ import pytest
 
 from compiler.parallelize.cross_entropy import SAVED_BYTES_PER_TOKEN, chunk_rows
 from compiler.planner.activations import Context, block_memory, head_memory, mlp_backward_bytes
+from compiler.planner.attention_memory import banded_scores_bytes, engine_attention
 from compiler.planner.shape import DENSE, MOE, DecoderShape
 from models import named_config
 from models.spec import Experts
@@ -165,3 +166,19 @@ def test_the_peak_is_the_heads_backward_or_a_blocks_after_the_head_freed_its_ten
     layout = DataParallelLayout()
     assert rank_memory(load, schedule="1f1b", p=1, m=1, v=1, rank=0, dense=layout, experts=layout).activations == \
         pytest.approx(load.saved_bytes + load.recompute_bytes + load.transient_bytes)
+
+
+def test_the_engines_selective_checkpointing_keeps_a_moe_mlps_router_logits_and_prices_the_banded_forward():
+    """The engine's SAC keeps matrix products and attention; a mixture's experts run as one grouped product (no kept
+    op), so its MLP keeps only the router's fp32 logits and recomputes the rest; a full layer of gpt-oss's banded
+    kernel holds its scores in the block's forward (compiler/planner/attention_memory.py)."""
+    shape = DecoderShape.from_config(named_config("gpt-oss-debug", n_layers=2, d_model=256, n_heads=8, n_kv_heads=4,
+                                                  seq_len=4096))
+    full = shape.kinds()[1]
+    c = Context(micro_batch_size=1, ac="selective", chunked_loss=True, moe_shards_need_sp=True)
+    m, none = block_memory(shape, full, c), block_memory(shape, full, dataclasses.replace(c, ac="none"))
+    per_token = 2 * 256 * 4 + engine_attention(shape, a=4, mp=1) + shape.experts.count * 4
+    assert m.saved == pytest.approx(4096 * per_token + 2 * 4096 * shape.head_dim * 4)  # and RoPE's cos and sin
+    assert m.recompute == pytest.approx(none.saved - m.saved)
+    assert m.forward == none.forward == banded_scores_bytes(shape, full, micro_batch_size=1, mp=1) > 0
+    assert block_memory(shape, shape.kinds()[0], c).forward < m.forward / 100  # a window of 8: 23 keys a chunk
