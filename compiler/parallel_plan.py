@@ -3,9 +3,10 @@ config and the study alike.
 
 A plan is the mesh (dp x pp x cp x mp ranks; ep borrows its ranks from dp), the pipeline schedule, its
 stages per rank and the stage split, the micro-batching, the precision and FP8 recipe, activation checkpointing, how data
-parallelism holds the state (FSDP, ZeRO-3, replicate, HSDP) and in which dtype it reduces gradients, and
-sequence parallelism. Flags map onto its fields in one table (runtime/commands/flag_table.py); the planner's
-search builds plans (compiler/planner/), the engine validates and runs them (runtime/config.py).
+parallelism holds the state (FSDP, ZeRO-3, replicate, HSDP) and in which dtype it reduces gradients,
+sequence parallelism, and what context parallelism gathers for latent attention. Flags map onto its fields in one
+table (runtime/commands/flag_table.py); the planner's search builds plans (compiler/planner/), the engine validates
+and runs them (runtime/config.py).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class ParallelPlan:
     chunked_loss: bool = True  # the loss a chunk of tokens at a time (the engine's always is; plans at scale may not)
     fp8: str | None = None  # FP8 recipe of the linear and expert products (compiler/fp8 RECIPES); None: --precision's
     fp8_all_gather: bool = False  # FSDP all-gathers the FP8 linears' weights in FP8 (tensorwise, sharded data parallelism)
+    cp_gather: str = "auto"  # what CP gathers for latent attention: auto | latent | kv (compiler/context_gather.py)
 
     def __post_init__(self):
         object.__setattr__(self, "ac", AC(self.ac))  # accept the mode's name
@@ -105,6 +107,7 @@ class ParallelPlan:
         dp_mode += " +chunked loss" if self.chunked_loss else ""
         dp_mode += f" fp8={self.fp8}" if self.fp8 else ""
         dp_mode += " +fp8 all-gather" if self.fp8_all_gather else ""
+        dp_mode += f" cp-gather={self.cp_gather}" if self.cp_gather != "auto" else ""
         return (f"{self.mesh_text()} {self.schedule} v={self.stages_per_rank} m={self.microbatches} "
                 f"mbs={self.micro_batch_size} {self.precision}{ac}{dp_mode}")
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from compiler.context_gather import cp_gather_problem
 from compiler.fp8 import RECIPES
 from compiler.lora import BASE_DTYPES, LoraConfig, target_problem
 from compiler.parallel_plan import ParallelPlan, fp8_all_gather_problem
@@ -172,6 +173,7 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_window(cfg.model)
     _check_sequence_parallel(plan.sequence_parallel, cfg.model.seq_len, plan.mp)
     _check_context_parallel(plan, cfg.model.seq_len)
+    check_cp_gather(plan, cfg.model)
     _check_expert_parallel(plan, cfg.model)
     _check_data_parallel(plan)
     _check_pipeline(plan, cfg.model)
@@ -319,6 +321,14 @@ def _check_context_parallel(mesh: ParallelPlan, seq_len: int) -> None:
     if mesh.cp > 1 and mesh.sequence_parallel and (seq_len // mesh.cp) % mesh.mp:
         raise ConfigError(f"--sequence-parallel with --cp {mesh.cp} splits a rank's {seq_len // mesh.cp} tokens over "
                           f"--mp {mesh.mp}: --seq-len must be a multiple of {2 * mesh.cp * mesh.mp // math.gcd(2, mesh.mp)}")
+
+
+def check_cp_gather(plan: ParallelPlan, model: Any) -> None:
+    """--cp-gather latent: the model has latent attention and the run no FP8 (compiler/context_gather.py's rule)."""
+    problem = cp_gather_problem(plan.cp_gather, latent_attention=spec_of(model).latent_attention(model) is not None,
+                                fp8=plan.fp8 is not None)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _check_expert_parallel(mesh: ParallelPlan, model: Any) -> None:

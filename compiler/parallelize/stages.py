@@ -91,6 +91,7 @@ def build_local_stages(
     message_dtype: torch.dtype | None = None,
     lora: LoraConfig | None = None,
     fp8: Fp8Options | None = None,
+    cp_gather: str = "auto",
 ) -> LocalStages:
     """This rank's stages ``stage_indices`` (its schedule's placement, compiler/schedules.py) of ``cfg``'s
     model cut into len(blocks_per_stage) stages, each tensor-parallel over the mp mesh (blocks, and the
@@ -99,9 +100,9 @@ def build_local_stages(
     data-parallel, and filled from ``initial_value(model name, full shape)``. ``model_inputs``: the model takes
     tokens (1), with positions (2: a context-parallel slice of each sequence), and document ids (3: packed
     documents; runtime/engine/data/inputs.py). ``context_parallel``: the cp mesh; each rank holds 1/cp of every
-    sequence and attention gathers keys and values over it, or latent attention its latent where that is fewer values
-    (compiler/context_gather.py). Activations and their gradients cross stages in
-    ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype). ``lora``: LoRA adapters on the targeted
+    sequence and attention gathers keys and values over it, or latent attention its latent as ``cp_gather`` says
+    (the plan's: auto = where that is fewer values; compiler/context_gather.py). Activations and their gradients
+    cross stages in ``message_dtype`` (the autocast dtype; None: fp32, the traced dtype). ``lora``: LoRA adapters on the targeted
     modules, everything else frozen (compiler/parallelize/lora.py). ``fp8``: the linear and expert products
     in FP8 (compiler/parallelize/float8.py), swapped in before TP. With MTP depths the last stage returns
     (logits, hidden state) and holds ``mtp`` (runtime/engine/mtp_loss.py runs it)."""
@@ -110,7 +111,7 @@ def build_local_stages(
     spec = spec_of(cfg)
     tied = tied_weights(cfg)
     cp = context_parallel.size() if context_parallel is not None else 1
-    gathers = context_gather_of(cfg, mp=meshes.mp.size(), fp8=fp8 is not None).gathers
+    gathers = context_gather_of(cfg, mp=meshes.mp.size(), fp8=fp8 is not None, choice=cp_gather).gathers
     latent_gather = None
     if context_parallel is not None and gathers == LATENT:  # before tracing: the graph takes the gathered lengths
         def latent_gather(model: nn.Module) -> None:

@@ -109,6 +109,7 @@ class Context:
     cp_halos: bool = False  # sliding layers under CP hold halos, not the gathered sequence (engines.py ``cp_halos``)
     moe_shards_need_sp: bool = False  # a MoE layer under TP routes sequence shards only under SP (engines.py)
     fp8: bool = False  # an FP8 run: CP gathers keys and values, never a latent (compiler/context_gather.py)
+    cp_gather: str = "auto"  # what CP gathers for latent attention (the plan's --cp-gather)
 
     @property
     def a(self) -> int:
@@ -222,16 +223,15 @@ def block_memory(shape: DecoderShape, kind: str, c: Context) -> BlockMemory:
     rope_bytes = 4 if shape.qk_norm else a  # normed q and k come out of an fp32 weight in fp32: RoPE's cos/sin too
     rope = 2 * shape.seq_len / c.cp * rope_dim * rope_bytes if shape.positions == "rope" and c.layout == "engine" else 0
     saved += rope
-    # context parallelism: attention's backward keeps the sequence's gathered K and V (its prefix and diagonal
-    # keys are views of them), and the backward builds their gradients whole before reduce-scattering them;
-    # selective checkpointing keeps attention's outputs but gathers K and V again (the gather is no kept op:
-    # the copy is part of what the block recomputes), and the backward holds the gradient beside it; in this
-    # engine also the whole-size zero-filled gradient autograd's slice backward makes of each prefix /
-    # diagonal view's gradient (compiler/parallelize/context_parallel.py; seen with torch's memory profiler)
-    # (a sliding layer with halos holds only its chunks' keys and the W - 1 before each: compiler/parallelize/halo.py;
-    # multi-head latent attention gathering its latent, compiler/context_gather.py: the whole K and V its kv_b
-    # expands, and the gathered latent kv_b keeps for its weight's gradient)
-    gather = context_gather(shape.latent, kv_heads=shape.kv_heads, head_dim=shape.head_dim, mp=t, fp8=c.fp8)
+    # context parallelism: attention's backward keeps the sequence's gathered K and V (its prefix and diagonal keys are views of
+    # them), and the backward builds their gradients whole before reduce-scattering them; selective checkpointing keeps
+    # attention's outputs but gathers K and V again (the gather is no kept op: the copy is part of what the block recomputes), and
+    # the backward holds the gradient beside it; in this engine also the whole-size zero-filled gradient autograd's slice backward
+    # makes of each prefix / diagonal view's gradient (compiler/parallelize/context_parallel.py; seen with torch's memory
+    # profiler) (a sliding layer with halos holds only its chunks' keys and the W - 1 before each: compiler/parallelize/halo.py;
+    # multi-head latent attention gathering its latent, compiler/context_gather.py: the whole K and V its kv_b expands, and the
+    # gathered latent kv_b keeps for its weight's gradient)
+    gather = context_gather(shape.latent, kv_heads=shape.kv_heads, head_dim=shape.head_dim, mp=t, fp8=c.fp8, choice=c.cp_gather)
     latent = gather.values_per_token * shape.seq_len if gather.gathers == LATENT else 0
     gathered_kv = ((2 * shape.kv_width / t * _kv_positions_held(shape, kind, c) + latent) * c.micro_batch_size * a
                    if c.cp > 1 else 0.0)

@@ -70,6 +70,9 @@ class Constraints:
     # --fp8-all-gather's choices: held on or off by the flag, else either where the engine runs it (tensorwise FP8,
     # sharded data parallelism): it leaves the products' numbers as they are, so it is the search's like a DP mode.
     fp8_all_gather: tuple[bool, ...] = (False, True)
+    # --cp-gather's choices (compiler/context_gather.py): held by the flag, else (None) latent and kv both priced
+    # where the model has latent attention, cp > 1 and no FP8 (auto elsewhere): fewer values is not always faster.
+    cp_gather: tuple[str, ...] | None = None
     max_mp: int | None = None  # default: a node's devices
     max_cp: int | None = None  # default: compiler/planner/search.py ``default_max_cp``
     max_ep: int | None = None
@@ -82,7 +85,7 @@ class Constraints:
     def admits(self, c: ParallelPlan) -> bool:
         if self.schedule is not None and c.schedule not in self.schedules() or c.fp8 not in self.fp8:
             return False
-        if c.fp8_all_gather not in self.fp8_all_gather:
+        if c.fp8_all_gather not in self.fp8_all_gather or self.cp_gather is not None and c.cp_gather not in self.cp_gather:
             return False
         return all(want is None or want == got for want, got in (
             (self.dp, c.dp), (self.pp, c.pp), (self.mp, c.mp), (self.cp, c.cp), (self.ep, c.ep),
@@ -93,5 +96,5 @@ class Constraints:
     def fixes_layout(self) -> bool:
         """The user named a layout to price (any of the plan's own fields)."""
         names = {f.name for f in fields(self)} - {"max_mp", "max_cp", "max_ep", "headroom", "ac_modes", "fp8",
-                                                 "fp8_all_gather"}
+                                                 "fp8_all_gather", "cp_gather"}
         return any(getattr(self, n) is not None for n in names)

@@ -91,6 +91,7 @@ class Setup:
     dp: int = 1
     pp: int = 1
     fp8: str | None = None  # the FP8 recipe of the linear and expert products (compiler/fp8 RECIPES), or none
+    cp_gather: str = "auto"  # what CP gathers for latent attention (ParallelPlan.cp_gather, compiler/context_gather.py)
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,8 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
     out = {}
     for kind in {*shape.kinds(), *shape.mtp_kinds()}:
         work = block_work(shape, kind, micro_batch_size=s.micro_batch_size, mp=s.mp, cp=s.cp, ep=s.ep,
-                          precision=s.precision, sequence_parallel=s.sequence_parallel, traits=traits, fp8=s.fp8)
+                          precision=s.precision, sequence_parallel=s.sequence_parallel, traits=traits, fp8=s.fp8,
+                          cp_gather=s.cp_gather)
         compute = device.compute(work, s.precision, linear_peak=linear_peak, ranks_on_node=ranks_on_node)
         if full:
             compute = ComputeSeconds(compute.forward, compute.backward + compute.forward, compute.memory_bound_forward)
@@ -179,7 +181,7 @@ def layer_table(shape: DecoderShape, cluster: Cluster, traits: EngineTraits, s: 
             tp = max(0.0, tp - (compute.forward + compute.backward - 3 * compute.memory_bound_forward))
         cp_link = topology.group_link(s.cp, strides["cp"])
         gathered = context_gather(shape.latent, kv_heads=shape.kv_heads, head_dim=shape.head_dim, mp=s.mp,
-                                  fp8=bool(s.fp8))
+                                  fp8=bool(s.fp8), choice=s.cp_gather)
         if gathered.gathers == LATENT and s.cp > 1:
             kv_time = all_gather_time(gathered.gathered_bytes(micro_batch_size=s.micro_batch_size,
                                                               seq_len=shape.seq_len, itemsize=a), s.cp, cp_link)

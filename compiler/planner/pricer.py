@@ -65,7 +65,7 @@ class Estimate:
                 "stages_per_rank": c.stages_per_rank, "micro_batch_size": c.micro_batch_size,
                 "activation_checkpointing": c.ac, "sequence_parallel": c.sequence_parallel,
                 "chunked_loss": c.chunked_loss, "dp_mode": c.dp_mode, "precision": c.precision, "fp8": c.fp8,
-                "fp8_all_gather": c.fp8_all_gather,
+                "fp8_all_gather": c.fp8_all_gather, "cp_gather": c.cp_gather,
                 "step_time_s": self.step_time, "model_tflops_per_gpu": self.model_tflops_per_gpu,
                 "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu, "mfu": self.mfu,
                 "memory_gib_per_gpu": (self.memory_per_rank or 0) / 2**30, "fits": self.fits,
@@ -121,12 +121,13 @@ class Pricer:
         return self._tables[s]
 
     def setup(self, c: ParallelPlan) -> Setup:
-        return Setup(c.micro_batch_size, c.precision, c.mp, c.cp, c.ep, c.sequence_parallel, c.ac, c.dp, c.pp, c.fp8)
+        return Setup(c.micro_batch_size, c.precision, c.mp, c.cp, c.ep, c.sequence_parallel, c.ac, c.dp, c.pp, c.fp8,
+                     c.cp_gather)
 
     def _load(self, c: ParallelPlan, h: Holding) -> RankLoad:
         fsdp = DataParallelGroups.of(c).dense_shard > 1
         key = (h, c.micro_batch_size, c.precision, c.mp, c.cp, c.ep, c.sequence_parallel, c.ac, c.chunked_loss, fsdp,
-               c.fp8, c.fp8_all_gather)
+               c.fp8, c.fp8_all_gather, c.cp_gather)
         if key not in self._loads:
             self._loads[key] = self._rank_load(c, h, fsdp)
         return self._loads[key]
@@ -138,7 +139,7 @@ class Pricer:
                       self.traits.activations, residual, c.chunked_loss, self.cluster.device.kind == "cpu",
                       self.traits.selective_policy, loss_chunk_bytes(self.cluster.device.kind),
                       cp_halos=self.traits.cp_halos, moe_shards_need_sp=self.traits.moe_shards_need_sp,
-                      fp8=c.fp8 is not None)
+                      fp8=c.fp8 is not None, cp_gather=c.cp_gather)
         dense = experts = saved = recompute = transient = backward = forward = copies = head_saved = 0.0
         units = []  # (parameters, those gathered in FP8) of each FSDP unit
         gathers_fp8 = c.fp8 is not None and c.fp8_all_gather

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
+from compiler.context_gather import AUTO, KV, LATENT, cp_gather_problem
 from compiler.lora import LoraConfig
 from compiler.parallel_plan import AC, ParallelPlan, dp_mode_name, fp8_all_gather_problem
 from compiler.planner.candidates import Constraints, dp_modes, mesh_misfit, mesh_shapes
@@ -126,16 +127,34 @@ def _gathering_modes(modes: list[tuple[int | None, bool]], gathers: tuple[bool, 
                                                                  fp8_all_gather=True)) is None]
 
 
+def cp_gather_choices(held: tuple[str, ...] | None, shape: DecoderShape, *, cp: int, fp8: str | None) -> tuple[str, ...]:
+    """What CP may gather in a group (ParallelPlan.cp_gather): the ``held`` choices the engine runs
+    (compiler/context_gather.py ``cp_gather_problem``); unheld, latent and kv both where there is a choice (latent
+    attention, cp > 1, no FP8), else auto (one path only)."""
+    if held is not None:
+        return tuple(g for g in held if cp_gather_problem(g, latent_attention=shape.latent is not None,
+                                                          fp8=fp8 is not None) is None)
+    return (LATENT, KV) if shape.latent is not None and cp > 1 and fp8 is None else (AUTO,)
+
+
+def cp_gather_error(held: tuple[str, ...] | None, shape: DecoderShape, recipes: tuple[str | None, ...]) -> str | None:
+    """Why no plan can gather what ``held`` says (--cp-gather latent on a model without latent attention, or with
+    every FP8 recipe asked for), or None."""
+    if held is None or any(cp_gather_choices(held, shape, cp=2, fp8=fp8) for fp8 in recipes):
+        return None
+    return cp_gather_problem(held[0], latent_attention=shape.latent is not None, fp8=True)
+
+
 def _plans(dp: int, pp: int, mp: int, schedule: str, v: int, modes: list[tuple[int | None, bool, bool]],
            chunks: tuple[bool, ...], *, m: int, mbs: int, precision: str, ac: str, sp: bool, cp: int,
-           ep: int, fp8: str | None = None) -> list[ParallelPlan]:
+           ep: int, fp8: str | None = None, cp_gather: str = AUTO) -> list[ParallelPlan]:
     """A group's plans of one schedule: one per DP mode (with or without --fp8-all-gather) and loss. Built only when
     the search prices that group (most are pruned by their bound; building millions of plans took most of a large
     search's time)."""
     ac = AC(ac)
     return [ParallelPlan(dp=dp, pp=pp, mp=mp, cp=cp, ep=ep, schedule=schedule, stages_per_rank=v, microbatches=m,
                          micro_batch_size=mbs, precision=precision, ac=ac, dp_shard=shard, reshard_after_forward=zero3,
-                         sequence_parallel=sp, chunked_loss=chunked, fp8=fp8, fp8_all_gather=gather)
+                         sequence_parallel=sp, chunked_loss=chunked, fp8=fp8, fp8_all_gather=gather, cp_gather=cp_gather)
             for shard, zero3, gather in modes for chunked in chunks]
 
 
@@ -167,7 +186,7 @@ def _expert_choices(shape: DecoderShape, dp: int, cp: int, mp: int, max_ep: int 
 
 def _groups(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: Cluster, precisions: tuple[str, ...],
             constraints: Constraints, infeasible: Counter):
-    """(dp, pp, mp, cp, ep, micro-batch, AC, precision, SP, FP8 recipe) groups the constraints admit."""
+    """(dp, pp, mp, cp, ep, micro-batch, AC, precision, SP, FP8 recipe, CP gather) groups the constraints admit."""
     max_mp = constraints.max_mp or (cluster.devices_per_node if cluster.is_gpu else world)
     max_cp = constraints.max_cp or (default_max_cp(shape) if cluster.is_gpu else 1)
     for dp, pp, mp, cp in mesh_shapes(world, max_cp=max(max_cp, constraints.cp or 1)):
@@ -190,7 +209,8 @@ def _groups(shape: DecoderShape, *, world: int, global_batch_size: int, cluster:
                                     (c.ep, ep), (c.micro_batch_size, mbs), (c.ac, ac), (c.precision, precision),
                                     (c.sequence_parallel, sp))):
                                 for fp8 in c.fp8:
-                                    yield dp, pp, mp, cp, ep, mbs, ac, precision, sp, fp8
+                                    for gather in cp_gather_choices(c.cp_gather, shape, cp=cp, fp8=fp8):
+                                        yield dp, pp, mp, cp, ep, mbs, ac, precision, sp, fp8, gather
 
 
 def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: Cluster,
@@ -208,10 +228,10 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
     infeasible: Counter = Counter()
     groups = []
     considered = 0
-    error = fp8_error(constraints.fp8, cluster)
+    error = fp8_error(constraints.fp8, cluster) or cp_gather_error(constraints.cp_gather, shape, constraints.fp8)
     if error:
         raise ValueError(error)
-    for dp, pp, mp, cp, ep, mbs, ac, precision, sp, fp8 in _groups(
+    for dp, pp, mp, cp, ep, mbs, ac, precision, sp, fp8, cp_gather in _groups(
             shape, world=world, global_batch_size=global_batch_size, cluster=cluster, precisions=precisions,
             constraints=constraints, infeasible=infeasible):
         m = global_batch_size // dp // mbs
@@ -221,7 +241,8 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
                                   if constraints.dp_mode in (None, dp_mode_name(dp, cp, shard, zero3))],
                                  constraints.fp8_all_gather, dp=dp, cp=cp, fp8=fp8)
         wanted = constraints.schedules()
-        plan_of = partial(_plans, dp, pp, mp, m=m, mbs=mbs, precision=precision, ac=ac, sp=sp, cp=cp, ep=ep, fp8=fp8)
+        plan_of = partial(_plans, dp, pp, mp, m=m, mbs=mbs, precision=precision, ac=ac, sp=sp, cp=cp, ep=ep, fp8=fp8,
+                          cp_gather=cp_gather)
         by_schedule = [(partial(plan_of, name, v, modes[:1], chunks[:1]), partial(plan_of, name, v, modes, chunks))
                        for name, v in schedule_choices(pp, shape.layers + traits.extra_stages)
                        if modes and (wanted is None or name in wanted)

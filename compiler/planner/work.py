@@ -81,13 +81,13 @@ def quantize_bytes(gemms: list[Gemm], recipe: str, itemsize: int) -> tuple[float
 
 
 def block_work(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int, cp: int, ep: int, precision: str,
-               sequence_parallel: bool, traits: EngineTraits, fp8: str | None = None) -> LayerWork:
+               sequence_parallel: bool, traits: EngineTraits, fp8: str | None = None, cp_gather: str = "auto") -> LayerWork:
     b, t = micro_batch_size, mp
     a = PRECISIONS[precision].dtype.itemsize
     rows = b * shape.seq_len / cp
     # CP gathering a latent: kv_b expands, and its keys and values are reshaped, over the whole sequence
     whole = cp > 1 and context_gather(shape.latent, kv_heads=shape.kv_heads, head_dim=shape.head_dim, mp=t,
-                                      fp8=fp8 is not None).gathers == LATENT
+                                      fp8=fp8 is not None, choice=cp_gather).gathers == LATENT
     gemms = [Gemm(rows * cp if whole and name == "kv_b" else rows, out, inp)
              for name, (inp, out) in attention_matrices(shape, t).items()]
     batched, flash, scores, attention_counted = _attention(shape, kind, b=b, rows=rows, t=t, cp=cp, traits=traits)

@@ -12,9 +12,9 @@ from compiler.planner.cluster import resolve_cluster
 from compiler.planner.precision_probe import check_calibration
 from compiler.planner.search import Estimate
 from compiler.precisions import PRECISIONS
-from runtime.commands.flag_table import fp8_choices
+from runtime.commands.flag_table import FP8_ANY, fp8_choices
 from runtime.commands.flags import AUTO_CHOSEN, build_config, explicit_flags, with_default_logdir
-from runtime.config import ConfigError, TrainConfig, check_fp8_all_gather, plan_checker
+from runtime.config import ConfigError, TrainConfig, check_cp_gather, check_fp8_all_gather, plan_checker
 from runtime.config import validate as validate_config
 
 
@@ -24,7 +24,8 @@ def auto_config(args: argparse.Namespace, argv: list[str], *, world: int) -> tup
 
     Mesh, schedule, virtual stages, micro-batching and activation checkpointing are chosen; the precision too
     unless --precision is given; an FP8 recipe only under --fp8 any (--fp8 X is held); --fp8-all-gather under
-    tensorwise FP8 with sharded data parallelism (held on when given). The global batch is
+    tensorwise FP8 with sharded data parallelism (held on when given); --cp-gather latent or kv for latent
+    attention under context parallelism without FP8 (held when given). The global batch is
     --global-batch-size, else 32. One planner for every device: on a CUDA machine the plan is priced on its GPU's
     preset, on CPU with this machine's calibration (in fp32 only when the calibration is of another CPU,
     compiler/planner/precision_probe.py).
@@ -60,6 +61,9 @@ def auto_config(args: argparse.Namespace, argv: list[str], *, world: int) -> tup
     if "--fp8-all-gather" in given:  # held on (train's check, at the most data parallelism --auto could choose)
         check_fp8_all_gather(ParallelPlan(dp=max(1, world // args.cp), cp=args.cp, fp8=args.fp8, fp8_all_gather=True))
         held["fp8_all_gather"] = (True,)  # else the planner gathers in FP8 where it may (tensorwise, sharded)
+    if "--cp-gather" in given:  # held (train's check; --fp8 any may plan no FP8); else the planner prices both
+        check_cp_gather(dataclasses.replace(base.plan, fp8=None if args.fp8 == FP8_ANY else args.fp8), base.model)
+        held["cp_gather"] = (args.cp_gather,)
     try:
         best = best_plan(base.model, world=world, global_batch_size=gbs, cluster=cluster, precisions=precisions,
                          validate=plan_checker(base), held=held, lora=base.lora)

@@ -47,7 +47,7 @@ def command_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 def add_mesh_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("mesh (dp x pp x cp x mp must equal the number of processes)")
-    add_plan_flags(g, ("dp", "pp", "mp", "cp", "ep"))
+    add_plan_flags(g, ("dp", "pp", "mp", "cp", "cp_gather", "ep"))
     g.add_argument("--device", choices=DEVICE_CHOICES, default="auto",
                    help="where the ranks compute: cuda (one GPU per rank, NCCL), cpu (gloo, also on a GPU machine), "
                         "auto = the accelerator when there is one, else the CPU")

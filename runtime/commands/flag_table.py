@@ -11,6 +11,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from compiler.context_gather import CP_GATHERS
 from compiler.fp8 import RECIPES
 from compiler.parallel_plan import AC, AC_MODES, DEFAULT_SCHEDULE, ParallelPlan
 from compiler.precisions import PRECISIONS
@@ -42,6 +43,12 @@ PLAN_FLAGS: tuple[PlanFlag, ...] = (
     PlanFlag("mp", "--mp", 1, "model (tensor) parallel degree"),
     PlanFlag("cp", "--cp", 1, "context-parallel degree: each sequence is split over N ranks (2N load-balanced chunks, "
              "rank c keeping chunks c and 2N-1-c; attention all-gathers keys and values); dp x pp x cp x mp ranks"),
+    PlanFlag("cp_gather", "--cp-gather", "auto", "what --cp gathers for multi-head latent attention (DeepSeek-V2/V3): "
+             "latent = its normalised latent and RoPE key (r + rope values a token), each rank expanding the whole "
+             "sequence through its kv_b; kv = the keys and values (H/mp (qk + v) values a token); auto = the latent "
+             "where it is fewer values and the run is not FP8 (compiler/context_gather.py). latent needs latent "
+             "attention and no --fp8; --auto and run.py plan price both unless this flag holds one",
+             type=None, choices=CP_GATHERS),
     PlanFlag("ep", "--ep", 1, "expert-parallel degree for mixture-of-experts models, borrowed from --dp: groups of N "
              "replicas each hold 1/N of every MoE layer's experts and exchange tokens all-to-all (N divides --dp and "
              "the expert count)"),
@@ -118,9 +125,10 @@ def fp8_choices(flag: str | None) -> tuple[str | None, ...]:
 
 def plan_flags(plan: ParallelPlan) -> list[str]:
     """run.py flags that train exactly ``plan`` (model flags are the caller's). A field at the value the engine
-    takes without its flag is left out (cp, ep at 1, DP mode FSDP, reduce in fp32, the automatic split, no FP8)."""
+    takes without its flag is left out (cp, ep at 1, DP mode FSDP, reduce in fp32, the automatic split, no FP8, the
+    size rule's CP gather)."""
     implied = {"cp": 1, "ep": 1, "dp_shard": None, "reduce_dtype": "fp32", "split": "auto", "ac": AC.NONE, "fp8": None,
-               "fp8_all_gather": False}
+               "fp8_all_gather": False, "cp_gather": "auto"}
     out: list[str] = []
     for f in PLAN_FLAGS:
         value = getattr(plan, f.field)

@@ -331,4 +331,4 @@ def plan_from_args(args: argparse.Namespace, *, precision: str) -> ParallelPlan:
                         dp_shard=None if args.dp_shard in (None, args.dp) else args.dp_shard,
                         reshard_after_forward=args.reshard_after_forward, reduce_dtype=args.reduce_dtype,
                         sequence_parallel=args.sequence_parallel, split=args.split, fp8=args.fp8,
-                        fp8_all_gather=args.fp8_all_gather)
+                        fp8_all_gather=args.fp8_all_gather, cp_gather=args.cp_gather)

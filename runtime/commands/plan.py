@@ -106,7 +106,8 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
     precisions = precisions_of(args, cluster)
     traits = dataclasses.replace(THIS_ENGINE, grad_reduce_bytes=4 if args.reduce_dtype == "fp32" else 2)
     validate_plan = None
-    searched = {"headroom": given.headroom, "max_mp": given.max_mp, "fp8": given.fp8, "fp8_all_gather": given.fp8_all_gather}
+    searched = {"headroom": given.headroom, "max_mp": given.max_mp, "fp8": given.fp8, "fp8_all_gather": given.fp8_all_gather,
+                "cp_gather": given.cp_gather}
     limits = Constraints(max_cp=given.max_cp, max_ep=given.max_ep, **searched)
     if cluster.is_gpu:
         shape = shape_from_args(args)

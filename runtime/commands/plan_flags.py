@@ -35,7 +35,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="multi-token-prediction depths on the last stage (a block, a projection and the head each), "
                         "priced as given, never searched")
     g = p.add_argument_group("a plan to price (what is left open is searched and printed)")
-    add_plan_flags(g, ("dp", "pp", "mp", "cp", "ep", "micro_batch_size", "schedule", "stages_per_rank", "ac",
+    add_plan_flags(g, ("dp", "pp", "mp", "cp", "cp_gather", "ep", "micro_batch_size", "schedule", "stages_per_rank", "ac",
                        "sequence_parallel", "fp8", "fp8_all_gather"), searched=True)
     g.add_argument("--no-activation-checkpointing", dest="ac", action="store_const", const="none",
                    help="hold activation checkpointing off")
@@ -117,7 +117,8 @@ def constraints_from_args(args: argparse.Namespace, world: int) -> Constraints:
                        sequence_parallel=args.sequence_parallel, chunked_loss=args.chunked_loss,
                        max_mp=args.max_mp, max_cp=args.max_cp, max_ep=args.max_ep, headroom=args.headroom,
                        fp8=fp8_choices(args.fp8),
-                       fp8_all_gather=(False, True) if args.fp8_all_gather is None else (args.fp8_all_gather,))
+                       fp8_all_gather=(False, True) if args.fp8_all_gather is None else (args.fp8_all_gather,),
+                       cp_gather=None if args.cp_gather is None else (args.cp_gather,))
 
 
 def _loosest_layout(args: argparse.Namespace, world: int) -> ParallelPlan:

@@ -140,7 +140,8 @@ def build_engine(cfg: TrainConfig, *, env: LaunchEnv, device: torch.device, init
                                           reduce_dtype=reduce_dtype(plan.reduce_dtype)),
         initial_value=initial_value, compile_blocks=cfg.compile_blocks, sequence_parallel=plan.sequence_parallel,
         model_inputs=model_input_count(document_mask=cfg.data.document_mask, cp=plan.cp),
-        context_parallel=mesh["cp"] if plan.cp > 1 else None, message_dtype=dtype, lora=cfg.lora, fp8=fp8)
+        context_parallel=mesh["cp"] if plan.cp > 1 else None, message_dtype=dtype, lora=cfg.lora, fp8=fp8,
+        cp_gather=plan.cp_gather)
     tied = _tied_weights(cfg, stages, mesh, pp_rank, stage_plan.n_stages)
     replicated = (_replicated_gradients(cfg, stages, data_parallel_mesh(mesh, layout, timeout=timeout), tied)
                   if layout.replicated else None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from compiler.context_gather import KV, LATENT, context_gather, context_gather_of
+from compiler.context_gather import KV, LATENT, context_gather, context_gather_of, cp_gather_problem
 from models import named_config
 from models.spec import LatentSizes
 
@@ -44,3 +44,27 @@ def test_fp8_runs_gather_keys_and_values_whose_gradients_are_whole_before_kv_b_q
     gather = context_gather(V3, kv_heads=128, head_dim=192, mp=8, fp8=True)
     assert (gather.gathers, gather.values_per_token) == (KV, 16 * 320)
     assert context_gather_of(named_config("deepseek-v3-debug"), mp=1, fp8=True).gathers == KV
+
+
+@pytest.mark.parametrize(("choice", "mp", "gathers", "values"), [
+    ("auto", 1, LATENT, 576), ("auto", 128, KV, 320),  # the size rule
+    ("kv", 1, KV, 40_960),  # keys and values though the latent is 71x fewer values (a CPU's gloo: faster)
+    ("latent", 128, LATENT, 576),  # the latent though the keys and values are fewer
+])
+def test_a_plan_s_choice_overrides_the_size_rule(choice, mp, gathers, values):
+    gather = context_gather(V3, kv_heads=128, head_dim=192, mp=mp, choice=choice)
+    assert (gather.gathers, gather.values_per_token, gather.kv_values_per_token) == (gathers, values, 128 // mp * 320)
+    assert context_gather_of(named_config("deepseek-v3-debug"), mp=1, choice=choice).gathers == (
+        gathers if choice != "auto" else LATENT)
+
+
+def test_keys_and_values_are_gathered_for_any_attention_and_the_latent_only_for_latent_attention_without_fp8():
+    assert context_gather_of(named_config("llama3-debug"), mp=1, choice=KV).gathers == KV
+    assert context_gather(V3, kv_heads=128, head_dim=192, mp=1, fp8=True, choice=KV).gathers == KV
+    assert cp_gather_problem(LATENT, latent_attention=True, fp8=False) is None
+    with pytest.raises(ValueError, match="^--cp-gather latent needs multi-head latent attention"):
+        context_gather_of(named_config("llama3-debug"), mp=1, choice=LATENT)
+    with pytest.raises(ValueError, match="^--cp-gather latent cannot run with --fp8"):
+        context_gather(V3, kv_heads=128, head_dim=192, mp=1, fp8=True, choice=LATENT)
+    with pytest.raises(ValueError, match="^--cp-gather must be one of auto, latent, kv, got keys$"):
+        context_gather(V3, kv_heads=128, head_dim=192, mp=1, choice="keys")

@@ -177,7 +177,7 @@ def test_plan_json_and_a_priced_plan(tmp_path, run_main):
     data = json.loads(out.read_text())
     assert {"best", "priced", "considered", "binding", "advice"} <= set(data) and data["considered"] > 0
     keys = {"dp", "pp", "mp", "cp", "ep", "schedule", "stages_per_rank", "micro_batch_size", "activation_checkpointing",
-            "sequence_parallel", "chunked_loss", "dp_mode", "precision", "fp8", "fp8_all_gather", "step_time_s",
+            "sequence_parallel", "chunked_loss", "dp_mode", "precision", "fp8", "fp8_all_gather", "cp_gather", "step_time_s",
             "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "memory_gib_per_gpu", "fits", "breakdown"}
     assert set(data["best"]) == set(data["priced"]) == keys
     priced, best = data["priced"], data["best"]
