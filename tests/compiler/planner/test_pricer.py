@@ -19,6 +19,7 @@ GPT_OSS = ["--model", "gpt-oss-debug", "--layers", "4", "--d-model", "256", "--h
 # with every chunk over all its keys at once (415,909,416 and 827,251,224 bytes at T 16,384 and 32,768).
 MEASURED = [  # (cp, T, checkpointing, bytes)
     (1, 16384, "selective", 589337660),
+    (1, 30720, "selective", 1094997052),
     (2, 8192, "selective", 161556988),
     (2, 16384, "selective", 309340652),
     (4, 8192, "selective", 85667436),
