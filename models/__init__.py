@@ -14,7 +14,13 @@ from torch import nn
 
 from models import deepseek_v3, gpt2, gpt_oss, llama3, mixtral, qwen3, qwen3_moe
 from models.common.attention_core import CausalAttention, SinkAttention, any_length_kernels, document_runs
-from models.common.banded_attention import BANDED_ATTENTION_FLOPS, banded_attention, default_chunk, visible_keys
+from models.common.banded_attention import (
+    BANDED_ATTENTION_FLOPS,
+    KEY_BLOCK,
+    banded_attention,
+    default_chunk,
+    visible_keys,
+)
 from models.common.grouped_mm import GROUPED_MM_FLOPS, grouped_mm
 from models.common.latent_attention import LatentKeys
 from models.common.load_balance import BalanceLoss, update_expert_bias
@@ -146,9 +152,9 @@ def flops_per_token(cfg: Any) -> float:
 
 
 __all__ = ["BANDED_ATTENTION_FLOPS", "BalanceLoss", "CausalAttention", "FAMILIES", "GROUPED_MM_FLOPS", "GroupedExperts",
-           "KVCache", "LatentKeys", "MODEL_NAMES", "MTP", "MTP_EMBEDDING", "MTP_HF_COPIES", "MoE", "ModelSpec", "SinkAttention",
-           "activated_parameter_count", "any_length_kernels", "banded_attention", "build_model", "config_from_dict",
-           "config_to_dict", "default_chunk", "document_runs", "experts_swiglu", "flops_per_token", "generate", "grouped_mm",
-           "init_weights", "mixture_of_experts_families", "moe_layer_names", "mtp_block_names", "mtp_depth",
-           "mtp_hf_prefix", "mtp_model_plan", "named_config", "parameter_count", "parameter_shapes", "spec_of",
+           "KEY_BLOCK", "KVCache", "LatentKeys", "MODEL_NAMES", "MTP", "MTP_EMBEDDING", "MTP_HF_COPIES", "MoE", "ModelSpec",
+           "SinkAttention", "activated_parameter_count", "any_length_kernels", "banded_attention", "build_model",
+           "config_from_dict", "config_to_dict", "default_chunk", "document_runs", "experts_swiglu", "flops_per_token",
+           "generate", "grouped_mm", "init_weights", "mixture_of_experts_families", "moe_layer_names", "mtp_block_names",
+           "mtp_depth", "mtp_hf_prefix", "mtp_model_plan", "named_config", "parameter_count", "parameter_shapes", "spec_of",
            "tied_weights", "update_expert_bias", "visible_keys", "with_window", "without_mtp"]

@@ -6,7 +6,7 @@ fp32), ``mp``: the TP ranks, ``autocast``: the run casts to a lower precision.""
 from __future__ import annotations
 
 from compiler.planner.shape import DecoderShape, window_of
-from models import default_chunk
+from models import KEY_BLOCK, default_chunk
 
 
 def engine_attention(shape: DecoderShape, *, a: int, mp: int) -> float:
@@ -45,26 +45,33 @@ def megatron_attention(shape: DecoderShape, *, a: int, mp: int) -> float:
     return (shape.q_width + 2 * shape.kv_width + shape.q_width) / mp * a + shape.heads / mp * 4
 
 
-# Score-sized tensors live at once inside the banded kernel (models/common/banded_attention.py): in its forward the
-# previous chunk's scores, exponentials and probabilities (s, e, p: freed only when the loop rebinds them) while the
-# next chunk's product and its masked copy are made; in its backward 4 beside the gradients it returns (p, dP, dS
-# and the previous chunk's). Counted with torch's memory profiler on the operator alone and inside the engine's step
-# (a 128-query chunk of 8 heads over 2,048-8,192 keys: 5.03 and 3.97-4.0 chunks).
-BANDED_FORWARD_SCORES = 5.0
-BANDED_BACKWARD_SCORES = 4.0
+# What the banded kernel (models/common/banded_attention.py) holds at once, per batch row and head, in units of its
+# fp32 scores (chunk x keys) and of its key-sized tensors (keys x head_dim), keys = min(keys seen, KEY_BLOCK): a
+# chunk whose keys fit one block makes its scores and their copy with the sink's column; one over several blocks
+# (its online softmax) a block's scores beside the block's keys expanded over the query heads of a group; its
+# backward p and dP beside per-head products of the block's keys (the expanded k and v, dK and dV before their sum
+# over a group). Counted with torch's memory profiler on the operator (128-query chunks of 8 heads over 4 KV heads,
+# head_dim 16-128: 2.0 / 1.0 + 1.375 / 2.0 + 3.125 within 1%).
+BANDED_ONE_BLOCK_FORWARD = (2.0, 0.0)  # (scores, key-sized)
+BANDED_KEY_BLOCKS_FORWARD = (1.0, 1.375)
+BANDED_BACKWARD = (2.0, 3.125)
 
 
 def banded_scores_bytes(shape: DecoderShape, kind: str, *, micro_batch_size: int, mp: int,
                         backward: bool = False) -> float:
-    """The banded kernel's transient scores in one attention call of a block of ``kind`` (one TP shard), in its
-    forward or ``backward``: it runs where a layer slides or has sinks, in chunks of ``default_chunk`` queries, each
-    over the keys its queries see and in fp32 (B, H / mp, chunk, keys). A full layer's last chunk meets all T keys,
-    under CP too (the rank holding the sequence's last chunk attends over every key before it): its transient grows
-    with T, not T / cp. 0 for SDPA's layers."""
+    """The banded kernel's transient in one attention call of a block of ``kind`` (one TP shard), in its forward or
+    ``backward``: it runs where a layer slides or has sinks, in chunks of ``default_chunk`` queries, each over the keys
+    its queries see in blocks of at most ``KEY_BLOCK`` (fp32, B x H / mp x (chunk, block)). A full layer's last chunk
+    meets all T keys, under CP too, but one block at a time: past ``KEY_BLOCK`` keys the transient no longer grows
+    with T. 0 for SDPA's layers."""
     window = window_of(kind)
     if not (shape.sinks or window):
         return 0.0
     chunk = default_chunk(window)
-    keys = shape.seq_len if window is None else min(shape.seq_len, chunk + window - 1)
-    live = BANDED_BACKWARD_SCORES if backward else BANDED_FORWARD_SCORES
-    return live * micro_batch_size * (shape.heads // mp) * chunk * keys * 4
+    seen = shape.seq_len if window is None else min(shape.seq_len, chunk + window - 1)
+    keys = min(seen, KEY_BLOCK)
+    if backward:
+        scores, keyed = BANDED_BACKWARD
+    else:
+        scores, keyed = BANDED_ONE_BLOCK_FORWARD if seen <= KEY_BLOCK else BANDED_KEY_BLOCKS_FORWARD
+    return (scores * chunk + keyed * shape.head_dim) * keys * micro_batch_size * (shape.heads // mp) * 4

@@ -17,11 +17,18 @@ does. The operator returns ``(out, lse')``.
 **No T x T tensor**: queries run in chunks of ``chunk``; chunk [c0, c1) meets only the keys some of its queries see,
 ``visible_keys`` (the one place that computes a query range's key range: the model's core, context parallelism and
 the KV cache all call it), so a sliding layer computes T x (window + chunk - 1) scores (chunks of half the window:
-about 1.5 T window), never T x T, and each chunk's scores live only while it runs. The backward recomputes them
-from (out, lse'), as FlashAttention's does (Dao et al. 2022, alg. 2): with D_i = dout_i . out_i,
-ds = p (dp - D + dlse'), dq = ds k / sqrt(hd), dk = ds^T q / sqrt(hd), dv = p^T dout, and for each query's sink
-d sink_i = p_sink,i (dlse'_i - D_i) (p_sink = exp(sink - lse')). Scores and softmax run in fp32 (fp64 for fp64
-inputs) whatever the inputs' dtype; outputs come back in q's dtype (lse' in that compute dtype).
+about 1.5 T window), never T x T. Within a chunk the keys are walked in blocks of at most ``KEY_BLOCK`` with an online
+softmax, as FlashAttention does (Dao et al. 2022, alg. 1): a running max m, sum l and output acc per query, the sink
+one more softmax column entered once, as the start (m = sink, l = 1, acc = 0; lse' = m + log l, out = acc / l). So
+what a chunk holds at once is (B, H, chunk, min(keys, ``KEY_BLOCK``)) scores, whatever T: a full layer's last chunk
+under context parallelism (every rank's queries meet up to all T gathered keys) too. A chunk whose keys fit one block
+computes the plain softmax over [scores, sink] of the Sinks paragraph, rounding as it does. No block is ever wholly
+masked for its chunk: the blocks tile ``visible_keys``' range, every key of which some query of the chunk sees.
+The backward recomputes the scores block by block from (out, lse'), as FlashAttention's does (Dao et al. 2022,
+alg. 2): with D_i = dout_i . out_i, ds = p (dp - D + dlse'), dq = ds k / sqrt(hd) (summed over the blocks),
+dk = ds^T q / sqrt(hd), dv = p^T dout (per block), and for each query's sink d sink_i = p_sink,i (dlse'_i - D_i)
+(p_sink = exp(sink - lse')). Scores and softmax run in fp32 (fp64 for fp64 inputs) whatever the inputs' dtype; outputs
+come back in q's dtype (lse' in that compute dtype).
 
 Why an operator: shapes are static (the chunks are Python integers), but as one node it stays opaque to selective
 activation checkpointing (its chunks' scores are never cached) and to FlopCounterMode, which counts it by
@@ -36,6 +43,10 @@ import torch
 NAMESPACE = "attention"
 DEFAULT_CHUNK = 128  # queries per chunk of full attention
 MIN_CHUNK = 16
+# Keys per block of a chunk's online softmax: bounds a chunk's scores at chunk x KEY_BLOCK whatever T (4 MiB of fp32
+# per score-sized tensor at 8 heads and 128 queries), large enough that a block's products keep the CPU's GEMMs busy
+# and that short sequences (up to KEY_BLOCK keys) compute in one block.
+KEY_BLOCK = 1024
 
 
 def default_chunk(window: int | None) -> int:
@@ -66,6 +77,12 @@ def _chunks(lq: int, q_offset: int, window: int, chunk: int):
         yield (c0, c1, *visible_keys(q_offset + c0, q_offset + c1, window=window))
 
 
+def _key_blocks(lo: int, hi: int):
+    """[b0, b1) blocks of at most ``KEY_BLOCK`` keys tiling a chunk's keys [lo, hi), the last one partial."""
+    for b0 in range(lo, hi, KEY_BLOCK):
+        yield b0, min(hi, b0 + KEY_BLOCK)
+
+
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
@@ -85,25 +102,66 @@ def banded(q, k, v, sinks, q_offset, window, chunk):
     lse = q.new_empty(qg.shape[:-1], dtype=dtype)  # (B, Hkv, g, Lq)
     sink = None if sinks is None else _grouped(sinks, kv_heads).to(dtype)  # (B, Hkv, g, Lq)
     for c0, c1, lo, hi in _chunks(q.shape[2], q_offset, window, chunk):
-        s = _scores(qg[..., c0:c1, :], k[:, :, None, lo:hi], scale, q_offset + c0, lo, window)  # (B, Hkv, g, C, K)
-        if sink is not None:  # one more column, dropped after the softmax
-            s = torch.cat([s, sink[..., c0:c1, None]], dim=-1)
-        top = s.amax(-1, keepdim=True)  # every query sees itself: finite
-        e = torch.exp(s - top)
-        total = e.sum(-1, keepdim=True)
-        p = e / total
-        out[..., c0:c1, :] = (p if sink is None else p[..., :-1]) @ v[:, :, None, lo:hi].to(dtype)
-        lse[..., c0:c1] = (top + total.log()).squeeze(-1)
+        attend = _one_block if hi - lo <= KEY_BLOCK else _key_blocks_online
+        out[..., c0:c1, :], lse[..., c0:c1] = attend(qg[..., c0:c1, :], k, v, None if sink is None else sink[..., c0:c1],
+                                                     scale=scale, first=q_offset + c0, keys=(lo, hi), window=window)
     return out.flatten(1, 2).to(q.dtype), lse.flatten(1, 2)  # (B, H, Lq, hdv), (B, H, Lq)
+
+
+def _one_block(q_c: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: torch.Tensor | None, *, scale: float,
+               first: int, keys: tuple[int, int], window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, Hkv, g, C, hdv), lse' (B, Hkv, g, C)) of a chunk of queries whose keys fit one block: the softmax over
+    [scores, sink] as transformers' eager attention computes it (module docstring)."""
+    lo, hi = keys
+    s = _scores(q_c, k[:, :, None, lo:hi], scale, first, lo, window)  # (B, Hkv, g, C, K)
+    if sink is not None:  # one more column, dropped after the softmax
+        s = torch.cat([s, sink[..., None]], dim=-1)
+    top = s.amax(-1, keepdim=True)  # every query sees itself: finite
+    p = s.sub_(top).exp_()
+    total = p.sum(-1, keepdim=True)
+    p = p.div_(total)
+    out = (p if sink is None else p[..., :-1]) @ v[:, :, None, lo:hi].to(s.dtype)
+    return out, (top + total.log()).squeeze(-1)
+
+
+def _key_blocks_online(q_c: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink: torch.Tensor | None, *,
+                       scale: float, first: int, keys: tuple[int, int],
+                       window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse') of a chunk of queries over its keys in ``KEY_BLOCK`` blocks, with FlashAttention's online softmax
+    (Dao et al. 2022, alg. 1): running max m, sum l and output acc (B, Hkv, g, C[, hdv]), the sink the start."""
+    dtype = _compute_dtype(q_c)
+    rows = q_c.shape[:-1]  # (B, Hkv, g, C)
+    if sink is None:
+        m, total = q_c.new_full(rows, float("-inf"), dtype=dtype), q_c.new_zeros(rows, dtype=dtype)
+    else:  # the sink's column: exp(sink - m) = 1 with m = sink
+        m, total = sink.clone(), q_c.new_ones(rows, dtype=dtype)
+    acc = q_c.new_zeros((*rows, v.shape[-1]), dtype=dtype)
+    for b0, b1 in _key_blocks(*keys):
+        m, total, acc = _online_step(_scores(q_c, k[:, :, None, b0:b1], scale, first, b0, window),
+                                     v[:, :, None, b0:b1].to(dtype), m, total, acc)
+    return acc / total[..., None], m + total.log()  # every query sees itself: m finite, total >= 1 term
+
+
+def _online_step(s: torch.Tensor, v: torch.Tensor, m: torch.Tensor, total: torch.Tensor,
+                 acc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One key block (scores s (B, Hkv, g, C, Kb), values v (B, Hkv, 1, Kb, hdv)) into the running (m, total, acc);
+    its own function so the block's scores are freed before the next block's are made."""
+    m_new = torch.maximum(m, s.amax(-1))
+    # a query that has seen no key yet (no sink, its keys all in later blocks) stays at m = -inf: shift by 0 there,
+    # so its exp(-inf - 0) are 0, not exp(-inf + inf) = nan
+    shift = m_new.masked_fill(m_new == float("-inf"), 0.0)
+    rescale = torch.exp(m - shift)  # (B, Hkv, g, C): the earlier blocks' terms under the new max
+    e = s.sub_(shift[..., None]).exp_()
+    return m_new, total * rescale + e.sum(-1), acc * rescale[..., None] + e @ v
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, first: int, lo: int, window: int) -> torch.Tensor:
     """Scores (in the compute dtype) of a chunk of queries (first position ``first``) against keys from position
-    ``lo``, the keys they do not see at -inf."""
+    ``lo``, the keys they do not see at -inf; made in place, one score-sized tensor."""
     dtype = _compute_dtype(q)
-    s = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) * scale
+    s = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)).mul_(scale)
     band = _band(first, first + q.shape[-2], lo, lo + k.shape[-2], window, q.device)
-    return s.masked_fill(~band, float("-inf"))
+    return s.masked_fill_(~band, float("-inf"))
 
 
 @banded.register_fake
@@ -124,13 +182,15 @@ def banded_backward(dout, dlse, q, k, v, sinks, out, lse, q_offset, window, chun
     dk = torch.zeros(k.shape, dtype=dtype, device=k.device)
     dv = torch.zeros(v.shape, dtype=dtype, device=v.device)
     for c0, c1, lo, hi in _chunks(q.shape[2], q_offset, window, chunk):
-        k_r, v_r, q_c = (t.to(dtype) for t in (k[:, :, None, lo:hi], v[:, :, None, lo:hi], qg[..., c0:c1, :]))
-        do_c = dog[..., c0:c1, :]
-        p = torch.exp(_scores(q_c, k_r, scale, q_offset + c0, lo, window) - lse_g[..., c0:c1, None])  # (B, Hkv, g, C, K)
-        dv[:, :, lo:hi] += (p.transpose(-1, -2) @ do_c).sum(2)
-        ds = p * (do_c @ v_r.transpose(-1, -2) - d[..., c0:c1, None])
-        dq[..., c0:c1, :] = (ds @ k_r) * scale
-        dk[:, :, lo:hi] += (ds.transpose(-1, -2) @ q_c).sum(2) * scale
+        q_c, do_c = qg[..., c0:c1, :].to(dtype), dog[..., c0:c1, :]
+        lse_c, d_c = lse_g[..., c0:c1, None], d[..., c0:c1, None]
+        for b0, b1 in _key_blocks(lo, hi):
+            k_b, v_b = k[:, :, None, b0:b1].to(dtype), v[:, :, None, b0:b1].to(dtype)
+            dq_b, dk_b, dv_b = _block_backward(q_c, k_b, v_b, do_c, lse_c, d_c, scale=scale, first=q_offset + c0,
+                                               lo=b0, window=window)
+            dq[..., c0:c1, :] += dq_b
+            dk[:, :, b0:b1] += dk_b
+            dv[:, :, b0:b1] += dv_b
     if sinks is None:
         dsinks = q.new_empty(0)
     else:
@@ -139,6 +199,18 @@ def banded_backward(dout, dlse, q, k, v, sinks, out, lse, q_offset, window, chun
     # Contiguous, whatever the inputs' strides (q, k, v are often transposed views): what the fake kernel says.
     return (dq.flatten(1, 2).to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(), dv.to(v.dtype).contiguous(),
             dsinks.contiguous())
+
+
+def _block_backward(q_c: torch.Tensor, k_b: torch.Tensor, v_b: torch.Tensor, do_c: torch.Tensor, lse_c: torch.Tensor,
+                    d_c: torch.Tensor, *, scale: float, first: int, lo: int,
+                    window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq (B, Hkv, g, C, hd), dk (B, Hkv, Kb, hd), dv (B, Hkv, Kb, hdv)) of one chunk of queries (q_c, dout do_c,
+    lse' and D - dlse' (B, Hkv, g, C, 1)) against one key block (k_b, v_b (B, Hkv, 1, Kb, d)), p recomputed."""
+    p = _scores(q_c, k_b, scale, first, lo, window).sub_(lse_c).exp_()  # (B, Hkv, g, C, Kb)
+    dv = (p.transpose(-1, -2) @ do_c).sum(2)
+    ds = (do_c @ v_b.transpose(-1, -2)).sub_(d_c).mul_(p)
+    del p  # freed before dq's and dk's products
+    return (ds @ k_b) * scale, (ds.transpose(-1, -2) @ q_c).sum(2) * scale, dv
 
 
 @banded_backward.register_fake

@@ -14,18 +14,19 @@ GPT_OSS = ["--model", "gpt-oss-debug", "--layers", "4", "--d-model", "256", "--h
            "--precision", "fp32", "--data", "builtin", "--micro-batch-size", "1", "--microbatches", "1",
            "--compact-cpu-memory", "--dp", "1"]
 # One cp group, one step, the busiest rank's peak tensor bytes (--profile-memory; python -m
-# runtime.lab.long_context_limit --check gpt-oss-debug:CP:T, 2 CPU cores, 2026-11-29). The model had been 24-45%
-# under at cp 4 (the kernel's scores unpriced), then 12-58% over (stacked on every layer and the head).
+# runtime.lab.long_context_limit --check gpt-oss-debug:CP:T, 2 CPU cores, 2026-11-29), the banded kernel walking its
+# keys in blocks of KEY_BLOCK (models/common/banded_attention.py): at cp 4 these peaks are 38-39% of the same runs'
+# with every chunk over all its keys at once (415,909,416 and 827,251,224 bytes at T 16,384 and 32,768).
 MEASURED = [  # (cp, T, checkpointing, bytes)
-    (1, 16384, "selective", 697090100),
-    (1, 30720, "selective", 1297481780),
-    (2, 8192, "selective", 252339716),
-    (2, 16384, "selective", 494818772),
-    (4, 8192, "selective", 210437656),
-    (4, 16384, "selective", 415909416),
-    (4, 32768, "selective", 827251224),
-    (2, 16384, "none", 802796024),
-    (4, 16384, "none", 580760216),
+    (1, 16384, "selective", 589337660),
+    (1, 30720, "selective", 1094997052),
+    (2, 8192, "selective", 161556988),
+    (2, 16384, "selective", 309340652),
+    (4, 8192, "selective", 85667436),
+    (4, 16384, "selective", 162962028),
+    (4, 32768, "selective", 319130204),
+    (2, 16384, "none", 623088228),
+    (4, 16384, "none", 318150372),
 ]
 
 

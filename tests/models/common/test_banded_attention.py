@@ -1,7 +1,8 @@
 """The banded attention operator (models/common/banded_attention.py) and the cores built on it (attention_core.py:
 sliding windows, sinks, documents) against dense masked attention with the sink as an extra softmax column (fp64):
 outputs, the log-sum-exp, every input's gradient; the keys each chunk meets, the FLOPs it is counted at, what it saves
-for backward (no T x T tensor), and its run under FakeTensorMode."""
+for backward (no T x T tensor), the key blocks of its online softmax (the peak memory of a chunk independent of T),
+and its run under FakeTensorMode."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from compiler.torch_compat import FakeTensorMode
 from models import BANDED_ATTENTION_FLOPS, CausalAttention, SinkAttention, banded_attention, visible_keys
+from models.common import banded_attention as kernel
+from runtime.observe.memory import peak_growth_during
 
 
 def dense(q, k, v, *, sinks=None, q_offset=0, window=None, documents=None):
@@ -64,6 +67,67 @@ def test_the_operator_is_dense_masked_attention_with_a_sink_column(lq, q_offset,
     expected = torch.autograd.grad((want * d_out).sum() + (want_lse * d_lse).sum(), inputs)
     for name, a, b in zip("qkvs", got, expected):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=lambda m: f"d{name}: {m}")
+
+
+def _assert_dense(lq, q_offset, window, chunk, sinks):
+    """The operator's (out, lse') and every input's gradient against ``dense`` in fp64."""
+    q, k, v, s = _inputs(lq, lq + q_offset, sinks=sinks, v_dim=6)
+    out, lse = banded_attention(q, k, v, sinks=s, q_offset=q_offset, window=window, chunk=chunk)
+    want, want_lse = dense(q, k, v, sinks=s, q_offset=q_offset, window=window)
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-12)
+    inputs = [t for t in (q, k, v, s) if t is not None]
+    gen = torch.Generator().manual_seed(5)
+    d_out, d_lse = torch.randn(out.shape, generator=gen, dtype=torch.float64), torch.randn(lse.shape, generator=gen,
+                                                                                             dtype=torch.float64)
+    got = torch.autograd.grad((out * d_out).sum() + (lse * d_lse).sum(), inputs)
+    expected = torch.autograd.grad((want * d_out).sum() + (want_lse * d_lse).sum(), inputs)
+    for name, a, b in zip("qkvs", got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=lambda m: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize(("lq", "q_offset", "window", "chunk"), [
+    (23, 0, None, 8),  # full causal: chunks over 8 .. 23 keys, blocks of 5 with a partial last (23 = 4 x 5 + 3)
+    (23, 0, 13, 8),  # a window: a chunk's 20 keys in 4 blocks, whose first is beyond the window of its last queries
+    (9, 14, None, 4),  # queries after 14 earlier keys (a KV cache, a context-parallel rank): 15 .. 23 keys
+    (9, 14, 7, 4),  # ... and a window (10 keys: blocks of 5 and 5)
+    (3, 4, None, 4),  # one chunk of 3 queries over 7 keys: a block and a partial one the first query does not see
+])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_key_blocks_with_an_online_softmax_are_dense_masked_attention(lq, q_offset, window, chunk, sinks, monkeypatch):
+    """Grouped heads (4 query heads over 2), blocks of 5 keys so that every chunk but the shortest spans several."""
+    monkeypatch.setattr(kernel, "KEY_BLOCK", 5)
+    _assert_dense(lq, q_offset, window, chunk, sinks)
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_a_chunk_over_more_keys_than_a_block_at_the_kernels_own_block(sinks):
+    # 64 queries after 1,236 keys: chunks of 32 over 1,268 and 1,300 keys, a full block and a partial one each
+    assert 1236 + 64 - kernel.KEY_BLOCK < kernel.KEY_BLOCK < 1236
+    _assert_dense(64, 1236, None, 32, sinks)
+
+
+def _peaks(keys: int) -> tuple[int, int]:
+    """Peak growth of live bytes in the operator's forward and backward over one chunk of 128 queries (fp32, 8 heads
+    over 4) after ``keys`` - 128 others, less its outputs and the gradients it returns (sized by Lq and T)."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 8, 128, 16, generator=gen, requires_grad=True)
+    k, v = (torch.randn(1, 4, keys, 16, generator=gen, requires_grad=True) for _ in range(2))
+    sinks = torch.randn(1, 8, 128, generator=gen, requires_grad=True)
+    cpu = torch.device("cpu")
+    (out, lse), forward = peak_growth_during(lambda: banded_attention(q, k, v, sinks=sinks, q_offset=keys - 128), cpu)
+    forward -= out.untyped_storage().nbytes() + lse.untyped_storage().nbytes()
+    _, backward = peak_growth_during(lambda: (out.sum() + lse.sum()).backward(), cpu)
+    backward -= sum(t.grad.untyped_storage().nbytes() for t in (q, k, v, sinks))
+    return forward, backward
+
+
+def test_a_chunks_peak_memory_does_not_grow_with_the_keys_it_meets():
+    """Past one block (4 and 8 blocks of keys) a chunk holds the same transient: FlashAttention's O(chunk x block)."""
+    short, long = _peaks(4 * kernel.KEY_BLOCK), _peaks(8 * kernel.KEY_BLOCK)
+    assert short == long
+    block_scores = 8 * 128 * kernel.KEY_BLOCK * 4  # one fp32 (B, H, chunk, KEY_BLOCK) tensor
+    assert block_scores <= short[0] <= 4 * block_scores and block_scores <= short[1] <= 4 * block_scores
 
 
 def test_a_query_sees_the_keys_of_its_window_from_its_documents_start():
