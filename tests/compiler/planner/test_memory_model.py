@@ -21,9 +21,9 @@ def test_frozen_parameters_cost_their_weights_alone():
     assert weight_memory(100, 10, DataParallelLayout(), frozen=60) == 40 * 16 + 60 * 4
     assert weight_memory(100, 10, DataParallelLayout(), frozen=60, frozen_bytes=2) == 40 * 16 + 60 * 2
     fsdp = DataParallelLayout(dp=4, shard=4, gather_bytes=2)
-    # shards of both, every parameter gathered, gradients of the trained ones only
-    assert weight_memory(100, 10, fsdp, frozen=60) == (40 * 16 + 60 * 4) / 4 + 100 * 2 + 40 * 4
-    assert weight_memory(100, 10, fsdp) == 100 * 16 / 4 + 100 * 2 + 100 * 4  # no LoRA: as before
+    # shards of both (no sharded gradient in the backward), every parameter gathered, gradients of the trained ones
+    assert weight_memory(100, 10, fsdp, frozen=60) == (40 * 12 + 60 * 4) / 4 + 100 * 2 + 40 * 4
+    assert weight_memory(100, 10, fsdp) == 100 * 12 / 4 + 100 * 2 + 100 * 4  # no LoRA: as before
 
 
 def _adapters(cfg, lora: LoraConfig) -> int:
