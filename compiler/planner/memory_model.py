@@ -143,9 +143,9 @@ def reduce_memory(weights: float, largest_unit: float, layout: DataParallelLayou
     weights are freed (resharded); its sharded gradient (1 / shard of it) is new, and so, on gloo, is the input's
     clone. Measured (CPU, 2 ranks, bf16, 4 blocks of d 512, m 2, --fp8-all-gather; the allocations live at the
     peak, grouped by their allocating call): 3 blocks' accumulated gradients (36.1 MiB), one block's reduce-scatter
-    input and output (18.3), gloo's clone (12.6) and 3 blocks' gathered weights (9.0): 76.0 MiB over the step's
-    start, 76.1 here. Later units' reduce-scatters overlap their predecessor's by gloo's timing: on other runs
-    this phase measured up to 8 MiB more."""
+    input and output (18.3), gloo's clone (12.6) and 3 blocks' gathered weights (9.0) over the step's start's
+    73.0: 149.0 MiB, 149.0 here. A later unit's reduce-scatter can overlap its predecessor's, by gloo's timing:
+    other runs of the same step peaked at 148.5, 152.0 and 157.5 MiB."""
     gradient = largest_unit * 4 * trained_share
     new = gradient * (1 / layout.shard + (1 if layout.reduce_scatter_copies_input else 0))
     return weights - fp8_unit.gathered_bytes(largest_unit, layout.gather_bytes) + new
