@@ -124,6 +124,9 @@ class GpuDevice:
     kind: str = "gpu"
     dp_overlap: bool = True  # collectives run on their own streams beside compute
     tp_buffers_per_block: int = 0  # DTensor's extra [B, T, d] fp32 buffers were measured on CPU only
+    reduce_scatter_copies_input: bool = False  # NCCL reduce-scatters in place (memory_model.py ``reduce_memory``)
+    # cuBLASLt's FP8 GEMM dequantizes nothing to memory (devices.CpuDevice's copies); not measured on a GPU
+    fp8_product_bytes_per_weight: int = 0
     # A product whose matrices' rows are not a multiple of 16 bytes (GPT-2's 50,257-word head in bf16) runs on
     # cuBLAS's unaligned kernels (a Turing-era cutlass_75 align1 kernel on Hopper). The factor below is measured on an
     # H200 in bf16 (README results: GPT-2's unaligned head); the alignment rule is cuBLAS's, in bytes, for every dtype.
@@ -194,6 +197,14 @@ class CpuDevice:
     # mp > 1: DTensor's redistributions keep two full [B, T, d] fp32 buffers per block and in-flight
     # micro-batch beyond the saved tensors (measured here: 4 blocks, d 128, T 64; memory_model.py).
     tp_buffers_per_block: int = 2
+    reduce_scatter_copies_input: bool = True  # gloo all-reduces a clone of it (memory_model.py ``reduce_memory``)
+    # A Float8 linear's backward on this CPU, per element of the block's largest Float8 weight (W, N x K): torch's
+    # CPU ``_scaled_mm`` dequantizes its operands to fp32 and scales them (4 + 4 bytes of W in the input-gradient
+    # product), kernels.py lays W's FP8 bytes out column-major and the CPU kernel copies them once more (1 + 1),
+    # and the previous linear's bf16 weight gradient waits for its accumulation (2). Measured (2 ranks, d 512,
+    # T 32, tensorwise): 12.3 MiB of a 2048 x 512 weight at the backward's peak, one byte more where the backward
+    # quantizes W itself (not gathered in FP8).
+    fp8_product_bytes_per_weight: int = 12
     # Causal flash attention's FLOP/s of one core, forward + backward over the FLOPs it runs, per precision:
     # ((T, head_dim, rate), ...) measured by calibrate. It is not the block rate: the CPU kernel's tiles are small
     # matrix products plus a softmax (measured here, bf16: 22 GFLOP/s at T 512 and 65 at T 8192, head dim 32,

@@ -18,16 +18,28 @@ def _weights(mats: dict[str, tuple[int, int]], copies: int = 1) -> Fp8Gathered:
     return Fp8Gathered(copies * sum(i * o for i, o in mats.values()), len(mats))
 
 
+def _mlp_matrices(shape: DecoderShape, mp: int, kind: str) -> tuple[dict[str, tuple[int, int]], int]:
+    """The block's Float8 MLP linears and how many copies (the shared experts' SwiGLU counts ``shared`` times, as
+    block_params does); none for routed experts alone."""
+    if mlp_kind(kind) == DENSE:
+        return mlp_matrices(shape, shape.mlp_width, mp), 1
+    if shape.experts.shared:
+        return mlp_matrices(shape, shared_width(shape.experts), mp), shape.experts.shared
+    return {}, 1
+
+
 def float8_block_weights(shape: DecoderShape, mp: int = 1, *, kind: str = DENSE) -> Fp8Gathered:
     """One block's Float8 linears' weights on one TP shard (module docstring)."""
     attention = _weights(attention_matrices(shape, mp))
-    if mlp_kind(kind) == DENSE:
-        mlp = _weights(mlp_matrices(shape, shape.mlp_width, mp))
-    elif shape.experts.shared:  # block_params' count: shared x one expert's matrices of the shared SwiGLU
-        mlp = _weights(mlp_matrices(shape, shared_width(shape.experts), mp), copies=shape.experts.shared)
-    else:
-        mlp = Fp8Gathered()
+    mlp = _weights(*_mlp_matrices(shape, mp, kind))
     return Fp8Gathered(attention.params + mlp.params, attention.weights + mlp.weights)
+
+
+def largest_float8_weight(shape: DecoderShape, mp: int = 1, *, kind: str = DENSE) -> int:
+    """Elements of the block's largest Float8 linear weight on one TP shard (what a CPU's FP8 product of it holds in
+    fp32: compiler/planner/devices.py ``fp8_product_bytes_per_weight``)."""
+    mats = [*attention_matrices(shape, mp).values(), *_mlp_matrices(shape, mp, kind)[0].values()]
+    return max((i * o for i, o in mats), default=0)
 
 
 def float8_mtp_weights(shape: DecoderShape, mp: int = 1) -> Fp8Gathered:

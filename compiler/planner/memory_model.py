@@ -7,10 +7,12 @@
   (torch caches casts of leaves that require gradients only):
   - no DP or replicate: the whole 16 bytes; replicate adds its gradient buckets' flat copies (4 bytes),
     all in flight at the end of the last backward.
-  - FSDP / HSDP over ``shard`` ranks: 16 / shard bytes of shards. FSDP keeps the stage's parameters
-    gathered (in the autocast dtype, FSDP's param_dtype) from the first forward to the last backward and,
-    over several micro-batches, accumulates unsharded fp32 gradients until the step's single reduce-scatter
-    (one micro-batch: each unit's gradient is reduce-scattered in its backward, two units at once).
+  - FSDP / HSDP over ``shard`` ranks: 12 / shard bytes of shards through the backward (the weight and AdamW's
+    moments: the sharded fp32 gradient is written by the reduce-scatter after the last backward and freed by
+    ``zero_grad(set_to_none=True)``). FSDP keeps the stage's parameters gathered (in the autocast dtype, FSDP's
+    param_dtype) from the first forward to the last backward and, over several micro-batches, accumulates
+    unsharded fp32 gradients until the step's single reduce-scatter (one micro-batch: each unit's gradient is
+    reduce-scattered in its backward, two units at once). ZeRO-3 counts 16 / shard.
   - ZeRO-3 (reshard after forward): the shards, plus the gathered parameters and unsharded gradient of the
     unit in use and of the one prefetched.
   - ``--fp8-all-gather`` (``Fp8Gathered``): the Float8 linears' weights are gathered as e4m3 bytes, 1 byte a
@@ -31,6 +33,13 @@
 - Autocast's low-precision weight copies, cached for the step, where parameters are fp32 (no FSDP).
 - FSDP (not ZeRO-3) gathers every unit at the step's start (``unshard_memory``): the peak when little else is held,
   a mostly frozen model's (LoRA).
+- FSDP (not ZeRO-3) reduce-scatters after the last backward (``reduce_memory``): the pipeline runtime runs every
+  backward without gradient sync and then each unit's post-backward in turn (torch.distributed.pipelining
+  stage.py ``backward_maybe_with_nosync``, ``perform_reduce_grad``), so the first unit's reduce-scatter runs with
+  every gradient and every other unit's gathered weights still held, activations freed. The peak where activations
+  are small, more often under ``--fp8-all-gather``, which shrinks the backward's gathered weights by half but this
+  phase's by less (one unit's are freed already, and gloo's copy of the reduce-scatter input is as large as
+  before).
 - On a CPU, tensor parallelism keeps two more full [B, T, d] fp32 buffers per block and in-flight
   micro-batch than the saved tensors (DTensor's redistributions; measured here on 4 blocks, d 128, T 64: the
   TP runs' peak exceeded the rest of this model by 2.2-6.5 MiB). Not measured on a GPU, where it is 0.
@@ -49,10 +58,12 @@ class MemoryEstimate:
     activations: float
     weight_copies: float
     unshard_excess: float = 0.0  # how far FSDP's gathering at the step's start exceeds the rest (``unshard_memory``)
+    reduce_excess: float = 0.0  # how far the reduce-scatters after the last backward exceed it (``reduce_memory``)
 
     @property
     def total(self) -> float:
-        return self.weights_and_optimizer + self.activations + self.weight_copies + self.unshard_excess
+        steady = self.weights_and_optimizer + self.activations + self.weight_copies
+        return steady + max(self.unshard_excess, self.reduce_excess)
 
 
 def in_flight_stage_microbatches(schedule: str, *, p: int, m: int, v: int, rank: int = 0) -> int:
@@ -81,6 +92,9 @@ class DataParallelLayout:
     shard: int = 1  # ranks a parameter is sharded over: dp (FSDP), 1 (replicate), or between (HSDP)
     zero3: bool = False  # parameters resharded after every forward and backward
     gather_bytes: int = 4  # bytes of a gathered parameter (FSDP's param_dtype: the autocast dtype)
+    # gloo's reduce_scatter_tensor all-reduces a clone of its input (measured: a unit-sized allocation under
+    # reduce_scatter_single, freed after gloo:all_reduce); NCCL's reduces in place
+    reduce_scatter_copies_input: bool = False
 
     @property
     def fsdp(self) -> bool:
@@ -98,10 +112,11 @@ def weight_memory(params: float, largest_unit: float, layout: DataParallelLayout
     trained = params - frozen
     if not layout.fsdp:
         return trained * (20 if layout.dp > 1 else 16) + frozen * frozen_bytes
-    shards = (trained * 16 + frozen * frozen_bytes) / layout.shard
     trained_share = trained / params if params else 0.0  # of a unit's gradients
     if layout.zero3:
+        shards = (trained * 16 + frozen * frozen_bytes) / layout.shard
         return shards + 2 * (fp8_unit.gathered_bytes(largest_unit, layout.gather_bytes) + largest_unit * 4 * trained_share)
+    shards = (trained * 12 + frozen * frozen_bytes) / layout.shard  # no sharded gradient in the backward
     gradients = trained * 4 if accumulate else 2 * largest_unit * 4 * trained_share
     return shards + fp8.gathered_bytes(params, layout.gather_bytes) + gradients
 
@@ -115,9 +130,25 @@ def unshard_memory(params: float, largest_unit: float, layout: DataParallelLayou
     unit gathered), and the largest unit's parameters being copied out. Below the steady phase's memory in full
     training, it is the peak of a mostly frozen model (LoRA; on 2 CPU ranks, dp 2, Llama 3.2 1B blocks, fp32, the
     peaks this model gives were within 6% of those measured: compiler/README.md)."""
-    shards = ((params - frozen) * 16 + frozen * frozen_bytes) / layout.shard
+    shards = ((params - frozen) * 12 + frozen * frozen_bytes) / layout.shard
     gathered = fp8.gathered_bytes(params, layout.gather_bytes)  # under --fp8-all-gather its input is e4m3 too
     return shards + gathered * (1 + 1 / layout.shard) + fp8_unit.gathered_bytes(largest_unit, layout.gather_bytes)
+
+
+def reduce_memory(weights: float, largest_unit: float, layout: DataParallelLayout, *, trained_share: float = 1.0,
+                  fp8_unit: Fp8Gathered = NO_FP8_GATHER) -> float:
+    """Bytes while FSDP (not ZeRO-3) reduce-scatters the largest unit's gradient after the last backward (module
+    docstring), given ``weights`` (``weight_memory``'s bytes of the backward: shards, every unit gathered, the
+    gradients). That unit's fp32 gradient has moved into the flat reduce-scatter input (same bytes) and its gathered
+    weights are freed (resharded); its sharded gradient (1 / shard of it) is new, and so, on gloo, is the input's
+    clone. Measured (CPU, 2 ranks, bf16, 4 blocks of d 512, m 2, --fp8-all-gather; the allocations live at the
+    peak, grouped by their allocating call): 3 blocks' accumulated gradients (36.1 MiB), one block's reduce-scatter
+    input and output (18.3), gloo's clone (12.6) and 3 blocks' gathered weights (9.0) over the step's start's
+    73.0: 149.0 MiB, 149.0 here. A later unit's reduce-scatter can overlap its predecessor's, by gloo's timing:
+    other runs of the same step peaked at 148.5, 152.0 and 157.5 MiB."""
+    gradient = largest_unit * 4 * trained_share
+    new = gradient * (1 / layout.shard + (1 if layout.reduce_scatter_copies_input else 0))
+    return weights - fp8_unit.gathered_bytes(largest_unit, layout.gather_bytes) + new
 
 
 @dataclass(frozen=True)
@@ -163,4 +194,9 @@ def rank_memory(load: RankLoad, *, schedule: str, p: int, m: int, v: int, rank: 
                        if layout.fsdp else weight_memory(params, load.largest_unit, layout, frozen=frozen,
                                                          frozen_bytes=load.frozen_bytes, **gathered))
                       for params, frozen, layout, gathered in groups if params)
-    return MemoryEstimate(weights, activations, copies, max(0.0, unshard - (weights + activations + copies)))
+    steady = weights + activations + copies
+    reduce = 0.0
+    if dense.fsdp and not dense.zero3:
+        share = (load.dense_params - load.frozen_dense) / load.dense_params if load.dense_params else 0.0
+        reduce = reduce_memory(weights, load.largest_unit, dense, trained_share=share, fp8_unit=load.fp8_gathered_unit)
+    return MemoryEstimate(weights, activations, copies, max(0.0, unshard - steady), max(0.0, reduce - steady))

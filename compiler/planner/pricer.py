@@ -13,7 +13,7 @@ from compiler.parallelize.cross_entropy import loss_chunk_bytes
 from compiler.planner.activations import Context, block_memory, embedding_memory, head_memory, mtp_saved_bytes
 from compiler.planner.cluster import Cluster
 from compiler.planner.engines import THIS_ENGINE, EngineTraits
-from compiler.planner.float8_weights import float8_block_weights, float8_mtp_weights
+from compiler.planner.float8_weights import float8_block_weights, float8_mtp_weights, largest_float8_weight
 from compiler.planner.layers import LayerTable, Setup, layer_table
 from compiler.planner.memory_model import NO_FP8_GATHER, DataParallelLayout, Fp8Gathered, RankLoad, rank_memory
 from compiler.planner.shape import (
@@ -144,13 +144,17 @@ class Pricer:
         units = []  # (parameters, those gathered in FP8) of each FSDP unit
         gathers_fp8 = c.fp8 is not None and c.fp8_all_gather
         fp8_params, fp8_weights = 0.0, 0
+        # a Float8 linear's backward's copies of its weight (devices.py), one byte more where it quantizes W itself
+        per_weight = self.cluster.device.fp8_product_bytes_per_weight if c.fp8 is not None else 0
+        per_weight += 1 if per_weight and not gathers_fp8 else 0
         a = PRECISIONS[c.precision].dtype.itemsize if dtype else 0
         for kind, n in h.kinds:
             p = block_params(shape, c.mp, kind=kind, ep=c.ep)
             m = block_memory(shape, kind, ctx)
             dense, experts = dense + n * p.dense, experts + n * p.experts
             saved, recompute, transient = saved + n * m.saved, max(recompute, m.recompute), max(transient, m.transient)
-            backward, forward = max(backward, m.backward), max(forward, m.forward)
+            fp8_product = per_weight * largest_float8_weight(shape, c.mp, kind=kind) if per_weight else 0
+            backward, forward = max(backward, m.backward + fp8_product), max(forward, m.forward)
             mats = _block_matrices(shape, c.mp) if mlp_kind(kind) == DENSE else {}
             copies += n * (sum(i * o for i, o in mats.values()) + (p.experts if mlp_kind(kind) == MOE else 0)) * a
             fp8 = float8_block_weights(shape, c.mp, kind=kind) if gathers_fp8 else NO_FP8_GATHER
@@ -210,8 +214,9 @@ class Pricer:
         g = DataParallelGroups.of(c)
         dtype = PRECISIONS[c.precision].autocast_dtype
         gathered = dtype.itemsize if dtype else 4
-        dense = DataParallelLayout(g.dense, g.dense_shard, c.reshard_after_forward, gathered)
-        experts = DataParallelLayout(g.experts, g.experts_shard, c.reshard_after_forward, gathered)
+        copies = self.cluster.device.reduce_scatter_copies_input
+        dense = DataParallelLayout(g.dense, g.dense_shard, c.reshard_after_forward, gathered, copies)
+        experts = DataParallelLayout(g.experts, g.experts_shard, c.reshard_after_forward, gathered, copies)
         return tuple(rank_memory(self._load(c, h), schedule=c.schedule, p=c.pp, m=c.microbatches,
                                  v=c.stages_per_rank, rank=r, dense=dense, experts=experts).total
                      for h, r in self.holdings(c.schedule, c.pp, c.stages_per_rank).items())
@@ -221,8 +226,9 @@ class Pricer:
         g = DataParallelGroups.of(c)
         dtype = PRECISIONS[c.precision].autocast_dtype
         gathered = dtype.itemsize if dtype else 4
-        dense = DataParallelLayout(g.dense, g.dense_shard, c.reshard_after_forward, gathered)
-        experts = DataParallelLayout(g.experts, g.experts_shard, c.reshard_after_forward, gathered)
+        copies = self.cluster.device.reduce_scatter_copies_input
+        dense = DataParallelLayout(g.dense, g.dense_shard, c.reshard_after_forward, gathered, copies)
+        experts = DataParallelLayout(g.experts, g.experts_shard, c.reshard_after_forward, gathered, copies)
         sizes = self.split(c.pp * c.stages_per_rank, SCHEDULES[c.schedule].placement)
         holdings = rank_holdings(self.shape.kinds(), list(sizes), c.schedule, c.pp, c.stages_per_rank)
         return [rank_memory(self._load(c, h), schedule=c.schedule, p=c.pp, m=c.microbatches, v=c.stages_per_rank,

@@ -15,6 +15,7 @@ from compiler.fp8 import RECIPES, Float8Linear, swap_linears
 from compiler.parallel_plan import ParallelPlan
 from compiler.planner.activations import Context, block_memory
 from compiler.planner.cluster import resolve_cluster
+from compiler.planner.float8_weights import largest_float8_weight
 from compiler.planner.pricer import Pricer
 from compiler.planner.shape import DENSE, DecoderShape
 from models import build_model, named_config
@@ -97,3 +98,28 @@ def test_the_pricer_prices_an_fp8_cp_run_without_the_latent():
     assert plain > fp8
     no_cp = dataclasses.replace(plan, cp=1)
     assert pricer.memory(no_cp) == pricer.memory(dataclasses.replace(no_cp, fp8="tensorwise"))
+
+
+@pytest.mark.parametrize("name", ["small", "llama3-debug", "qwen3-moe-debug", "gpt-oss-debug", "deepseek-v3-debug"])
+def test_the_largest_float8_weight_is_the_engine_s(name):
+    """A CPU's FP8 backward holds fp32 copies of the block's largest Float8 weight (devices.py): the planner's
+    largest is the largest ``Float8Linear`` weight of the engine's blocks."""
+    cfg = named_config(name)
+    with torch.device("meta"):
+        model = swap_linears(build_model(cfg, seed=0, device="meta"), RECIPES["tensorwise"])
+    engine = max(m.weight.numel() for m in model.modules() if isinstance(m, Float8Linear))
+    shape = DecoderShape.from_config(cfg)
+    assert max(largest_float8_weight(shape, kind=kind) for kind in set(shape.kinds())) == engine
+
+
+def test_a_cpu_prices_the_fp8_backward_s_copies_of_the_largest_weight():
+    """On a CPU the FP8 plan's block backward holds 12 bytes of each element of its largest Float8 weight (13 where the
+    backward quantizes the weight itself); a GPU's none. A single process: no FSDP, the backward is the peak."""
+    shape = DecoderShape.from_flags(layers=2, d_model=256, heads=4, mlp_width=1024, seq_len=16, vocab_size=64)
+    plan = ParallelPlan(schedule="1f1b", microbatches=1, micro_batch_size=1, precision="bf16", fp8="tensorwise")
+    cpu = resolve_cluster("cpu-2core")
+    (with_copies,) = Pricer(shape, cpu).memory(plan)
+    no_copies = dataclasses.replace(cpu, device=dataclasses.replace(cpu.device, fp8_product_bytes_per_weight=0))
+    (without,) = Pricer(shape, no_copies).memory(plan)
+    assert with_copies - without == 13 * 256 * 1024
+    assert Pricer(shape, H100).memory(plan) == Pricer(shape, H100).memory(dataclasses.replace(plan, fp8=None))

@@ -21,9 +21,9 @@ def test_frozen_parameters_cost_their_weights_alone():
     assert weight_memory(100, 10, DataParallelLayout(), frozen=60) == 40 * 16 + 60 * 4
     assert weight_memory(100, 10, DataParallelLayout(), frozen=60, frozen_bytes=2) == 40 * 16 + 60 * 2
     fsdp = DataParallelLayout(dp=4, shard=4, gather_bytes=2)
-    # shards of both, every parameter gathered, gradients of the trained ones only
-    assert weight_memory(100, 10, fsdp, frozen=60) == (40 * 16 + 60 * 4) / 4 + 100 * 2 + 40 * 4
-    assert weight_memory(100, 10, fsdp) == 100 * 16 / 4 + 100 * 2 + 100 * 4  # no LoRA: as before
+    # shards of both (no sharded gradient in the backward), every parameter gathered, gradients of the trained ones
+    assert weight_memory(100, 10, fsdp, frozen=60) == (40 * 12 + 60 * 4) / 4 + 100 * 2 + 40 * 4
+    assert weight_memory(100, 10, fsdp) == 100 * 12 / 4 + 100 * 2 + 100 * 4  # no LoRA: as before
 
 
 def _adapters(cfg, lora: LoraConfig) -> int:
@@ -79,3 +79,38 @@ def test_the_search_prices_a_lora_run_s_plans_so():
     priced = [e for e in tuned if e.memory_per_rank is not None]
     assert len(priced) == len(memory) > 10
     assert all(e.memory_per_rank < memory[e.plan] for e in priced)
+
+
+def test_fsdp_s_reduce_scatters_after_the_last_backward_are_a_phase_of_their_own():
+    """After the last backward each unit's gradient is reduce-scattered in turn: at the first one that unit's gathered
+    weights are freed, its sharded gradient is new and, on gloo, so is the clone of its flat gradient. Where
+    activations are small this phase is the peak, and --fp8-all-gather saves less there than the gathered bytes'
+    difference (the unit reduced has freed its gathered weights already)."""
+    from compiler.planner.memory_model import Fp8Gathered, RankLoad, rank_memory, reduce_memory
+
+    gloo = DataParallelLayout(dp=2, shard=2, gather_bytes=2, reduce_scatter_copies_input=True)
+    nccl = DataParallelLayout(dp=2, shard=2, gather_bytes=2)
+    assert reduce_memory(1000.0, 100, gloo) == 1000 - 100 * 2 + 100 * 4 * (1 / 2 + 1)
+    assert reduce_memory(1000.0, 100, nccl) == 1000 - 100 * 2 + 100 * 4 / 2
+    assert reduce_memory(1000.0, 100, gloo, fp8_unit=Fp8Gathered(80, 2)) == 1000 - (20 * 2 + 80 + 8) + 100 * 6
+
+    params, unit = 1000, 100
+    fp8, fp8_unit = Fp8Gathered(800, 8), Fp8Gathered(80, 2)  # of all parameters, and of the largest unit
+
+    def peak(layout: DataParallelLayout, *, flag: bool, activations: float = 0.0):
+        load = RankLoad(params, 0, unit, activations, 0, 0, 0, 4, fp8_gathered=fp8 if flag else Fp8Gathered(),
+                        fp8_gathered_unit=fp8_unit if flag else Fp8Gathered())
+        return rank_memory(load, schedule="1f1b", p=1, m=2, v=1, rank=0, dense=layout, experts=DataParallelLayout())
+
+    small = peak(gloo, flag=True)
+    assert small.reduce_excess > 0 and small.total == reduce_memory(weight_memory(params, unit, gloo, fp8=fp8), unit, gloo,
+                                                                    fp8_unit=fp8_unit)
+    gathered_difference = fp8.params * (2 - 1) - 4 * fp8.weights
+    unit_difference = fp8_unit.params * (2 - 1) - 4 * fp8_unit.weights
+    assert peak(gloo, flag=False).total - small.total == gathered_difference - unit_difference
+    large = 10_000.0  # activations that dwarf the reduce-scatter's buffers: the backward is the peak, as before
+    assert peak(gloo, flag=False, activations=large).total - peak(gloo, flag=True, activations=large).total == \
+        gathered_difference
+    assert peak(nccl, flag=False).reduce_excess == 0  # no copy: the unit's freed bf16 weights pay for its shard
+    zero3 = DataParallelLayout(dp=2, shard=2, zero3=True, gather_bytes=2, reduce_scatter_copies_input=True)
+    assert peak(zero3, flag=True).reduce_excess == 0  # ZeRO-3 reduces unit by unit in the backward

@@ -150,8 +150,8 @@ def test_weight_memory_by_data_parallel_mode():
     one_microbatch = weight_memory(params, block, DataParallelLayout(dp=4, shard=4), accumulate=False)
     assert weight_memory(params, block, DataParallelLayout()) == 16 * params
     assert replicate == 20 * params  # + the buckets' flat gradient copies
-    assert fsdp == params * (16 / 4 + 4 + 4)  # shards + gathered parameters + unsharded gradients
-    assert one_microbatch == params * (16 / 4 + 4) + 2 * block * 4  # gradients reduce-scattered unit by unit
+    assert fsdp == params * (12 / 4 + 4 + 4)  # shards (no sharded gradient yet) + gathered parameters + unsharded gradients
+    assert one_microbatch == params * (12 / 4 + 4) + 2 * block * 4  # gradients reduce-scattered unit by unit
     assert zero3 < fsdp < hsdp < replicate and gathered_bf16 == fsdp - 2 * params
 
 
