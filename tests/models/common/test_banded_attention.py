@@ -54,19 +54,7 @@ def _inputs(lq, lk, *, sinks: bool, seed: int = 0, v_dim: int = 8):
 ])
 @pytest.mark.parametrize("sinks", [False, True])
 def test_the_operator_is_dense_masked_attention_with_a_sink_column(lq, q_offset, window, chunk, sinks):
-    q, k, v, s = _inputs(lq, lq + q_offset, sinks=sinks, v_dim=6)
-    out, lse = banded_attention(q, k, v, sinks=s, q_offset=q_offset, window=window, chunk=chunk)
-    want, want_lse = dense(q, k, v, sinks=s, q_offset=q_offset, window=window)
-    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
-    torch.testing.assert_close(lse, want_lse, rtol=0, atol=1e-12)
-    inputs = [t for t in (q, k, v, s) if t is not None]
-    gen = torch.Generator().manual_seed(5)
-    d_out, d_lse = torch.randn(out.shape, generator=gen, dtype=torch.float64), torch.randn(lse.shape, generator=gen,
-                                                                                             dtype=torch.float64)
-    got = torch.autograd.grad((out * d_out).sum() + (lse * d_lse).sum(), inputs)
-    expected = torch.autograd.grad((want * d_out).sum() + (want_lse * d_lse).sum(), inputs)
-    for name, a, b in zip("qkvs", got, expected):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-12, msg=lambda m: f"d{name}: {m}")
+    _assert_dense(lq, q_offset, window, chunk, sinks)
 
 
 def _assert_dense(lq, q_offset, window, chunk, sinks):
