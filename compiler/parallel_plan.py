@@ -149,6 +149,12 @@ def is_dp_mode(name: str) -> bool:
     return name in ("none", "fsdp", "zero3", "replicate") or (name.startswith("hsdp:") and name[5:].isdigit())
 
 
+def dp_shard_of_mode(name: str) -> int | None:
+    """The ``dp_shard`` a plan of DP mode ``name`` holds (``is_dp_mode``): 1 for replicate, N for hsdp:N, None (shard
+    over every dp rank) for the others."""
+    return 1 if name == "replicate" else int(name[5:]) if name.startswith("hsdp:") else None
+
+
 def plan_of_run(config: Mapping[str, Any]) -> ParallelPlan:
     """The plan a recorded run's config (``TrainConfig.to_dict()``, in summary.json and checkpoints) trained with:
     its ``plan``, or the separate mesh / pipeline / data-parallel fields that runs recorded before plans existed

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from compiler.parallel_plan import ParallelPlan, is_dp_mode
+from compiler.parallel_plan import ParallelPlan, dp_shard_of_mode, is_dp_mode
 from compiler.planner.candidates import Constraints
 from compiler.planner.search import Estimate
 from compiler.planner.shape import DecoderShape, activated_parameter_count, default_mlp_width, parameter_count
@@ -130,9 +130,8 @@ def _loosest_layout(args: argparse.Namespace, world: int) -> ParallelPlan:
     left = max(1, world // ((args.pp or 1) * (args.mp or 1)))
     dp = args.dp or max(1, left // (args.cp or 1))
     cp = args.cp or max(1, left // dp)
-    mode = args.dp_mode or ""
-    shard = 1 if mode == "replicate" else int(mode[5:]) if mode.startswith("hsdp:") else None
-    return ParallelPlan(dp=dp, cp=cp, dp_shard=shard, fp8=args.fp8, fp8_all_gather=True)
+    return ParallelPlan(dp=dp, cp=cp, dp_shard=dp_shard_of_mode(args.dp_mode or "fsdp"), fp8=args.fp8,
+                        fp8_all_gather=True)
 
 
 
