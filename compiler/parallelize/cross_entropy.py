@@ -39,10 +39,11 @@ IGNORE_INDEX = -100  # F.cross_entropy's default
 # What the loss saves per token besides the logits: the fp32 log-sum-exp, the int64 column of the target
 # and two bool masks (the target is in this shard; it is not ignored).
 SAVED_BYTES_PER_TOKEN = 4 + 8 + 1 + 1
-# fp32 bytes of one chunk of rows: the loss's working memory is two of these. The CPU's are small (its memory is
-# shared by every rank of the node). On an accelerator larger chunks run faster, with diminishing returns past a
-# few hundred MiB (tests/gpu/gpu_loss_chunks.py measures it; compiler/README.md records the figures).
-CPU_CHUNK_BYTES = 64 * 2**20
+# fp32 bytes of one chunk of rows: the loss's working memory is two of these. The CPU's fit its caches: a chunk's
+# fp32 copy is then never written out to memory and read back (and a node's memory is shared by every rank); on an
+# accelerator larger chunks run faster, with diminishing returns past a few hundred MiB (tests/gpu/gpu_loss_chunks.py
+# measures it; runtime/README.md records the figures of both).
+CPU_CHUNK_BYTES = 2 * 2**20
 ACCELERATOR_CHUNK_BYTES = 256 * 2**20
 
 
