@@ -124,7 +124,8 @@ def lora_config(args: argparse.Namespace, model) -> LoraConfig | None:
     """The ``--lora-*`` flags (``--lora-from``: a peft folder's settings, which flags given must agree with); None
     without ``--lora-rank`` or ``--lora-from``. Checked against the model in ``validate`` (runtime/config.py)."""
     given = {field: getattr(args, f"lora_{field}", None) for field in _LORA_SETTINGS}
-    given["targets"] = tuple(t.strip() for t in given["targets"].split(",")) if given["targets"] else None
+    if given["targets"] is not None:  # given empty ("" or ","): no target, which validate refuses naming the valid ones
+        given["targets"] = tuple(dict.fromkeys(t.strip() for t in given["targets"].split(",") if t.strip()))
     source = getattr(args, "lora_from", None)
     if source is None and given["rank"] is None:
         extra = [_LORA_SETTINGS[f] for f, v in given.items() if v is not None]
@@ -136,8 +137,8 @@ def lora_config(args: argparse.Namespace, model) -> LoraConfig | None:
     if source is None:
         rank = given["rank"]
         return LoraConfig(rank=rank, alpha=given["alpha"] if given["alpha"] is not None else 2.0 * rank,
-                          targets=given["targets"] or default_targets(model), dropout=given["dropout"] or 0.0,
-                          base_dtype=base_dtype)
+                          targets=default_targets(model) if given["targets"] is None else given["targets"],
+                          dropout=given["dropout"] or 0.0, base_dtype=base_dtype)
     try:
         lora, _ = read_adapter(source, model)
     except (TensorFileError, ValueError) as e:
