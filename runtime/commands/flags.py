@@ -249,6 +249,7 @@ def _chat_data(args: argparse.Namespace) -> bool:
     except DataError:
         return False  # the data's own checks name the mistake
     kinds = {spec: is_chat_data(spec, data_format=args.data_format) for spec in specs}
+    kinds = {spec: is_chat for spec, is_chat in kinds.items() if is_chat is not None}  # the others' checks say why
     if len(set(kinds.values())) > 1:
         chat = ", ".join(spec for spec, is_chat in kinds.items() if is_chat)
         raise ConfigError(f"--data / --val-data mix chat data ({chat}: loss on assistant tokens) with plain tokens; "
