@@ -195,6 +195,9 @@ def _with_mtp_depth(cfg, depth: int | None):
         raise ConfigError(f"--mtp-depth must be >= 0 (0: no multi-token prediction), got {depth}")
     if not hasattr(cfg, "mtp_depth"):
         raise ConfigError(f"--mtp-depth {depth}: the {cfg.family} family does not build multi-token-prediction depths")
+    if depth >= cfg.seq_len:  # depth k's label is t_{i+k+1} (future_tokens.py): none within T + 1 tokens for k >= T
+        raise ConfigError(f"--mtp-depth {depth} with --seq-len {cfg.seq_len}: depth k predicts the token k + 1 ahead, and "
+                          f"a window holds none for k >= {cfg.seq_len}; valid --mtp-depth values: 0 to {cfg.seq_len - 1}")
     return dataclasses.replace(cfg, mtp_depth=depth)
 
 
