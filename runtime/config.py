@@ -200,7 +200,7 @@ def check_lora(lora: LoraConfig, model: Any, *, precision: str) -> None:
         raise ConfigError(f"--lora-dropout must be in [0, 1), got {lora.dropout:g}")
     problem = target_problem(lora.targets, model)
     if problem:
-        raise ConfigError(f"--lora-targets {','.join(lora.targets)}: {problem}")
+        raise ConfigError(f"--lora-targets {','.join(lora.targets) or repr('')}: {problem}")
     if lora.base_dtype not in BASE_DTYPES:
         raise ConfigError(f"--lora-base-dtype {lora.base_dtype}: valid values: {', '.join(BASE_DTYPES)}")
     if lora.base_dtype == "bf16" and precision != "bf16":

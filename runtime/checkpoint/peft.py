@@ -157,12 +157,15 @@ def read_adapter(folder: str | Path, model_cfg: Any) -> tuple[LoraConfig, dict[s
     TensorFileError naming the file and what does not fit."""
     folder = Path(folder)
     config_path, weights_path = folder / ADAPTER_CONFIG, folder / ADAPTER_WEIGHTS
-    if not config_path.is_file() or not weights_path.is_file():
-        raise TensorFileError(f"--lora-from {folder}: a peft adapter folder holds {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}")
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise TensorFileError(f"{path}: missing (a peft adapter folder holds {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})")
     try:
         config = json.loads(config_path.read_text())
     except (OSError, ValueError) as e:
         raise TensorFileError(f"{config_path}: not readable JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise TensorFileError(f"{config_path}: a JSON {type(config).__name__}, not peft's LoraConfig object")
     if config.get("peft_type", "LORA") != "LORA":
         raise TensorFileError(f"{config_path}: peft_type {config.get('peft_type')!r}; only LORA adapters are read")
     for key in _UNSUPPORTED:
@@ -177,9 +180,24 @@ def read_adapter(folder: str | Path, model_cfg: Any) -> tuple[LoraConfig, dict[s
     if not chosen or partly or any(m.kind in targets and m not in chosen for m in matrices):
         raise TensorFileError(f"{config_path}: target_modules {config.get('target_modules')!r} picks no whole set of "
                               f"this {model_cfg.family} model's modules (each of its targets in every block)")
-    lora = LoraConfig(rank=int(config["r"]), alpha=float(config["lora_alpha"]), targets=targets,
-                      dropout=float(config.get("lora_dropout") or 0.0), init_from=str(folder))
+    lora = LoraConfig(rank=_setting(config, "r", config_path, integer=True),
+                      alpha=_setting(config, "lora_alpha", config_path), targets=targets,
+                      dropout=_setting(config, "lora_dropout", config_path, default=0.0), init_from=str(folder))
     return lora, _read_values(weights_path, chosen, rank=lora.rank)
+
+
+def _setting(config: dict, key: str, path: Path, *, integer: bool = False, default: float | None = None) -> float:
+    """A number peft's LoraConfig keeps (r, lora_alpha, lora_dropout); TensorFileError naming ``path`` and ``key``
+    where it is absent (without a ``default``) or not a number of that kind."""
+    value = config.get(key)
+    if value is None and default is not None:
+        return default
+    if value is None:
+        raise TensorFileError(f"{path}: no {key!r} (peft's LoraConfig writes r, lora_alpha and target_modules)")
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise TensorFileError(f"{path}: {key} {value!r} must be {'an integer' if integer else 'a number'}")
+    return value if integer else float(value)
 
 
 def _matches(target_modules: str | list[str] | None, module: str) -> bool:

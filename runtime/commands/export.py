@@ -49,12 +49,14 @@ from runtime.checkpoint.peft import write_adapter
 from runtime.checkpoint.quantized.export import METHODS, quantize_for_export
 from runtime.checkpoint.safetensors import write_bytes
 from runtime.checkpoint.weights import load_model_weights, resolve_checkpoint
+from runtime.commands.flag_groups import command_parser
+from runtime.config import ConfigError
 from runtime.tokenizer import tokenizer_files
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="run.py export", description="Write a checkpoint's model weights as one file "
-                                "of full tensors ({name: tensor}) that the model's load_state_dict accepts.")
+    p = command_parser("run.py export", "Write a checkpoint's model weights as one file of full tensors "
+                       "({name: tensor}) that the model's load_state_dict accepts.")
     p.add_argument("--checkpoint", required=True,
                    help="a checkpoint folder (DIR/step-N), or a checkpoint directory (its latest complete checkpoint)")
     p.add_argument("--out", required=True, help="the .pt file (--format pt) or the folder (hf, gpt2) to write")
@@ -89,9 +91,12 @@ def parse_size(text: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    try:
+    try:  # ConfigError (a ValueError): the flags, before any file is read
+        args = build_parser().parse_args(argv)
         max_shard_bytes = parse_size(args.max_shard_size)
+        if args.dtype != "fp32" and args.format != "hf":
+            raise ConfigError(f"--export-dtype {args.dtype} applies to --format hf; --format {args.format} writes the "
+                              f"checkpoint's fp32 tensors (drop --export-dtype, or use --format hf)")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -145,8 +150,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     n = sum(t.numel() for t in weights.values())
-    files = f" in {', '.join(written.files)}" if args.format == "hf" else ""
-    print(f"wrote {out} ({args.format}{files}): {len(weights)} tensors, {n:,} parameters, from {info.path} "
+    where = f" in {', '.join(written.files)}" if args.format == "hf" else ""
+    print(f"wrote {out} ({args.format}{where}): {len(weights)} tensors, {n:,} parameters, from {info.path} "
           f"(step {info.step})")
     if args.format != "pt" and carried.describe():
         print(f"carried {carried.describe()} from {info.config['checkpoint']['init_from']}")

@@ -124,7 +124,8 @@ def lora_config(args: argparse.Namespace, model) -> LoraConfig | None:
     """The ``--lora-*`` flags (``--lora-from``: a peft folder's settings, which flags given must agree with); None
     without ``--lora-rank`` or ``--lora-from``. Checked against the model in ``validate`` (runtime/config.py)."""
     given = {field: getattr(args, f"lora_{field}", None) for field in _LORA_SETTINGS}
-    given["targets"] = tuple(t.strip() for t in given["targets"].split(",")) if given["targets"] else None
+    if given["targets"] is not None:  # given empty ("" or ","): no target, which validate refuses naming the valid ones
+        given["targets"] = tuple(dict.fromkeys(t.strip() for t in given["targets"].split(",") if t.strip()))
     source = getattr(args, "lora_from", None)
     if source is None and given["rank"] is None:
         extra = [_LORA_SETTINGS[f] for f, v in given.items() if v is not None]
@@ -136,8 +137,8 @@ def lora_config(args: argparse.Namespace, model) -> LoraConfig | None:
     if source is None:
         rank = given["rank"]
         return LoraConfig(rank=rank, alpha=given["alpha"] if given["alpha"] is not None else 2.0 * rank,
-                          targets=given["targets"] or default_targets(model), dropout=given["dropout"] or 0.0,
-                          base_dtype=base_dtype)
+                          targets=default_targets(model) if given["targets"] is None else given["targets"],
+                          dropout=given["dropout"] or 0.0, base_dtype=base_dtype)
     try:
         lora, _ = read_adapter(source, model)
     except (TensorFileError, ValueError) as e:
@@ -194,6 +195,9 @@ def _with_mtp_depth(cfg, depth: int | None):
         raise ConfigError(f"--mtp-depth must be >= 0 (0: no multi-token prediction), got {depth}")
     if not hasattr(cfg, "mtp_depth"):
         raise ConfigError(f"--mtp-depth {depth}: the {cfg.family} family does not build multi-token-prediction depths")
+    if depth >= cfg.seq_len:  # depth k's label is t_{i+k+1} (future_tokens.py): none within T + 1 tokens for k >= T
+        raise ConfigError(f"--mtp-depth {depth} with --seq-len {cfg.seq_len}: depth k predicts the token k + 1 ahead, and "
+                          f"a window holds none for k >= {cfg.seq_len}; valid --mtp-depth values: 0 to {cfg.seq_len - 1}")
     return dataclasses.replace(cfg, mtp_depth=depth)
 
 
@@ -248,6 +252,7 @@ def _chat_data(args: argparse.Namespace) -> bool:
     except DataError:
         return False  # the data's own checks name the mistake
     kinds = {spec: is_chat_data(spec, data_format=args.data_format) for spec in specs}
+    kinds = {spec: is_chat for spec, is_chat in kinds.items() if is_chat is not None}  # the others' checks say why
     if len(set(kinds.values())) > 1:
         chat = ", ".join(spec for spec, is_chat in kinds.items() if is_chat)
         raise ConfigError(f"--data / --val-data mix chat data ({chat}: loss on assistant tokens) with plain tokens; "

@@ -21,9 +21,8 @@ from compiler.planner.search import Estimate, SearchResult, search
 from compiler.planner.shape import DecoderShape
 from compiler.precisions import PRECISIONS
 from models import MODEL_NAMES, named_config, spec_of
-from runtime.commands.flag_groups import add_lora_flags
+from runtime.commands.flag_groups import add_lora_flags, command_parser
 from runtime.commands.flags import (
-    HelpFormatter,
     default_config,
     lora_config,
     named_model,
@@ -36,13 +35,13 @@ from runtime.observe.alignment import head_aligned, padded_vocabulary
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="run.py plan", formatter_class=HelpFormatter,
-        description="The fastest plans (dp x pp x mp x cp, ep, schedule, v, micro-batching, precision, activation "
-                    "checkpointing, DP mode, SP) for a model on a cluster: this CPU machine (its calibration) or a GPU "
-                    "cluster (a preset or a cluster file), any decoder shape up to tens of thousands of GPUs, priced "
-                    "in closed form by one cost model. Names what binds the best plan and why the next ones lose; "
-                    "--dp/--pp/--mp/... price the run they name, searching what is left open.")
+    p = command_parser(
+        "run.py plan",
+        "The fastest plans (dp x pp x mp x cp, ep, schedule, v, micro-batching, precision, activation "
+        "checkpointing, DP mode, SP) for a model on a cluster: this CPU machine (its calibration) or a GPU "
+        "cluster (a preset or a cluster file), any decoder shape up to tens of thousands of GPUs, priced "
+        "in closed form by one cost model. Names what binds the best plan and why the next ones lose; "
+        "--dp/--pp/--mp/... price the run they name, searching what is left open.")
     p.add_argument("--world", type=int, help="number of ranks (GPUs); required unless --reproduce")
     p.add_argument("--model", choices=tuple(MODEL_NAMES), default="small",
                    help="named model (see run.py --help); the shape flags below override it")
@@ -64,8 +63,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = build_arg_parser().parse_args(argv)
     try:
+        args = build_arg_parser().parse_args(argv)
         if args.reproduce is not None:
             return print_reproduction(args)
         if args.world is None or args.world < 1 or args.global_batch_size < 1:

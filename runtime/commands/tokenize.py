@@ -162,7 +162,9 @@ def _tokenize_chat(args: argparse.Namespace, files: list[Path]) -> int:
         read = encode_conversations(files, folder=args.tokenizer, encoder=encoder, train=train, val=val,
                                     val_fraction=args.val_fraction, workers=workers)
         if train.conversations == 0:
-            raise DataError(f"the inputs hold no conversations ({len(files)} file(s))")
+            named = ", ".join(map(str, files[:3])) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+            raise DataError(f"{named}: no conversations in {'it' if len(files) == 1 else 'them'} (empty, or blank lines "
+                            f"only); --chat reads one {{\"messages\": [...]}} object per line")
         if val is not None and val.conversations == 0:
             val.abort()
             val = None

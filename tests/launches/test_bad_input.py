@@ -71,6 +71,8 @@ CASES = {
                              ["--reshard-after-forward", "--dp-shard 1", "--dp-shard > 1"]),
     "unknown-device": (2, ["--dp", "2", "--device", "tpu"], ["--device", "auto", "cpu", "cuda"]),
     "negative-mtp-depth": (2, ["--dp", "2", "--mtp-depth", "-1"], ["--mtp-depth", ">= 0", "got -1"]),
+    "mtp-depth-past-the-window": (2, ["--dp", "2", "--seq-len", "8", "--mtp-depth", "8"],
+                                  ["--mtp-depth 8 with --seq-len 8", "valid --mtp-depth values: 0 to 7"]),
     "negative-mtp-loss-weight": (2, ["--dp", "2", "--mtp-depth", "1", "--mtp-loss-weight", "-0.3"],
                                  ["--mtp-loss-weight", ">= 0", "got -0.3"]),
     "unknown-reduce-dtype": (2, ["--dp", "2", "--reduce-dtype", "fp8"], ["--reduce-dtype", "fp32", "bf16", "fp16"]),

@@ -106,7 +106,7 @@ def build_data(source: str, *, vocab_size: int, seq_len: int, global_batch_size:
     if val_source is not None:
         for weight, spec in parse_mixture(val_source, flag="--val-data"):
             src = reader.open(spec, flag="--val-data")
-            corpus = (reader.packed(src, src.train + (src.val or []), flag="--val-data")[0]
+            corpus = (reader.packed(src, src.train + (src.val or []), spec=spec, flag="--val-data")[0]
                       if src.masks is not None else
                       reader.corpus(reader.spans(src, src.train + (src.val or []), flag="--val-data"), spec=spec,
                                     flag="--val-data"))
@@ -161,7 +161,7 @@ def evaluation_corpus(spec: str, *, vocab_size: int, seq_len: int, token_dtype: 
     src = reader.open(spec, flag="--data")
     files = src.val or src.train
     if src.masks is not None:
-        corpus, counts = reader.packed(src, files, flag="--data")
+        corpus, counts = reader.packed(src, files, spec=spec, flag="--data")
         which = "its validation files" if src.val else "every conversation"
         return corpus, False, f"{src.describe()}: {which}: {counts.describe(corpus, reader.packing)}"
     corpus = reader.corpus(reader.spans(src, files, flag="--data"), spec=spec, flag="--data")
@@ -226,21 +226,21 @@ class _Reader:
         """Chat data's training corpus and its validation corpus (the format's split, else the last ``hold_out``
         of the conversations, else None: --val-data), and the note describing them."""
         if src.val:
-            train, counts = self.packed(src, src.train, flag=flag)
-            val, where = self.packed(src, src.val, flag=flag)[0], "its validation files"
+            train, counts = self.packed(src, src.train, spec=spec, flag=flag)
+            val, where = self.packed(src, src.val, spec=f"{spec} (validation files)", flag=flag)[0], "its validation files"
         else:
             self._check_vocabulary(src.train, flag=flag)
             (train, counts), held = packed_corpora(src.train, src.masks, self.packing, flag=flag,
-                                                   cache_dir=self.cache_dir, hold_out=hold_out)
+                                                   cache_dir=self.cache_dir, hold_out=hold_out, name=spec)
             val, where = (held[0], f"the last {hold_out:.0%} of the conversations") if held else (None, "")
         note = (f"{spec}: {src.describe()}: {counts.describe(train, self.packing)}"
                 + (f", validation on {where}" if where else ""))
         return train, val, note
 
-    def packed(self, src: Source, files: list, *, flag: str) -> tuple[PackedCorpus, Counts]:
-        """Every conversation of ``files`` packed."""
+    def packed(self, src: Source, files: list, *, spec: str, flag: str) -> tuple[PackedCorpus, Counts]:
+        """Every conversation of ``files`` (``spec``'s, which messages name) packed."""
         self._check_vocabulary(files, flag=flag)
-        return packed_corpora(files, src.masks, self.packing, flag=flag, cache_dir=self.cache_dir)[0]
+        return packed_corpora(files, src.masks, self.packing, flag=flag, cache_dir=self.cache_dir, name=spec)[0]
 
     def _check_vocabulary(self, files: list, *, flag: str) -> None:
         for file in files:

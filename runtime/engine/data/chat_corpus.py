@@ -51,17 +51,18 @@ def chat_files(files: list[TokenFile], masks: dict[Path, Path], *, flag: str) ->
 
 
 def packed_corpora(files: list[TokenFile], masks: dict[Path, Path], options: PackingOptions, *, flag: str,
-                   cache_dir: Path | None, hold_out: float | None = None
+                   cache_dir: Path | None, hold_out: float | None = None, name: str | None = None
                    ) -> tuple[tuple[PackedCorpus, Counts], tuple[PackedCorpus, Counts] | None]:
     """The conversations of ``files`` packed: (corpus, counts), and with ``hold_out`` the last fraction of them
-    (at least one) packed apart for validation."""
+    (at least one) packed apart for validation. ``name``: what the user gave ``flag`` (JSON lines are read from token
+    files in the cache, whose names mean nothing to them), for messages; default: the files'."""
     chats = chat_files(files, masks, flag=flag)
     pieces = []  # every conversation, in file order
     for k, (file, chat) in enumerate(zip(files, chats)):
         found = conversations(masks[file.path], count=file.count, flag=flag, cache_dir=cache_dir)
         pieces += [Piece(k, s, n, t) for s, n, t in zip(found.starts.tolist(), found.lengths.tolist(),
                                                         found.trained.tolist())]
-    name = files[0].path if len(files) == 1 else f"{files[0].path} and {len(files) - 1} more"
+    name = name or (files[0].path if len(files) == 1 else f"{files[0].path} and {len(files) - 1} more")
     if hold_out is None:
         return _packed(chats, pieces, options, name=name, flag=flag), None
     n_val = max(1, math.ceil(len(pieces) * hold_out))
@@ -88,7 +89,8 @@ def _packed(chats: list[ChatFile], pieces: list[Piece], options: PackingOptions,
     if not trained:
         raise DataError(f"{flag} {name}: no conversation has an assistant token to train on within --seq-len "
                         f"{options.seq_len} + 1 tokens ({len(pieces):,} conversations, {fitted.dropped:,} dropped as "
-                        f"too long)")
+                        f"too long)" + ("; use --long-conversations truncate or a longer --seq-len" if fitted.dropped
+                                        else ""))
     lengths = [p.length for p in trained]
     layout = best_fit_decreasing(lengths, capacity=capacity) if options.packing else one_per_window(lengths)
     corpus = PackedCorpus(chats, [[trained[i] for i in window] for window in layout], options.seq_len)

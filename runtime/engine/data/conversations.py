@@ -103,3 +103,14 @@ def looks_like_chat(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return False
+
+
+def not_chat_data(path: Path, *, flag: str) -> DataError:
+    """Why a JSON-lines file whose first record is no conversation (``looks_like_chat`` false) cannot be read as chat
+    data: that record's problem, naming the file and line, or that the file holds no record at all."""
+    try:
+        next(read_conversations(path), None)
+    except DataError as e:
+        return e
+    return DataError(f"{flag} {path}: no conversations in it (empty, or blank lines only); chat data is one "
+                     f"{{\"messages\": [...]}} object per line")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.engine.data import llmc, megatron
-from runtime.engine.data.conversations import looks_like_chat
+from runtime.engine.data.conversations import looks_like_chat, not_chat_data
 from runtime.engine.data.corpus import DataError, IndexedDocuments
 from runtime.engine.data.documents import JSON_LINES_SUFFIXES
 from runtime.engine.data.loss_mask import mask_path
@@ -126,15 +126,15 @@ def _with_masks(src: Source, *, flag: str) -> Source:
     return Source(src.kind, src.train, src.val, src.byte_level, src.documents, masks=found)
 
 
-def is_chat_data(spec: str, *, data_format: str) -> bool:
+def is_chat_data(spec: str, *, data_format: str) -> bool | None:
     """Whether ``spec`` (one path, not a mixture) names chat data: JSON lines of conversations, or token files with
-    loss masks. False where it cannot tell (the data's own checks say why later)."""
+    loss masks. None where it cannot tell (the data's own checks say why later)."""
     if spec in ("builtin", "synthetic") or data_format in ("text", "llmc"):
         return False
     try:
         fmt = data_format if data_format != "auto" else _guess(spec, flag="--data")
     except DataError:
-        return False
+        return None
     if fmt == "chat":
         return True
     if fmt == "megatron":
@@ -164,8 +164,10 @@ def _guess(spec: str, *, flag: str) -> str:
         return "llmc" if llmc.has_llmc_magic(path) or llmc.looks_like_shard(path) else "nanogpt"
     if path.suffix.lower() in TEXT_SUFFIXES:
         return "text"
-    if path.suffix.lower() in JSON_LINES_SUFFIXES and looks_like_chat(path):
-        return "chat"
+    if path.suffix.lower() in JSON_LINES_SUFFIXES:
+        if looks_like_chat(path):
+            return "chat"
+        raise not_chat_data(path, flag=flag)
     raise DataError(f"{flag} {spec}: cannot tell text from token ids by the name; name it .txt (UTF-8 text), .jsonl "
                     f"(conversations: {{\"messages\": [...]}} per line) or .bin (token ids), or give --data-format text, "
                     f"nanogpt, llmc, megatron or chat")

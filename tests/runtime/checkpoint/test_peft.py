@@ -117,6 +117,9 @@ def test_suffixes_that_would_pick_other_modules_are_written_as_full_names(tmp_pa
     ({"layers_to_transform": [0]}, "layers_to_transform"),
     ({"target_modules": ["q_proj", "lm_head"]}, None),  # lm_head is not adaptable: q alone is read
     ({"target_modules": "model.layers.0.self_attn.q_proj"}, "picks no whole set"),  # one layer's q only
+    ({"r": None}, r"adapter_config.json: no 'r' \(peft's LoraConfig writes"),
+    ({"r": 4.5}, "adapter_config.json: r 4.5 must be an integer"),
+    ({"lora_alpha": "8"}, "adapter_config.json: lora_alpha '8' must be a number"),
 ])
 def test_adapters_this_engine_would_compute_otherwise_are_refused(tmp_path, change, message):
     cfg, _ = _base_model()
@@ -147,3 +150,10 @@ def test_every_family_s_adapters_round_trip_through_peft_s_files(tmp_path, model
     assert set(read_lora.targets) == set(lora.targets) and set(values) == set(adapters)
     for name, value in values.items():
         torch.testing.assert_close(value, adapters[name], rtol=0, atol=0)
+
+
+def test_an_adapter_config_that_is_not_an_object_is_refused(tmp_path):
+    (tmp_path / ADAPTER_WEIGHTS).write_bytes((ADAPTER / ADAPTER_WEIGHTS).read_bytes())
+    (tmp_path / ADAPTER_CONFIG).write_text("[4, 8]")
+    with pytest.raises(TensorFileError, match="adapter_config.json: a JSON list, not peft's LoraConfig object"):
+        read_adapter(tmp_path, _base_model()[0])

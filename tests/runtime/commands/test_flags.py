@@ -101,6 +101,7 @@ def test_lora_flags_give_the_config_and_the_family_s_default_targets():
     lora = _lora(["--model", "llama3-debug", "--lora-rank", "4", "--lora-alpha", "4", "--lora-targets", "q,v",
                   "--lora-dropout", "0.1", "--lora-base-dtype", "bf16", "--precision", "bf16"])
     assert (lora.scale, lora.targets, lora.dropout, lora.base_dtype) == (1.0, ("q", "v"), 0.1, "bf16")
+    assert _lora(["--model", "tiny", "--lora-rank", "4", "--lora-targets", " o, up,o "]).targets == ("o", "up")
 
 
 def test_lora_from_a_peft_folder_takes_its_settings():
@@ -120,10 +121,13 @@ def test_lora_from_a_peft_folder_takes_its_settings():
     (["--lora-rank", "4", "--lora-targets", "q,v"], "--lora-targets q,v: q, v is not a module of gpt2's blocks; valid "
                                                     "targets: qkv, o, up, down"),
     (["--lora-rank", "4", "--lora-targets", "experts"], "experts is not a module"),
+    (["--lora-rank", "4", "--lora-targets", ""], "^--lora-targets '': no target given; valid targets: qkv, o, up, down$"),
+    (["--lora-rank", "4", "--lora-targets", " , "], "^--lora-targets '': no target given; valid targets: qkv, o, up, down$"),
     (["--lora-rank", "4", "--lora-base-dtype", "bf16", "--precision", "fp32"], "needs --precision bf16"),
     (["--init-from", LLAMA_FOLDER, "--lora-from", PEFT_ADAPTER, "--lora-rank", "8"],
      "--lora-rank 8 differs from --lora-from .*'s 4"),
-    (["--lora-from", "no/such/folder"], "--lora-from no/such/folder: .* holds adapter_config.json"),
+    (["--lora-from", "no/such/folder"], r"^--lora-from no/such/folder: no/such/folder/adapter_config.json: missing \(a "
+                                        "peft adapter folder holds adapter_config.json and adapter_model.safetensors"),
 ])
 def test_bad_lora_flags_are_one_line_naming_the_flag(argv, message):
     with pytest.raises(ConfigError, match=message):

@@ -66,3 +66,16 @@ def test_a_bad_line_is_one_error_line_naming_the_file_and_line(tmp_path, monkeyp
     assert code == 2
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
         f"error: {data}:3: message 0: unknown role 'moderator' (valid: system, user, assistant, tool)"]
+
+
+def test_a_validation_file_of_no_kind_yet_is_not_called_a_mix(chat, tmp_path, monkeypatch, capsys):
+    """An empty --val-data .jsonl is neither chat nor plain data: the line names what is wrong with it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    empty = tmp_path / "val.jsonl"
+    empty.write_text("")
+    assert _config(["--data", chat, "--val-data", str(empty), "--tokenizer", TOKENIZER]).data.chat
+    code = train_command.main(["--data", chat, "--val-data", str(empty), "--tokenizer", TOKENIZER, "--vocab-size", "2048"])
+    assert code == 2
+    assert [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")] == [
+        f"error: --val-data {empty}: no conversations in it (empty, or blank lines only); chat data is one "
+        '{"messages": [...]} object per line']

@@ -89,3 +89,13 @@ def test_bad_input_is_one_error_line_and_no_files(tmp_path, capsys, extra, line,
     (error,) = [x for x in err.splitlines() if x.startswith("error:")]
     assert message in error
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_file_without_conversations_is_named(tmp_path, capsys):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("\n\n")
+    code, _, err = _run(["--chat", "--tokenizer", TOKENIZER, data, "--out", tmp_path / "out" / "chat"], capsys)
+    assert code == 2
+    assert [x for x in err.splitlines() if x.startswith("error:")] == [
+        f'error: {data}: no conversations in it (empty, or blank lines only); --chat reads one {{"messages": [...]}} '
+        f"object per line"]

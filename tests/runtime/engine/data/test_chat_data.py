@@ -162,3 +162,31 @@ def test_chat_data_needs_a_tokenizer_with_a_template(tmp_path):
     with pytest.raises(DataError, match="no chat template"):
         build_data(str(data), vocab_size=VOCAB, seq_len=64, global_batch_size=2, seed=0, val_fraction=0.1,
                    cache_dir=tmp_path / "cache", tokenizer=str(FIXTURE_ROOT / "tokenizers" / "llama3-style"))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "--data {}: no conversations in it (empty, or blank lines only)"),
+    ("\n  \n", "--data {}: no conversations in it (empty, or blank lines only)"),
+    ('{"text": "no conversation"}\n', "{}:1: a line without messages"),
+    ('{"messages": [\n', "{}:1: not valid JSON"),
+])
+def test_a_json_lines_file_whose_first_line_is_no_conversation_says_why(tmp_path, text, message):
+    """Its name says chat data: the first line's problem, not a guess at the format by the name."""
+    data = tmp_path / "chat.jsonl"
+    data.write_text(text)
+    with pytest.raises(DataError) as error:
+        build_data(str(data), vocab_size=VOCAB, seq_len=64, global_batch_size=2, seed=0, val_fraction=0.1,
+                   cache_dir=tmp_path / "cache", tokenizer=str(CHAT / "llama3-style"))
+    assert str(error.value).startswith(message.format(data)) and "\n" not in str(error.value), str(error.value)
+
+
+def test_conversations_all_dropped_as_too_long_name_the_file_given_and_the_way_out(tmp_path):
+    long = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "the cat sat " * 40}]}
+    data = _write_chat(tmp_path / "chat.jsonl", [long] * 4)
+    with pytest.raises(DataError) as error:
+        build_data(str(data), vocab_size=VOCAB, seq_len=64, global_batch_size=2, seed=0, val_fraction=0.1,
+                   cache_dir=tmp_path / "cache", tokenizer=str(CHAT / "llama3-style"),
+                   packing=PackingOptions(64, long_conversations="drop"))
+    assert str(error.value) == (f"--data {data}: no conversation has an assistant token to train on within --seq-len 64 "
+                                f"+ 1 tokens (3 conversations, 3 dropped as too long); use --long-conversations truncate "
+                                f"or a longer --seq-len")
