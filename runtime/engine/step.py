@@ -29,6 +29,7 @@ from runtime.device import synchronize
 from runtime.engine.amp import autocast, ensure_scale_initialised, loss_value
 from runtime.engine.experts import ExpertBalance
 from runtime.engine.grad_clip import clip_grads_, local_grad_sq_norm
+from runtime.engine.grad_layout import restore_gradient_layouts
 from runtime.engine.mtp_loss import MtpObjective
 from runtime.engine.partial_grads import sum_partial_gradients
 from runtime.engine.replicate import ReplicatedGradients
@@ -118,6 +119,7 @@ def run_schedule(ctx: PipelineContext, inputs: torch.Tensor | tuple[torch.Tensor
             if ctx.stages.gradient_factors:
                 scale_reduced_gradients(ctx.stages.parameters(), ctx.stages.gradient_factors)
             sum_partial_gradients(ctx.stages.parameters())  # SP's norm gradients where no FSDP reduced them
+            restore_gradient_layouts(ctx.stages.parameters())  # what zero-bubble W passes assigned, for fused AdamW
     return losses
 
 

@@ -119,3 +119,14 @@ def test_a_fresh_model_has_a_table_as_long_as_its_window_and_a_longer_window_tha
     with pytest.raises(ConfigError, match="--seq-len 48 is longer than the model's context of 32 positions; "
                                           "valid --seq-len values: 1 to 32"):
         validate(too_long, world_size=1)
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev", "zero-bubble"])
+def test_two_mtp_depths_are_refused_under_a_split_backward_but_one_is_not(schedule):
+    """torch's weight pass backpropagates the depths' shared embedding through depth 1's freed graph (a 1x2x1 zbv run
+    with --mtp-depth 2 failed at its first weight pass): refused before any process starts, naming the way out."""
+    argv = ["--pp", "2", "--schedule", schedule, "--layers", "4", "--microbatches", "4"]
+    with pytest.raises(ConfigError, match=rf"--mtp-depth 2 cannot run with --schedule {schedule}: .*1f1b"):
+        parse_train_config([*argv, "--mtp-depth", "2"], world_size=2)
+    assert parse_train_config([*argv, "--mtp-depth", "1"], world_size=2).model.mtp_depth == 1
+    assert parse_train_config(["--pp", "2", "--mtp-depth", "2"], world_size=2).model.mtp_depth == 2  # interleaved 1F1B
