@@ -86,6 +86,25 @@ def skip_self_p2p_warmup(stage: PipelineStage) -> None:
     stage._get_init_p2p_neighbors_ops = ops_to_other_ranks
 
 
+def backward_whole_in_input_pass(stage: PipelineStage) -> None:
+    """Under a split-backward schedule, let ``stage``'s input pass (I) compute its weights' gradients too and its
+    weight pass (W) do nothing: the stage's ``dw_builder`` (a public ``PipelineStage`` argument; the
+    traced ``_PipelineStage`` takes none, so it is set after building), with which ``backward_one_chunk`` runs the
+    full backward (``stage_backward``: one ``autograd.backward``, parameter hooks firing as in 1F1B) and
+    ``backward_weight_one_chunk`` calls what the builder returned. (Read in 2.13 and in an older release's sources,
+    alike; 2.11's own were not at hand: tests/compiler/test_torch_compat.py checks it on the installed torch.)"""
+    stage.dw_builder = lambda: _no_weight_pass
+
+
+def _no_weight_pass() -> None:
+    return None
+
+
+def weight_pass_is_empty(stage: PipelineStage) -> bool:
+    """Whether ``backward_whole_in_input_pass`` gave ``stage`` an empty weight pass."""
+    return getattr(stage, "dw_builder", None) is not None and stage.dw_builder() is _no_weight_pass
+
+
 def run_generated_code(stage_module: torch.nn.Module) -> None:
     """Run a traced stage's ``InterpreterModule``s as their generated Python ``forward`` instead of through
     ``fx.Interpreter`` node by node (``_run_with_interpreter``, torch/export/unflatten.py in both versions)."""

@@ -177,7 +177,7 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_expert_parallel(plan, cfg.model)
     _check_data_parallel(plan)
     _check_pipeline(plan, cfg.model)
-    _check_split_backward(plan.schedule, compile_blocks=cfg.compile_blocks, mtp_depth=getattr(cfg.model, "mtp_depth", 0))
+    _check_split_backward(plan.schedule, compile_blocks=cfg.compile_blocks)
     if cfg.lora is not None:
         check_lora(cfg.lora, cfg.model, precision=plan.precision)
     _check_fp8(plan, cfg.model, compile_blocks=cfg.compile_blocks, lora=cfg.lora is not None)
@@ -208,19 +208,14 @@ def check_lora(lora: LoraConfig, model: Any, *, precision: str) -> None:
                           f"(matrix products in bf16), got --precision {precision}")
 
 
-def _check_split_backward(schedule: str, *, compile_blocks: bool, mtp_depth: int) -> None:
-    """No compiled stage; at most one MTP depth: the depths' shared embedding's weight pass (one ``autograd.grad``)
-    runs back through depth 1's block, whose graph the other weights' passes have freed by then."""
+def _check_split_backward(schedule: str, *, compile_blocks: bool) -> None:
+    """No compiled stage under a split backward."""
     if not SCHEDULES[schedule].split_backward:
         return
     plain = ", ".join(n for n, s in SCHEDULES.items() if not s.split_backward)
     if compile_blocks:
         raise ConfigError(f"--compile cannot run with --schedule {schedule}: torch's split-backward schedules do not "
                           f"support compiled stages yet; use --schedule {plain}")
-    if mtp_depth > 1:
-        raise ConfigError(f"--mtp-depth {mtp_depth} cannot run with --schedule {schedule}: torch's split backward "
-                          f"computes the depths' shared embedding's gradient through the first depth's freed graph; "
-                          f"use --mtp-depth 1 or --schedule {plain}")
 
 
 def _positions_flag(cfg: TrainConfig) -> str | None:

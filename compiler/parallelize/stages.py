@@ -9,7 +9,8 @@ storage until ``materialize``, which allocates only this rank's shards: start-up
 share of the model, not the whole model on every rank. A model with multi-token-prediction depths
 (models/common/mtp.py) is traced returning its hidden state too, and its last stage holds the untraced ``mtp``
 module, which every step of the checklist treats as the stage's own (its blocks take the block plan, AC and FSDP
-units as the stage's blocks do).
+units as the stage's blocks do); with two depths or more that stage's backward is never split into input and weight
+passes (compiler/torch_compat.py ``backward_whole_in_input_pass``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from compiler.parallelize.lora import apply_lora, freeze_base
 from compiler.parallelize.materialize import materialize
 from compiler.parallelize.message_dtype import apply_message_dtype
 from compiler.parallelize.tensor_parallel import apply_tp, restore_linear_modules
+from compiler.torch_compat import backward_whole_in_input_pass
 from compiler.trace import restore_eager_modules
 from compiler.traced_model import traced_model
 from models import MTP, GroupedExperts, mtp_depth, mtp_model_plan, spec_of, tied_weights
@@ -168,7 +170,13 @@ def build_local_stages(
             apply_message_dtype(module, message_dtype or torch.float32, compute=fsdp_dtype or torch.float32,
                                 receives=index > 0)
         modules.append(module)
-        stages.append(pipe.build_stage(index, device, meshes.pp.get_group()))
+        stage = pipe.build_stage(index, device, meshes.pp.get_group())
+        if depth > 1 and index == n_stages - 1:
+            # Split-backward schedules: torch's weight pass takes one ``autograd.grad`` per group of parameters,
+            # and the depths' shared embedding's group runs back through depth 1's block, whose graph the earlier
+            # groups have freed. This stage's input pass does its whole backward instead (its W is empty).
+            backward_whole_in_input_pass(stage)
+        stages.append(stage)
     return LocalStages(indices, modules, stages, n_stages, factors)
 
 

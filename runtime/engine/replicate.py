@@ -19,7 +19,9 @@ from overflowing dp-fold sooner than the gradients themselves.
 Split-backward schedules (zero-bubble, zbv, dualpipev) compute weight gradients with
 ``torch.autograd.grad`` and add them to ``.grad`` themselves, which fires no accumulate hook; so each
 stage's weight pass (``backward_weight_one_chunk``) counts as one accumulation of every parameter of the
-stage that no hook reported during it, and their buckets overlap with the rest of the schedule too.
+stage that no hook reported during it, and their buckets overlap with the rest of the schedule too. A stage whose
+weight pass is empty (the last stage with two MTP depths or more: compiler/parallelize/stages.py) runs a plain
+backward in its input pass, which the hooks count; counting its weight pass too would count every micro-batch twice.
 
 Why not torch's own: DDP's reducer is driven by the same hooks (the weight passes of split schedules would
 never reach it) and takes tensor-parallel DTensor parameters only through a private transform. FSDP2 on a
@@ -35,6 +37,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+
+from compiler.torch_compat import weight_pass_is_empty
 
 BUCKET_BYTES = 25 * 2**20
 
@@ -61,7 +65,8 @@ class ReplicatedGradients:
             p.register_post_accumulate_grad_hook(self._on_accumulated)
         hooked = {id(p) for p in early}
         for stage in stages:
-            _count_weight_passes(stage, [p for p in stage.submod.parameters() if id(p) in hooked], self)
+            if not weight_pass_is_empty(stage):  # else its input pass ran the whole backward, which hooks report
+                _count_weight_passes(stage, [p for p in stage.submod.parameters() if id(p) in hooked], self)
 
     def _reset(self) -> None:
         self.counts = dict.fromkeys(self.bucket_of, 0)

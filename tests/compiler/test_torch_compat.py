@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import schedules
+from torch.distributed.pipelining import PipelineStage, ScheduleZBVZeroBubble, schedules
 from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
 from compiler import torch_compat as compat
@@ -141,3 +141,44 @@ def test_fsdp_over_tp_placement_is_a_sharded_placement():
     # Neither 2.11's nor 2.13's _StridedShard subclasses Shard: the gradient norm checks for both.
     placement = compat.StridedShard(0, split_factor=2)
     assert (placement.dim, placement.split_factor) == (0, 2) and not isinstance(placement, torch.distributed.tensor.Shard)
+
+
+def _zbv_gradients(*, whole_last_backward: bool) -> tuple[list[torch.Tensor], list[bool]]:
+    """Two linear stages on a one-rank V placement under ZBV, 2 micro-batches: every weight's gradient, and for
+    each weight pass (W) of the last stage whether it changed that stage's weight gradient."""
+    torch.manual_seed(0)
+    first, last = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    x = torch.randn(4, 4)
+    stages = [PipelineStage(first, 0, 2, torch.device("cpu")), PipelineStage(last, 1, 2, torch.device("cpu"))]
+    if whole_last_backward:
+        compat.backward_whole_in_input_pass(stages[1])
+    changed: list[bool] = []
+    weight_pass = stages[1].backward_weight_one_chunk
+
+    def recorded(*args, **kwargs):
+        before = None if last.weight.grad is None else last.weight.grad.clone()
+        weight_pass(*args, **kwargs)
+        changed.append(before is None or not torch.equal(before, last.weight.grad))
+
+    stages[1].backward_weight_one_chunk = recorded
+    schedule = ScheduleZBVZeroBubble(stages, n_microbatches=2, loss_fn=lambda out, target: out.square().mean())
+    schedule.step(x, target=torch.zeros(4, 1))
+    return [p.grad.clone() for p in (first.weight, first.bias, last.weight, last.bias)], changed
+
+
+def test_a_stage_can_run_its_whole_backward_in_its_input_pass():
+    """The last stage's weight passes change nothing, the gradients equal the split backward's (its input passes
+    computed the weights' share, once), and only that stage reports an empty weight pass."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        split, split_changed = _zbv_gradients(whole_last_backward=False)
+        whole, whole_changed = _zbv_gradients(whole_last_backward=True)
+    finally:
+        dist.destroy_process_group()
+    assert split_changed == [True, True] and whole_changed == [False, False]
+    for got, want in zip(whole, split):
+        torch.testing.assert_close(got, want)
+    stage = SimpleNamespace(dw_builder=None)
+    assert not compat.weight_pass_is_empty(stage)
+    compat.backward_whole_in_input_pass(stage)
+    assert compat.weight_pass_is_empty(stage)

@@ -140,12 +140,13 @@ CASES = [
     # tied one, with SP and ZeRO-3 over 2x2x2 (the loss gathers the stage's resharded head); Llama's RoPE with depth 2
     # over pp 2 x cp 2 and packed documents (shifted tokens read across chunks, no prediction across a boundary or
     # after an end of document; validation without the depths); DeepSeek's MoE depth with EP, TP and replicated dense
-    # parameters, no q LoRA rank (16b's shape); the V placements (the last stage on pp rank 0).
+    # parameters, no q LoRA rank (16b's shape); the V placements (the last stage on pp rank 0), with two depths under
+    # zbv (a split backward cannot split that stage's: its input pass runs the whole, its weight pass nothing).
     (2, 2, 2, "interleaved-1f1b", ["--mtp-depth", "1", "--sequence-parallel", "--reshard-after-forward"]),
     (1, 2, 1, "interleaved-1f1b", [*LLAMA, "--cp", "2", *DOCUMENTS, "--no-loss-across-documents", "--mtp-depth", "2",
                                    "--eval-every", "2"]),
     (2, 1, 2, "1f1b", ["--model", "deepseek-v3-16b-debug", "--ep", "2", "--dp-shard", "1", "--mtp-depth", "1"]),
-    (1, 2, 1, "zbv", [*DEEPSEEK, "--layers", "4", "--mtp-depth", "1"]),
+    (1, 2, 1, "zbv", [*DEEPSEEK, "--layers", "4", "--mtp-depth", "2"]),
     (1, 2, 1, "dualpipev", ["--mtp-depth", "1"]),
     # Validation through the V placements (a forward-only action list: torch's V schedules cannot eval()).
     (1, 2, 1, "zbv", ["--eval-every", "2"]),

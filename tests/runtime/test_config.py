@@ -122,11 +122,11 @@ def test_a_fresh_model_has_a_table_as_long_as_its_window_and_a_longer_window_tha
 
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev", "zero-bubble"])
-def test_two_mtp_depths_are_refused_under_a_split_backward_but_one_is_not(schedule):
-    """torch's weight pass backpropagates the depths' shared embedding through depth 1's freed graph (a 1x2x1 zbv run
-    with --mtp-depth 2 failed at its first weight pass): refused before any process starts, naming the way out."""
+def test_a_split_backward_refuses_compiled_stages_but_takes_any_mtp_depth(schedule):
+    """torch's zero-bubble schedules refuse a compiled stage module: refused before any process starts, naming the
+    schedules that run one. Two MTP depths run (their stage's backward is not split: compiler/parallelize/stages.py)."""
     argv = ["--pp", "2", "--schedule", schedule, "--layers", "4", "--microbatches", "4"]
-    with pytest.raises(ConfigError, match=rf"--mtp-depth 2 cannot run with --schedule {schedule}: .*1f1b"):
-        parse_train_config([*argv, "--mtp-depth", "2"], world_size=2)
-    assert parse_train_config([*argv, "--mtp-depth", "1"], world_size=2).model.mtp_depth == 1
-    assert parse_train_config(["--pp", "2", "--mtp-depth", "2"], world_size=2).model.mtp_depth == 2  # interleaved 1F1B
+    with pytest.raises(ConfigError, match=rf"--compile cannot run with --schedule {schedule}: .*interleaved-1f1b"):
+        parse_train_config([*argv, "--compile"], world_size=2)
+    assert parse_train_config(["--pp", "2", "--compile"], world_size=2).compile_blocks  # interleaved 1F1B
+    assert parse_train_config([*argv, "--mtp-depth", "2"], world_size=2).model.mtp_depth == 2

@@ -1,7 +1,8 @@
 """Replicated data parallelism's buckets, as rank 0 of a pretended two-rank world (collectives answer at once
 without moving data; each all-reduce's input is recorded): buckets go out in bucket order whatever order
 their gradients finish in, each rank's share is divided before the sum, and the weight passes of
-split-backward schedules, which fire no accumulate hook, launch the buckets during the schedule."""
+split-backward schedules, which fire no accumulate hook, launch the buckets during the schedule (an empty one,
+whose input pass the hooks reported, counts nothing)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 import runtime.engine.replicate as replicate
+from compiler.torch_compat import backward_whole_in_input_pass
 from runtime.engine.replicate import ReplicatedGradients
 from tests.fake_world import fake_world
 
@@ -77,3 +79,33 @@ def test_weight_passes_of_split_schedules_launch_buckets_before_the_step_ends(tw
     assert [t.tolist() for t in two_ranks] == [[21.0, 21.0], [16.0, 16.0], [11.0, 11.0], [6.0, 6.0]]
     grads.finish()
     assert len(two_ranks) == 4
+
+
+class _WholeBackwardStage:
+    """The last stage with two MTP depths: its input pass runs the whole backward (the hooks report it) and its
+    weight pass is empty (compiler/torch_compat.py ``backward_whole_in_input_pass``)."""
+
+    def __init__(self, params: list[torch.nn.Parameter]):
+        self.submod = torch.nn.ParameterList(params)
+        self.dw_builder = None
+        backward_whole_in_input_pass(self)
+
+    def input_pass(self, reports: ReplicatedGradients) -> None:
+        for p in self.submod:
+            p.grad += 1.0
+            reports._on_accumulated(p)
+
+    def backward_weight_one_chunk(self, bwd_chunk_id: int, last_backward: bool = False) -> None:
+        self.dw_builder()()
+
+
+def test_an_empty_weight_pass_is_not_counted_as_an_accumulation(two_ranks):
+    (a,) = params = _params(1)
+    stage = _WholeBackwardStage(params)
+    grads = ReplicatedGradients(params, group=dist.group.WORLD, reduce_dtype=None, accumulations=2, stages=[stage])
+    stage.input_pass(grads)
+    stage.backward_weight_one_chunk(0)
+    assert two_ranks == []  # one micro-batch of two: counting the empty W would launch a's bucket now
+    stage.input_pass(grads)
+    stage.backward_weight_one_chunk(1)
+    assert [t.tolist() for t in two_ranks] == [[6.0, 6.0]]  # (10 + 2) / 2: both micro-batches, once
