@@ -177,7 +177,7 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
     _check_expert_parallel(plan, cfg.model)
     _check_data_parallel(plan)
     _check_pipeline(plan, cfg.model)
-    _check_split_backward(plan.schedule, compile_blocks=cfg.compile_blocks)
+    _check_split_backward(plan.schedule, compile_blocks=cfg.compile_blocks, zero3=plan.reshard_after_forward)
     if cfg.lora is not None:
         check_lora(cfg.lora, cfg.model, precision=plan.precision)
     _check_fp8(plan, cfg.model, compile_blocks=cfg.compile_blocks, lora=cfg.lora is not None)
@@ -208,14 +208,20 @@ def check_lora(lora: LoraConfig, model: Any, *, precision: str) -> None:
                           f"(matrix products in bf16), got --precision {precision}")
 
 
-def _check_split_backward(schedule: str, *, compile_blocks: bool) -> None:
-    """No compiled stage under a split backward."""
+def _check_split_backward(schedule: str, *, compile_blocks: bool, zero3: bool) -> None:
+    """No compiled stage and no ZeRO-3 under a split backward. ZeRO-3 reduce-scatters and reshards after every
+    micro-batch's backward (compiler/parallelize/data_parallel.py); here FSDP's post-backward runs at the end of the
+    input pass, before the weight pass has computed the weights' gradients, whose parameters are resharded by then."""
     if not SCHEDULES[schedule].split_backward:
         return
     plain = ", ".join(n for n, s in SCHEDULES.items() if not s.split_backward)
     if compile_blocks:
         raise ConfigError(f"--compile cannot run with --schedule {schedule}: torch's split-backward schedules do not "
                           f"support compiled stages yet; use --schedule {plain}")
+    if zero3:
+        raise ConfigError(f"--reshard-after-forward (ZeRO-3) cannot run with --schedule {schedule}: its weight passes "
+                          f"come after FSDP has resharded the parameters and reduced their micro-batch's gradients; "
+                          f"use --schedule {plain}, or FSDP without --reshard-after-forward")
 
 
 def _positions_flag(cfg: TrainConfig) -> str | None:

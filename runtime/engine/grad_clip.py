@@ -58,4 +58,5 @@ def clip_grads_(params: list[nn.Parameter], *, max_norm: float, total_norm: floa
     coef = max_norm / (total_norm + 1e-6)
     if coef < 1.0:
         local = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
-        foreach_mul_(local, coef)
+        if local:  # a stage may train nothing (LoRA's frozen embedding alone on its stage)
+            foreach_mul_(local, coef)

@@ -130,3 +130,15 @@ def test_a_split_backward_refuses_compiled_stages_but_takes_any_mtp_depth(schedu
         parse_train_config([*argv, "--compile"], world_size=2)
     assert parse_train_config(["--pp", "2", "--compile"], world_size=2).compile_blocks  # interleaved 1F1B
     assert parse_train_config([*argv, "--mtp-depth", "2"], world_size=2).model.mtp_depth == 2
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev", "zero-bubble"])
+def test_a_split_backward_refuses_zero3(schedule):
+    """ZeRO-3's per-micro-batch reduce-scatter and reshard would run between a micro-batch's input and weight passes
+    (the weight pass crashed on resharded parameters, or ranks held no gradient at the clip). FSDP without it runs."""
+    argv = ["--dp", "2", "--pp", "2", "--schedule", schedule, "--layers", "4", "--microbatches", "4"]
+    with pytest.raises(ConfigError, match=rf"--reshard-after-forward \(ZeRO-3\) cannot run with --schedule {schedule}: "
+                                          r".*use --schedule .*1f1b.*, or FSDP without --reshard-after-forward"):
+        parse_train_config([*argv, "--reshard-after-forward"], world_size=4)
+    assert not parse_train_config(argv, world_size=4).plan.reshard_after_forward
+    assert parse_train_config(["--dp", "2", "--pp", "2", "--reshard-after-forward"], world_size=4).plan.reshard_after_forward
