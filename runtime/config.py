@@ -22,7 +22,7 @@ from compiler.parallel_plan import ParallelPlan, fp8_all_gather_problem
 from compiler.parallelize.float8 import fp8_shard_problem
 from compiler.partition import parse_split
 from compiler.planner.candidates import meshes
-from compiler.schedules import SCHEDULES
+from compiler.schedules import SCHEDULES, zero3_problem
 from compiler.torch_compat import stages_receive_integer_tensors
 from models import mixture_of_experts_families, spec_of
 from models.spec import MOE, MP, listed_divisors
@@ -209,19 +209,15 @@ def check_lora(lora: LoraConfig, model: Any, *, precision: str) -> None:
 
 
 def _check_split_backward(schedule: str, *, compile_blocks: bool, zero3: bool) -> None:
-    """No compiled stage and no ZeRO-3 under a split backward. ZeRO-3 reduce-scatters and reshards after every
-    micro-batch's backward (compiler/parallelize/data_parallel.py); here FSDP's post-backward runs at the end of the
-    input pass, before the weight pass has computed the weights' gradients, whose parameters are resharded by then."""
+    """No compiled stage and no ZeRO-3 under a split backward (compiler/schedules.py ``zero3_problem``)."""
     if not SCHEDULES[schedule].split_backward:
         return
     plain = ", ".join(n for n, s in SCHEDULES.items() if not s.split_backward)
     if compile_blocks:
         raise ConfigError(f"--compile cannot run with --schedule {schedule}: torch's split-backward schedules do not "
                           f"support compiled stages yet; use --schedule {plain}")
-    if zero3:
-        raise ConfigError(f"--reshard-after-forward (ZeRO-3) cannot run with --schedule {schedule}: its weight passes "
-                          f"come after FSDP has resharded the parameters and reduced their micro-batch's gradients; "
-                          f"use --schedule {plain}, or FSDP without --reshard-after-forward")
+    if problem := zero3_problem(schedule, reshard_after_forward=zero3):
+        raise ConfigError(problem)
 
 
 def _positions_flag(cfg: TrainConfig) -> str | None:

@@ -32,7 +32,7 @@ from compiler.planner.pricer import Estimate, Pricer, price
 from compiler.planner.shape import DecoderShape
 from compiler.planner.split import Holding
 from compiler.planner.step import bubble
-from compiler.schedules import SCHEDULES
+from compiler.schedules import SCHEDULES, zero3_problem
 
 __all__ = ["Estimate", "Pricer", "SearchResult", "price", "search"]
 
@@ -125,6 +125,15 @@ def _gathering_modes(modes: list[tuple[int | None, bool]], gathers: tuple[bool, 
     return [(shard, zero3, gather) for shard, zero3 in modes for gather in gathers
             if not gather or fp8_all_gather_problem(ParallelPlan(dp=dp, cp=cp, dp_shard=shard, fp8=fp8,
                                                                  fp8_all_gather=True)) is None]
+
+
+def schedule_modes(modes: list[tuple[int | None, bool, bool]], schedule: str,
+                   traits: EngineTraits) -> list[tuple[int | None, bool, bool]]:
+    """The DP modes the engine runs under ``schedule``: without ZeRO-3 under a split backward where the engine cannot
+    (compiler/schedules.py ``zero3_problem``)."""
+    if traits.zero3_split_backward:
+        return modes
+    return [m for m in modes if zero3_problem(schedule, reshard_after_forward=m[1]) is None]
 
 
 def cp_gather_choices(held: tuple[str, ...] | None, shape: DecoderShape, *, cp: int, fp8: str | None) -> tuple[str, ...]:
@@ -243,15 +252,15 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
         wanted = constraints.schedules()
         plan_of = partial(_plans, dp, pp, mp, m=m, mbs=mbs, precision=precision, ac=ac, sp=sp, cp=cp, ep=ep, fp8=fp8,
                           cp_gather=cp_gather)
-        by_schedule = [(partial(plan_of, name, v, modes[:1], chunks[:1]), partial(plan_of, name, v, modes, chunks))
+        by_schedule = [(partial(plan_of, name, v, runs[:1], chunks[:1]), partial(plan_of, name, v, runs, chunks),
+                        len(runs) * len(chunks))
                        for name, v in schedule_choices(pp, shape.layers + traits.extra_stages)
-                       if modes and (wanted is None or name in wanted)
-                       and constraints.stages_per_rank in (None, v)]
-        count = len(modes) * len(chunks)  # plans per schedule
-        considered += len(by_schedule) * count
+                       if (wanted is None or name in wanted) and constraints.stages_per_rank in (None, v)
+                       for runs in [schedule_modes(modes, name, traits)] if runs]
+        considered += sum(count for _, _, count in by_schedule)
         if by_schedule:
             table = pricer.table(pricer.setup(by_schedule[0][0]()[0]))
-            groups.append((m * table.rank(everything).total / pp, count, by_schedule))
+            groups.append((m * table.rank(everything).total / pp, by_schedule))
     if not considered:  # what the user fixed rules out every plan: say which value, before the meshes' reasons
         why = unmatched(constraints, shape, world=world, global_batch_size=global_batch_size,
                         extra_stages=traits.extra_stages)
@@ -268,10 +277,10 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
             return float("inf")
         return top[-1].step_time if len(top) >= keep else faster_than
 
-    for bound, count, by_schedule in groups:
+    for bound, by_schedule in groups:
         if bound >= cutoff():
             break  # every later group is bounded higher still
-        for first_plan, plans in by_schedule:
+        for first_plan, plans, count in by_schedule:
             first = first_plan()[0]
             if bound / (1 - bubble(first)) >= cutoff():
                 continue
