@@ -48,6 +48,13 @@ def default_max_cp(shape: DecoderShape) -> int:
     return max(1, min(16, shape.seq_len // 8192))
 
 
+def search_bounds(shape: DecoderShape, cluster: Cluster, constraints: Constraints, *, world: int) -> tuple[int, int]:
+    """The largest mp and cp the search tries: ``constraints``' bounds, else a node's devices (a CPU: the world) and
+    ``default_max_cp`` (a CPU: 1)."""
+    return (constraints.max_mp or (cluster.devices_per_node if cluster.is_gpu else world),
+            constraints.max_cp or (default_max_cp(shape) if cluster.is_gpu else 1))
+
+
 def fp8_error(recipes: tuple[str | None, ...], cluster: Cluster) -> str | None:
     """Why ``cluster`` cannot train with these FP8 recipes (its GPU has no FP8 matrix units: an A100), or None.
     A CPU runs the recipes emulated, priced at its calibrated rate of the precision."""
@@ -196,8 +203,7 @@ def _expert_choices(shape: DecoderShape, dp: int, cp: int, mp: int, max_ep: int 
 def _groups(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: Cluster, precisions: tuple[str, ...],
             constraints: Constraints, infeasible: Counter):
     """(dp, pp, mp, cp, ep, micro-batch, AC, precision, SP, FP8 recipe, CP gather) groups the constraints admit."""
-    max_mp = constraints.max_mp or (cluster.devices_per_node if cluster.is_gpu else world)
-    max_cp = constraints.max_cp or (default_max_cp(shape) if cluster.is_gpu else 1)
+    max_mp, max_cp = search_bounds(shape, cluster, constraints, world=world)
     for dp, pp, mp, cp in mesh_shapes(world, max_cp=max(max_cp, constraints.cp or 1)):
         if any(want is not None and want != got for want, got in (
                 (constraints.dp, dp), (constraints.pp, pp), (constraints.mp, mp), (constraints.cp, cp))):
