@@ -211,7 +211,7 @@ def _groups(shape: DecoderShape, *, world: int, global_batch_size: int, cluster:
         reason = ("mp beyond a node" if mp > max_mp else "dp does not divide the batch" if global_batch_size % dp
                   else "too few layers" if pp > shape.layers else shape.shard_error(mp))
         if reason:
-            infeasible[reason.split(" must")[0] if "must divide" in reason else reason] += 1
+            infeasible[reason] += 1
             continue
         per_replica = global_batch_size // dp
         c = constraints
