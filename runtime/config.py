@@ -190,8 +190,9 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
             raise ConfigError(f"{flag} must be a positive number of seconds, got {seconds:g}")
 
 
-def check_lora(lora: LoraConfig, model: Any, *, precision: str) -> None:
-    """LoRA's flags against the model (targets it has) and the precision (a bf16 base computes in bf16)."""
+def check_lora(lora: LoraConfig, model: Any, *, precision: str | None) -> None:
+    """LoRA's flags against the model (targets it has) and the precision (a bf16 base computes in bf16; None: the
+    planner's, searched)."""
     if lora.rank < 1:
         raise ConfigError(f"--lora-rank must be a positive number of dimensions, got {lora.rank}")
     if not lora.alpha > 0:
@@ -203,7 +204,7 @@ def check_lora(lora: LoraConfig, model: Any, *, precision: str) -> None:
         raise ConfigError(f"--lora-targets {','.join(lora.targets) or repr('')}: {problem}")
     if lora.base_dtype not in BASE_DTYPES:
         raise ConfigError(f"--lora-base-dtype {lora.base_dtype}: valid values: {', '.join(BASE_DTYPES)}")
-    if lora.base_dtype == "bf16" and precision != "bf16":
+    if lora.base_dtype == "bf16" and precision not in (None, "bf16"):
         raise ConfigError(f"--lora-base-dtype bf16 stores the frozen weights in bf16 and needs --precision bf16 "
                           f"(matrix products in bf16), got --precision {precision}")
 

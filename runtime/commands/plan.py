@@ -10,7 +10,7 @@ import json
 import sys
 import time
 
-from compiler.lora import LoraConfig, target_problem
+from compiler.lora import LoraConfig
 from compiler.planner.advice import MEMORY_BINDS_BELOW, binding_constraint, cheapest_fit, why_slower
 from compiler.planner.auto import DEFAULT_GLOBAL_BATCH, ENGINE_RUNS
 from compiler.planner.candidates import Constraints
@@ -24,12 +24,13 @@ from models import MODEL_NAMES, named_config, spec_of
 from runtime.commands.flag_groups import add_lora_flags, command_parser
 from runtime.commands.flags import (
     default_config,
+    fine_tuning_mtp_error,
     lora_config,
     named_model,
 )
 from runtime.commands.plan_flags import add_flags, constraints_from_args, describe_estimate, describe_shape, shape_from_args
 from runtime.commands.plan_reproduce import print_reproduction
-from runtime.config import ConfigError, plan_checker
+from runtime.config import ConfigError, check_lora, plan_checker
 from runtime.device import has_accelerator
 from runtime.observe.alignment import head_aligned, padded_vocabulary
 
@@ -196,8 +197,10 @@ def planned_lora(args: argparse.Namespace) -> LoraConfig | None:
     priced by the memory model (compiler/planner/pricer.py); None without --lora-rank / --lora-from."""
     model = named_model(args.model)
     lora = lora_config(args, model)
-    if lora is not None and (problem := target_problem(lora.targets, model)):
-        raise ConfigError(f"--lora-targets {','.join(lora.targets)}: {problem}")
+    if lora is not None:
+        check_lora(lora, model, precision=None)  # train's checks; the precision is searched
+        if args.mtp_depth:
+            raise fine_tuning_mtp_error(["--lora-rank"], args.mtp_depth)
     return lora
 
 
