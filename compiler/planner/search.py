@@ -161,6 +161,12 @@ def cp_gather_error(held: tuple[str, ...] | None, shape: DecoderShape, recipes: 
     return cp_gather_problem(held[0], latent_attention=shape.latent is not None, fp8=True)
 
 
+def constraints_error(shape: DecoderShape, cluster: Cluster, constraints: Constraints) -> str | None:
+    """Why no plan can hold ``constraints`` (FP8 on a GPU without FP8 units, a CP gather the model cannot run), or
+    None: checked before a search, so a command can say it before printing anything."""
+    return fp8_error(constraints.fp8, cluster) or cp_gather_error(constraints.cp_gather, shape, constraints.fp8)
+
+
 def _plans(dp: int, pp: int, mp: int, schedule: str, v: int, modes: list[tuple[int | None, bool, bool]],
            chunks: tuple[bool, ...], *, m: int, mbs: int, precision: str, ac: str, sp: bool, cp: int,
            ep: int, fp8: str | None = None, cp_gather: str = AUTO) -> list[ParallelPlan]:
@@ -243,7 +249,7 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
     infeasible: Counter = Counter()
     groups = []
     considered = 0
-    error = fp8_error(constraints.fp8, cluster) or cp_gather_error(constraints.cp_gather, shape, constraints.fp8)
+    error = constraints_error(shape, cluster, constraints)
     if error:
         raise ValueError(error)
     for dp, pp, mp, cp, ep, mbs, ac, precision, sp, fp8, cp_gather in _groups(

@@ -17,7 +17,7 @@ from compiler.planner.candidates import Constraints
 from compiler.planner.cluster import CALIBRATED, LOCAL_PRESET, Cluster, preset_names, resolve_cluster
 from compiler.planner.engines import THIS_ENGINE
 from compiler.planner.precision_probe import check_calibration
-from compiler.planner.search import Estimate, SearchResult, search, search_bounds
+from compiler.planner.search import Estimate, SearchResult, constraints_error, search, search_bounds
 from compiler.planner.shape import DecoderShape
 from compiler.precisions import PRECISIONS
 from models import MODEL_NAMES, named_config, spec_of
@@ -121,6 +121,8 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
         limits = dataclasses.replace(ENGINE_RUNS, **searched)
 
     limits = holding_the_layout(limits, given, shape, cluster, world=world)
+    if error := constraints_error(shape, cluster, limits):
+        raise ConfigError(error)
     lora = planned_lora(args)
 
     def run(constraints: Constraints, ranks: int, model: DecoderShape | None = None, **kw) -> SearchResult:
