@@ -197,6 +197,19 @@ def ideal_speedup_over_naive(name: str, *, p: int, m: int, v: int) -> float:
     return (1 - bubble_fraction(name, p=p, m=m, v=v)) / (1 - bubble_fraction("naive", p=p, m=m, v=v))
 
 
+def zero3_problem(schedule: str, *, reshard_after_forward: bool) -> str | None:
+    """Why the engine cannot run ZeRO-3 (``--reshard-after-forward``) under ``schedule``, or None. ZeRO-3
+    reduce-scatters and reshards after every micro-batch's backward (compiler/parallelize/data_parallel.py); under a
+    split backward FSDP's post-backward runs at the end of the input pass, before the weight pass has computed the
+    weights' gradients. One rule for train's check (runtime/config.py) and the planner's search."""
+    if not (reshard_after_forward and SCHEDULES[schedule].split_backward):
+        return None
+    plain = ", ".join(n for n, s in SCHEDULES.items() if not s.split_backward)
+    return (f"--reshard-after-forward (ZeRO-3) cannot run with --schedule {schedule}: its weight passes come after "
+            f"FSDP has resharded the parameters and reduced their micro-batch's gradients; use --schedule {plain}, or "
+            f"FSDP without --reshard-after-forward")
+
+
 def build_schedule(name: str, stages: list[PipelineStage], *, n_microbatches: int, loss_fn: Callable):
     """The schedule object for this rank's stages.
 

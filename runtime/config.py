@@ -22,7 +22,7 @@ from compiler.parallel_plan import ParallelPlan, fp8_all_gather_problem
 from compiler.parallelize.float8 import fp8_shard_problem
 from compiler.partition import parse_split
 from compiler.planner.candidates import meshes
-from compiler.schedules import SCHEDULES
+from compiler.schedules import SCHEDULES, zero3_problem
 from compiler.torch_compat import stages_receive_integer_tensors
 from models import mixture_of_experts_families, spec_of
 from models.spec import MOE, MP, listed_divisors
@@ -190,8 +190,9 @@ def validate(cfg: TrainConfig, *, world_size: int) -> None:
             raise ConfigError(f"{flag} must be a positive number of seconds, got {seconds:g}")
 
 
-def check_lora(lora: LoraConfig, model: Any, *, precision: str) -> None:
-    """LoRA's flags against the model (targets it has) and the precision (a bf16 base computes in bf16)."""
+def check_lora(lora: LoraConfig, model: Any, *, precision: str | None) -> None:
+    """LoRA's flags against the model (targets it has) and the precision (a bf16 base computes in bf16; None: the
+    planner's, searched)."""
     if lora.rank < 1:
         raise ConfigError(f"--lora-rank must be a positive number of dimensions, got {lora.rank}")
     if not lora.alpha > 0:
@@ -203,25 +204,21 @@ def check_lora(lora: LoraConfig, model: Any, *, precision: str) -> None:
         raise ConfigError(f"--lora-targets {','.join(lora.targets) or repr('')}: {problem}")
     if lora.base_dtype not in BASE_DTYPES:
         raise ConfigError(f"--lora-base-dtype {lora.base_dtype}: valid values: {', '.join(BASE_DTYPES)}")
-    if lora.base_dtype == "bf16" and precision != "bf16":
+    if lora.base_dtype == "bf16" and precision not in (None, "bf16"):
         raise ConfigError(f"--lora-base-dtype bf16 stores the frozen weights in bf16 and needs --precision bf16 "
                           f"(matrix products in bf16), got --precision {precision}")
 
 
 def _check_split_backward(schedule: str, *, compile_blocks: bool, zero3: bool) -> None:
-    """No compiled stage and no ZeRO-3 under a split backward. ZeRO-3 reduce-scatters and reshards after every
-    micro-batch's backward (compiler/parallelize/data_parallel.py); here FSDP's post-backward runs at the end of the
-    input pass, before the weight pass has computed the weights' gradients, whose parameters are resharded by then."""
+    """No compiled stage and no ZeRO-3 under a split backward (compiler/schedules.py ``zero3_problem``)."""
     if not SCHEDULES[schedule].split_backward:
         return
     plain = ", ".join(n for n, s in SCHEDULES.items() if not s.split_backward)
     if compile_blocks:
         raise ConfigError(f"--compile cannot run with --schedule {schedule}: torch's split-backward schedules do not "
                           f"support compiled stages yet; use --schedule {plain}")
-    if zero3:
-        raise ConfigError(f"--reshard-after-forward (ZeRO-3) cannot run with --schedule {schedule}: its weight passes "
-                          f"come after FSDP has resharded the parameters and reduced their micro-batch's gradients; "
-                          f"use --schedule {plain}, or FSDP without --reshard-after-forward")
+    if problem := zero3_problem(schedule, reshard_after_forward=zero3):
+        raise ConfigError(problem)
 
 
 def _positions_flag(cfg: TrainConfig) -> str | None:

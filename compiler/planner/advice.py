@@ -12,9 +12,10 @@ lose, and for a model that does not fit the cheapest change that makes it fit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Callable
 
+from compiler.parallel_plan import ParallelPlan
 from compiler.planner.candidates import Constraints
 from compiler.planner.search import Estimate, SearchResult
 
@@ -43,11 +44,29 @@ def binding_constraint(best: Estimate, unconstrained: Estimate | None) -> str:
 
 
 def why_slower(e: Estimate, best: Estimate) -> str:
-    """The parts of ``e``'s step that exceed ``best``'s, largest first."""
+    """The parts of ``e``'s step that exceed ``best``'s, largest first; a plan priced as fast says so and how it
+    differs (a tie is ranked by the search's order of preference, compiler/planner/search.py)."""
     mine, theirs = e.breakdown.to_dict(), best.breakdown.to_dict()
     extra = sorted(((mine[k] - theirs[k], k) for k in mine if mine[k] > theirs[k] * 1.001 + 1e-9), reverse=True)
     parts = ", ".join(f"+{d:.3f} s {PARTS.get(k, k)}" for d, k in extra[:2])
-    return f"{e.step_time / best.step_time:.3f}x the best's step" + (f" ({parts})" if parts else "")
+    ratio = f"{e.step_time / best.step_time:.3f}x the best's step"
+    if parts:
+        return f"{ratio} ({parts})"
+    if e.step_time <= best.step_time * 1.0005:
+        return (f"{ratio}: priced as fast, ranked after it ({plan_difference(e.plan, best.plan)}; "
+                f"{e.memory_per_rank / 2**30:.2f} GiB per rank against {best.memory_per_rank / 2**30:.2f})")
+    return ratio
+
+
+def plan_difference(plan: ParallelPlan, best: ParallelPlan) -> str:
+    """How ``plan`` differs from ``best`` in words: each field whose value differs, as ``plan`` has it."""
+    words = {"chunked_loss": lambda v: "the chunked loss" if v else "the whole-logits loss (this engine's is chunked)",
+             "sequence_parallel": lambda v: "sequence parallelism" if v else "no sequence parallelism",
+             "reshard_after_forward": lambda v: "ZeRO-3" if v else "parameters kept after the forward",
+             "fp8_all_gather": lambda v: "FP8 all-gathers" if v else "all-gathers in the precision"}
+    differ = [f.name for f in fields(ParallelPlan) if getattr(plan, f.name) != getattr(best, f.name)]
+    return ", ".join(words[n](getattr(plan, n)) if n in words else f"{n.replace('_', ' ')} {getattr(plan, n)}"
+                     for n in differ) or "the same plan"
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,9 @@ class EngineTraits:
     # Under CP a sliding-window layer whose window reaches only the previous chunk exchanges W - 1 keys with each
     # neighbour rank instead of all-gathering K and V (compiler/parallelize/halo.py); the published engines gather.
     cp_halos: bool = False
+    # ZeRO-3 (parameters resharded after the forward) under a split-backward schedule: this engine's FSDP reduces and
+    # reshards before the weight pass (compiler/schedules.py ``zero3_problem``); the published engines' are searched.
+    zero3_split_backward: bool = True
 
     @property
     def recomputes_moe(self) -> bool:
@@ -91,7 +94,7 @@ class EngineTraits:
         return out
 
 
-THIS_ENGINE = EngineTraits(cp_halos=True, moe_shards_need_sp=True)
+THIS_ENGINE = EngineTraits(cp_halos=True, moe_shards_need_sp=True, zero3_split_backward=False)
 
 # Narayanan et al. 2021 (SC'21, Megatron-LM): materialised attention with a fused softmax kernel, the
 # scatter/gather optimisation of pipeline messages (sec. 4.1), the data-parallel all-reduce after the

@@ -32,7 +32,7 @@ from compiler.planner.pricer import Estimate, Pricer, price
 from compiler.planner.shape import DecoderShape
 from compiler.planner.split import Holding
 from compiler.planner.step import bubble
-from compiler.schedules import SCHEDULES
+from compiler.schedules import SCHEDULES, zero3_problem
 
 __all__ = ["Estimate", "Pricer", "SearchResult", "price", "search"]
 
@@ -46,6 +46,13 @@ Validator = Callable[[ParallelPlan], "str | None"]
 def default_max_cp(shape: DecoderShape) -> int:
     """Context parallelism pays for long sequences only: up to T / 8192 ranks (16 at most)."""
     return max(1, min(16, shape.seq_len // 8192))
+
+
+def search_bounds(shape: DecoderShape, cluster: Cluster, constraints: Constraints, *, world: int) -> tuple[int, int]:
+    """The largest mp and cp the search tries: ``constraints``' bounds, else a node's devices (a CPU: the world) and
+    ``default_max_cp`` (a CPU: 1)."""
+    return (constraints.max_mp or (cluster.devices_per_node if cluster.is_gpu else world),
+            constraints.max_cp or (default_max_cp(shape) if cluster.is_gpu else 1))
 
 
 def fp8_error(recipes: tuple[str | None, ...], cluster: Cluster) -> str | None:
@@ -127,6 +134,15 @@ def _gathering_modes(modes: list[tuple[int | None, bool]], gathers: tuple[bool, 
                                                                  fp8_all_gather=True)) is None]
 
 
+def schedule_modes(modes: list[tuple[int | None, bool, bool]], schedule: str,
+                   traits: EngineTraits) -> list[tuple[int | None, bool, bool]]:
+    """The DP modes the engine runs under ``schedule``: without ZeRO-3 under a split backward where the engine cannot
+    (compiler/schedules.py ``zero3_problem``)."""
+    if traits.zero3_split_backward:
+        return modes
+    return [m for m in modes if zero3_problem(schedule, reshard_after_forward=m[1]) is None]
+
+
 def cp_gather_choices(held: tuple[str, ...] | None, shape: DecoderShape, *, cp: int, fp8: str | None) -> tuple[str, ...]:
     """What CP may gather in a group (ParallelPlan.cp_gather): the ``held`` choices the engine runs
     (compiler/context_gather.py ``cp_gather_problem``); unheld, latent and kv both where there is a choice (latent
@@ -143,6 +159,12 @@ def cp_gather_error(held: tuple[str, ...] | None, shape: DecoderShape, recipes: 
     if held is None or any(cp_gather_choices(held, shape, cp=2, fp8=fp8) for fp8 in recipes):
         return None
     return cp_gather_problem(held[0], latent_attention=shape.latent is not None, fp8=True)
+
+
+def constraints_error(shape: DecoderShape, cluster: Cluster, constraints: Constraints) -> str | None:
+    """Why no plan can hold ``constraints`` (FP8 on a GPU without FP8 units, a CP gather the model cannot run), or
+    None: checked before a search, so a command can say it before printing anything."""
+    return fp8_error(constraints.fp8, cluster) or cp_gather_error(constraints.cp_gather, shape, constraints.fp8)
 
 
 def _plans(dp: int, pp: int, mp: int, schedule: str, v: int, modes: list[tuple[int | None, bool, bool]],
@@ -187,8 +209,7 @@ def _expert_choices(shape: DecoderShape, dp: int, cp: int, mp: int, max_ep: int 
 def _groups(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: Cluster, precisions: tuple[str, ...],
             constraints: Constraints, infeasible: Counter):
     """(dp, pp, mp, cp, ep, micro-batch, AC, precision, SP, FP8 recipe, CP gather) groups the constraints admit."""
-    max_mp = constraints.max_mp or (cluster.devices_per_node if cluster.is_gpu else world)
-    max_cp = constraints.max_cp or (default_max_cp(shape) if cluster.is_gpu else 1)
+    max_mp, max_cp = search_bounds(shape, cluster, constraints, world=world)
     for dp, pp, mp, cp in mesh_shapes(world, max_cp=max(max_cp, constraints.cp or 1)):
         if any(want is not None and want != got for want, got in (
                 (constraints.dp, dp), (constraints.pp, pp), (constraints.mp, mp), (constraints.cp, cp))):
@@ -196,7 +217,7 @@ def _groups(shape: DecoderShape, *, world: int, global_batch_size: int, cluster:
         reason = ("mp beyond a node" if mp > max_mp else "dp does not divide the batch" if global_batch_size % dp
                   else "too few layers" if pp > shape.layers else shape.shard_error(mp))
         if reason:
-            infeasible[reason.split(" must")[0] if "must divide" in reason else reason] += 1
+            infeasible[reason] += 1
             continue
         per_replica = global_batch_size // dp
         c = constraints
@@ -228,7 +249,7 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
     infeasible: Counter = Counter()
     groups = []
     considered = 0
-    error = fp8_error(constraints.fp8, cluster) or cp_gather_error(constraints.cp_gather, shape, constraints.fp8)
+    error = constraints_error(shape, cluster, constraints)
     if error:
         raise ValueError(error)
     for dp, pp, mp, cp, ep, mbs, ac, precision, sp, fp8, cp_gather in _groups(
@@ -236,22 +257,23 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
             constraints=constraints, infeasible=infeasible):
         m = global_batch_size // dp // mbs
         per_node = max(1, cluster.devices_per_node // (pp * mp * cp))
-        chunks = (False, True) if constraints.chunked_loss is None else (constraints.chunked_loss,)
+        # The chunked loss first: of plans priced equally fast (it saves memory, never time) the one the engine runs.
+        chunks = (True, False) if constraints.chunked_loss is None else (constraints.chunked_loss,)
         modes = _gathering_modes([(shard, zero3) for shard, zero3 in dp_modes(dp, cp=cp, per_node=per_node)
                                   if constraints.dp_mode in (None, dp_mode_name(dp, cp, shard, zero3))],
                                  constraints.fp8_all_gather, dp=dp, cp=cp, fp8=fp8)
         wanted = constraints.schedules()
         plan_of = partial(_plans, dp, pp, mp, m=m, mbs=mbs, precision=precision, ac=ac, sp=sp, cp=cp, ep=ep, fp8=fp8,
                           cp_gather=cp_gather)
-        by_schedule = [(partial(plan_of, name, v, modes[:1], chunks[:1]), partial(plan_of, name, v, modes, chunks))
+        by_schedule = [(partial(plan_of, name, v, runs[:1], chunks[:1]), partial(plan_of, name, v, runs, chunks),
+                        len(runs) * len(chunks))
                        for name, v in schedule_choices(pp, shape.layers + traits.extra_stages)
-                       if modes and (wanted is None or name in wanted)
-                       and constraints.stages_per_rank in (None, v)]
-        count = len(modes) * len(chunks)  # plans per schedule
-        considered += len(by_schedule) * count
+                       if (wanted is None or name in wanted) and constraints.stages_per_rank in (None, v)
+                       for runs in [schedule_modes(modes, name, traits)] if runs]
+        considered += sum(count for _, _, count in by_schedule)
         if by_schedule:
             table = pricer.table(pricer.setup(by_schedule[0][0]()[0]))
-            groups.append((m * table.rank(everything).total / pp, count, by_schedule))
+            groups.append((m * table.rank(everything).total / pp, by_schedule))
     if not considered:  # what the user fixed rules out every plan: say which value, before the meshes' reasons
         why = unmatched(constraints, shape, world=world, global_batch_size=global_batch_size,
                         extra_stages=traits.extra_stages)
@@ -268,10 +290,10 @@ def search(shape: DecoderShape, *, world: int, global_batch_size: int, cluster: 
             return float("inf")
         return top[-1].step_time if len(top) >= keep else faster_than
 
-    for bound, count, by_schedule in groups:
+    for bound, by_schedule in groups:
         if bound >= cutoff():
             break  # every later group is bounded higher still
-        for first_plan, plans in by_schedule:
+        for first_plan, plans, count in by_schedule:
             first = first_plan()[0]
             if bound / (1 - bubble(first)) >= cutoff():
                 continue

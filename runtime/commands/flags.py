@@ -208,9 +208,14 @@ def _fine_tuning_without_mtp(cfg: TrainConfig, *, asked: int | None) -> TrainCon
     if not tuning or not getattr(cfg.model, "mtp_depth", 0):
         return cfg
     if asked:
-        raise ConfigError(f"--mtp-depth {asked} with {' and '.join(tuning)}: fine-tuning trains without "
-                          f"multi-token prediction; use --mtp-depth 0")
+        raise fine_tuning_mtp_error(tuning, asked)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, mtp_depth=0))
+
+
+def fine_tuning_mtp_error(tuning: list[str], asked: int) -> ConfigError:
+    """``--mtp-depth`` asked of a fine-tuning run (``tuning``: its flags, e.g. ``--lora-rank``): train and plan refuse it."""
+    return ConfigError(f"--mtp-depth {asked} with {' and '.join(tuning)}: fine-tuning trains without multi-token "
+                       f"prediction; use --mtp-depth 0")
 
 
 def _with_expert_bias(cfg, rate: float):

@@ -10,28 +10,32 @@ import json
 import sys
 import time
 
-from compiler.lora import LoraConfig, target_problem
+from compiler.lora import LoraConfig
 from compiler.planner.advice import MEMORY_BINDS_BELOW, binding_constraint, cheapest_fit, why_slower
 from compiler.planner.auto import DEFAULT_GLOBAL_BATCH, ENGINE_RUNS
 from compiler.planner.candidates import Constraints
 from compiler.planner.cluster import CALIBRATED, LOCAL_PRESET, Cluster, preset_names, resolve_cluster
 from compiler.planner.engines import THIS_ENGINE
 from compiler.planner.precision_probe import check_calibration
-from compiler.planner.search import Estimate, SearchResult, search
+from compiler.planner.search import Estimate, SearchResult, constraints_error, search, search_bounds
 from compiler.planner.shape import DecoderShape
 from compiler.precisions import PRECISIONS
 from models import MODEL_NAMES, named_config, spec_of
 from runtime.commands.flag_groups import add_lora_flags, command_parser
 from runtime.commands.flags import (
     default_config,
+    fine_tuning_mtp_error,
     lora_config,
     named_model,
 )
 from runtime.commands.plan_flags import add_flags, constraints_from_args, describe_estimate, describe_shape, shape_from_args
 from runtime.commands.plan_reproduce import print_reproduction
-from runtime.config import ConfigError, plan_checker
+from runtime.config import ConfigError, check_lora, plan_checker
 from runtime.device import has_accelerator
 from runtime.observe.alignment import head_aligned, padded_vocabulary
+
+# What a priced layout takes from the search's limits where the user left it open.
+HELD_FROM_LIMITS = ("cp", "ep", "chunked_loss", "ac_modes", "max_mp", "max_cp")
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
@@ -116,6 +120,9 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
         validate_plan = plan_checker(base)
         limits = dataclasses.replace(ENGINE_RUNS, **searched)
 
+    limits = holding_the_layout(limits, given, shape, cluster, world=world)
+    if error := constraints_error(shape, cluster, limits):
+        raise ConfigError(error)
     lora = planned_lora(args)
 
     def run(constraints: Constraints, ranks: int, model: DecoderShape | None = None, **kw) -> SearchResult:
@@ -144,7 +151,7 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
           f"turned away: {result.reasons()}")
     priced = None
     if given.fixes_layout():
-        held = dataclasses.replace(given, **{k: getattr(limits, k) for k in ("cp", "ep", "chunked_loss", "ac_modes")
+        held = dataclasses.replace(given, **{k: getattr(limits, k) for k in HELD_FROM_LIMITS
                                              if getattr(limits, k) is not None and getattr(given, k) is None})
         priced = run(held, world).best
         unfitted = None if priced else run(held, world, require_fit=False)  # searched again only when none fits
@@ -179,13 +186,23 @@ def plan(args: argparse.Namespace, cluster: Cluster) -> int:
     return 0
 
 
+def holding_the_layout(limits: Constraints, given: Constraints, shape: DecoderShape, cluster: Cluster, *,
+                       world: int) -> Constraints:
+    """``limits`` with the search's bounds raised to the mp and cp the user named: the best plans are searched in a
+    space that holds the priced layout (else a --cp or --mp past the bounds could price faster than the best)."""
+    max_mp, max_cp = search_bounds(shape, cluster, limits, world=world)
+    return dataclasses.replace(limits, max_mp=max(max_mp, given.mp or 1), max_cp=max(max_cp, given.cp or 1))
+
+
 def planned_lora(args: argparse.Namespace) -> LoraConfig | None:
     """``--lora-*`` as training reads them (the targets by --model's family): the model frozen, the adapters trained,
     priced by the memory model (compiler/planner/pricer.py); None without --lora-rank / --lora-from."""
     model = named_model(args.model)
     lora = lora_config(args, model)
-    if lora is not None and (problem := target_problem(lora.targets, model)):
-        raise ConfigError(f"--lora-targets {','.join(lora.targets)}: {problem}")
+    if lora is not None:
+        check_lora(lora, model, precision=None)  # train's checks; the precision is searched
+        if args.mtp_depth:
+            raise fine_tuning_mtp_error(["--lora-rank"], args.mtp_depth)
     return lora
 
 

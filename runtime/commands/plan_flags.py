@@ -10,6 +10,7 @@ from compiler.parallel_plan import ParallelPlan, dp_shard_of_mode, is_dp_mode
 from compiler.planner.candidates import Constraints
 from compiler.planner.search import Estimate
 from compiler.planner.shape import DecoderShape, activated_parameter_count, default_mlp_width, parameter_count
+from compiler.schedules import zero3_problem
 from models.spec import Experts
 from runtime.commands.flag_groups import add_model_shape_flags
 from runtime.commands.flag_table import add_plan_flags, fp8_choices
@@ -109,6 +110,8 @@ def constraints_from_args(args: argparse.Namespace, world: int) -> Constraints:
     mode = args.dp_mode
     if mode is not None and not is_dp_mode(mode):
         raise ConfigError(f"--dp-mode must be none, fsdp, zero3, replicate or hsdp:N, got {mode}")
+    if mode == "zero3" and args.schedule and (problem := zero3_problem(args.schedule, reshard_after_forward=True)):
+        raise ConfigError(f"--dp-mode zero3: {problem}")
     if args.fp8_all_gather:
         check_fp8_all_gather(_loosest_layout(args, world))
     return Constraints(dp=args.dp, pp=args.pp, mp=args.mp, cp=args.cp, ep=args.ep,

@@ -48,3 +48,23 @@ def test_the_cheapest_change_that_fits_a_layout_that_does_not():
     for constraints, world in ((dataclasses.replace(given, ac="full"), 64), (dataclasses.replace(given, dp=16), 128)):
         other = run(constraints, world).best
         assert other is None or other.step_time * world >= fix.result.step_time * fix.world - 1e-9
+
+
+def test_a_runner_up_priced_as_fast_says_so_and_how_it_differs():
+    best = search(LLAMA_70B, world=64, global_batch_size=64, cluster=H100).best
+    twin = dataclasses.replace(best, plan=dataclasses.replace(best.plan, chunked_loss=False, schedule="zero-bubble"),
+                               memory_per_rank=best.memory_per_rank + 2**30)
+    line = why_slower(twin, best)
+    assert line.startswith("1.000x the best's step: priced as fast, ranked after it (schedule zero-bubble, the "
+                           "whole-logits loss (this engine's is chunked);")
+    assert f"{twin.memory_per_rank / 2**30:.2f} GiB per rank against {best.memory_per_rank / 2**30:.2f}" in line
+
+
+def test_of_plans_priced_as_fast_the_one_with_the_chunked_loss_ranks_first():
+    """The chunked loss saves memory and never time: the engine's loss comes first among ties."""
+    top = search(LLAMA_70B, world=64, global_batch_size=64, cluster=H100, keep=6).top
+    for i, e in enumerate(top):
+        twins = [o for o in top if o.plan == dataclasses.replace(e.plan, chunked_loss=not e.plan.chunked_loss)]
+        if twins and twins[0].step_time == e.step_time:
+            assert (top.index(twins[0]) > i) == e.plan.chunked_loss
+    assert top[0].plan.chunked_loss

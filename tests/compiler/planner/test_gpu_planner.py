@@ -195,6 +195,7 @@ def test_plan_json_and_a_priced_plan(tmp_path, run_main):
     (["--pp", "4", "--schedule", "zbv", "--stages-per-rank", "3"], "zbv at pp 4 runs v in [2], not 3"),
     (["--pp", "8", "--stages-per-rank", "8"], "too few layers for pp x v stages"),
     (["--dp", "16", "--micro-batch-size", "3"], "micro-batch 3 does not divide a replica's 4 sequences"),
+    (["--mp", "16"], "3 x --mp 16 must divide --kv-heads 8"),
 ])
 def test_a_named_layout_no_plan_matches_says_which_value_rules_it_out(run_main, fixed, why):
     argv = ["--world", "64", "--cluster", "h100-80gb", "--model", "llama3-8b", "--global-batch-size", "64", *fixed]

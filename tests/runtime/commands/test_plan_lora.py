@@ -32,3 +32,14 @@ def test_a_lora_run_is_priced_without_the_frozen_models_gradients_and_adamw_stat
 def test_lora_targets_the_family_lacks_are_one_error_line(capsys):
     assert plan_command.main([*LAYOUT, "--lora-rank", "4", "--lora-targets", "qkv"]) == 2
     assert capsys.readouterr().err.strip().startswith("error: --lora-targets qkv:")
+
+
+@pytest.mark.parametrize(("extra", "line"), [
+    (["--lora-rank", "0"], "error: --lora-rank must be a positive number of dimensions, got 0"),
+    (["--lora-rank", "4", "--lora-dropout", "1.5"], "error: --lora-dropout must be in [0, 1), got 1.5"),
+    (["--lora-rank", "4", "--mtp-depth", "1"], "error: --mtp-depth 1 with --lora-rank: fine-tuning trains without "
+                                               "multi-token prediction; use --mtp-depth 0"),
+])
+def test_lora_settings_train_refuses_are_one_error_line(run_main, extra, line):
+    printed = run_main(plan_command.main, [*LAYOUT, *extra])
+    assert printed.code == 2 and printed.err.splitlines() == [line] and not printed.out, printed
