@@ -24,6 +24,7 @@ tests/compiler/test_torch_compat.py checks every one on the installed version. W
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
 
@@ -50,7 +51,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from torch.export.unflatten import InterpreterModule
 from torch.optim.optimizer import _get_scalar_dtype
 from torch.utils import _pytree
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils.checkpoint import _CachedTorchDispatchMode
 
 __all__ = [
@@ -136,9 +137,14 @@ def has_scaled_grouped_mm() -> bool:
     return hasattr(torch, "_scaled_grouped_mm")
 
 
+@contextlib.contextmanager
 def real_tensors():
-    """A context in which new tensors are real even inside ``FakeTensorMode`` (a kernel probe must run on data)."""
-    return unset_fake_temporarily()
+    """A context in which new tensors are real even inside ``FakeTensorMode`` (a kernel probe must run on data) and
+    no dispatch mode sees the ops: selective checkpointing's caching mode numbers a block's ``mm`` calls, and a probe
+    first reached inside one would shift every later product's cached output in the recomputation, which probes
+    nothing."""
+    with unset_fake_temporarily(), _disable_current_modes():
+        yield
 
 
 # --- what the profiler wraps (runtime/observe/profiling.py) ----------------------------------------------

@@ -133,3 +133,23 @@ def test_the_grouped_kernel_is_cuda_only_and_the_experts_loop_elsewhere():
     offsets = torch.tensor([8, 16], dtype=torch.int32)
     assert scaled_grouped_forward(x, w, offsets, groups=[(0, 0, 8), (1, 8, 16)], recipe=RECIPES["rowwise"],
                                   out_dtype=torch.bfloat16) is None
+
+
+def test_a_probe_inside_selective_checkpointing_leaves_its_cache_in_step(monkeypatch):
+    """A probe first reached inside a selectively checkpointed block (an FP8 linear's first call, before the router's
+    plain product) must be unseen by the checkpoint's caching mode: the recomputation, which probes nothing, takes
+    cached ``mm`` outputs by call index, so a counted probe GEMM hands its (32, 256) output to the next product."""
+    from torch.utils.checkpoint import checkpoint
+
+    from compiler.parallelize.activation_checkpointing import selective_checkpoint_contexts
+
+    monkeypatch.setattr(kernels, "_PROBED", {})
+
+    def block(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        kernels.kernel_runs(x.device, "rowwise", a_dtype=torch.float8_e4m3fn, b_dtype=torch.float8_e4m3fn,
+                            out_dtype=torch.float32)
+        return torch.sin(x @ w)  # (4, 3); sin's backward reads the cached product
+
+    x, w = torch.randn(4, 5, requires_grad=True), torch.randn(5, 3)
+    checkpoint(block, x, w, use_reentrant=False, context_fn=selective_checkpoint_contexts).sum().backward()
+    torch.testing.assert_close(x.grad, torch.cos(x @ w) @ w.t())
