@@ -14,14 +14,17 @@ import torch
 
 class AmaxGuard:
     def __init__(self) -> None:
-        self._found: torch.Tensor | None = None
+        self._seen: list[torch.Tensor] = []  # one 0-d bool per observation since the last take()
 
     def observe(self, amax: torch.Tensor) -> None:
-        """Record whether any of ``amax`` (any shape) is inf or NaN."""
-        bad = (~torch.isfinite(amax)).any().float()
-        self._found = bad if self._found is None else torch.maximum(self._found, bad.to(self._found.device))
+        """Record whether any of ``amax`` (any shape) is inf or NaN. The same ops on every call, whatever was seen
+        before: selective activation checkpointing numbers a block's op calls, and its recomputation (which finds
+        earlier observations) must make the calls the forward made."""
+        self._seen.append((~torch.isfinite(amax)).any())
 
     def take(self) -> torch.Tensor | None:
         """The flag since the last call (None if nothing was observed), and start again."""
-        found, self._found = self._found, None
-        return found
+        seen, self._seen = self._seen, []
+        if not seen:
+            return None
+        return torch.stack([bad.to(seen[0].device) for bad in seen]).any().float()

@@ -145,3 +145,19 @@ def test_a_linear_on_the_meta_device_gives_shapes():
     assert y.shape == (3, M, N) and y.device.type == "meta"
     y.sum().backward()
     assert w.grad.shape == (N, K)
+
+
+def test_the_guard_makes_the_same_calls_in_a_selective_checkpoints_recomputation():
+    """Selective checkpointing numbers a block's op calls and its recomputation must make the same ones: a guard
+    whose first observation of a step (inside the block) ran one ``torch.maximum`` fewer than the recomputation
+    (which finds the flag set) failed the backward ("invocation index ... not found in storage")."""
+    from torch.utils.checkpoint import checkpoint
+
+    from compiler.parallelize.activation_checkpointing import selective_checkpoint_contexts
+
+    recipe, guard = RECIPES["rowwise"], AmaxGuard()
+    x, w, b, _ = tensors(5)
+    x.requires_grad_()
+    checkpoint(fp8_linear, x, w, b, recipe, guard=guard, use_reentrant=False,
+               context_fn=selective_checkpoint_contexts).sum().backward()
+    assert x.grad is not None and guard.take().item() == 0.0
