@@ -71,7 +71,8 @@ CP = {name: ["--cp", "2", *(["--seq-len", "512"] if name == "blockwise" else [])
 
 CASES = [case for name in RECIPES for case in (
     (2, 2, 2, "interleaved-1f1b", [*LLAMA, "--sequence-parallel", "--fp8", name]),
-    (2, 1, 2, "1f1b", [*MOE, "--ep", "2", "--fp8", name]),
+    # selective AC: the recomputation must make the forward's op calls (the amax guard's, a first kernel probe's)
+    (2, 1, 2, "1f1b", [*MOE, "--ep", "2", "--fp8", name, "--activation-checkpointing", "selective"]),
     (1, 2, 2, "interleaved-1f1b", [*LLAMA, *CP[name], "--fp8", name]),
 )]
 PER_SHARD = "per-shard"  # a logdir naming this trains with every amax reduction left out (each shard its own scale)
